@@ -1,0 +1,85 @@
+// CPU kernels of the forward pass. Every op has a plain scalar reference (`*_ref`, used by the tests as
+// the oracle) and a fast path (AVX2+FMA+F16C baseline, AVX-512 chosen at run time where present).
+// Kernels take their outputs and scratch from the caller and never allocate.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace ultra::cpu {
+
+// A weight matrix [rows, cols], row-major, element type F32 / F16 / BF16 / Q8_0 (cols % 32 == 0 for Q8_0).
+// Row r starts at (const uint8_t*)data + r * row_bytes. This is GGUF's layout (ne[0] = cols) and
+// safetensors' (shape [rows, cols]).
+struct WeightView {
+  GgmlType type = GgmlType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+};
+
+// y[t, r] = sum_c W[r, c] * x[t, c] (+ bias[r]) for t < n_tokens.
+//   x: [n_tokens, cols] f32, y: [n_tokens, rows] f32, bias: [rows] f32 or nullptr.
+// n_tokens == 1 is the decode matrix x vector; n_tokens > 1 runs a blocked matrix x matrix (prefill) that
+// reads each weight row once per block of tokens. Work is split over the pool's threads by rows.
+// scratch: at least matmul_scratch_floats(W, n_tokens) floats (e.g. for quantising x); may be nullptr if 0.
+size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int n_threads);
+void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
+            float* scratch);
+// Scalar reference (accumulates in double).
+void matmul_ref(const WeightView& w, const float* x, int n_tokens, float* y, const float* bias);
+
+// Dequantise/convert row r of W into f32 out[cols] (embedding lookup, tests).
+void dequant_row(const WeightView& w, int64_t r, float* out);
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i], for each of n_rows rows of length n.
+void rmsnorm(const float* x, const float* weight, int n_rows, int n, float eps, float* out);
+void rmsnorm_ref(const float* x, const float* weight, int n_rows, int n, float eps, float* out);
+
+// RoPE in place on x [n_tokens, n_heads, head_dim] at positions pos[n_tokens].
+// inv_freq [head_dim/2]: angle of pair i at position p is p * inv_freq[i] (computed in f32 as HF does).
+// interleaved = true: pairs are (x[2i], x[2i+1]) (llama.cpp "norm" mode, GGUF llama files with permuted Q/K);
+// interleaved = false: pairs are (x[i], x[i + head_dim/2]) (HF rotate_half, "neox" mode).
+void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos, const float* inv_freq,
+          bool interleaved);
+void rope_ref(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos, const float* inv_freq,
+              bool interleaved);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void silu_mul_ref(const float* gate, const float* up, int64_t n, float* out);
+
+// One layer of the slotted KV cache: [n_slots, n_kv_heads, max_ctx, head_dim], element type F32 or F16.
+struct KvLayerView {
+  GgmlType type = GgmlType::F32;
+  void* k = nullptr;
+  void* v = nullptr;
+  int n_slots = 0;
+  int n_kv_heads = 0;
+  int max_ctx = 0;
+  int head_dim = 0;
+};
+
+// Writes k/v rows of n_tokens tokens into the cache at (slot[t], head, pos[t]).
+//   k, v: [n_tokens, n_kv_heads, head_dim] f32 (converted to the cache type).
+void kv_write(const KvLayerView& kv, const float* k, const float* v, int n_tokens, const int32_t* pos,
+              const int32_t* slot);
+
+// Causal attention over the cache: token t, head h attends to positions [0, pos[t]] of slot[t], kv head
+// h / (n_heads / n_kv_heads) (GQA). Assumes kv_write already stored this step's tokens.
+//   q: [n_tokens, n_heads, head_dim], out: [n_tokens, n_heads, head_dim]
+//   scratch: at least attention_scratch_floats(...) floats.
+size_t attention_scratch_floats(int max_ctx, int n_threads);
+void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_tokens, int n_heads,
+               const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch);
+void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_heads, const int32_t* pos,
+                   const int32_t* slot, float scale, float* out);
+
+// Quantise f32 rows to Q8_0 (used by `ultra quantize`/convert and tests): n % 32 == 0.
+void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out);
+
+}  // namespace ultra::cpu

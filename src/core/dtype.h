@@ -1,0 +1,126 @@
+// Element types of weights and activations, and scalar conversions between them.
+// The numeric ids of GgmlType are those of the GGUF format (ggml_type) so they can be read and written as is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace ultra {
+
+enum class GgmlType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  BF16 = 30,
+};
+
+// Q8_0: blocks of 32 weights, one f16 scale then 32 int8: w[i] = d * q[i].
+constexpr int kQ8_0Block = 32;
+struct BlockQ8_0 {
+  uint16_t d;  // f16 scale
+  int8_t qs[kQ8_0Block];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+struct TypeTraits {
+  std::string_view name;
+  uint32_t block_elems;  // elements per block (1 for plain types)
+  uint32_t block_bytes;  // bytes per block
+};
+
+// Traits of every type the GGUF reader knows the size of; nullopt for ids it does not know.
+std::optional<TypeTraits> type_traits(GgmlType t);
+std::string_view type_name(GgmlType t);
+
+// Bytes of a row of n elements; n must be a multiple of block_elems (checked by the callers).
+inline uint64_t row_bytes(const TypeTraits& tt, uint64_t n) { return n / tt.block_elems * tt.block_bytes; }
+
+// IEEE half <-> float, exact (round to nearest even), no hardware needed. The SIMD kernels use F16C.
+inline float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t fp32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));  // inf/nan
+  if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  // rounds to >= 65520: overflow to inf
+  if (absx < 0x38800000u) {                                   // below the smallest normal half: subnormal
+    if (absx < 0x33000000u) return (uint16_t)sign;            // < 2^-25 rounds to 0
+    const uint32_t e = absx >> 23;
+    const uint32_t m = (absx & 0x7fffff) | 0x800000;
+    // value = m * 2^(e-150); in units of 2^-24 (the half subnormal step): m * 2^(e-126)
+    const uint32_t s = 126 - e;  // right shift amount, 14..24
+    uint32_t q = m >> s;
+    const uint32_t rem = m & ((1u << s) - 1);
+    const uint32_t half = 1u << (s - 1);
+    if (rem > half || (rem == half && (q & 1))) ++q;
+    return (uint16_t)(sign | q);
+  }
+  // normal: rebias exponent, round mantissa to 10 bits (nearest even); a carry correctly bumps the exponent
+  uint32_t r = absx - 0x38000000u;  // exponent rebias (127-15) << 23
+  const uint32_t lsb = (r >> 13) & 1;
+  r += 0xfff + lsb;
+  return (uint16_t)(sign | (r >> 13));
+}
+
+inline float bf16_to_fp32(uint16_t h) {
+  const uint32_t bits = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t fp32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);  // quiet nan
+  x += 0x7fff + ((x >> 16) & 1);                                             // round to nearest even
+  return (uint16_t)(x >> 16);
+}
+
+}  // namespace ultra
