@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Reference fixtures from HF transformers for the engine's correctness tests.
+
+Run on a machine with torch + transformers (the GPU machine; everything runs on its CPU in float32 for
+exact, deterministic references):
+    python3 tools/make_fixtures.py -o tests/fixtures/hf
+
+For each tiny random-weight model it writes <out>/<name>/:
+  config.json, model.safetensors     the HF checkpoint (float32)
+  reference.json                     prompt ids, 32 greedy ids, shapes, greedy margins, versions
+  logits_f32.bin                     [n_prompt, n_vocab] float32 logits of the prompt (all positions)
+  logits_f16w.bin / logits_bf16w.bin / logits_q8_0w.bin
+                                     the same with every 2-D weight matrix rounded to F16 / BF16 / Q8_0
+                                     (norms and biases stay F32), computed in float32: the exact reference
+                                     for a GGUF converted to that type, up to the engine's own f32 rounding.
+One model is also saved as a BF16 checkpoint (<name>_bf16/, all tensors BF16) with its logits.
+One config is rewritten in the transformers-4 form (rope_theta / rope_scaling at the top level) after
+checking that transformers loads it to identical logits.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+
+import torch
+import transformers
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+N_PROMPT = 16
+N_GREEDY = 32
+VOCAB = 320
+
+
+def rope_kw(theta, scaling=None):
+    """Config kwargs for RoPE in whichever form this transformers version takes."""
+    major = int(transformers.__version__.split(".")[0])
+    if major >= 5:
+        params = {"rope_type": "default", "rope_theta": theta}
+        if scaling:
+            params.update(scaling)
+        return {"rope_parameters": params}
+    kw = {"rope_theta": theta}
+    if scaling:
+        kw["rope_scaling"] = scaling
+    return kw
+
+
+def common(**kw):
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+                bos_token_id=1, eos_token_id=2, attn_implementation="eager")
+    base.update(kw)
+    return base
+
+
+def models():
+    return {
+        "llama_gqa": (LlamaForCausalLM, LlamaConfig(**common(**rope_kw(10000.0)))),
+        "llama_tied_rope3": (LlamaForCausalLM, LlamaConfig(**common(
+            num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
+            **rope_kw(500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64})))),
+        "qwen2_bias": (Qwen2ForCausalLM, Qwen2Config(**common(num_key_value_heads=1, rms_norm_eps=1e-6,
+                                                             tie_word_embeddings=False,
+                                                             **rope_kw(1000000.0)))),
+        "mistral": (MistralForCausalLM, MistralConfig(**common(sliding_window=None, head_dim=32,
+                                                              **rope_kw(10000.0)))),
+    }
+
+
+def randomize(model, seed):
+    """Weights with enough spread that greedy decisions are not near-ties; norms and biases non-trivial."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]) * 1.5)
+
+
+def round_f16(w):
+    return w.to(torch.float16).to(torch.float32)
+
+
+def round_bf16(w):
+    return w.to(torch.bfloat16).to(torch.float32)
+
+
+def round_q8_0(w):
+    """llama.cpp's quantize_row_q8_0_ref then dequantisation, per row in blocks of 32."""
+    rows, cols = w.shape
+    assert cols % 32 == 0
+    b = w.reshape(rows, cols // 32, 32).to(torch.float32)
+    amax = b.abs().amax(dim=-1, keepdim=True)
+    d = amax / 127.0
+    idv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    x = b * idv
+    q = torch.sign(x) * torch.floor(x.abs() + 0.5)  # roundf: half away from zero
+    d16 = d.to(torch.float16).to(torch.float32)
+    return (q * d16).reshape(rows, cols)
+
+
+@torch.no_grad()
+def prompt_logits(model, ids):
+    return model(torch.tensor([ids])).logits[0].to(torch.float32)
+
+
+@torch.no_grad()
+def greedy(model, ids, n):
+    seq = list(ids)
+    margins = []
+    for _ in range(n):
+        logits = model(torch.tensor([seq])).logits[0, -1].to(torch.float64)
+        top2 = torch.topk(logits, 2).values
+        margins.append(float(top2[0] - top2[1]))
+        seq.append(int(torch.argmax(logits)))
+    return seq[len(ids):], margins
+
+
+def rounded_copy(model, fn):
+    m = type(model)(model.config)
+    m.load_state_dict(model.state_dict())
+    m.eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() == 2:
+                p.copy_(fn(p))
+    return m
+
+
+def save_logits(path, t):
+    t.contiguous().numpy().astype("<f4").tofile(path)
+
+
+def write_v4_config(d, model_cls):
+    """Rewrite config.json in the transformers-4 form and check that it loads to the same logits."""
+    path = os.path.join(d, "config.json")
+    cfg = json.load(open(path))
+    rp = cfg.pop("rope_parameters", None)
+    if rp is None:
+        return False
+    cfg["rope_theta"] = rp.get("rope_theta", 10000.0)
+    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    json.dump(cfg, open(path, "w"), indent=2)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-o", "--out", default="tests/fixtures/hf")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(args.out, exist_ok=True)
+    g = torch.Generator().manual_seed(1234)
+    prompt = [int(x) for x in torch.randint(3, VOCAB, (N_PROMPT,), generator=g)]
+    summary = {}
+    for seed, (name, (cls, cfg)) in enumerate(models().items()):
+        model = cls(cfg).eval()
+        randomize(model, 100 + seed)
+        d = os.path.join(args.out, name)
+        shutil.rmtree(d, ignore_errors=True)
+        model.save_pretrained(d, safe_serialization=True)
+        ref = prompt_logits(model, prompt)
+        # Reload from disk: the reference must be what the saved files compute.
+        model = cls.from_pretrained(d, attn_implementation="eager").eval()
+        assert torch.equal(prompt_logits(model, prompt), ref)
+        if name == "llama_gqa" and write_v4_config(d, cls):
+            m4 = cls.from_pretrained(d, attn_implementation="eager").eval()
+            assert torch.equal(prompt_logits(m4, prompt), ref), "transformers-4 config form changed the logits"
+        save_logits(os.path.join(d, "logits_f32.bin"), ref)
+        gen, margins = greedy(model, prompt, N_GREEDY)
+        info = {"prompt": prompt, "greedy": gen, "greedy_min_margin": min(margins), "n_vocab": VOCAB,
+                "n_prompt": N_PROMPT, "transformers": transformers.__version__, "torch": torch.__version__,
+                "architecture": cfg.architectures[0] if cfg.architectures else cls.__name__}
+        for tag, fn in (("f16w", round_f16), ("bf16w", round_bf16), ("q8_0w", round_q8_0)):
+            rm = rounded_copy(model, fn)
+            save_logits(os.path.join(d, f"logits_{tag}.bin"), prompt_logits(rm, prompt))
+            info[f"greedy_{tag}"], _ = greedy(rm, prompt, N_GREEDY)
+        json.dump(info, open(os.path.join(d, "reference.json"), "w"), indent=1)
+        summary[name] = {"greedy_min_margin": info["greedy_min_margin"]}
+        if name == "llama_gqa":
+            db = os.path.join(args.out, name + "_bf16")
+            shutil.rmtree(db, ignore_errors=True)
+            mb = cls.from_pretrained(d, attn_implementation="eager").to(torch.bfloat16)
+            mb.save_pretrained(db, safe_serialization=True)
+            mf = cls.from_pretrained(db, attn_implementation="eager", dtype=torch.float32).eval()
+            save_logits(os.path.join(db, "logits_f32.bin"), prompt_logits(mf, prompt))
+            gb, mg = greedy(mf, prompt, N_GREEDY)
+            json.dump({"prompt": prompt, "greedy": gb, "greedy_min_margin": min(mg), "n_vocab": VOCAB,
+                       "n_prompt": N_PROMPT, "note": "all tensors BF16 on disk; logits computed in float32"},
+                      open(os.path.join(db, "reference.json"), "w"), indent=1)
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
