@@ -1,6 +1,63 @@
+// ultra: command-line entry point. `ultra SUBCOMMAND [flags]`; see `ultra --help`.
+#include <fmt/format.h>
+
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string_view>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*fn)(int, char**);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"run", ultra::cli::cmd_run, "generate text from a prompt"},
+    {"bench", ultra::cli::cmd_bench, "measure prompt processing and generation speed (llama-bench style)"},
+    {"convert", ultra::cli::cmd_convert, "convert an HF model directory to GGUF"},
+};
+
+void usage(FILE* f) {
+  std::fprintf(f, "usage: ultra COMMAND [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(f, "  %-10s %s\n", c.name, c.help);
+  std::fprintf(f, "\n`ultra COMMAND --help` lists a command's options.\n");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::puts("ultra: no subcommands yet");
-  return 0;
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string_view cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  }
+  for (const auto& c : kCommands) {
+    if (cmd == c.name) {
+      try {
+        return c.fn(argc - 1, argv + 1);
+      } catch (const ultra::Error& e) {
+        fmt::print(stderr, "error: {}\n", e.what());
+        return 1;
+      } catch (const std::bad_alloc&) {
+        fmt::print(stderr, "error: out of memory\n");
+        return 1;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "error: {}\n", e.what());
+        return 1;
+      }
+    }
+  }
+  fmt::print(stderr, "error: unknown command '{}'\n", cmd);
+  usage(stderr);
+  return 2;
 }

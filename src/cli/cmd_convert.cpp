@@ -1,0 +1,37 @@
+// ultra convert HF_DIR -o model.gguf [--outtype f16]
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "io/convert.h"
+
+namespace ultra::cli {
+
+int cmd_convert(int argc, char** argv) {
+  CLI::App app{"Convert an HF model directory (config.json + safetensors) to GGUF", "ultra convert"};
+  std::string in, out, type = "f16";
+  app.add_option("HF_DIR", in, "HF model directory")->required();
+  app.add_option("-o,--outfile", out, "output GGUF path")->required();
+  app.add_option("--outtype", type, "weight type of the 2-D matrices: f32, f16, bf16, q8_0")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  ConvertOptions opt;
+  opt.out_type = parse_out_type(type);
+  opt.progress = [](int done, int total, const std::string& what) {
+    fmt::print(stderr, "\r[{:3}/{:3}] {:<40}", done, total, what);
+    if (done == total) fmt::print(stderr, "\n");
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = convert_hf_to_gguf(in, out, opt);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "wrote {} ({} tensors, {}) in {:.2f} s\n", out, n, type, s);
+  return 0;
+}
+
+}  // namespace ultra::cli

@@ -1,0 +1,55 @@
+#include "cli/common.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "core/error.h"
+
+namespace ultra::cli {
+
+void ModelFlags::add(CLI::App& app, bool model_required) {
+  auto* m = app.add_option("-m,--model", model, "model: a GGUF file or an HF model directory");
+  if (model_required) m->required();
+  app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("-c,--ctx-size", ctx, "context size in tokens (default: the model's, at most 4096)")
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("-b,--batch-size", batch, "most tokens per prefill step")->check(CLI::Range(1, 65536));
+  app.add_option("--kv-type", kv_type, "KV cache element type: f32 or f16")
+      ->check(CLI::IsMember({"f32", "f16"}));
+}
+
+ContextParams ModelFlags::context_params() const {
+  ContextParams p;
+  p.n_ctx = ctx;
+  p.n_batch = batch;
+  p.n_threads = threads;
+  p.kv_type = kv_type == "f16" ? GgmlType::F16 : GgmlType::F32;
+  return p;
+}
+
+std::vector<int32_t> parse_id_list(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && (s[i] == ',' || s[i] == ' ')) ++i;
+    if (i >= s.size()) break;
+    int32_t v = 0;
+    auto [p, ec] = std::from_chars(s.data() + i, s.data() + s.size(), v);
+    if (ec != std::errc() || v < 0) fail("invalid token id list '{}' (expected e.g. 1,2,3)", s);
+    ids.push_back(v);
+    i = p - s.data();
+    if (i < s.size() && s[i] != ',' && s[i] != ' ')
+      fail("invalid token id list '{}' (expected e.g. 1,2,3)", s);
+  }
+  return ids;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+}  // namespace ultra::cli

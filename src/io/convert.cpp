@@ -1,0 +1,192 @@
+#include "io/convert.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "io/gguf.h"
+#include "model/model.h"
+
+namespace ultra {
+
+GgmlType parse_out_type(const std::string& s) {
+  std::string l = s;
+  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+  if (l == "f32") return GgmlType::F32;
+  if (l == "f16") return GgmlType::F16;
+  if (l == "bf16") return GgmlType::BF16;
+  if (l == "q8_0") return GgmlType::Q8_0;
+  fail("unknown output type '{}' (choose f32, f16, bf16 or q8_0)", s);
+}
+
+namespace {
+
+// llama.cpp's LLAMA_FTYPE values for general.file_type
+uint32_t file_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32:
+      return 0;
+    case GgmlType::F16:
+      return 1;
+    case GgmlType::Q8_0:
+      return 7;
+    case GgmlType::BF16:
+      return 32;
+    default:
+      return 0;
+  }
+}
+
+// Row r of w as f32.
+void row_f32(const cpu::WeightView& w, int64_t r, float* out) {
+  cpu::dequant_row(w, r, out);
+}
+
+struct Emitter {
+  gguf::Writer& wr;
+  std::vector<std::vector<uint8_t>>& store;  // converted tensor bytes, alive until write()
+
+  // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
+  template <class RowMap>
+  void matrix(const std::string& name, const cpu::WeightView& w, GgmlType t, RowMap row_src) {
+    if (t == GgmlType::Q8_0 && w.cols % kQ8_0Block != 0)
+      fail("{}: {} columns are not a multiple of 32; cannot write Q8_0", name, w.cols);
+    const auto tt = *type_traits(t);
+    const size_t rb = row_bytes(tt, w.cols);
+    auto& buf = store.emplace_back(rb * w.rows);
+    std::vector<float> row(w.cols);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      row_f32(w, row_src(r), row.data());
+      uint8_t* dst = buf.data() + rb * r;
+      switch (t) {
+        case GgmlType::F32:
+          std::memcpy(dst, row.data(), rb);
+          break;
+        case GgmlType::F16:
+          for (int64_t c = 0; c < w.cols; ++c) {
+            const uint16_t h = fp32_to_fp16(row[c]);
+            std::memcpy(dst + 2 * c, &h, 2);
+          }
+          break;
+        case GgmlType::BF16:
+          for (int64_t c = 0; c < w.cols; ++c) {
+            const uint16_t h = fp32_to_bf16(row[c]);
+            std::memcpy(dst + 2 * c, &h, 2);
+          }
+          break;
+        case GgmlType::Q8_0:
+          cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(dst));
+          break;
+        default:
+          fail("unsupported output type {}", type_name(t));
+      }
+    }
+    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows}, buf.data(), buf.size());
+  }
+
+  void vec(const std::string& name, const float* v, int64_t n) {
+    auto& buf = store.emplace_back(4 * n);
+    std::memcpy(buf.data(), v, 4 * n);
+    wr.add_tensor(name, GgmlType::F32, {(uint64_t)n}, buf.data(), buf.size());
+  }
+};
+
+}  // namespace
+
+int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opt) {
+  const GgmlType t = opt.out_type;
+  if (t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::Q8_0)
+    fail("unsupported output type {}", type_name(t));
+  auto m = load_hf_model(hf_dir);
+  const HParams& hp = m->hp;
+  const bool llama_layout = hp.arch != Arch::Qwen2;
+  const std::string arch = llama_layout ? "llama" : "qwen2";
+
+  gguf::Writer wr;
+  wr.set_string("general.architecture", arch);
+  wr.set_string("general.name", std::filesystem::path(hf_dir).filename().string());
+  wr.set_u32("general.file_type", file_type(t));
+  wr.set_u32("general.quantization_version", 2);
+  const std::string a = arch + ".";
+  wr.set_u32(a + "context_length", hp.train_ctx);
+  wr.set_u32(a + "embedding_length", hp.dim);
+  wr.set_u32(a + "block_count", hp.n_layers);
+  wr.set_u32(a + "feed_forward_length", hp.ffn_dim);
+  wr.set_u32(a + "attention.head_count", hp.n_heads);
+  wr.set_u32(a + "attention.head_count_kv", hp.n_kv_heads);
+  wr.set_u32(a + "attention.key_length", hp.head_dim);
+  wr.set_u32(a + "attention.value_length", hp.head_dim);
+  wr.set_u32(a + "rope.dimension_count", hp.head_dim);
+  wr.set_f32(a + "rope.freq_base", hp.rope_theta);
+  wr.set_f32(a + "attention.layer_norm_rms_epsilon", hp.rms_eps);
+  wr.set_u32(a + "vocab_size", hp.n_vocab);
+  if (hp.bos_id >= 0) wr.set_u32("tokenizer.ggml.bos_token_id", hp.bos_id);
+  if (hp.eos_id >= 0) wr.set_u32("tokenizer.ggml.eos_token_id", hp.eos_id);
+
+  std::vector<std::vector<uint8_t>> store;
+  store.reserve(16 + 16 * hp.n_layers);
+  Emitter E{wr, store};
+  auto same = [](int64_t r) { return r; };
+  // HF rotate-half rows (h, a, j) -> interleaved rows (h, j, a), a in {0,1}, j < head_dim/2 (llama.cpp
+  // permute)
+  const int64_t hd = hp.head_dim, half = hd / 2;
+  auto permuted = [=](int64_t r) {
+    const int64_t h = r / hd, i = r % hd, j = i / 2, a = i % 2;
+    return h * hd + a * half + j;
+  };
+  // progress: one step for the embeddings and output, one per layer
+  const int total = 1 + hp.n_layers;
+  int done = 0;
+  auto tick = [&](const std::string& n) {
+    ++done;
+    if (opt.progress) opt.progress(done, total, n);
+  };
+
+  E.matrix("token_embd.weight", m->tok_embd, t, same);
+  E.vec("output_norm.weight", m->output_norm, hp.dim);
+  if (!hp.tie_embeddings) E.matrix("output.weight", m->output, t, same);
+  tick("token_embd, output");
+  const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
+  for (int il = 0; il < hp.n_layers; ++il) {
+    const LayerWeights& l = m->layers[il];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    E.vec(p + "attn_norm.weight", l.attn_norm, hp.dim);
+    if (llama_layout) {
+      E.matrix(p + "attn_q.weight", l.wq, t, permuted);
+      E.matrix(p + "attn_k.weight", l.wk, t, permuted);
+    } else {
+      E.matrix(p + "attn_q.weight", l.wq, t, same);
+      E.matrix(p + "attn_k.weight", l.wk, t, same);
+    }
+    E.matrix(p + "attn_v.weight", l.wv, t, same);
+    E.matrix(p + "attn_output.weight", l.wo, t, same);
+    if (l.bq) {
+      if (llama_layout) fail("{}: attention biases with the llama layout are not supported", hf_dir);
+      E.vec(p + "attn_q.bias", l.bq, q_dim);
+      E.vec(p + "attn_k.bias", l.bk, kv_dim);
+      E.vec(p + "attn_v.bias", l.bv, kv_dim);
+    }
+    E.vec(p + "ffn_norm.weight", l.ffn_norm, hp.dim);
+    E.matrix(p + "ffn_gate.weight", l.w_gate, t, same);
+    E.matrix(p + "ffn_up.weight", l.w_up, t, same);
+    E.matrix(p + "ffn_down.weight", l.w_down, t, same);
+    tick("blk." + std::to_string(il));
+  }
+  if (hp.rope_scaling.type == "llama3") {
+    // llama.cpp divides each pair's frequency by rope_freqs[i]: store default / scaled.
+    HParams plain = hp;
+    plain.rope_scaling = RopeScaling{};
+    const std::vector<float> f0 = plain.rope_inv_freq();
+    std::vector<float> factors(hp.head_dim / 2);
+    for (size_t i = 0; i < factors.size(); ++i) factors[i] = f0[i] / m->rope_inv_freq[i];
+    E.vec("rope_freqs.weight", factors.data(), (int64_t)factors.size());
+  }
+  // TODO: tokenizer keys (tokenizer.ggml.*) from tokenizer.json once the tokenizer module reads it.
+  wr.write(out_path);
+  return (int)store.size();
+}
+
+}  // namespace ultra

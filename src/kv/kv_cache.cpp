@@ -1,0 +1,49 @@
+#include "kv/kv_cache.h"
+
+#include "core/error.h"
+
+namespace ultra {
+
+size_t KvCache::bytes_for(const KvCacheParams& p) {
+  const size_t elem = p.type == GgmlType::F16 ? 2 : 4;
+  return 2 * (size_t)p.n_layers * p.n_slots * p.n_kv_heads * p.max_ctx * p.head_dim * elem;
+}
+
+KvCache::KvCache(const KvCacheParams& p) : p_(p) {
+  if (p.type != GgmlType::F32 && p.type != GgmlType::F16)
+    fail("KV cache: unsupported type {} (supported: F32, F16)", type_name(p.type));
+  if (p.n_layers <= 0 || p.n_slots <= 0 || p.n_kv_heads <= 0 || p.max_ctx <= 0 || p.head_dim <= 0)
+    fail("KV cache: invalid shape (layers {}, slots {}, kv heads {}, ctx {}, head dim {})", p.n_layers,
+         p.n_slots, p.n_kv_heads, p.max_ctx, p.head_dim);
+  if (p.max_ctx > (1 << 24) || p.n_slots > 4096)
+    fail("KV cache: context {} x slots {} is too large", p.max_ctx, p.n_slots);
+  const size_t per_layer = bytes_for(p) / 2 / p.n_layers;
+  k_.reserve(p.n_layers);
+  v_.reserve(p.n_layers);
+  for (int il = 0; il < p.n_layers; ++il) {
+    k_.emplace_back(per_layer);
+    v_.emplace_back(per_layer);
+  }
+  len_.assign(p.n_slots, 0);
+}
+
+cpu::KvLayerView KvCache::layer(int il) {
+  cpu::KvLayerView v;
+  v.type = p_.type;
+  v.k = k_[il].data();
+  v.v = v_[il].data();
+  v.n_slots = p_.n_slots;
+  v.n_kv_heads = p_.n_kv_heads;
+  v.max_ctx = p_.max_ctx;
+  v.head_dim = p_.head_dim;
+  return v;
+}
+
+void KvCache::crop(int slot, int n) {
+  if (slot < 0 || slot >= p_.n_slots) fail("KV cache: slot {} out of range [0, {})", slot, p_.n_slots);
+  if (n < 0 || n > len_[slot])
+    fail("KV cache: cannot crop slot {} to {} tokens (it holds {})", slot, n, len_[slot]);
+  len_[slot] = n;
+}
+
+}  // namespace ultra

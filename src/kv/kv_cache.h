@@ -1,0 +1,47 @@
+// Slotted static KV cache: per layer one contiguous K and one V buffer of
+// [n_slots, n_kv_heads, max_ctx, head_dim] elements (F32 or F16), allocated once at context creation and
+// written in place. Each slot holds one sequence; its length is a counter, so crop() is O(1) and never
+// touches the data. Exceeding max_ctx is an error, never a resize.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/buffer.h"
+
+namespace ultra {
+
+struct KvCacheParams {
+  int n_layers = 0;
+  int n_slots = 1;
+  int n_kv_heads = 0;
+  int max_ctx = 0;
+  int head_dim = 0;
+  GgmlType type = GgmlType::F32;  // F32 or F16
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheParams& p);  // throws ultra::Error on a bad type or absurd size
+
+  const KvCacheParams& params() const { return p_; }
+  cpu::KvLayerView layer(int il);
+
+  int n_tokens(int slot) const { return len_[slot]; }
+  // Marks [0, n) of the slot as valid; requires n <= n_tokens(slot). O(1).
+  void crop(int slot, int n);
+  // Records that n tokens were appended (after the step wrote them). Caller checks capacity() first.
+  void advance(int slot, int n) { len_[slot] += n; }
+  int capacity() const { return p_.max_ctx; }
+
+  static size_t bytes_for(const KvCacheParams& p);
+  size_t bytes() const { return bytes_for(p_); }
+
+ private:
+  KvCacheParams p_;
+  std::vector<Buffer<uint8_t>> k_, v_;  // per layer
+  std::vector<int> len_;                // [n_slots]
+};
+
+}  // namespace ultra

@@ -1,0 +1,171 @@
+// GGUF file -> Model, following llama.cpp's conventions: keys {arch}.embedding_length etc., tensors
+// token_embd, blk.N.attn_q ..., output_norm, output (absent when tied), optional rope_freqs (Llama-3
+// rope scaling factors). Arch "llama" files have Q/K rows permuted for interleaved-pair RoPE; "qwen2"
+// files keep HF's rotate-half layout.
+#include <cstring>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "model/model.h"
+
+namespace ultra {
+
+namespace {
+
+struct GgufLoader {
+  Model& m;
+  const gguf::Reader& r;
+
+  const gguf::TensorInfo& get(const std::string& name) {
+    const auto* t = r.find_tensor(name);
+    if (!t) fail("{}: missing tensor '{}'", r.path(), name);
+    return *t;
+  }
+
+  cpu::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const auto& t = get(name);
+    if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_str(t.ne),
+           cols, rows);
+    if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16 &&
+        t.type != GgmlType::Q8_0)
+      fail("{}: tensor '{}' has type {}, supported: F32, F16, BF16, Q8_0", r.path(), name, type_name(t.type));
+    cpu::WeightView w;
+    w.type = t.type;
+    w.data = t.data;
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = t.n_bytes / rows;
+    m.weight_bytes += t.n_bytes;
+    return w;
+  }
+
+  const float* vec(const std::string& name, int64_t n, bool optional = false) {
+    const auto* tp = r.find_tensor(name);
+    if (!tp && optional) return nullptr;
+    const auto& t = get(name);
+    if (t.ne.size() != 1 || (int64_t)t.ne[0] != n)
+      fail("{}: tensor '{}' has shape {}, expected [{}]", r.path(), name, shape_str(t.ne), n);
+    auto& out = m.owned.emplace_back(n);
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      switch (t.type) {
+        case GgmlType::F32:
+          std::memcpy(&out[i], t.data + 4 * i, 4);
+          break;
+        case GgmlType::F16:
+          std::memcpy(&h, t.data + 2 * i, 2);
+          out[i] = fp16_to_fp32(h);
+          break;
+        case GgmlType::BF16:
+          std::memcpy(&h, t.data + 2 * i, 2);
+          out[i] = bf16_to_fp32(h);
+          break;
+        default:
+          fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
+      }
+    }
+    m.weight_bytes += t.n_bytes;
+    return out.data();
+  }
+
+  int key_int(const std::string& key, std::optional<int> fallback = std::nullopt) {
+    auto v = r.get_uint_opt(key);
+    if (!v) {
+      if (fallback) return *fallback;
+      fail("{}: missing key '{}'", r.path(), key);
+    }
+    if (*v > (1u << 30)) fail("{}: key '{}' = {} is out of range", r.path(), key, *v);
+    return (int)*v;
+  }
+
+  static std::string shape_str(const std::vector<uint64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_gguf_model(const std::string& path) {
+  auto m = std::make_unique<Model>();
+  m->path = path;
+  m->format = "gguf";
+  m->gguf = std::make_shared<gguf::Reader>(gguf::Reader::open(path));
+  const gguf::Reader& r = *m->gguf;
+  GgufLoader L{*m, r};
+
+  const std::string arch = r.get_string("general.architecture");
+  HParams& hp = m->hp;
+  if (arch == "llama") {
+    hp.arch = Arch::Llama;
+    hp.rope_interleaved = true;
+  } else if (arch == "qwen2") {
+    hp.arch = Arch::Qwen2;
+    hp.rope_interleaved = false;
+    hp.qkv_bias = true;
+  } else {
+    fail("{}: unsupported architecture '{}' (supported: llama, qwen2)", path, arch);
+  }
+  const std::string a = arch + ".";
+  hp.dim = L.key_int(a + "embedding_length");
+  hp.n_layers = L.key_int(a + "block_count");
+  hp.ffn_dim = L.key_int(a + "feed_forward_length");
+  hp.n_heads = L.key_int(a + "attention.head_count");
+  hp.n_kv_heads = L.key_int(a + "attention.head_count_kv", hp.n_heads);
+  hp.head_dim = L.key_int(a + "attention.key_length", hp.n_heads > 0 ? hp.dim / hp.n_heads : 0);
+  const int n_rot = L.key_int(a + "rope.dimension_count", hp.head_dim);
+  if (n_rot != hp.head_dim)
+    fail("{}: partial rotary embeddings (n_rot {} != head dim {}) are not supported", path, n_rot,
+         hp.head_dim);
+  hp.train_ctx = L.key_int(a + "context_length", 2048);
+  hp.rms_eps = (float)r.get_float_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);
+  hp.rope_theta = (float)r.get_float_opt(a + "rope.freq_base").value_or(10000.0);
+  if (auto st = r.get_string_opt(a + "rope.scaling.type"); st && *st != "none")
+    fail("{}: unsupported rope scaling type '{}'", path, *st);
+
+  const auto& embd = L.get("token_embd.weight");
+  if (embd.ne.size() != 2) fail("{}: tensor 'token_embd.weight' must have 2 dims", path);
+  if (embd.ne[1] > (1u << 22)) fail("{}: vocabulary of {} tokens is too large", path, embd.ne[1]);
+  hp.n_vocab = (int)embd.ne[1];
+  if (auto v = r.get_uint_opt(a + "vocab_size"); v && *v != (uint64_t)hp.n_vocab)
+    fail("{}: {}vocab_size = {} but token_embd has {} rows", path, a, *v, hp.n_vocab);
+  hp.bos_id = (int32_t)r.get_uint_opt("tokenizer.ggml.bos_token_id").value_or((uint64_t)-1);
+  hp.eos_id = (int32_t)r.get_uint_opt("tokenizer.ggml.eos_token_id").value_or((uint64_t)-1);
+  hp.tie_embeddings = r.find_tensor("output.weight") == nullptr;
+  hp.validate(path);
+
+  const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
+  m->tok_embd = L.matrix("token_embd.weight", hp.n_vocab, hp.dim);
+  m->output_norm = L.vec("output_norm.weight", hp.dim);
+  m->output = hp.tie_embeddings ? m->tok_embd : L.matrix("output.weight", hp.n_vocab, hp.dim);
+  m->layers.resize(hp.n_layers);
+  for (int il = 0; il < hp.n_layers; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    LayerWeights& l = m->layers[il];
+    l.attn_norm = L.vec(p + "attn_norm.weight", hp.dim);
+    l.wq = L.matrix(p + "attn_q.weight", q_dim, hp.dim);
+    l.wk = L.matrix(p + "attn_k.weight", kv_dim, hp.dim);
+    l.wv = L.matrix(p + "attn_v.weight", kv_dim, hp.dim);
+    l.wo = L.matrix(p + "attn_output.weight", hp.dim, q_dim);
+    l.bq = L.vec(p + "attn_q.bias", q_dim, !hp.qkv_bias);
+    l.bk = L.vec(p + "attn_k.bias", kv_dim, !hp.qkv_bias);
+    l.bv = L.vec(p + "attn_v.bias", kv_dim, !hp.qkv_bias);
+    l.ffn_norm = L.vec(p + "ffn_norm.weight", hp.dim);
+    l.w_gate = L.matrix(p + "ffn_gate.weight", hp.ffn_dim, hp.dim);
+    l.w_up = L.matrix(p + "ffn_up.weight", hp.ffn_dim, hp.dim);
+    l.w_down = L.matrix(p + "ffn_down.weight", hp.dim, hp.ffn_dim);
+  }
+  m->rope_inv_freq = hp.rope_inv_freq();
+  // Llama-3 rope scaling travels as per-pair divisors of the frequency (llama.cpp's rope_freqs tensor).
+  if (const float* f = L.vec("rope_freqs.weight", hp.head_dim / 2, /*optional=*/true)) {
+    for (int i = 0; i < hp.head_dim / 2; ++i) {
+      if (!(f[i] > 0)) fail("{}: rope_freqs[{}] = {} must be positive", path, i, f[i]);
+      m->rope_inv_freq[i] /= f[i];
+    }
+  }
+  return m;
+}
+
+}  // namespace ultra

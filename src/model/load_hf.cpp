@@ -1,0 +1,137 @@
+// HF model directory -> Model. Tensor names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
+// self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm.weight,
+// lm_head.weight (absent when tied). Q/K are in HF's rotate-half layout.
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+
+namespace ultra {
+
+namespace {
+
+struct HfLoader {
+  Model& m;
+  const safetensors::Checkpoint& ck;
+  std::string dir;
+
+  const safetensors::Tensor& get(const std::string& name) {
+    const auto* t = ck.find(name);
+    if (!t) fail("{}: missing tensor '{}'", dir, name);
+    if (!t->type_supported)
+      fail("{}: tensor '{}' has dtype {}, supported: F32, F16, BF16", t->file, name, t->dtype);
+    return *t;
+  }
+
+  cpu::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const auto& t = get(name);
+    if (t.shape.size() != 2 || (int64_t)t.shape[0] != rows || (int64_t)t.shape[1] != cols)
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_str(t.shape), rows, cols);
+    cpu::WeightView w;
+    w.type = t.type;
+    w.data = t.data;
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = t.n_bytes / rows;
+    m.weight_bytes += t.n_bytes;
+    return w;
+  }
+
+  const float* vec(const std::string& name, int64_t n, bool optional = false) {
+    const auto* tp = ck.find(name);
+    if (!tp && optional) return nullptr;
+    const auto& t = get(name);
+    if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
+      fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_str(t.shape), n);
+    auto& out = m.owned.emplace_back(n);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (t.type) {
+        case GgmlType::F32: {
+          float f;
+          std::memcpy(&f, t.data + 4 * i, 4);
+          out[i] = f;
+          break;
+        }
+        case GgmlType::F16:
+          out[i] = fp16_to_fp32(load_u16(t.data + 2 * i));
+          break;
+        case GgmlType::BF16:
+          out[i] = bf16_to_fp32(load_u16(t.data + 2 * i));
+          break;
+        default:
+          fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
+      }
+    }
+    m.weight_bytes += t.n_bytes;
+    return out.data();
+  }
+
+  static uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
+  static std::string shape_str(const std::vector<uint64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_hf_model(const std::string& dir) {
+  namespace fs = std::filesystem;
+  auto m = std::make_unique<Model>();
+  m->path = dir;
+  m->format = "safetensors";
+  const std::string cfg = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(cfg)) fail("{}: no config.json in the model directory", dir);
+  m->hp = parse_hf_config(cfg);
+  m->st = std::make_shared<safetensors::Checkpoint>(safetensors::Checkpoint::open_dir(dir));
+  const HParams& hp = m->hp;
+  HfLoader L{*m, *m->st, dir};
+  const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
+
+  m->tok_embd = L.matrix("model.embed_tokens.weight", hp.n_vocab, hp.dim);
+  m->output_norm = L.vec("model.norm.weight", hp.dim);
+  if (!hp.tie_embeddings && m->st->find("lm_head.weight")) {
+    m->output = L.matrix("lm_head.weight", hp.n_vocab, hp.dim);
+  } else {
+    if (!hp.tie_embeddings) fail("{}: missing tensor 'lm_head.weight'", dir);
+    m->output = m->tok_embd;
+  }
+  m->layers.resize(hp.n_layers);
+  for (int il = 0; il < hp.n_layers; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    LayerWeights& l = m->layers[il];
+    l.attn_norm = L.vec(p + "input_layernorm.weight", hp.dim);
+    l.wq = L.matrix(p + "self_attn.q_proj.weight", q_dim, hp.dim);
+    l.wk = L.matrix(p + "self_attn.k_proj.weight", kv_dim, hp.dim);
+    l.wv = L.matrix(p + "self_attn.v_proj.weight", kv_dim, hp.dim);
+    l.wo = L.matrix(p + "self_attn.o_proj.weight", hp.dim, q_dim);
+    if (hp.qkv_bias) {
+      l.bq = L.vec(p + "self_attn.q_proj.bias", q_dim);
+      l.bk = L.vec(p + "self_attn.k_proj.bias", kv_dim);
+      l.bv = L.vec(p + "self_attn.v_proj.bias", kv_dim);
+    }
+    l.ffn_norm = L.vec(p + "post_attention_layernorm.weight", hp.dim);
+    l.w_gate = L.matrix(p + "mlp.gate_proj.weight", hp.ffn_dim, hp.dim);
+    l.w_up = L.matrix(p + "mlp.up_proj.weight", hp.ffn_dim, hp.dim);
+    l.w_down = L.matrix(p + "mlp.down_proj.weight", hp.dim, hp.ffn_dim);
+  }
+  m->rope_inv_freq = hp.rope_inv_freq();
+  return m;
+}
+
+std::unique_ptr<Model> load_model(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return load_hf_model(path);
+  if (!fs::exists(path, ec)) fail("{}: no such file or directory", path);
+  return load_gguf_model(path);
+}
+
+}  // namespace ultra

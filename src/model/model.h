@@ -1,0 +1,60 @@
+// A loaded model: hyper-parameters plus views of its weights. Matrix weights point into the mapped model
+// file (zero copy); small vectors (norms, biases) are converted to f32 copies owned here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "model/hparams.h"
+
+namespace ultra {
+
+namespace gguf {
+class Reader;
+}
+namespace safetensors {
+class Checkpoint;
+}
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [dim]
+  cpu::WeightView wq;                // [n_heads*head_dim, dim]
+  cpu::WeightView wk;                // [n_kv_heads*head_dim, dim]
+  cpu::WeightView wv;                // [n_kv_heads*head_dim, dim]
+  cpu::WeightView wo;                // [dim, n_heads*head_dim]
+  const float* bq = nullptr;         // [n_heads*head_dim] or null
+  const float* bk = nullptr;         // [n_kv_heads*head_dim] or null
+  const float* bv = nullptr;         // [n_kv_heads*head_dim] or null
+  const float* ffn_norm = nullptr;   // [dim]
+  cpu::WeightView w_gate;            // [ffn_dim, dim]
+  cpu::WeightView w_up;              // [ffn_dim, dim]
+  cpu::WeightView w_down;            // [dim, ffn_dim]
+};
+
+struct Model {
+  std::string path;
+  std::string format;  // "gguf" or "safetensors"
+  HParams hp;
+  cpu::WeightView tok_embd;            // [n_vocab, dim]
+  const float* output_norm = nullptr;  // [dim]
+  cpu::WeightView output;              // [n_vocab, dim] (== tok_embd when tied)
+  std::vector<LayerWeights> layers;
+  std::vector<float> rope_inv_freq;  // [head_dim/2], scaling applied
+
+  size_t weight_bytes = 0;  // bytes of all tensors used
+
+  // Keeps the mapped files (and the f32 copies) alive.
+  std::shared_ptr<gguf::Reader> gguf;
+  std::shared_ptr<safetensors::Checkpoint> st;
+  std::vector<std::vector<float>> owned;
+};
+
+// Loads a GGUF file or an HF model directory (config.json + safetensors). Throws ultra::Error naming the
+// file and the problem (missing tensor, wrong shape, unsupported type or architecture).
+std::unique_ptr<Model> load_model(const std::string& path);
+std::unique_ptr<Model> load_gguf_model(const std::string& path);
+std::unique_ptr<Model> load_hf_model(const std::string& dir);
+
+}  // namespace ultra
