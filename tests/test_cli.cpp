@@ -1,0 +1,142 @@
+// The `ultra` executable end to end: --json and --dump-logits against the HF fixtures, bench output,
+// convert, and clear errors (non-zero exit, "error: ..." naming the problem) on bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kHf = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+
+struct Out {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs `ultra ARGS`, capturing stdout and stderr (to a temp file).
+Out ultra(const std::string& args) {
+  const fs::path err = fs::temp_directory_path() / "ultra_cli_stderr.txt";
+  const std::string cmd = std::string(ULTRA_ULTRA_BIN) + " " + args + " 2>" + err.string();
+  Out o;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return o;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
+  const int st = pclose(p);
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  std::ifstream e(err);
+  o.err.assign(std::istreambuf_iterator<char>(e), {});
+  return o;
+}
+
+json reference(const std::string& name) {
+  std::ifstream f(kHf / name / "reference.json");
+  return json::parse(f);
+}
+
+std::string ids_arg(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+TEST(Cli, RunJsonGreedyMatchesHf) {
+  const json ref = reference("qwen2_bias");
+  const auto prompt = ref["prompt"].get<std::vector<int>>();
+  const fs::path dump = fs::temp_directory_path() / "ultra_cli_logits.bin";
+  const Out o = ultra("run -m " + (kHf / "qwen2_bias").string() + " --prompt-ids " + ids_arg(prompt) +
+                      " -n 32 --temp 0 --ignore-eos --json --dump-logits " + dump.string());
+  ASSERT_EQ(o.code, 0) << o.err;
+  const json j = json::parse(o.out);
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<int>>(), prompt);
+  EXPECT_EQ(j["generated_ids"].get<std::vector<int>>(), ref["greedy"].get<std::vector<int>>());
+  EXPECT_EQ(j["timings"]["prompt_tokens"].get<int>(), (int)prompt.size());
+  EXPECT_EQ(j["timings"]["eval_tokens"].get<int>(), 31);
+  EXPECT_GT(j["timings"]["eval_tps"].get<double>(), 0);
+
+  // First dumped row = logits of the last prompt position, which HF's fixture has.
+  const int V = ref["n_vocab"].get<int>();
+  ASSERT_EQ(fs::file_size(dump), (uintmax_t)32 * V * 4);
+  std::vector<float> got(V), want(V);
+  std::ifstream(dump, std::ios::binary).read((char*)got.data(), V * 4);
+  std::ifstream w(kHf / "qwen2_bias" / "logits_f32.bin", std::ios::binary);
+  w.seekg((std::streamoff)(prompt.size() - 1) * V * 4);
+  w.read((char*)want.data(), V * 4);
+  double err = 0;
+  for (int i = 0; i < V; ++i) err = std::max(err, (double)std::fabs(got[i] - want[i]));
+  EXPECT_LT(err, 1e-4);
+  fs::remove(dump);
+}
+
+TEST(Cli, RunTextOutputHasTimings) {
+  const Out o =
+      ultra("run -m " + (kHf / "llama_gqa").string() + " --prompt-ids 1,2,3 -n 8 --temp 0.7 --seed 5");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("prompt eval time"), std::string::npos);
+  EXPECT_NE(o.err.find("eval time"), std::string::npos);
+  EXPECT_NE(o.err.find("KV cache"), std::string::npos);
+  // Same seed -> same tokens.
+  const Out o2 =
+      ultra("run -m " + (kHf / "llama_gqa").string() + " --prompt-ids 1,2,3 -n 8 --temp 0.7 --seed 5");
+  EXPECT_EQ(o.out, o2.out);
+}
+
+TEST(Cli, BenchTable) {
+  const Out o = ultra("bench -m " + (kHf / "mistral").string() + " -p 16 -n 8 -r 2 -t 1");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("pp16"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("tg8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("±"), std::string::npos) << o.out;
+}
+
+TEST(Cli, ConvertThenRun) {
+  const fs::path out = fs::temp_directory_path() / "ultra_cli_convert.gguf";
+  const Out c =
+      ultra("convert " + (kHf / "llama_tied_rope3").string() + " -o " + out.string() + " --outtype f16");
+  ASSERT_EQ(c.code, 0) << c.err;
+  const json ref = reference("llama_tied_rope3");
+  const Out o = ultra("run -m " + out.string() + " --prompt-ids " +
+                      ids_arg(ref["prompt"].get<std::vector<int>>()) + " -n 32 --temp 0 --ignore-eos --json");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(json::parse(o.out)["generated_ids"].get<std::vector<int>>(),
+            ref["greedy_f16w"].get<std::vector<int>>());
+  fs::remove(out);
+}
+
+void expect_error(const std::string& args, const std::string& phrase) {
+  const Out o = ultra(args);
+  EXPECT_NE(o.code, 0) << args;
+  EXPECT_LT(o.code, 128) << "crashed: " << args;
+  EXPECT_NE(o.err.find("error:"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find(phrase), std::string::npos) << "stderr: " << o.err;
+}
+
+TEST(Cli, BadInputGivesClearErrors) {
+  const std::string m = (kHf / "llama_gqa").string();
+  expect_error("run -m /nonexistent/model.gguf --prompt-ids 1", "/nonexistent/model.gguf");
+  expect_error("run -m " + m + " --prompt-ids 1,99999", "out of range");
+  expect_error("run -m " + m + " --prompt-ids 1,x,3", "invalid token id list");
+  expect_error("run -m " + m + " --prompt-ids 1,2,3,4,5,6,7,8 -c 4", "does not fit");
+  expect_error("run -m " + m + " --prompt-ids 1 --top-p 1.5", "--top-p");
+  expect_error("run -m " + m, "no prompt");
+  expect_error("convert " + m + " -o /tmp/x.gguf --outtype q4_9", "unknown output type");
+  const Out o = ultra("frobnicate");
+  EXPECT_EQ(o.code, 2);
+  // A file that is not a model.
+  const fs::path junk = fs::temp_directory_path() / "ultra_cli_junk.gguf";
+  std::ofstream(junk) << "this is not a gguf file at all";
+  expect_error("run -m " + junk.string() + " --prompt-ids 1", junk.string());
+  fs::remove(junk);
+}
+
+}  // namespace
