@@ -45,52 +45,59 @@ void row_f32(const cpu::WeightView& w, int64_t r, float* out) {
   cpu::dequant_row(w, r, out);
 }
 
+// Adds tensors to the writer as producers: each matrix is converted when write() reaches it, so only one
+// converted tensor is in memory at a time. Every produced tensor reports progress.
 struct Emitter {
   gguf::Writer& wr;
-  std::vector<std::vector<uint8_t>>& store;  // converted tensor bytes, alive until write()
+  std::function<void(const std::string&)> done;
+  int count = 0;
 
   // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
   template <class RowMap>
   void matrix(const std::string& name, const cpu::WeightView& w, GgmlType t, RowMap row_src) {
     if (t == GgmlType::Q8_0 && w.cols % kQ8_0Block != 0)
       fail("{}: {} columns are not a multiple of 32; cannot write Q8_0", name, w.cols);
-    const auto tt = *type_traits(t);
-    const size_t rb = row_bytes(tt, w.cols);
-    auto& buf = store.emplace_back(rb * w.rows);
-    std::vector<float> row(w.cols);
-    for (int64_t r = 0; r < w.rows; ++r) {
-      row_f32(w, row_src(r), row.data());
-      uint8_t* dst = buf.data() + rb * r;
-      switch (t) {
-        case GgmlType::F32:
-          std::memcpy(dst, row.data(), rb);
-          break;
-        case GgmlType::F16:
-          for (int64_t c = 0; c < w.cols; ++c) {
-            const uint16_t h = fp32_to_fp16(row[c]);
-            std::memcpy(dst + 2 * c, &h, 2);
-          }
-          break;
-        case GgmlType::BF16:
-          for (int64_t c = 0; c < w.cols; ++c) {
-            const uint16_t h = fp32_to_bf16(row[c]);
-            std::memcpy(dst + 2 * c, &h, 2);
-          }
-          break;
-        case GgmlType::Q8_0:
-          cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(dst));
-          break;
-        default:
-          fail("unsupported output type {}", type_name(t));
+    ++count;
+    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows}, [this, name, w, t, row_src](uint8_t* dst) {
+      const size_t rb = row_bytes(*type_traits(t), w.cols);
+      std::vector<float> row(w.cols);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        row_f32(w, row_src(r), row.data());
+        uint8_t* d = dst + rb * r;
+        switch (t) {
+          case GgmlType::F32:
+            std::memcpy(d, row.data(), rb);
+            break;
+          case GgmlType::F16:
+            for (int64_t c = 0; c < w.cols; ++c) {
+              const uint16_t h = fp32_to_fp16(row[c]);
+              std::memcpy(d + 2 * c, &h, 2);
+            }
+            break;
+          case GgmlType::BF16:
+            for (int64_t c = 0; c < w.cols; ++c) {
+              const uint16_t h = fp32_to_bf16(row[c]);
+              std::memcpy(d + 2 * c, &h, 2);
+            }
+            break;
+          case GgmlType::Q8_0:
+            cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
+            break;
+          default:
+            fail("unsupported output type {}", type_name(t));
+        }
       }
-    }
-    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows}, buf.data(), buf.size());
+      done(name);
+    });
   }
 
   void vec(const std::string& name, const float* v, int64_t n) {
-    auto& buf = store.emplace_back(4 * n);
-    std::memcpy(buf.data(), v, 4 * n);
-    wr.add_tensor(name, GgmlType::F32, {(uint64_t)n}, buf.data(), buf.size());
+    ++count;
+    std::vector<float> copy(v, v + n);
+    wr.add_tensor(name, GgmlType::F32, {(uint64_t)n}, [this, name, copy](uint8_t* dst) {
+      std::memcpy(dst, copy.data(), 4 * copy.size());
+      done(name);
+    });
   }
 };
 
@@ -126,9 +133,12 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   if (hp.bos_id >= 0) wr.set_u32("tokenizer.ggml.bos_token_id", hp.bos_id);
   if (hp.eos_id >= 0) wr.set_u32("tokenizer.ggml.eos_token_id", hp.eos_id);
 
-  std::vector<std::vector<uint8_t>> store;
-  store.reserve(16 + 16 * hp.n_layers);
-  Emitter E{wr, store};
+  int written = 0;
+  Emitter E{wr, {}};
+  E.done = [&](const std::string& name) {
+    ++written;
+    if (opt.progress) opt.progress(written, E.count, name);
+  };
   auto same = [](int64_t r) { return r; };
   // HF rotate-half rows (h, a, j) -> interleaved rows (h, j, a), a in {0,1}, j < head_dim/2 (llama.cpp
   // permute)
@@ -137,18 +147,9 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     const int64_t h = r / hd, i = r % hd, j = i / 2, a = i % 2;
     return h * hd + a * half + j;
   };
-  // progress: one step for the embeddings and output, one per layer
-  const int total = 1 + hp.n_layers;
-  int done = 0;
-  auto tick = [&](const std::string& n) {
-    ++done;
-    if (opt.progress) opt.progress(done, total, n);
-  };
-
   E.matrix("token_embd.weight", m->tok_embd, t, same);
   E.vec("output_norm.weight", m->output_norm, hp.dim);
   if (!hp.tie_embeddings) E.matrix("output.weight", m->output, t, same);
-  tick("token_embd, output");
   const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = m->layers[il];
@@ -173,7 +174,6 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     E.matrix(p + "ffn_gate.weight", l.w_gate, t, same);
     E.matrix(p + "ffn_up.weight", l.w_up, t, same);
     E.matrix(p + "ffn_down.weight", l.w_down, t, same);
-    tick("blk." + std::to_string(il));
   }
   if (hp.rope_scaling.type == "llama3") {
     // llama.cpp divides each pair's frequency by rope_freqs[i]: store default / scaled.
@@ -186,7 +186,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   }
   // TODO: tokenizer keys (tokenizer.ggml.*) from tokenizer.json once the tokenizer module reads it.
   wr.write(out_path);
-  return (int)store.size();
+  return written;
 }
 
 }  // namespace ultra
