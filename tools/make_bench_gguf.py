@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Write a random-weight Llama GGUF (v3) file for speed benchmarks.
+
+Pure Python standard library (struct, array, random); no numpy.
+
+The file follows llama.cpp's conventions (key names and types as written by
+convert_hf_to_gguf.py, ggml tensor names, ne[0] = number of columns), so both
+ultra and llama.cpp (e.g. through node-llama-cpp) load it:
+
+    python3 tools/make_bench_gguf.py --type q8_0 -o /tmp/ultra-bench/llama110m-q8_0.gguf
+
+Default shape: the ~110M-parameter Llama (dim 768, 12 layers, 12 heads,
+12 kv heads, ffn 2048, vocab 32000, context 2048).
+
+The weights are NOT independent samples.  Drawing ~110M gaussians one by one
+in pure Python takes minutes, so one pool of POOL_SIZE values ~ N(0, std) is
+drawn once and every tensor is filled with chunks copied from random offsets
+of that pool (for q8_0 the pool is quantised once and whole 34-byte blocks are
+copied).  The values therefore repeat across and within tensors.  That is
+irrelevant for a speed benchmark (the arithmetic is the same for any values),
+but the model is of course meaningless as a language model.
+"""
+
+import argparse
+import array
+import math
+import os
+import random
+import struct
+import sys
+import time
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+ALIGNMENT = 32
+
+# gguf metadata value types
+T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = range(13)
+
+# ggml tensor types
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+QK8_0 = 32
+Q8_0_BLOCK_BYTES = 2 + QK8_0  # f16 scale + 32 int8
+
+# llama_ftype (general.file_type)
+FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
+GGML_TYPE = {"f32": GGML_F32, "f16": GGML_F16, "q8_0": GGML_Q8_0}
+
+# llama_token_type (tokenizer.ggml.token_type)
+TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
+
+POOL_SIZE = 1 << 20   # values in the random pool (multiple of QK8_0)
+CHUNK = 1 << 14       # values copied per random offset (multiple of QK8_0)
+
+if sys.byteorder != "little":
+    sys.exit("make_bench_gguf.py: this writer assumes a little-endian host")
+
+
+# ----------------------------------------------------------------- metadata --
+
+def enc_str(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def enc_kv(key, vtype, value, elem_type=None):
+    out = [enc_str(key), struct.pack("<I", vtype)]
+    if vtype == T_ARRAY:
+        out.append(struct.pack("<IQ", elem_type, len(value)))
+        if elem_type == T_STRING:
+            out.extend(enc_str(v) for v in value)
+        elif elem_type == T_FLOAT32:
+            out.append(array.array("f", value).tobytes())
+        elif elem_type == T_INT32:
+            out.append(array.array("i", value).tobytes())
+        else:
+            raise ValueError("unsupported array element type %d" % elem_type)
+    elif vtype == T_STRING:
+        out.append(enc_str(value))
+    elif vtype == T_UINT32:
+        out.append(struct.pack("<I", value))
+    elif vtype == T_INT32:
+        out.append(struct.pack("<i", value))
+    elif vtype == T_FLOAT32:
+        out.append(struct.pack("<f", value))
+    elif vtype == T_BOOL:
+        out.append(struct.pack("<?", value))
+    else:
+        raise ValueError("unsupported value type %d" % vtype)
+    return b"".join(out)
+
+
+def make_vocab(n_vocab):
+    """SentencePiece-style vocabulary: <unk> <s> </s>, 256 byte tokens, fillers."""
+    if n_vocab < 3 + 256 + 1:
+        raise SystemExit("n_vocab must be at least 260")
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [TOK_UNKNOWN, TOK_CONTROL, TOK_CONTROL]
+    scores = [0.0, 0.0, 0.0]
+    for b in range(256):
+        tokens.append("<0x%02X>" % b)
+        types.append(TOK_BYTE)
+        scores.append(0.0)
+    i = 0
+    while len(tokens) < n_vocab:
+        tokens.append("\u2581t%d" % i)  # "▁t123"
+        types.append(TOK_NORMAL)
+        scores.append(-float(i + 1))   # decreasing scores, like a real SPM vocab
+        i += 1
+    assert len(set(tokens)) == len(tokens) == n_vocab
+    return tokens, scores, types
+
+
+# ------------------------------------------------------------------ weights --
+
+def f16_bytes(values):
+    return struct.pack("<%de" % len(values), *values)
+
+
+def _roundf(x):
+    """C roundf: halfway cases away from zero (Python's round() rounds half to even)."""
+    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+
+
+def quantize_q8_0(values):
+    """ggml's quantize_row_q8_0_ref: d = amax/127, q = round(x/d), d stored as f16."""
+    assert len(values) % QK8_0 == 0
+    out = bytearray()
+    for i in range(0, len(values), QK8_0):
+        blk = values[i:i + QK8_0]
+        amax = max(abs(v) for v in blk)
+        d = amax / 127.0
+        inv = 1.0 / d if d else 0.0
+        qs = [_roundf(v * inv) for v in blk]  # |v*inv| <= 127
+        out += struct.pack("<e", d)
+        out += struct.pack("<32b", *qs)
+    return bytes(out)
+
+
+class WeightSource:
+    """Produces tensor data of a given ggml type from one shared random pool."""
+
+    def __init__(self, wtype, rng, std):
+        self.rng = rng
+        pool = array.array("f", (rng.gauss(0.0, std) for _ in range(POOL_SIZE)))
+        if wtype == "f32":
+            self.pool = pool.tobytes()
+            self.bytes_per_unit, self.values_per_unit = 4, 1
+        elif wtype == "f16":
+            self.pool = f16_bytes(pool)
+            self.bytes_per_unit, self.values_per_unit = 2, 1
+        else:  # q8_0: one unit = one 32-value block
+            self.pool = quantize_q8_0(pool)
+            self.bytes_per_unit, self.values_per_unit = Q8_0_BLOCK_BYTES, QK8_0
+        self.pool_units = POOL_SIZE // self.values_per_unit
+        self.chunk_units = CHUNK // self.values_per_unit
+
+    def nbytes(self, n_values):
+        assert n_values % self.values_per_unit == 0
+        return n_values // self.values_per_unit * self.bytes_per_unit
+
+    def write(self, f, n_values):
+        units = n_values // self.values_per_unit
+        bpu = self.bytes_per_unit
+        while units > 0:
+            take = min(units, self.chunk_units)
+            off = self.rng.randrange(0, self.pool_units - take + 1)
+            f.write(self.pool[off * bpu:(off + take) * bpu])
+            units -= take
+
+
+def write_f32_const(f, n, value):
+    f.write(array.array("f", [value]).tobytes() * n)
+
+
+# --------------------------------------------------------------------- main --
+
+def pad_to(n, align=ALIGNMENT):
+    return (n + align - 1) // align * align
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--type", choices=["f32", "f16", "q8_0"], default="f32", help="weight type of the 2-D tensors (norms stay F32)")
+    ap.add_argument("-o", "--output", required=True, help="output .gguf path")
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
+    ap.add_argument("--ffn", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--rms-eps", type=float, default=1e-5)
+    ap.add_argument("--std", type=float, default=0.02, help="std of the random weights")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--tie-embeddings", action="store_true",
+                    help="omit output.weight (the output projection then reuses token_embd.weight)")
+    args = ap.parse_args()
+
+    dim, n_layers, n_heads, ffn, n_vocab = args.dim, args.layers, args.heads, args.ffn, args.vocab
+    n_kv = args.kv_heads or n_heads
+    if dim % n_heads or n_heads % n_kv:
+        sys.exit("dim must be divisible by heads, heads by kv-heads")
+    head_dim = dim // n_heads
+    kv_dim = n_kv * head_dim
+    if args.type == "q8_0" and (dim % QK8_0 or ffn % QK8_0):
+        sys.exit("q8_0 needs dim and ffn to be multiples of 32")
+
+    t0 = time.time()
+    rng = random.Random(args.seed)
+    wt = GGML_TYPE[args.type]
+
+    # (name, ne (ggml order: ne[0] = columns), ggml type)
+    tensors = [("token_embd.weight", [dim, n_vocab], wt)]
+    for i in range(n_layers):
+        p = "blk.%d." % i
+        tensors += [
+            (p + "attn_norm.weight", [dim], GGML_F32),
+            (p + "attn_q.weight", [dim, dim], wt),
+            (p + "attn_k.weight", [dim, kv_dim], wt),
+            (p + "attn_v.weight", [dim, kv_dim], wt),
+            (p + "attn_output.weight", [dim, dim], wt),
+            (p + "ffn_norm.weight", [dim], GGML_F32),
+            (p + "ffn_gate.weight", [dim, ffn], wt),
+            (p + "ffn_up.weight", [dim, ffn], wt),
+            (p + "ffn_down.weight", [ffn, dim], wt),
+        ]
+    tensors.append(("output_norm.weight", [dim], GGML_F32))
+    if not args.tie_embeddings:
+        tensors.append(("output.weight", [dim, n_vocab], wt))
+
+    tokens, scores, types = make_vocab(n_vocab)
+    kvs = [
+        enc_kv("general.architecture", T_STRING, "llama"),
+        enc_kv("general.name", T_STRING, "ultra-bench random llama %s" % args.type),
+        enc_kv("general.alignment", T_UINT32, ALIGNMENT),
+        enc_kv("general.file_type", T_UINT32, FILE_TYPE[args.type]),
+        enc_kv("llama.vocab_size", T_UINT32, n_vocab),
+        enc_kv("llama.context_length", T_UINT32, args.ctx),
+        enc_kv("llama.embedding_length", T_UINT32, dim),
+        enc_kv("llama.block_count", T_UINT32, n_layers),
+        enc_kv("llama.feed_forward_length", T_UINT32, ffn),
+        enc_kv("llama.attention.head_count", T_UINT32, n_heads),
+        enc_kv("llama.attention.head_count_kv", T_UINT32, n_kv),
+        enc_kv("llama.rope.freq_base", T_FLOAT32, args.rope_theta),
+        enc_kv("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, args.rms_eps),
+        enc_kv("llama.rope.dimension_count", T_UINT32, head_dim),
+        enc_kv("tokenizer.ggml.model", T_STRING, "llama"),
+        enc_kv("tokenizer.ggml.tokens", T_ARRAY, tokens, T_STRING),
+        enc_kv("tokenizer.ggml.scores", T_ARRAY, scores, T_FLOAT32),
+        enc_kv("tokenizer.ggml.token_type", T_ARRAY, types, T_INT32),
+        enc_kv("tokenizer.ggml.bos_token_id", T_UINT32, 1),
+        enc_kv("tokenizer.ggml.eos_token_id", T_UINT32, 2),
+        enc_kv("tokenizer.ggml.unknown_token_id", T_UINT32, 0),
+        enc_kv("tokenizer.ggml.add_bos_token", T_BOOL, True),
+        enc_kv("tokenizer.ggml.add_eos_token", T_BOOL, False),
+    ]
+
+    src = WeightSource(args.type, rng, args.std)
+
+    def nbytes(ne, t):
+        n = 1
+        for x in ne:
+            n *= x
+        if t == GGML_F32:
+            return 4 * n
+        return src.nbytes(n)
+
+    infos = []
+    offset = 0
+    n_params = 0
+    for name, ne, t in tensors:
+        offset = pad_to(offset)
+        infos.append(enc_str(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne)
+                     + struct.pack("<IQ", t, offset))
+        offset += nbytes(ne, t)
+        n = 1
+        for x in ne:
+            n *= x
+        n_params += n
+
+    header = GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs))
+    head = header + b"".join(kvs) + b"".join(infos)
+
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = args.output + ".tmp"
+    with open(tmp, "wb", buffering=1 << 22) as f:
+        f.write(head)
+        f.write(b"\0" * (pad_to(len(head)) - len(head)))
+        data_start = f.tell()
+        for name, ne, t in tensors:
+            pos = f.tell() - data_start
+            f.write(b"\0" * (pad_to(pos) - pos))
+            n = 1
+            for x in ne:
+                n *= x
+            if t == GGML_F32 and len(ne) == 1:
+                write_f32_const(f, n, 1.0)  # RMSNorm weights = 1.0
+            else:
+                src.write(f, n)
+        size = f.tell()
+    os.replace(tmp, args.output)
+    print("wrote %s: %s, %d tensors, %.1fM params, %.1f MB, %.1f s"
+          % (args.output, args.type, len(tensors), n_params / 1e6, size / 1e6, time.time() - t0), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
