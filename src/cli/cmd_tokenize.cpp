@@ -1,0 +1,109 @@
+// ultra tokenize -m MODEL "text": the token ids and pieces of a text.
+//   MODEL: a .gguf (a vocabulary-only file is enough), a tokenizer.json, or a directory holding one.
+//   --ids           only the ids, space-separated on one line
+//   -f FILE         read the text from FILE ("-": standard input) instead of the argument
+//   --add-special   add BOS/EOS as the vocabulary asks (without it none are added)
+//   --no-parse-special  treat control-token text such as "<|endoftext|>" as plain text
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace ultra::cli {
+
+namespace {
+
+// A piece for display: valid UTF-8 as is, control characters and ill-formed bytes escaped.
+std::string printable(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
+    const int k = tok::utf8::classify(p, s.size() - i);
+    if (k > 1) {
+      out.append(s.data() + i, (size_t)k);
+      i += (size_t)k;
+      continue;
+    }
+    const unsigned char c = *p;
+    if (k == 1 && c >= 0x20 && c != 0x7F && c != '\\' && c != '\'') {
+      out += (char)c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\'') {
+      out += "\\'";
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+    ++i;
+  }
+  return out;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ostringstream ss;
+  if (path == "-") {
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open", path);
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int cmd_tokenize(int argc, char** argv) {
+  CLI::App app{"Print the token ids and pieces of a text", "ultra tokenize"};
+  std::string model, file, text;
+  bool ids_only = false, add_special = false, no_parse_special = false;
+  app.add_option("-m,--model", model,
+                 "model: .gguf (vocabulary-only is fine), tokenizer.json or HF directory")
+      ->required();
+  app.add_option("text", text, "the text to tokenize");
+  app.add_option("-f,--file", file, "read the text from FILE ('-': standard input)");
+  app.add_flag("--ids", ids_only, "print only the space-separated ids");
+  app.add_flag("--add-special", add_special, "add BOS/EOS as the vocabulary asks");
+  app.add_flag("--no-parse-special", no_parse_special, "do not recognise control tokens written in the text");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const bool has_text = app.count("text") > 0;
+  if (has_text == !file.empty()) fail("give the text either as an argument or with -f FILE (exactly one)");
+  if (!file.empty()) text = read_text_file(file);
+
+  const tok::Tokenizer tok = tok::Tokenizer::from_file(model);
+  const std::vector<int32_t> ids = tok.encode(text, add_special, !no_parse_special);
+  std::string out;
+  if (ids_only) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ' ';
+      out += std::to_string(ids[i]);
+    }
+    out += '\n';
+  } else {
+    for (int32_t id : ids) out += fmt::format("{:>7} -> '{}'\n", id, printable(tok.token_to_piece(id)));
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace ultra::cli

@@ -1,0 +1,552 @@
+#include "tokenizer/vocab.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "tokenizer/pretokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace ultra::tok {
+
+using json = nlohmann::json;
+
+std::string_view token_type_name(TokenType t) {
+  switch (t) {
+    case TokenType::Undefined:
+      return "undefined";
+    case TokenType::Normal:
+      return "normal";
+    case TokenType::Unknown:
+      return "unknown";
+    case TokenType::Control:
+      return "control";
+    case TokenType::UserDefined:
+      return "user-defined";
+    case TokenType::Unused:
+      return "unused";
+    case TokenType::Byte:
+      return "byte";
+  }
+  return "?";
+}
+
+void TokenIndex::build(const std::vector<std::string>& tokens, const std::string& source) {
+  map_.clear();
+  map_.reserve(tokens.size() * 2);
+  max_len_ = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& t = tokens[i];
+    if (t.empty()) continue;
+    auto [it, inserted] = map_.emplace(std::string_view(t), (int32_t)i);
+    if (!inserted) fail("{}: duplicate token '{}' at ids {} and {}", source, t, it->second, i);
+    max_len_ = std::max(max_len_, t.size());
+  }
+}
+
+namespace {
+
+// The token texts that llama.cpp recognises as end-of-turn when the vocabulary does not name one.
+void find_eot(Vocab& v) {
+  if (v.eot >= 0) return;
+  static const char* const names[] = {"<|eot_id|>",    "<|im_end|>",      "<|end|>", "<end_of_turn>",
+                                      "<|endoftext|>", "<|end_of_text|>", "<EOT>",   "<｜end▁of▁sentence｜>"};
+  for (const char* n : names) {
+    for (size_t i = 0; i < v.tokens.size(); ++i) {
+      if (v.tokens[i] == n) {
+        v.eot = (int32_t)i;
+        return;
+      }
+    }
+  }
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = (char)std::tolower((unsigned char)c);
+  return s;
+}
+
+int32_t gguf_id(const gguf::Reader& r, const char* key, int32_t fallback, size_t n) {
+  const gguf::Value* x = r.find(key);
+  if (!x) return fallback < (int64_t)n ? fallback : -1;
+  if (x->type == gguf::ValueType::STRING || x->type == gguf::ValueType::ARRAY)
+    fail("{}: {} has type {}, expected an integer", r.path(), key, gguf::value_type_name(x->type));
+  const int64_t id = x->as_int();
+  if (id == -1) return -1;
+  if (id < 0 || (uint64_t)id >= n)
+    fail("{}: {} = {} is out of range (the vocabulary has {} tokens)", r.path(), key, id, n);
+  return (int32_t)id;
+}
+
+const gguf::Array& gguf_array(const gguf::Reader& r, const char* key, size_t n_expected) {
+  const gguf::Value* x = r.find(key);
+  if (x->type != gguf::ValueType::ARRAY)
+    fail("{}: key '{}' has type {}, expected an array", r.path(), key, gguf::value_type_name(x->type));
+  const gguf::Array& a = x->as_array();
+  if (n_expected != (size_t)-1 && a.items.size() != n_expected)
+    fail("{}: key '{}' has {} entries but the vocabulary has {} tokens", r.path(), key, a.items.size(),
+         n_expected);
+  return a;
+}
+
+}  // namespace
+
+Vocab load_gguf(const gguf::Reader& r) {
+  Vocab v;
+  v.source = r.path();
+  const std::string model = r.get_string("tokenizer.ggml.model");
+  if (model == "gpt2") {
+    v.kind = ModelKind::Bpe;
+  } else if (model == "llama") {
+    v.kind = ModelKind::Spm;
+  } else {
+    fail("{}: tokenizer.ggml.model '{}' is not supported (gpt2 = byte-level BPE, llama = SentencePiece)",
+         v.source, model);
+  }
+  v.pre = r.get_string_opt("tokenizer.ggml.pre").value_or("default");
+
+  if (!r.find("tokenizer.ggml.tokens"))
+    fail("{}: key 'tokenizer.ggml.tokens' missing (no vocabulary)", v.source);
+  const gguf::Array& toks = gguf_array(r, "tokenizer.ggml.tokens", (size_t)-1);
+  if (toks.elem_type != gguf::ValueType::STRING)
+    fail("{}: tokenizer.ggml.tokens holds {}, expected strings", v.source,
+         gguf::value_type_name(toks.elem_type));
+  const size_t n = toks.items.size();
+  if (n == 0) fail("{}: tokenizer.ggml.tokens is empty", v.source);
+  if (n > (size_t)INT32_MAX) fail("{}: {} tokens is too many", v.source, n);
+  v.tokens.reserve(n);
+  for (const auto& t : toks.items) v.tokens.push_back(t.as_string());
+
+  if (r.find("tokenizer.ggml.scores")) {
+    const gguf::Array& a = gguf_array(r, "tokenizer.ggml.scores", n);
+    if (a.elem_type == gguf::ValueType::STRING || a.elem_type == gguf::ValueType::ARRAY)
+      fail("{}: tokenizer.ggml.scores holds {}, expected numbers", v.source,
+           gguf::value_type_name(a.elem_type));
+    v.scores.reserve(n);
+    for (const auto& x : a.items) v.scores.push_back((float)x.as_float());
+  }
+  if (r.find("tokenizer.ggml.token_type")) {
+    const gguf::Array& a = gguf_array(r, "tokenizer.ggml.token_type", n);
+    if (a.elem_type == gguf::ValueType::STRING || a.elem_type == gguf::ValueType::ARRAY)
+      fail("{}: tokenizer.ggml.token_type holds {}, expected integers", v.source,
+           gguf::value_type_name(a.elem_type));
+    v.types.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t t = a.items[i].as_int();
+      if (t < 0 || t > 6) fail("{}: token {} '{}' has type {}, expected 0..6", v.source, i, v.tokens[i], t);
+      v.types.push_back((TokenType)t);
+    }
+  }
+
+  if (v.kind == ModelKind::Bpe) {
+    if (!r.find("tokenizer.ggml.merges"))
+      fail("{}: BPE vocabulary (tokenizer.ggml.model gpt2) without tokenizer.ggml.merges", v.source);
+    const gguf::Array& a = gguf_array(r, "tokenizer.ggml.merges", (size_t)-1);
+    if (a.elem_type != gguf::ValueType::STRING)
+      fail("{}: tokenizer.ggml.merges holds {}, expected strings", v.source,
+           gguf::value_type_name(a.elem_type));
+    v.merges.reserve(a.items.size());
+    for (size_t i = 0; i < a.items.size(); ++i) {
+      const std::string& m = a.items[i].as_string();
+      const size_t sp = m.find(' ', 1);
+      if (sp == std::string::npos)
+        fail("{}: merge #{} '{}' is not two tokens separated by a space", v.source, i, m);
+      v.merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
+    }
+    PreTokenizerInfo info = pre_tokenizer_for(v.pre);
+    v.splits = std::move(info.splits);
+    v.ignore_merges = info.ignore_merges;
+    v.byte_level = true;
+    v.add_bos = r.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(info.add_bos);
+  } else {
+    const bool prefix = r.get_bool_opt("tokenizer.ggml.add_space_prefix").value_or(true);
+    v.escape_spaces = true;
+    v.prepend = prefix ? PrependScheme::Always : PrependScheme::Never;
+    v.prepend_always = true;
+    v.leading_space = prefix ? LeadingSpace::StripOne : LeadingSpace::Keep;
+    v.byte_level = false;
+    v.add_bos = r.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(true);
+  }
+  v.add_eos = r.get_bool_opt("tokenizer.ggml.add_eos_token").value_or(false);
+
+  const bool spm = v.kind == ModelKind::Spm;  // llama.cpp's SPM defaults: unk 0, bos 1, eos 2
+  v.bos = gguf_id(r, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, n);
+  v.eos = gguf_id(r, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, n);
+  v.unk = gguf_id(r, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, n);
+  v.eot = gguf_id(r, "tokenizer.ggml.eot_token_id", -1, n);
+  v.eom = gguf_id(r, "tokenizer.ggml.eom_token_id", -1, n);
+  v.pad = gguf_id(r, "tokenizer.ggml.padding_token_id", -1, n);
+  find_eot(v);
+
+  // Per-token attributes that GGUF does not store; llama.cpp sets them by model name.
+  const std::string name = lower(r.get_string_opt("general.name").value_or(""));
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    v.attrs.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const TokenType t = v.types.empty() ? TokenType::Normal : v.types[i];
+      const std::string& s = v.tokens[i];
+      if ((t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown ||
+           s == "</s>") &&
+          s != "<unk>" && s != "<s>" && s != "<|endoftext|>")
+        v.attrs[i] = kAttrRstrip;
+    }
+  }
+  return v;
+}
+
+Vocab load_gguf_file(const std::string& path) {
+  return load_gguf(gguf::Reader::open(path));
+}
+
+// ---- Hugging Face tokenizer.json ----
+
+namespace {
+
+struct HfCtx {
+  const std::string& source;
+  Vocab& v;
+  bool saw_byte_level = false;
+};
+
+std::string quote_regex(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (std::isalnum((unsigned char)c) || (unsigned char)c >= 0x80 || c == ' ') {
+      out += c;
+    } else {
+      out += '\\';
+      out += c;
+    }
+  }
+  return out;
+}
+
+SplitBehavior parse_behavior(const HfCtx& c, const json& j) {
+  const std::string b = j.is_string() ? j.get<std::string>() : "Isolated";
+  if (b == "Isolated") return SplitBehavior::Isolated;
+  if (b == "Removed") return SplitBehavior::Removed;
+  if (b == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::MergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::Contiguous;
+  fail("{}: unknown split behavior '{}'", c.source, b);
+}
+
+std::string str_or(const json& j, const char* key, const std::string& dflt) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : dflt;
+}
+
+bool bool_or(const json& j, const char* key, bool dflt) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : dflt;
+}
+
+void parse_normalizer(HfCtx& c, const json& j) {
+  if (j.is_null()) return;
+  const std::string type = str_or(j, "type", "");
+  if (type == "Sequence") {
+    for (const auto& n : j.at("normalizers")) parse_normalizer(c, n);
+  } else if (type == "Prepend") {
+    if (str_or(j, "prepend", "") != utf8::kMetaSpace)
+      fail("{}: Prepend normalizer with '{}' is not supported (only U+2581)", c.source,
+           str_or(j, "prepend", ""));
+    c.v.prepend = PrependScheme::Always;
+    c.v.prepend_always = true;
+  } else if (type == "Replace") {
+    const json& p = j.at("pattern");
+    if (!(p.contains("String") && p["String"] == " " && str_or(j, "content", "") == utf8::kMetaSpace))
+      fail("{}: Replace normalizer {} is not supported (only ' ' -> U+2581)", c.source, j.dump());
+    c.v.escape_spaces = true;
+  } else if (type == "NFC") {
+    // Accepted as the identity: text is taken to be NFC already (true of nearly all text). Decomposed
+    // input would tokenize differently from HF.
+  } else {
+    fail("{}: normalizer '{}' is not supported", c.source, type);
+  }
+}
+
+void parse_pre_tokenizer(HfCtx& c, const json& j, bool first) {
+  if (j.is_null()) return;
+  const std::string type = str_or(j, "type", "");
+  Vocab& v = c.v;
+  if (type == "Sequence") {
+    bool f = first;
+    for (const auto& p : j.at("pretokenizers")) {
+      parse_pre_tokenizer(c, p, f);
+      f = false;
+    }
+  } else if (type == "ByteLevel") {
+    c.saw_byte_level = true;
+    v.byte_level = true;
+    if (bool_or(j, "add_prefix_space", false)) {
+      if (!first)
+        fail("{}: ByteLevel with add_prefix_space after another pre-tokenizer is not supported", c.source);
+      v.prepend = PrependScheme::Always;
+      v.prepend_always = false;
+    }
+    if (bool_or(j, "use_regex", true))
+      v.splits.push_back(SplitRule{kGpt2Pattern, SplitBehavior::Isolated, false});
+  } else if (type == "Split") {
+    const json& p = j.at("pattern");
+    SplitRule r;
+    if (p.contains("Regex")) {
+      r.pattern = p["Regex"].get<std::string>();
+    } else if (p.contains("String")) {
+      r.pattern = quote_regex(p["String"].get<std::string>());
+    } else {
+      fail("{}: Split pattern {} is not supported", c.source, p.dump());
+    }
+    r.behavior = parse_behavior(c, j.value("behavior", json("Isolated")));
+    r.invert = bool_or(j, "invert", false);
+    v.splits.push_back(std::move(r));
+  } else if (type == "Digits") {
+    v.splits.push_back(SplitRule{
+        R"(\p{N})",
+        bool_or(j, "individual_digits", false) ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false});
+  } else if (type == "Punctuation") {
+    v.splits.push_back(SplitRule{R"([\p{P}!-/:-@\[-`{-~])",
+                                 parse_behavior(c, j.value("behavior", json("Isolated"))), false});
+  } else if (type == "Metaspace") {
+    if (str_or(j, "replacement", utf8::kMetaSpace.data()) != utf8::kMetaSpace)
+      fail("{}: Metaspace replacement other than U+2581 is not supported", c.source);
+    v.escape_spaces = true;
+    std::string scheme = str_or(j, "prepend_scheme", "");
+    if (scheme.empty()) scheme = bool_or(j, "add_prefix_space", true) ? "always" : "never";
+    v.prepend = scheme == "always"  ? PrependScheme::Always
+                : scheme == "first" ? PrependScheme::First
+                                    : PrependScheme::Never;
+    v.prepend_always = false;
+    if (bool_or(j, "split", true))
+      v.splits.push_back(SplitRule{std::string(utf8::kMetaSpace), SplitBehavior::MergedWithNext, false});
+  } else if (type == "WhitespaceSplit") {
+    v.splits.push_back(SplitRule{R"(\s+)", SplitBehavior::Removed, false});
+  } else if (type == "Whitespace") {
+    v.splits.push_back(SplitRule{R"(\w+|[^\w\s]+)", SplitBehavior::Removed, true});
+  } else if (type == "CharDelimiterSplit") {
+    v.splits.push_back(SplitRule{quote_regex(str_or(j, "delimiter", " ")), SplitBehavior::Removed, false});
+  } else {
+    fail("{}: pre-tokenizer '{}' is not supported", c.source, type);
+  }
+}
+
+void parse_decoder(HfCtx& c, const json& j) {
+  if (j.is_null()) return;
+  const std::string type = str_or(j, "type", "");
+  if (type == "Sequence") {
+    for (const auto& d : j.at("decoders")) parse_decoder(c, d);
+  } else if (type == "ByteLevel") {
+    c.saw_byte_level = true;
+  } else if (type == "Strip") {
+    if (str_or(j, "content", " ") == " " && j.value("start", 0) >= 1)
+      c.v.leading_space = LeadingSpace::StripOne;
+  } else if (type == "Metaspace") {
+    std::string scheme = str_or(j, "prepend_scheme", "");
+    if (scheme.empty()) scheme = bool_or(j, "add_prefix_space", true) ? "always" : "never";
+    if (scheme != "never") c.v.leading_space = LeadingSpace::StripFirstToken;
+  }
+  // Replace(U+2581 -> ' '), ByteFallback, Fuse: what the non-byte-level decoding does anyway.
+}
+
+int32_t find_token(const Vocab& v, const std::string& text) {
+  for (size_t i = 0; i < v.tokens.size(); ++i)
+    if (v.tokens[i] == text) return (int32_t)i;
+  return -1;
+}
+
+void parse_post_processor(HfCtx& c, const json& j) {
+  if (j.is_null()) return;
+  const std::string type = str_or(j, "type", "");
+  Vocab& v = c.v;
+  if (type == "Sequence") {
+    for (const auto& p : j.at("processors")) parse_post_processor(c, p);
+  } else if (type == "TemplateProcessing") {
+    const json& single = j.at("single");
+    auto special_id = [&](const json& item) -> int32_t {
+      const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+      const json& st = j.value("special_tokens", json::object());
+      if (st.contains(name) && !st[name].value("ids", json::array()).empty())
+        return st[name]["ids"][0].get<int32_t>();
+      return find_token(v, name);
+    };
+    if (!single.empty() && single.front().contains("SpecialToken")) {
+      v.add_bos = true;
+      if (v.bos < 0) v.bos = special_id(single.front());
+    }
+    if (single.size() > 1 && single.back().contains("SpecialToken")) {
+      v.add_eos = true;
+      if (v.eos < 0) v.eos = special_id(single.back());
+    }
+  } else if (type == "RobertaProcessing" || type == "BertProcessing") {
+    v.add_bos = v.add_eos = true;
+    if (v.bos < 0) v.bos = j.at("cls").at(1).get<int32_t>();
+    if (v.eos < 0) v.eos = j.at("sep").at(1).get<int32_t>();
+  }
+}
+
+std::string token_content(const json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content")) return j["content"].get<std::string>();
+  return {};
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source) {
+  Vocab v;
+  v.source = source;
+  v.pre = "hf";
+  v.byte_level = false;
+  HfCtx c{source, v};
+  try {
+    const json j = json::parse(tokenizer_json);
+    const json& model = j.at("model");
+    const std::string type = str_or(model, "type", model.contains("merges") ? "BPE" : "");
+    if (type != "BPE") fail("{}: model type '{}' is not supported (only BPE)", source, type);
+    if (!str_or(model, "continuing_subword_prefix", "").empty() ||
+        !str_or(model, "end_of_word_suffix", "").empty())
+      fail("{}: BPE continuing_subword_prefix / end_of_word_suffix are not supported", source);
+    // dropout is a training-time regulariser; encoding is deterministic here (as with dropout = null).
+
+    // Vocabulary: model.vocab plus added_tokens; ids must be unique and dense holes become unused tokens.
+    const json& vocab = model.at("vocab");
+    if (!vocab.is_object()) fail("{}: model.vocab is not an object", source);
+    int64_t max_id = -1;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const int64_t id = it.value().get<int64_t>();
+      if (id < 0 || id >= INT32_MAX) fail("{}: token '{}' has id {} out of range", source, it.key(), id);
+      max_id = std::max(max_id, id);
+    }
+    const json added = j.value("added_tokens", json::array());
+    for (const auto& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
+    if (max_id < 0) fail("{}: empty vocabulary", source);
+    if (max_id > 16 * 1024 * 1024) fail("{}: token id {} is implausibly large", source, max_id);
+    const size_t n = (size_t)max_id + 1;
+    v.tokens.assign(n, std::string());
+    v.types.assign(n, TokenType::Unused);
+    v.attrs.assign(n, 0);
+    std::vector<uint8_t> seen(n, 0);
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const size_t id = it.value().get<size_t>();
+      if (seen[id]) fail("{}: id {} is used by both '{}' and '{}'", source, id, v.tokens[id], it.key());
+      seen[id] = 1;
+      v.tokens[id] = it.key();
+      v.types[id] = TokenType::Normal;
+    }
+    for (const auto& a : added) {
+      const int64_t id = a.at("id").get<int64_t>();
+      if (id < 0) fail("{}: added token with negative id {}", source, id);
+      const std::string content = a.at("content").get<std::string>();
+      if (seen[id] && v.tokens[id] != content)
+        fail("{}: added token '{}' has id {}, which the vocabulary gives to '{}'", source, content, id,
+             v.tokens[id]);
+      seen[id] = 1;
+      v.tokens[id] = content;
+      v.types[id] = bool_or(a, "special", false) ? TokenType::Control : TokenType::UserDefined;
+      v.attrs[id] =
+          (bool_or(a, "lstrip", false) ? kAttrLstrip : 0) | (bool_or(a, "rstrip", false) ? kAttrRstrip : 0);
+    }
+
+    if (!model.contains("merges")) fail("{}: BPE model without merges", source);
+    for (const auto& m : model.at("merges")) {
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          fail("{}: merge #{} '{}' is not two tokens separated by one space", source, v.merges.size(), s);
+        v.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+      } else if (m.is_array() && m.size() == 2) {
+        v.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {
+        fail("{}: merge #{} {} is malformed", source, v.merges.size(), m.dump());
+      }
+    }
+    v.byte_fallback = bool_or(model, "byte_fallback", false);
+    v.fuse_unk = bool_or(model, "fuse_unk", false);
+    v.ignore_merges = bool_or(model, "ignore_merges", false);
+    const std::string unk = str_or(model, "unk_token", "");
+    if (!unk.empty()) {
+      v.unk = find_token(v, unk);
+      if (v.unk < 0) fail("{}: unk_token '{}' is not in the vocabulary", source, unk);
+      v.types[v.unk] = TokenType::Unknown;
+    }
+    if (v.byte_fallback) {
+      for (size_t i = 0; i < n; ++i) {
+        const std::string& t = v.tokens[i];
+        if (v.types[i] != TokenType::Unused && t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+            std::isxdigit((unsigned char)t[3]) && std::isxdigit((unsigned char)t[4]))
+          v.types[i] = TokenType::Byte;
+      }
+    }
+
+    parse_normalizer(c, j.value("normalizer", json()));
+    parse_pre_tokenizer(c, j.value("pre_tokenizer", json()), true);
+    parse_decoder(c, j.value("decoder", json()));
+    v.byte_level = c.saw_byte_level;
+    parse_post_processor(c, j.value("post_processor", json()));
+
+    if (!config_json.empty()) {
+      const json cfg = json::parse(config_json);
+      auto set_id = [&](const char* key, int32_t& id) {
+        if (!cfg.contains(key)) return;
+        const std::string t = token_content(cfg[key]);
+        if (t.empty()) return;
+        const int32_t found = find_token(v, t);
+        if (found < 0) fail("{}: {} '{}' is not in the vocabulary", source, key, t);
+        id = found;
+      };
+      set_id("bos_token", v.bos);
+      set_id("eos_token", v.eos);
+      set_id("pad_token", v.pad);
+      set_id("unk_token", v.unk);
+      if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
+        v.add_bos = cfg["add_bos_token"];
+      if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean())
+        v.add_eos = cfg["add_eos_token"];
+    }
+  } catch (const json::exception& e) {
+    fail("{}: invalid tokenizer JSON: {}", source, e.what());
+  }
+  if (v.add_bos && v.bos < 0) v.add_bos = false;
+  if (v.add_eos && v.eos < 0) v.add_eos = false;
+  find_eot(v);
+  return v;
+}
+
+Vocab load_hf(const std::string& tokenizer_json_path, const std::string& config_path) {
+  const std::string tj = read_file(tokenizer_json_path);
+  const std::string cj = config_path.empty() ? std::string() : read_file(config_path);
+  return load_hf_json(tj, cj, tokenizer_json_path);
+}
+
+Vocab load_vocab(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path tj = fs::path(path) / "tokenizer.json";
+    if (!fs::exists(tj, ec)) fail("{}: directory has no tokenizer.json", path);
+    const fs::path cfg = fs::path(path) / "tokenizer_config.json";
+    return load_hf(tj.string(), fs::exists(cfg, ec) ? cfg.string() : "");
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open", path);
+  char magic[4] = {};
+  f.read(magic, 4);
+  if (f.gcount() == 4 && std::string_view(magic, 4) == "GGUF") return load_gguf_file(path);
+  const fs::path cfg = fs::path(path).parent_path() / "tokenizer_config.json";
+  return load_hf(path, fs::exists(cfg, ec) ? cfg.string() : "");
+}
+
+}  // namespace ultra::tok
