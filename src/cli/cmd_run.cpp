@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -11,6 +12,8 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#include "io/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ultra::cli {
 
@@ -40,6 +43,20 @@ void print_timings(FILE* f, double load_ms, const GenTimings& t) {
 }
 
 }  // namespace
+
+std::unique_ptr<tok::Tokenizer> load_tokenizer_if_any(const Model& m) {
+  namespace fs = std::filesystem;
+  if (m.format == "gguf") {
+    if (!m.gguf->find("tokenizer.ggml.model")) return nullptr;
+  } else if (!fs::exists(fs::path(m.path) / "tokenizer.json")) {
+    return nullptr;
+  }
+  auto t = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_file(m.path));
+  if (t->n_vocab() > m.hp.n_vocab)
+    fail("{}: the tokenizer has {} tokens, more than the model's {} embeddings", m.path, t->n_vocab(),
+         m.hp.n_vocab);
+  return t;
+}
 
 int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt", "ultra run"};
@@ -74,16 +91,20 @@ int cmd_run(int argc, char** argv) {
   if (!(F.sp.min_p >= 0 && F.sp.min_p <= 1)) fail("--min-p must be in [0, 1]");
   if (!(F.sp.repeat_penalty > 0)) fail("--repeat-penalty must be > 0");
 
+  if (!F.prompt.empty() && !F.prompt_ids.empty()) fail("give either -p or --prompt-ids, not both");
+
+  const auto t_load = std::chrono::steady_clock::now();
+  auto model = load_model(F.model.model);
+  std::unique_ptr<tok::Tokenizer> tokenizer = load_tokenizer_if_any(*model);
   std::vector<int32_t> prompt;
   if (!F.prompt_ids.empty()) {
     prompt = parse_id_list(F.prompt_ids);
   } else if (!F.prompt.empty()) {
-    fail("text prompts need a tokenizer, which this build does not have yet; pass --prompt-ids 1,2,3");
+    if (!tokenizer)
+      fail("{}: this model has no tokenizer; pass the prompt as --prompt-ids 1,2,3", F.model.model);
+    prompt = tokenizer->encode(F.prompt, /*add_special=*/true, /*parse_special=*/true);
   }
-  if (prompt.empty()) fail("no prompt: give --prompt-ids (at least one token)");
-
-  const auto t_load = std::chrono::steady_clock::now();
-  auto model = load_model(F.model.model);
+  if (prompt.empty()) fail("no prompt: give -p TEXT or --prompt-ids (at least one token)");
   ContextParams cp = F.model.context_params();
   CpuBackend backend(*model, cp);
   const double load_ms = ms_since(t_load);
@@ -114,16 +135,38 @@ int cmd_run(int argc, char** argv) {
   }
   std::vector<int32_t> generated;
   generated.reserve(F.n_predict);
-  const int32_t eos = F.ignore_eos ? -1 : hp.eos_id;
+  const int32_t eos = F.ignore_eos ? -1 : (tokenizer && tokenizer->eos() >= 0 ? tokenizer->eos() : hp.eos_id);
   bool io_error = false;
-  auto on_token = [&](int32_t tok, const float* logits) {
-    generated.push_back(tok);
+  // Text streams through the incremental detokenizer (complete UTF-8 only); without a tokenizer, ids.
+  std::unique_ptr<tok::Detokenizer> detok;
+  std::vector<char> text_buf;
+  std::string text;
+  if (tokenizer) {
+    detok = std::make_unique<tok::Detokenizer>(*tokenizer, tok::Detokenizer::Options{true, true});
+    text_buf.resize(detok->max_bytes_per_push() + 16);
+    if (F.json) text.reserve(F.n_predict * 8);
+  }
+  auto emit = [&](const char* p, size_t n) {
+    if (F.json)
+      text.append(p, n);
+    else
+      std::fwrite(p, 1, n, stdout);
+  };
+  if (!F.json && detok && F.prompt_ids.empty()) {
+    // echo the prompt, as llama.cpp does
+    fmt::print("{}", F.prompt);
+  }
+  auto on_token = [&](int32_t id, const float* logits) {
+    generated.push_back(id);
     if (dump && std::fwrite(logits, sizeof(float), hp.n_vocab, dump) != (size_t)hp.n_vocab) io_error = true;
-    if (!F.json) {
-      fmt::print("{} ", tok);
-      std::fflush(stdout);
+    if (detok) {
+      emit(text_buf.data(), detok->push(id, text_buf.data(), text_buf.size()));
+    } else if (!F.json) {
+      fmt::print("{} ", id);
     }
-    return true;
+    if (!F.json) std::fflush(stdout);
+    // other end-of-generation tokens of the vocabulary (eot, eom) stop too
+    return F.ignore_eos || !tokenizer || !tokenizer->is_eog(id);
   };
   GenTimings t;
   if (F.n_predict > 0) {
@@ -134,6 +177,7 @@ int cmd_run(int argc, char** argv) {
     t.prompt_ms = ms_since(t0);
     t.n_prompt = (int)prompt.size();
   }
+  if (detok) emit(text_buf.data(), detok->flush(text_buf.data(), text_buf.size()));
   if (dump && std::fclose(dump) != 0) io_error = true;
   if (io_error) fail("{}: write failed", F.dump_logits);
 
@@ -141,6 +185,7 @@ int cmd_run(int argc, char** argv) {
     nlohmann::json j;
     j["prompt_ids"] = prompt;
     j["generated_ids"] = generated;
+    if (tokenizer) j["generated_text"] = text;
     j["timings"] = {{"load_ms", load_ms},
                     {"prompt_ms", t.prompt_ms},
                     {"prompt_tokens", t.n_prompt},

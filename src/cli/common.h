@@ -2,12 +2,23 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/backend.h"
 
+namespace ultra {
+struct Model;
+namespace tok {
+class Tokenizer;
+}
+}  // namespace ultra
+
 namespace ultra::cli {
+
+// The model's own tokenizer (GGUF tokenizer.ggml.* keys, or tokenizer.json in an HF directory), or null.
+std::unique_ptr<tok::Tokenizer> load_tokenizer_if_any(const Model& m);
 
 struct ModelFlags {
   std::string model;

@@ -21,6 +21,7 @@ const Command kCommands[] = {
     {"run", ultra::cli::cmd_run, "generate text from a prompt"},
     {"bench", ultra::cli::cmd_bench, "measure prompt processing and generation speed (llama-bench style)"},
     {"convert", ultra::cli::cmd_convert, "convert an HF model directory to GGUF"},
+    {"tokenize", ultra::cli::cmd_tokenize, "print the token ids and pieces of a text"},
 };
 
 void usage(FILE* f) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "model/model.h"
+#include "tokenizer/gguf_export.h"
 
 namespace ultra {
 
@@ -184,7 +185,15 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     for (size_t i = 0; i < factors.size(); ++i) factors[i] = f0[i] / m->rope_inv_freq[i];
     E.vec("rope_freqs.weight", factors.data(), (int64_t)factors.size());
   }
-  // TODO: tokenizer keys (tokenizer.ggml.*) from tokenizer.json once the tokenizer module reads it.
+  if (std::filesystem::exists(std::filesystem::path(hf_dir) / "tokenizer.json")) {
+    const tok::Vocab v = tok::load_vocab(hf_dir);
+    if ((int)v.tokens.size() > hp.n_vocab)
+      fail("{}: tokenizer has {} tokens but the model's vocabulary is {}", hf_dir, v.tokens.size(),
+           hp.n_vocab);
+    tok::write_gguf_vocab(v, wr);
+  } else if (opt.warn) {
+    opt.warn(fmt::format("{}: no tokenizer.json; the GGUF file will have no tokenizer", hf_dir));
+  }
   wr.write(out_path);
   return written;
 }

@@ -14,6 +14,8 @@ struct ConvertOptions {
   GgmlType out_type = GgmlType::F16;  // F32, F16, BF16 or Q8_0
   // Called with (tensors done, tensors total, name) as conversion proceeds (progress output).
   std::function<void(int, int, const std::string&)> progress;
+  // Called with warnings (e.g. no tokenizer found); may be empty.
+  std::function<void(const std::string&)> warn;
 };
 
 // Returns the number of tensors written. Throws ultra::Error on bad input or I/O failure.
