@@ -40,12 +40,20 @@ class ThreadPool {
   }
 
  private:
-  void worker(int ith);
+  // Threads claim work indices ith from claim_ instead of owning a fixed one: ith 0 is the caller's, and
+  // any index not yet claimed when the caller is done with its own is run by the caller too, so a worker
+  // that is descheduled or slow to wake (busy machine) never stalls run(). An index runs exactly once; fn
+  // must therefore not wait for other indices of the same call (no barriers inside fn).
+  bool try_claim(uint32_t gen, int& ith);
+  void worker(int id);
 
   int n_threads_;
   std::vector<std::thread> threads_;
-  alignas(64) std::atomic<uint32_t> generation_{0};
-  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<uint32_t> generation_{0};  // futex word: bumped by every run()
+  alignas(64) std::atomic<uint64_t> claim_{0};       // (generation << 32) | next index to hand out
+  alignas(64) std::atomic<int> pending_{0};          // indices of this run not finished (futex word)
+  std::atomic<bool> caller_sleeping_{false};         // the caller gave up spinning and blocks on pending_
+  alignas(64) std::atomic<int> sleepers_{0};         // workers blocked (or about to block) on generation_
   std::atomic<bool> stop_{false};
   Fn fn_ = nullptr;
   void* ctx_ = nullptr;

@@ -1,0 +1,61 @@
+// quantize_row_q8_0 (bit-exact with llama.cpp's quantize_row_q8_0_ref) and dequant_row.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cpu/ops.h"
+
+namespace ultra::cpu {
+
+void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out) {
+  const int64_t nb = n / kQ8_0Block;
+  for (int64_t i = 0; i < nb; ++i) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQ8_0Block; ++j) amax = std::max(amax, std::fabs(x[i * kQ8_0Block + j]));
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < kQ8_0Block; ++j) out[i].qs[j] = (int8_t)std::roundf(x[i * kQ8_0Block + j] * id);
+  }
+}
+
+void dequant_row(const WeightView& w, int64_t r, float* out) {
+  const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
+  const int64_t n = w.cols;
+  switch (w.type) {
+    case GgmlType::F32:
+      std::memcpy(out, row, n * sizeof(float));
+      return;
+    case GgmlType::F16: {
+      const uint16_t* p = (const uint16_t*)row;
+      int64_t c = 0;
+      for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + c))));
+      for (; c < n; ++c) out[c] = fp16_to_fp32(p[c]);
+      return;
+    }
+    case GgmlType::BF16: {
+      const uint16_t* p = (const uint16_t*)row;
+      for (int64_t c = 0; c < n; ++c) out[c] = bf16_to_fp32(p[c]);
+      return;
+    }
+    case GgmlType::Q8_0: {
+      const BlockQ8_0* b = (const BlockQ8_0*)row;
+      for (int64_t i = 0; i < n / kQ8_0Block; ++i) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int j = 0; j < kQ8_0Block; ++j) out[i * kQ8_0Block + j] = d * b[i].qs[j];
+      }
+      return;
+    }
+    default:
+      std::fprintf(stderr, "ultra: dequant_row: unsupported type %s\n",
+                   std::string(type_name(w.type)).c_str());
+      std::abort();
+  }
+}
+
+}  // namespace ultra::cpu

@@ -1,0 +1,670 @@
+// Fast CPU kernels against their scalar references (and the references against formulas written here).
+// Tolerances are derived in the comments; each is tight enough that dropping, duplicating or mis-indexing
+// a single element of a row (or a position/head in attention) fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/ops.h"
+
+using namespace ultra;
+using namespace ultra::cpu;
+
+namespace {
+
+constexpr float kGuard = 12345.678f;  // canary written past every output/scratch buffer
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+};
+
+Weights make_weights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  const std::vector<float> f = randn(rows * cols, seed);
+  Weights w;
+  size_t rb = 0;
+  switch (type) {
+    case GgmlType::F32:
+      rb = cols * 4;
+      break;
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      rb = cols * 2;
+      break;
+    case GgmlType::Q8_0:
+      rb = cols / 32 * sizeof(BlockQ8_0);
+      break;
+    default:
+      ADD_FAILURE();
+  }
+  w.bytes.resize(rb * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.bytes.data() + r * rb;
+    const float* src = f.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (type == GgmlType::F32) ((float*)row)[c] = src[c];
+      if (type == GgmlType::F16) ((uint16_t*)row)[c] = fp32_to_fp16(src[c]);
+      if (type == GgmlType::BF16) ((uint16_t*)row)[c] = fp32_to_bf16(src[c]);
+    }
+    if (type == GgmlType::Q8_0) quantize_row_q8_0(src, cols, (BlockQ8_0*)row);
+  }
+  w.view = WeightView{type, w.bytes.data(), rows, cols, rb};
+  return w;
+}
+
+// Exact weight value, decoded independently of the library (dequant_row is tested against this too).
+double weight_value(const WeightView& w, int64_t r, int64_t c) {
+  const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
+  switch (w.type) {
+    case GgmlType::F32:
+      return ((const float*)row)[c];
+    case GgmlType::F16:
+      return fp16_to_fp32(((const uint16_t*)row)[c]);
+    case GgmlType::BF16:
+      return bf16_to_fp32(((const uint16_t*)row)[c]);
+    case GgmlType::Q8_0: {
+      const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / 32];
+      return (double)fp16_to_fp32(b.d) * b.qs[c % 32];
+    }
+    default:
+      return NAN;
+  }
+}
+
+// Every matmul kernel set this CPU can run (AVX2 always; AVX-512 when present), so both are tested here.
+std::vector<const detail::MatmulKernels*> kernel_sets() {
+  std::vector<const detail::MatmulKernels*> k = {&detail::matmul_kernels_avx2()};
+  if (detail::cpu_has_avx512()) k.push_back(&detail::matmul_kernels_avx512());
+  return k;
+}
+
+// Makes matmul() use one kernel set for the scope.
+struct KernelOverride {
+  explicit KernelOverride(const detail::MatmulKernels* k) { detail::set_matmul_kernels_override(k); }
+  ~KernelOverride() { detail::set_matmul_kernels_override(nullptr); }
+};
+
+const GgmlType kTypes[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0};
+
+// Runs the fast matmul with guarded y and scratch buffers; checks the guards.
+std::vector<float> run_matmul(ThreadPool& pool, const WeightView& w, const std::vector<float>& x, int nt,
+                              const float* bias) {
+  const size_t ns = matmul_scratch_floats(w, nt, pool.size());
+  std::vector<float> scratch(ns + 16, kGuard);
+  std::vector<float> y(w.rows * nt + 16, kGuard);
+  matmul(pool, w, x.data(), nt, y.data(), bias, ns ? scratch.data() : nullptr);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(scratch[ns + i], kGuard) << "scratch overrun";
+    EXPECT_EQ(y[w.rows * nt + i], kGuard) << "y overrun";
+  }
+  y.resize(w.rows * nt);
+  return y;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// quantize_row_q8_0: llama.cpp's reference, bit for bit.
+
+TEST(Q8_0, KnownValues) {
+  std::vector<float> x(4 * 32, 0.0f);
+  // Block 0: amax = 127 -> d = 1, id = 1: q = roundf(x), ties away from zero (2.5 -> 3, -0.5 -> -1).
+  const float b0[] = {127, -127, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f, 3.4f, -3.6f, 0};
+  std::copy(std::begin(b0), std::end(b0), x.begin());
+  // Block 1: all zero -> d = 0, id = 0, q = 0.
+  // Block 2: amax = 1 -> d = 1/127, stored as half 0x2008 (= 0.00787353515625); id = 1/d (f32).
+  const float b2[] = {1.0f, -1.0f, 0.3f, -0.7f, 0.0f, 0.02f};
+  std::copy(std::begin(b2), std::end(b2), x.begin() + 64);
+  // Block 3: amax = 254 (at the end) -> d = 2, id = 0.5.
+  for (int i = 0; i < 32; ++i) x[96 + i] = (float)(i * 8 - 2);  // -2 .. 246
+  x[127] = -254.0f;
+  BlockQ8_0 q[4];
+  quantize_row_q8_0(x.data(), 128, q);
+  EXPECT_EQ(q[0].d, 0x3c00);
+  const int e0[] = {127, -127, 3, -3, 1, -1, 2, 3, -4, 0};
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(q[0].qs[i], e0[i]) << i;
+  for (int i = 10; i < 32; ++i) EXPECT_EQ(q[0].qs[i], 0);
+  EXPECT_EQ(q[1].d, 0x0000);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(q[1].qs[i], 0);
+  EXPECT_EQ(q[2].d, 0x2008);
+  const int e2[] = {127, -127, 38, -89, 0, 3};  // 0.3*127 = 38.1, 0.7*127 = 88.9, 0.02*127 = 2.54
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(q[2].qs[i], e2[i]) << i;
+  EXPECT_EQ(q[3].d, fp32_to_fp16(2.0f));
+  for (int i = 0; i < 31; ++i) EXPECT_EQ(q[3].qs[i], (int)std::round((i * 8 - 2) / 2.0)) << i;  // 4i - 1
+  EXPECT_EQ(q[3].qs[0], -1);
+  EXPECT_EQ(q[3].qs[31], -127);
+}
+
+// Against a literal transcription of ggml's quantize_row_q8_0_ref, on random data of several scales.
+TEST(Q8_0, MatchesLlamaCppReference) {
+  for (float scale : {1e-3f, 1.0f, 300.0f}) {
+    const auto x = randn(32 * 50, 7, scale);
+    std::vector<BlockQ8_0> q(50);
+    quantize_row_q8_0(x.data(), (int64_t)x.size(), q.data());
+    for (int i = 0; i < 50; ++i) {
+      float amax = 0.0f;
+      for (int j = 0; j < 32; j++) amax = std::max(amax, fabsf(x[i * 32 + j]));
+      const float d = amax / ((1 << 7) - 1);
+      const float id = d ? 1.0f / d : 0.0f;
+      ASSERT_EQ(q[i].d, fp32_to_fp16(d));
+      for (int j = 0; j < 32; ++j) ASSERT_EQ(q[i].qs[j], (int8_t)roundf(x[i * 32 + j] * id));
+    }
+  }
+}
+
+TEST(DequantRow, AllTypesExact) {
+  for (GgmlType t : kTypes) {
+    for (int64_t cols : {32, 96, 4128}) {
+      auto w = make_weights(t, 5, cols, 11);
+      std::vector<float> out(cols + 4, kGuard);
+      for (int64_t r = 0; r < 5; ++r) {
+        dequant_row(w.view, r, out.data());
+        for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(out[c], (float)weight_value(w.view, r, c)) << c;
+        for (int i = 0; i < 4; ++i) ASSERT_EQ(out[cols + i], kGuard);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// matmul
+
+// The reference itself against a direct float64 evaluation (it is the oracle for everything below).
+TEST(Matmul, RefMatchesDirectFormula) {
+  for (GgmlType t : kTypes) {
+    auto w = make_weights(t, 9, 96, 3);
+    const auto x = randn(3 * 96, 4);
+    const auto bias = randn(9, 5);
+    std::vector<float> y(27);
+    matmul_ref(w.view, x.data(), 3, y.data(), bias.data());
+    for (int tk = 0; tk < 3; ++tk) {
+      for (int r = 0; r < 9; ++r) {
+        double s = bias[r];
+        for (int c = 0; c < 96; ++c) s += weight_value(w.view, r, c) * x[tk * 96 + c];
+        EXPECT_NEAR(y[tk * 9 + r], s, 1e-6 * std::fabs(s) + 1e-30);
+      }
+    }
+  }
+}
+
+// Float weights (F32, F16, BF16 are converted exactly to f32): the kernels differ from the float64
+// reference only by f32 rounding in the FMA chains. With L lanes each lane sums cols/L products; the
+// rounding errors are independent, giving ~u*sqrt(cols)*sum|w x| (u = 6e-8) with a generous factor:
+//   |y - ref| <= 1e-6 * sqrt(cols) * sum_c |w_c x_c|.
+// Dropping one column changes y by |w_c x_c| ~ sum|w x|/cols, e.g. 2.4e-4*sum for cols 4128 (vs 6.4e-5 tol).
+//
+// Q8_0 with int8-quantised activations: per block b, |x_i - d_b q_i| <= d_b/2 = amax_b/254, so
+//   |y - ref| <= sum_b amax_b/254 * sum_{i in b} |w_i|  (+ the f32 term above).
+TEST(Matmul, FastMatchesRef) {
+  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+  uint32_t seed = 100;
+  for (GgmlType t : kTypes) {
+    for (int64_t cols : {32, 96, 768, 4128}) {
+      for (int64_t rows : {1, 7, 33, 513}) {
+        auto w = make_weights(t, rows, cols, ++seed);
+        for (int nt : {1, 2, 3, 5, 8, 13, 17}) {
+          const auto x = randn(nt * cols, ++seed);
+          const auto bias = randn(rows, ++seed);
+          const float* b = (nt % 2) ? bias.data() : nullptr;  // with and without bias
+          std::vector<float> ref(rows * nt);
+          matmul_ref(w.view, x.data(), nt, ref.data(), b);
+          // per output tolerance
+          std::vector<double> tol(rows * nt);
+          for (int tk = 0; tk < nt; ++tk) {
+            const float* xt = x.data() + tk * cols;
+            double xq_amax_sum = 0;  // only for Q8_0
+            for (int64_t r = 0; r < rows; ++r) {
+              double abs_sum = b ? std::fabs(b[r]) : 0.0, qerr = 0;
+              for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+                double amax = 0, wsum = 0;
+                for (int64_t c = c0; c < c0 + 32; ++c) {
+                  const double wv = weight_value(w.view, r, c);
+                  abs_sum += std::fabs(wv * xt[c]);
+                  amax = std::max(amax, (double)std::fabs(xt[c]));
+                  wsum += std::fabs(wv);
+                }
+                qerr += amax / 254.0 * wsum;
+              }
+              (void)xq_amax_sum;
+              tol[tk * rows + r] =
+                  1e-6 * std::sqrt((double)cols) * abs_sum + (t == GgmlType::Q8_0 ? qerr * 1.001 : 0.0);
+            }
+          }
+          for (const auto* ks : kernel_sets())
+            for (auto& pool : pools) {
+              KernelOverride ko(ks);
+              const auto y = run_matmul(pool, w.view, x, nt, b);
+              int bad = 0;
+              for (size_t i = 0; i < y.size() && bad < 5; ++i) {
+                if (!(std::fabs(y[i] - ref[i]) <= tol[i])) {
+                  ++bad;
+                  ADD_FAILURE() << ks->name << " " << type_name(t) << " cols=" << cols << " rows=" << rows
+                                << " nt=" << nt << " threads=" << pool.size() << " i=" << i << " y=" << y[i]
+                                << " ref=" << ref[i] << " tol=" << tol[i];
+                }
+              }
+            }
+        }
+      }
+    }
+  }
+}
+
+// Q8_0 with activations that int8 quantisation represents exactly (each block: integers times a power of
+// two, with max |q| = 127, so d = 2^k and q = x / d exactly): only f32 rounding remains, and the tight float
+// tolerance applies. This catches block/scale mix-ups that the loose quantisation bound above could hide.
+TEST(Matmul, Q8_0ExactActivations) {
+  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> qd(-127, 127), ed(-6, 6);
+  for (int64_t cols : {32, 96, 768, 4128}) {
+    for (int64_t rows : {1, 7, 33, 513}) {
+      auto w = make_weights(GgmlType::Q8_0, rows, cols, (uint32_t)(cols * 31 + rows));
+      for (int nt : {1, 2, 3, 5, 8, 13, 17}) {
+        std::vector<float> x(nt * cols);
+        for (int64_t b = 0; b < nt * cols / 32; ++b) {
+          const float scale = std::ldexp(1.0f, ed(rng));
+          for (int i = 0; i < 32; ++i) x[b * 32 + i] = scale * (float)qd(rng);
+          x[b * 32 + (b % 32)] = (b % 2 ? -127.0f : 127.0f) * scale;  // amax = 127 * scale
+        }
+        std::vector<float> ref(rows * nt);
+        matmul_ref(w.view, x.data(), nt, ref.data(), nullptr);
+        for (const auto* ks : kernel_sets())
+          for (auto& pool : pools) {
+            KernelOverride ko(ks);
+            const auto y = run_matmul(pool, w.view, x, nt, nullptr);
+            for (int tk = 0; tk < nt; ++tk) {
+              for (int64_t r = 0; r < rows; ++r) {
+                double abs_sum = 0;
+                for (int64_t c = 0; c < cols; ++c)
+                  abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
+                const double tol = 1e-6 * std::sqrt((double)cols) * abs_sum;
+                ASSERT_NEAR(y[tk * rows + r], ref[tk * rows + r], tol)
+                    << ks->name << " cols=" << cols << " rows=" << rows << " nt=" << nt
+                    << " threads=" << pool.size();
+              }
+            }
+          }
+      }
+    }
+  }
+}
+
+// A single non-zero activation (127: exact in Q8_0 with d = 1) selects one weight column: every output is
+// one product rounded once, so it must equal (float)(w * 127) exactly; a mis-indexed column or row in any
+// tile/tail path is caught.
+TEST(Matmul, OneHotColumnsExact) {
+  ThreadPool pool(2);
+  for (const auto* ks : kernel_sets())
+    for (GgmlType t : kTypes) {
+      KernelOverride ko(ks);
+      const int64_t cols = 96, rows = 11;
+      auto w = make_weights(t, rows, cols, 5);
+      for (int nt : {1, 5}) {
+        for (int64_t c = 0; c < cols; ++c) {
+          std::vector<float> x(nt * cols, 0.0f);
+          for (int tk = 0; tk < nt; ++tk)
+            x[tk * cols + (c + tk * 13) % cols] = 127.0f;  // each token a column
+          const auto y = run_matmul(pool, w.view, x, nt, nullptr);
+          for (int tk = 0; tk < nt; ++tk)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(y[tk * rows + r], (float)(127.0 * weight_value(w.view, r, (c + tk * 13) % cols)))
+                  << ks->name << " " << type_name(t) << " c=" << c << " r=" << r << " tk=" << tk;
+        }
+      }
+    }
+}
+
+// Float weight types accept any column count: odd counts exercise the scalar (AVX2) and masked (AVX-512)
+// column tails of the decode and prefill kernels. Same tolerance as FastMatchesRef.
+TEST(Matmul, FloatTypesOddCols) {
+  ThreadPool pool(2);
+  for (const auto* ks : kernel_sets()) {
+    KernelOverride ko(ks);
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      for (int64_t cols : {1, 3, 20, 50, 127}) {
+        auto w = make_weights(t, 13, cols, (uint32_t)cols);
+        for (int nt : {1, 3, 6}) {
+          const auto x = randn(nt * cols, (uint32_t)(cols + nt));
+          std::vector<float> ref(13 * nt);
+          matmul_ref(w.view, x.data(), nt, ref.data(), nullptr);
+          const auto y = run_matmul(pool, w.view, x, nt, nullptr);
+          for (int tk = 0; tk < nt; ++tk)
+            for (int r = 0; r < 13; ++r) {
+              double abs_sum = 0;
+              for (int64_t c = 0; c < cols; ++c)
+                abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
+              ASSERT_NEAR(y[tk * 13 + r], ref[tk * 13 + r], 1e-6 * std::sqrt((double)cols) * abs_sum)
+                  << ks->name << " " << type_name(t) << " cols=" << cols << " nt=" << nt;
+            }
+        }
+      }
+    }
+  }
+}
+
+// Large-magnitude and zero activation blocks (Q8_0 scale d = 0 path) and large weights stay finite/exact.
+TEST(Matmul, ZeroBlocks) {
+  ThreadPool pool(2);
+  for (const auto* ks : kernel_sets())
+    for (GgmlType t : kTypes) {
+      KernelOverride ko(ks);
+      auto w = make_weights(t, 33, 768, 9);
+      std::vector<float> x(768, 0.0f);
+      for (int i = 32; i < 64; ++i) x[i] = 1000.0f * (i % 3 - 1);
+      std::vector<float> ref(33);
+      matmul_ref(w.view, x.data(), 1, ref.data(), nullptr);
+      const auto y = run_matmul(pool, w.view, x, 1, nullptr);
+      for (int r = 0; r < 33; ++r) {
+        double abs_sum = 0;
+        for (int c = 0; c < 768; ++c) abs_sum += std::fabs(weight_value(w.view, r, c) * x[c]);
+        EXPECT_NEAR(y[r], ref[r], 1e-6 * std::sqrt(768.0) * abs_sum)
+            << ks->name << " " << type_name(t);  // x exact in int8
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rmsnorm, silu_mul
+
+// Reference against float64 directly; fast path: the f32 sum of squares over 16 lanes has relative error
+// ~u*sqrt(n/16) (<= u*(n/16+4) worst case, 1.6e-5 for n = 4128); the scale inherits half of it, plus ~3 ulp
+// for sqrt/div/two products. Tolerance 4e-6 relative per element (+1e-30 for zeros).
+TEST(RmsNorm, FastAndRef) {
+  for (int n : {1, 7, 32, 96, 768, 4128}) {
+    const int rows = 3;
+    const auto x = randn(rows * n, n, 2.0f);
+    const auto wt = randn(n, n + 1);
+    std::vector<float> ref(rows * n), fast(rows * n + 8, kGuard);
+    rmsnorm_ref(x.data(), wt.data(), rows, n, 1e-5f, ref.data());
+    rmsnorm(x.data(), wt.data(), rows, n, 1e-5f, fast.data());
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < n; ++i) ss += (double)x[r * n + i] * x[r * n + i];
+      const double scale = 1.0 / std::sqrt(ss / n + 1e-5);
+      for (int i = 0; i < n; ++i) {
+        const double e = x[r * n + i] * scale * wt[i];
+        ASSERT_NEAR(ref[r * n + i], e, 1e-7 * std::fabs(e) + 1e-30);
+        ASSERT_NEAR(fast[r * n + i], e, 4e-6 * std::fabs(e) + 1e-30) << "n=" << n << " i=" << i;
+      }
+    }
+    for (int i = 0; i < 8; ++i) ASSERT_EQ(fast[rows * n + i], kGuard);
+  }
+}
+
+// silu(g)*u: the vector exp has relative error <= 2.5e-7, which enters sigmoid scaled by <= 1; the division
+// and two products add 1 ulp each: relative tolerance 1e-6. Below g = -87.3 the fast path flushes to 0
+// (true |value| <= 88 e^-88 |u| < 1e-36): absolute 1e-36.
+TEST(SiluMul, FastAndRef) {
+  for (int64_t n : {1, 7, 8, 33, 2048}) {
+    auto g = randn(n, 1000 + n, 6.0f);
+    const auto u = randn(n, 2000 + n);
+    if (n > 8) {
+      g[0] = 0.0f, g[1] = -100.0f, g[2] = 100.0f, g[3] = -87.0f, g[4] = 88.0f, g[5] = -1e-8f, g[6] = 30.0f;
+      g[7] = -1e6f, g[8] = -20.0f;
+    }
+    std::vector<float> ref(n), fast(n + 8, kGuard);
+    silu_mul_ref(g.data(), u.data(), n, ref.data());
+    silu_mul(g.data(), u.data(), n, fast.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const double e = (double)g[i] / (1.0 + std::exp(-(double)g[i])) * u[i];
+      ASSERT_NEAR(ref[i], e, 1e-7 * std::fabs(e) + 1e-37);
+      ASSERT_NEAR(fast[i], e, 1e-6 * std::fabs(e) + 1e-36) << "g=" << g[i];
+    }
+    for (int i = 0; i < 8; ++i) ASSERT_EQ(fast[n + i], kGuard);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RoPE
+
+namespace {
+
+std::vector<float> inv_freqs(int head_dim, double base) {
+  std::vector<float> f(head_dim / 2);
+  for (int i = 0; i < head_dim / 2; ++i) f[i] = (float)(1.0 / std::pow(base, 2.0 * i / head_dim));
+  return f;
+}
+
+// The float64 formula: angle (float)pos * inv_freq[i] rounded to f32 (as HF), cos/sin in double.
+void rope_f64(std::vector<double>& x, int nt, int nh, int hd, const int32_t* pos, const float* inv,
+              bool inter) {
+  for (int t = 0; t < nt; ++t)
+    for (int h = 0; h < nh; ++h)
+      for (int i = 0; i < hd / 2; ++i) {
+        const float theta = (float)pos[t] * inv[i];
+        const int a = inter ? 2 * i : i, b = inter ? 2 * i + 1 : i + hd / 2;
+        double* v = x.data() + ((size_t)t * nh + h) * hd;
+        const double x0 = v[a], x1 = v[b];
+        v[a] = x0 * std::cos((double)theta) - x1 * std::sin((double)theta);
+        v[b] = x0 * std::sin((double)theta) + x1 * std::cos((double)theta);
+      }
+}
+
+}  // namespace
+
+// Fast: f32 cosf/sinf (<= 1 ulp) and two products and a sum: |err| <= 3e-7 * (|x0| + |x1|) + rounding of
+// the result; tolerance 1e-6 * (|x0| + |x1|) per element (positions up to 40000: angles to 4e4 rad).
+TEST(Rope, BothModesAgainstFloat64) {
+  for (bool inter : {true, false}) {
+    for (int hd : {64, 128, 6}) {
+      const int nt = 5, nh = 3;
+      const int32_t pos[nt] = {0, 1, 17, 4095, 40000};
+      const auto inv = inv_freqs(hd, 10000.0);
+      const auto x0 = randn(nt * nh * hd, hd + inter);
+      std::vector<double> e(x0.begin(), x0.end());
+      rope_f64(e, nt, nh, hd, pos, inv.data(), inter);
+      auto fast = x0, ref = x0;
+      rope(fast.data(), nt, nh, hd, pos, inv.data(), inter);
+      rope_ref(ref.data(), nt, nh, hd, pos, inv.data(), inter);
+      for (int t = 0; t < nt; ++t)
+        for (int h = 0; h < nh; ++h)
+          for (int i = 0; i < hd / 2; ++i) {
+            const int a = inter ? 2 * i : i, b = inter ? 2 * i + 1 : i + hd / 2;
+            const size_t o = ((size_t)t * nh + h) * hd;
+            const double mag = std::fabs(x0[o + a]) + std::fabs(x0[o + b]);
+            for (int k : {a, b}) {
+              ASSERT_NEAR(ref[o + k], e[o + k], 1e-7 * mag + 1e-30);
+              ASSERT_NEAR(fast[o + k], e[o + k], 1e-6 * mag + 1e-30)
+                  << "inter=" << inter << " hd=" << hd << " pos=" << pos[t] << " i=" << i;
+            }
+          }
+      // position 0 is the identity
+      for (int k = 0; k < nh * hd; ++k) ASSERT_EQ(fast[k], x0[k]);
+    }
+  }
+}
+
+// llama.cpp's convert permutes HF's Q/K rows per head: reshape (2, hd/2) then transpose, so that HF's
+// rotate-half pairs (i, i + hd/2) become adjacent (2i, 2i+1). Rotate-half on the HF vector, permuted,
+// must equal interleaved RoPE on the permuted vector.
+TEST(Rope, RotateHalfEqualsInterleavedOnPermuted) {
+  const int nt = 4, nh = 4, hd = 64;
+  const int32_t pos[nt] = {3, 100, 511, 2047};
+  const auto inv = inv_freqs(hd, 500000.0);
+  const auto hf = randn(nt * nh * hd, 42);
+  auto permute = [&](const std::vector<float>& v) {
+    std::vector<float> p(v.size());
+    for (int th = 0; th < nt * nh; ++th)
+      for (int i = 0; i < hd / 2; ++i)
+        for (int k = 0; k < 2; ++k) p[th * hd + 2 * i + k] = v[th * hd + k * (hd / 2) + i];
+    return p;
+  };
+  auto a = hf;
+  rope(a.data(), nt, nh, hd, pos, inv.data(), /*interleaved=*/false);
+  const auto a_perm = permute(a);
+  auto b = permute(hf);
+  rope(b.data(), nt, nh, hd, pos, inv.data(), /*interleaved=*/true);
+  double max_diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    ASSERT_NEAR(b[i], a_perm[i], 1e-6 * (std::fabs(a_perm[i]) + 1e-3)) << i;
+    max_diff = std::max(max_diff, (double)std::fabs(b[i] - hf[i]));
+  }
+  EXPECT_GT(max_diff, 0.1);  // the rotation did something
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// KV cache and attention
+
+namespace {
+
+struct Cache {
+  std::vector<uint8_t> k, v;
+  KvLayerView view;
+  Cache(GgmlType type, int n_slots, int n_kv, int max_ctx, int hd) {
+    const size_t n = (size_t)n_slots * n_kv * max_ctx * hd, es = type == GgmlType::F32 ? 4 : 2;
+    k.resize(n * es);
+    v.resize(n * es);
+    // Poison: positions never written must never be read (NaN propagates through any product).
+    if (type == GgmlType::F32) {
+      std::fill((float*)k.data(), (float*)k.data() + n, NAN);
+      std::fill((float*)v.data(), (float*)v.data() + n, NAN);
+    } else {
+      std::fill((uint16_t*)k.data(), (uint16_t*)k.data() + n, (uint16_t)0x7e00);
+      std::fill((uint16_t*)v.data(), (uint16_t*)v.data() + n, (uint16_t)0x7e00);
+    }
+    view = KvLayerView{type, k.data(), v.data(), n_slots, n_kv, max_ctx, hd};
+  }
+};
+
+}  // namespace
+
+TEST(KvWrite, LayoutAndF16Rounding) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
+    const int n_slots = 3, n_kv = 2, max_ctx = 50, hd = 20, nt = 4;
+    Cache c(type, n_slots, n_kv, max_ctx, hd);
+    const auto k = randn(nt * n_kv * hd, 1), v = randn(nt * n_kv * hd, 2);
+    const int32_t pos[nt] = {0, 49, 7, 8};
+    const int32_t slot[nt] = {2, 0, 1, 1};
+    kv_write(c.view, k.data(), v.data(), nt, pos, slot);
+    for (int t = 0; t < nt; ++t)
+      for (int h = 0; h < n_kv; ++h)
+        for (int i = 0; i < hd; ++i) {
+          const size_t dst = (((size_t)slot[t] * n_kv + h) * max_ctx + pos[t]) * hd + i;
+          const size_t src = ((size_t)t * n_kv + h) * hd + i;
+          if (type == GgmlType::F32) {
+            ASSERT_EQ(((float*)c.k.data())[dst], k[src]);
+            ASSERT_EQ(((float*)c.v.data())[dst], v[src]);
+          } else {
+            ASSERT_EQ(((uint16_t*)c.k.data())[dst], fp32_to_fp16(k[src]));
+            ASSERT_EQ(((uint16_t*)c.v.data())[dst], fp32_to_fp16(v[src]));
+          }
+        }
+    // nothing else written
+    size_t written = 0;
+    const size_t n = (size_t)n_slots * n_kv * max_ctx * hd;
+    for (size_t i = 0; i < n; ++i) {
+      const bool nan =
+          type == GgmlType::F32 ? std::isnan(((float*)c.k.data())[i]) : ((uint16_t*)c.k.data())[i] == 0x7e00;
+      written += !nan;
+    }
+    EXPECT_EQ(written, (size_t)nt * n_kv * hd);
+  }
+}
+
+// Attention with GQA (8 query heads on 2 kv heads), several slots with different histories, prefill-like
+// batches and decode steps far into the cache, F32 and F16 caches, head_dim 64 and 20 (tails).
+// Oracle 1: attention_ref, checked here against a float64 formula on the (f16-rounded) history arrays.
+// Oracle tolerance for the fast path: out = sum_p a_p v_p with sum a_p = 1; score errors are
+// <= ~u * hd * |q||k| * scale (~1e-6 here) plus the exp's 2.5e-7 relative error, each changing a_p
+// relatively, so |out - ref| <= max|v| * (few 1e-6); tolerance 2e-5 * max|v|. An off-by-one position
+// changes out by ~a_p*|v| ~ 1/n_pos ~ 1e-3 for 1000 positions.
+TEST(Attention, GqaSlotsF32AndF16) {
+  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
+    for (int hd : {64, 20}) {
+      for (float qscale : {1.0f, 6.0f}) {  // 6: scores up to ~100, exp would overflow without the max
+        const int n_slots = 3, n_kv = 2, n_heads = 8, max_ctx = 1100;
+        Cache c(type, n_slots, n_kv, max_ctx, hd);
+        const int hist_len[n_slots] = {1030, 5, 1099};  // positions already in the cache per slot
+        // History k/v per slot, as the test's own arrays (rounded to f16 for the F16 cache).
+        std::vector<std::vector<float>> hk(n_slots), hv(n_slots);
+        auto round_c = [&](float x) { return type == GgmlType::F16 ? fp16_to_fp32(fp32_to_fp16(x)) : x; };
+        for (int s = 0; s < n_slots; ++s) {
+          hk[s] = randn((size_t)max_ctx * n_kv * hd, 10 + s);
+          hv[s] = randn((size_t)max_ctx * n_kv * hd, 20 + s);
+          // write in chunks of up to 64 tokens, like prefill batches
+          for (int p0 = 0; p0 < hist_len[s]; p0 += 64) {
+            const int n = std::min(64, hist_len[s] - p0);
+            std::vector<int32_t> pos(n), slot(n, s);
+            for (int i = 0; i < n; ++i) pos[i] = p0 + i;
+            kv_write(c.view, hk[s].data() + (size_t)p0 * n_kv * hd, hv[s].data() + (size_t)p0 * n_kv * hd, n,
+                     pos.data(), slot.data());
+          }
+          for (auto& x : hk[s]) x = round_c(x);
+          for (auto& x : hv[s]) x = round_c(x);
+        }
+        // One step: a decode token for slot 0 (pos 1030), 3 prefill tokens for slot 1 (pos 5..7), a decode
+        // token for slot 2 at the last position (1099).
+        const int nt = 5;
+        const int32_t pos[nt] = {1030, 5, 6, 7, 1099};
+        const int32_t slot[nt] = {0, 1, 1, 1, 2};
+        std::vector<float> k(nt * n_kv * hd), v(nt * n_kv * hd);
+        for (int t = 0; t < nt; ++t)
+          for (int i = 0; i < n_kv * hd; ++i) {
+            k[t * n_kv * hd + i] = hk[slot[t]][(size_t)pos[t] * n_kv * hd + i];  // already rounded: exact
+            v[t * n_kv * hd + i] = hv[slot[t]][(size_t)pos[t] * n_kv * hd + i];
+          }
+        kv_write(c.view, k.data(), v.data(), nt, pos, slot);
+        const auto q = randn(nt * n_heads * hd, 99, qscale);
+        const float scale = 1.0f / std::sqrt((float)hd);
+        std::vector<float> ref(nt * n_heads * hd);
+        attention_ref(c.view, q.data(), nt, n_heads, pos, slot, scale, ref.data());
+
+        // float64 formula on the history arrays (layout [pos][kv_head][hd]); kv head = h / 4.
+        float vmax = 0;
+        for (int t = 0; t < nt; ++t)
+          for (int h = 0; h < n_heads; ++h) {
+            const int kvh = h / (n_heads / n_kv), n_pos = pos[t] + 1;
+            const float* qh = q.data() + ((size_t)t * n_heads + h) * hd;
+            std::vector<double> sc(n_pos);
+            double m = -INFINITY, sum = 0;
+            for (int p = 0; p < n_pos; ++p) {
+              double d = 0;
+              for (int i = 0; i < hd; ++i)
+                d += (double)qh[i] * hk[slot[t]][((size_t)p * n_kv + kvh) * hd + i];
+              sc[p] = d * scale;
+              m = std::max(m, sc[p]);
+            }
+            for (int p = 0; p < n_pos; ++p) sum += (sc[p] = std::exp(sc[p] - m));
+            for (int i = 0; i < hd; ++i) {
+              double o = 0;
+              for (int p = 0; p < n_pos; ++p) {
+                const float vv = hv[slot[t]][((size_t)p * n_kv + kvh) * hd + i];
+                o += sc[p] * vv;
+                vmax = std::max(vmax, std::fabs(vv));
+              }
+              ASSERT_NEAR(ref[((size_t)t * n_heads + h) * hd + i], o / sum, 1e-6 * vmax);
+            }
+          }
+
+        for (auto& pool : pools) {
+          std::vector<float> scratch(attention_scratch_floats(max_ctx, pool.size()) + 16, kGuard);
+          std::vector<float> out(nt * n_heads * hd + 16, kGuard);
+          attention(pool, c.view, q.data(), nt, n_heads, pos, slot, scale, out.data(), scratch.data());
+          for (int i = 0; i < 16; ++i) {
+            ASSERT_EQ(out[nt * n_heads * hd + i], kGuard);
+            ASSERT_EQ(scratch[scratch.size() - 16 + i], kGuard);
+          }
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_NEAR(out[i], ref[i], 2e-5 * vmax)
+                << type_name(type) << " hd=" << hd << " qscale=" << qscale << " threads=" << pool.size()
+                << " t=" << i / (n_heads * hd) << " h=" << i / hd % n_heads;
+        }
+      }
+    }
+  }
+}
