@@ -22,6 +22,7 @@ const Command kCommands[] = {
     {"bench", ultra::cli::cmd_bench, "measure prompt processing and generation speed (llama-bench style)"},
     {"convert", ultra::cli::cmd_convert, "convert an HF model directory to GGUF"},
     {"tokenize", ultra::cli::cmd_tokenize, "print the token ids and pieces of a text"},
+    {"perplexity", ultra::cli::cmd_perplexity, "perplexity of a text file (llama.cpp-style)"},
 };
 
 void usage(FILE* f) {
