@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,15 @@ struct Value {
   double f = 0;
   std::string s;
   std::shared_ptr<Array> arr;
+
+  // Constructors filling the fields above; integers are mirrored into the other integer field (u <-> i) when
+  // representable there. `t` must be of the matching kind (U*, I*, F*).
+  static Value of_uint(ValueType t, uint64_t v);
+  static Value of_int(ValueType t, int64_t v);
+  static Value of_float(ValueType t, double v);
+  static Value of_bool(bool v);
+  static Value of_string(std::string v);
+  static Value of_array(ValueType elem_type, std::vector<Value> items);
 
   // Numeric view of any integer/bool/float value (throws ultra::Error for strings/arrays).
   int64_t as_int() const;
@@ -113,7 +123,9 @@ class Reader {
 };
 
 // Writes GGUF v3. Tensor data is copied from caller memory at write() time (or produced by a callback so
-// a converter can stream tensor by tensor without holding them all).
+// a converter can stream tensor by tensor without holding them all). Tensor offsets are packed in order, as
+// llama.cpp requires; tensor names are limited to 63 bytes (llama.cpp's limit). Arrays of arrays are valid
+// GGUF and read back by Reader, but llama.cpp's reader rejects them.
 class Writer {
  public:
   void set_u32(const std::string& key, uint32_t v);
@@ -130,8 +142,14 @@ class Writer {
   // ne in ggml order. `data` must stay valid until write(); n_bytes must match ne and type.
   void add_tensor(const std::string& name, GgmlType type, std::vector<uint64_t> ne, const void* data,
                   uint64_t n_bytes);
+  // Streaming variant: at write() time `produce(dst)` fills the tensor's n_bytes (computed from ne and type)
+  // into a zeroed buffer, so a converter needs only one tensor in memory at a time.
+  using Producer = std::function<void(uint8_t* dst)>;
+  void add_tensor(const std::string& name, GgmlType type, std::vector<uint64_t> ne, Producer produce);
 
   // Writes atomically (to path.tmp, then rename). Throws ultra::Error on I/O failure.
+  // `alignment` (a power of two) wins over any general.alignment set before; it is written as
+  // general.alignment (u32) when it is not the default 32.
   void write(const std::string& path, uint64_t alignment = 32) const;
 
  private:
@@ -141,6 +159,7 @@ class Writer {
     std::vector<uint64_t> ne;
     const void* data;
     uint64_t n_bytes;
+    Producer produce;  // set instead of data by the streaming add_tensor
   };
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;
