@@ -1,6 +1,8 @@
 // Decode/prefill matmul benchmark on the shapes of a 110M-parameter Llama (dim 768, ffn 2048, 12 layers,
 // vocab 32000), against this machine's measured read bandwidth.
-//   bench_matmul [--threads N] [--reps R]
+//   bench_matmul [--threads N] [--reps R] [--bandwidth-only]
+// --bandwidth-only prints only the "read bandwidth, N thread(s): X GB/s ..." lines (1 thread, and N) and
+// exits; scripts parse them with the regex `read bandwidth, N threads?: ([0-9.]+) GB/s`.
 // Bandwidth: sum of a 1 GiB buffer split over the pool's threads (AVX2 loads, 4 accumulators), best of 8.
 // Decode: one token through the 7 matrices of each of the 12 layers plus the 32000x768 output, all laid
 // out in one buffer (110M weights: 438 MB F32, 116 MB Q8_0, far beyond L3), best of R passes; reports the
@@ -150,33 +152,43 @@ void forward(ThreadPool& pool, const Model& m, int nt, bool with_output, std::ve
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 20;
+  bool bandwidth_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc)
       threads = std::max(1, std::atoi(argv[++i]));
     else if (a == "--reps" && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--bandwidth-only")
+      bandwidth_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--reps R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--reps R] [--bandwidth-only]\n", argv[0]);
       return 2;
     }
   }
   std::vector<int> tcounts = {1};
   if (threads != 1) tcounts.push_back(threads);
 
-  std::printf("kernels: %s\n", detail::matmul_kernels().name);
+  if (!bandwidth_only) std::printf("kernels: %s\n", detail::matmul_kernels().name);
   std::vector<double> bw(tcounts.size());
   for (size_t i = 0; i < tcounts.size(); ++i) {
     ThreadPool pool(tcounts[i]);
     bw[i] = measure_bandwidth(pool, 1ull << 30);
     std::printf("read bandwidth, %d thread%s: %.1f GB/s (1 GiB sum, best of 8)\n", tcounts[i],
                 tcounts[i] > 1 ? "s" : "", bw[i]);
+    std::fflush(stdout);
   }
+  if (bandwidth_only) return 0;
 
   const int kPrefill = 128;
   std::vector<float> x((size_t)kPrefill * kFfn), y((size_t)kPrefill * kVocab);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7919) % 2001) * 1e-3f - 1.0f;
-  std::vector<float> scratch((size_t)kPrefill * kFfn * 2);
+  size_t n_scratch = 1;
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
+    n_scratch =
+        std::max(n_scratch, matmul_scratch_floats(WeightView{t, nullptr, kVocab, kFfn, rb_of(t, kFfn)},
+                                                  kPrefill, std::max(threads, 1)));
+  std::vector<float> scratch(n_scratch);
 
   std::printf("\ndecode: 12 layers x 7 matrices + 32000x768 output, one token, best of %d\n", reps);
   std::printf("%-5s %7s %3s %9s %8s %8s %9s\n", "type", "MB", "thr", "ms/token", "GB/s", "%bw", "tok/s");

@@ -1,19 +1,20 @@
 // matmul: scalar reference, run-time kernel choice, threading, and the AVX2+FMA+F16C kernels.
-// The AVX-512 kernels are in matmul_avx512.cpp (same structure, wider registers, masked tails, VNNI).
+// The AVX-512 kernels are in matmul_avx512.cpp (same structure, wider registers, masked tails).
 //
 // Structure of every kernel: a tile of R weight rows x T tokens keeps R*T vector accumulators; each step
-// loads one vector of each of the R rows once (converting F16/BF16 to f32) and FMAs it against the T token
-// vectors. Decode (T = 1) uses R = 4 rows so four independent accumulator chains hide the FMA latency and
-// four adjacent row streams keep the prefetchers busy; prefill walks the tokens in tiles of T for every
+// loads one vector of each of the R rows once (converting F16/BF16/Q8_0 to f32) and FMAs it against the T
+// token vectors. Decode (T = 1) reads one row at a time (one sequential stream per thread) with four
+// independent accumulator chains to hide the FMA latency; prefill walks the tokens in tiles of T for every
 // row tile, so the R rows (a few KiB) are read from DRAM once and then reused from L1 for all tokens of
-// the chunk. Rows are split over threads in contiguous ranges.
+// the chunk. Rows are handed to threads in chunks from a shared counter (see matmul()).
 //
-// Q8_0: the activation row is quantised per block of 32 to int8 with an f32 scale (d = amax/127, like
-// llama.cpp's q8_0 activation but without rounding d to f16), then each block's dot product is exact in
-// int32 (maddubs/madd here, VNNI in the AVX-512 file) and scaled by d_w * d_x in f32. The only error beyond
-// f32 accumulation is the activation rounding: |x_i - d q_i| <= d/2 = amax_block/254 per element, so
-// |err| <= sum_blocks amax_b/254 * sum_{i in b} |w_i| (relative error ~0.2-0.4% of sum|w x| worst case,
-// typically ~1e-3 of |y| or less since the rounding errors are independent and cancel).
+// Q8_0: the weights are dequantised in registers (int8 -> int32 -> f32, times the block's f16 scale d) and
+// FMA'd against the f32 activations exactly like the float types. q * d (|q| <= 127, d with an 11-bit
+// significand) is exact in f32, so the kernels compute the same f32 dot product as an F32 matrix holding the
+// dequantised weights: the only error is f32 accumulation rounding (no activation quantisation). The
+// conversion (4 vector ops per 8/16 weights) caps one core at ~27 G weights/s in cache (~29 GB/s of Q8_0;
+// AVX-512 on Zen 5 at 3.2 GHz, AVX2 ~19 G/s), about one core's DRAM read bandwidth, so decode with 2+
+// threads is memory-bound; prefill amortises it over the token tile.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
@@ -114,10 +116,84 @@ inline float dot_row_f(const uint8_t* wb, const float* x, int64_t cols) {
   return s;
 }
 
+// ---- Q8_0 (cols % 32 == 0) ----
+// Block b of a row, weights 8k .. 8k+7: sign-extended to int32, converted, times the block's scale d (exact
+// in f32). Own tile/row loops (rather than a loader for tile_f/dot_row_f) so that the scale is converted
+// once per block and the block addresses are plain pointer steps.
+struct LoadQ8 {};  // tag for range_f
+
+inline __m256 q8_scale(const BlockQ8_0& b) {
+  return _mm256_set1_ps(_cvtsh_ss(b.d));
+}
+inline __m256 q8_part(const BlockQ8_0& b, int k, __m256 d) {
+  const __m128i q = _mm_loadl_epi64((const __m128i*)(b.qs + 8 * k));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+}
+
+template <int R, int T>
+inline void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                    const float* bias) {
+  __m256 acc[R][T];
+  const BlockQ8_0* wr[R];
+  for (int j = 0; j < R; ++j) {
+    wr[j] = (const BlockQ8_0*)(w + j * rb);
+    for (int t = 0; t < T; ++t) acc[j][t] = _mm256_setzero_ps();
+  }
+  const int64_t nb = cols / kQ8_0Block;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 d[R];
+    for (int j = 0; j < R; ++j) d[j] = q8_scale(wr[j][b]);
+    for (int k = 0; k < 4; ++k) {
+      __m256 wv[R];
+      for (int j = 0; j < R; ++j) wv[j] = q8_part(wr[j][b], k, d[j]);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_loadu_ps(x + t * cols + b * kQ8_0Block + 8 * k);
+        for (int j = 0; j < R; ++j) acc[j][t] = _mm256_fmadd_ps(wv[j], xv, acc[j][t]);
+      }
+    }
+  }
+  for (int j = 0; j < R; ++j) {
+    for (int t = 0; t < T; ++t) {
+      const float s = hsum8(acc[j][t]);
+      y[t * ldy + j] = bias ? s + bias[j] : s;
+    }
+  }
+}
+
+// Decode: one block per step on four accumulators, one sequential stream (as dot_row_f).
+inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
+  const BlockQ8_0* b = (const BlockQ8_0*)w;
+  const int64_t nb = cols / kQ8_0Block;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float* xi = x + i * kQ8_0Block;
+    const __m256 d = q8_scale(b[i]);
+    a0 = _mm256_fmadd_ps(q8_part(b[i], 0, d), _mm256_loadu_ps(xi), a0);
+    a1 = _mm256_fmadd_ps(q8_part(b[i], 1, d), _mm256_loadu_ps(xi + 8), a1);
+    a2 = _mm256_fmadd_ps(q8_part(b[i], 2, d), _mm256_loadu_ps(xi + 16), a2);
+    a3 = _mm256_fmadd_ps(q8_part(b[i], 3, d), _mm256_loadu_ps(xi + 24), a3);
+  }
+  return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+// Row tile kernels by weight type.
+template <class L, int R, int T>
+inline void tile(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                 const float* bias) {
+  if constexpr (std::is_same_v<L, LoadQ8>)
+    tile_q8<R, T>(w, rb, x, cols, y, ldy, bias);
+  else
+    tile_f<L, R, T>(w, rb, x, cols, y, ldy, bias);
+}
+
 template <class L>
 void decode_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float s = dot_row_f<L>(a.w + r * a.row_bytes, a.x, a.cols);
+    float s;
+    if constexpr (std::is_same_v<L, LoadQ8>)
+      s = dot_row_q8(a.w + r * a.row_bytes, a.x, a.cols);
+    else
+      s = dot_row_f<L>(a.w + r * a.row_bytes, a.x, a.cols);
     a.y[r] = a.bias ? s + a.bias[r] : s;
   }
 }
@@ -134,16 +210,16 @@ inline void tokens_f(const MatmulArgs& a, const uint8_t* w, int64_t r, int t0, i
   const float* bias = a.bias ? a.bias + r : nullptr;
   int t = t0;
   for (; t + T <= t1; t += T)
-    tile_f<L, R, T>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
+    tile<L, R, T>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
   switch (t1 - t) {
     case 3:
-      tile_f<L, R, 3>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
+      tile<L, R, 3>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
       break;
     case 2:
-      tile_f<L, R, 2>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
+      tile<L, R, 2>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
       break;
     case 1:
-      tile_f<L, R, 1>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
+      tile<L, R, 1>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
       break;
     default:
       break;
@@ -160,140 +236,6 @@ void range_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
     int64_t r = r0;
     for (; r + kR <= r1; r += kR) tokens_f<L, kR, kT>(a, a.w + r * a.row_bytes, r, tc, tc1);
     for (; r < r1; ++r) tokens_f<L, 1, kT>(a, a.w + r * a.row_bytes, r, tc, tc1);
-  }
-}
-
-// ---- Q8_0 ----
-
-void quantize_act_avx2(const float* x, int64_t cols, float* out) {
-  const int64_t nb = cols / kQ8_0Block;
-  int8_t* qs = (int8_t*)out;
-  float* ds = out + nb * 8;
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * 32;
-    __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
-           v3 = _mm256_loadu_ps(xb + 24);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_mask, v0), _mm256_andnot_ps(sign_mask, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign_mask, v2), _mm256_andnot_ps(sign_mask, v3)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    ds[b] = d;
-    const __m256 vid = _mm256_set1_ps(id);
-    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), kRound));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, vid), kRound));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, vid), kRound));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, vid), kRound));
-    // packs work per 128-bit lane: fix the order with a final dword permutation.
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i*)(qs + b * 32), p);
-  }
-}
-
-template <int R, int T>
-inline void tile_q8(const uint8_t* w, size_t rb, const float* xq, size_t xq_stride, int64_t nb, float* y,
-                    int64_t ldy, const float* bias) {
-  __m256 acc[R][T];
-  const BlockQ8_0* wr[R];
-  const int8_t* xs[T];
-  const float* xd[T];
-  for (int j = 0; j < R; ++j) {
-    wr[j] = (const BlockQ8_0*)(w + j * rb);
-    for (int t = 0; t < T; ++t) acc[j][t] = _mm256_setzero_ps();
-  }
-  for (int t = 0; t < T; ++t) {
-    xs[t] = (const int8_t*)(xq + t * xq_stride);
-    xd[t] = xq + t * xq_stride + nb * 8;
-  }
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_si256((const __m256i*)(xs[t] + b * 32));
-    for (int j = 0; j < R; ++j) {
-      const __m256i wv = _mm256_loadu_si256((const __m256i*)wr[j][b].qs);
-      const __m256i aw = _mm256_sign_epi8(wv, wv);
-      const float dw = _cvtsh_ss(wr[j][b].d);
-      for (int t = 0; t < T; ++t) {
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones);
-        acc[j][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[t][b]), acc[j][t]);
-      }
-    }
-  }
-  for (int j = 0; j < R; ++j) {
-    for (int t = 0; t < T; ++t) {
-      const float s = hsum8(acc[j][t]);
-      y[t * ldy + j] = bias ? s + bias[j] : s;
-    }
-  }
-}
-
-template <int R, int T>
-inline void tokens_q8(const MatmulArgs& a, const uint8_t* w, int64_t r, int t0, int t1) {
-  const float* bias = a.bias ? a.bias + r : nullptr;
-  const size_t xs = detail::q8_act_token_floats(a.cols);
-  const int64_t nb = a.cols / kQ8_0Block;
-  int t = t0;
-  for (; t + T <= t1; t += T)
-    tile_q8<R, T>(w, a.row_bytes, a.xq + t * xs, xs, nb, a.y + t * a.rows + r, a.rows, bias);
-  switch (t1 - t) {
-    case 3:
-      tile_q8<R, 3>(w, a.row_bytes, a.xq + t * xs, xs, nb, a.y + t * a.rows + r, a.rows, bias);
-      break;
-    case 2:
-      tile_q8<R, 2>(w, a.row_bytes, a.xq + t * xs, xs, nb, a.y + t * a.rows + r, a.rows, bias);
-      break;
-    case 1:
-      tile_q8<R, 1>(w, a.row_bytes, a.xq + t * xs, xs, nb, a.y + t * a.rows + r, a.rows, bias);
-      break;
-    default:
-      break;
-  }
-}
-
-// Block dot product |w| . sign(x, w) with maddubs (no saturation: |w| <= 128, |x| <= 127, so a pair sums to
-// at most 32512) then madd to int32.
-inline __m256 q8_block(const BlockQ8_0& wb, const int8_t* xs, float dx) {
-  const __m256i w = _mm256_loadu_si256((const __m256i*)wb.qs);
-  const __m256i x = _mm256_loadu_si256((const __m256i*)xs);
-  const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-                                      _mm256_set1_epi16(1));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(_cvtsh_ss(wb.d) * dx));
-}
-
-// Decode: one row at a time (sequential stream), two blocks per step on two accumulators.
-void decode_q8(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  const int64_t nb = a.cols / kQ8_0Block;
-  const int8_t* xs = (const int8_t*)a.xq;
-  const float* xd = a.xq + nb * 8;
-  for (int64_t r = r0; r < r1; ++r) {
-    const BlockQ8_0* wb = (const BlockQ8_0*)(a.w + r * a.row_bytes);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      acc0 = _mm256_add_ps(acc0, q8_block(wb[b], xs + b * 32, xd[b]));
-      acc1 = _mm256_add_ps(acc1, q8_block(wb[b + 1], xs + b * 32 + 32, xd[b + 1]));
-    }
-    if (b < nb) acc0 = _mm256_add_ps(acc0, q8_block(wb[b], xs + b * 32, xd[b]));
-    const float v = hsum8(_mm256_add_ps(acc0, acc1));
-    a.y[r] = a.bias ? v + a.bias[r] : v;
-  }
-}
-
-void range_q8(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  if (a.n_tokens == 1) return decode_q8(a, r0, r1);
-  constexpr int kR = 2, kT = 4;
-  const int chunk = token_chunk(a.cols * 9 / 8, kT);
-  for (int tc = 0; tc < a.n_tokens; tc += chunk) {
-    const int tc1 = tc + chunk < a.n_tokens ? tc + chunk : a.n_tokens;
-    int64_t r = r0;
-    for (; r + kR <= r1; r += kR) tokens_q8<kR, kT>(a, a.w + r * a.row_bytes, r, tc, tc1);
-    for (; r < r1; ++r) tokens_q8<1, kT>(a, a.w + r * a.row_bytes, r, tc, tc1);
   }
 }
 
@@ -331,8 +273,8 @@ bool has_avx512() {
 namespace detail {
 
 const MatmulKernels& matmul_kernels_avx2() {
-  static const MatmulKernels k{range_f<LoadF32>, range_f<LoadF16>,  range_f<LoadBF16>,
-                               range_q8,         quantize_act_avx2, "avx2"};
+  static const MatmulKernels k{range_f<LoadF32>, range_f<LoadF16>, range_f<LoadBF16>, range_f<LoadQ8>,
+                               "avx2"};
   return k;
 }
 
@@ -355,9 +297,9 @@ void set_matmul_kernels_override(const MatmulKernels* k) {
 
 }  // namespace detail
 
-size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int n_threads) {
-  if (w.type != GgmlType::Q8_0) return 0;
-  return (size_t)n_tokens * detail::q8_act_token_floats(w.cols);
+// No kernel needs scratch (Q8_0 reads f32 activations directly).
+size_t matmul_scratch_floats(const WeightView&, int, int) {
+  return 0;
 }
 
 namespace {
@@ -365,7 +307,6 @@ namespace {
 struct MatmulCtx {
   MatmulArgs a;
   detail::MatmulRangeFn fn;
-  void (*quantize_act)(const float*, int64_t, float*);
   int64_t chunk;
   alignas(64) std::atomic<int64_t> next{0};  // first row of the next unclaimed chunk
 };
@@ -383,12 +324,11 @@ inline int64_t chunk_rows(int64_t rows, int nth) {
 }  // namespace
 
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
-            float* scratch) {
+            float* /*scratch: unused, matmul_scratch_floats() is 0*/) {
   if (n_tokens <= 0 || w.rows <= 0) return;
   const MatmulKernels& k = g_override ? *g_override : detail::matmul_kernels();
   MatmulCtx ctx;
-  ctx.a = MatmulArgs{(const uint8_t*)w.data, w.row_bytes, w.rows, w.cols, x, nullptr, n_tokens, y, bias};
-  ctx.quantize_act = k.quantize_act;
+  ctx.a = MatmulArgs{(const uint8_t*)w.data, w.row_bytes, w.rows, w.cols, x, n_tokens, y, bias};
   ctx.chunk = chunk_rows(w.rows, pool.size());
   switch (w.type) {
     case GgmlType::F32:
@@ -405,24 +345,6 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
       break;
     default:
       unsupported("matmul", w.type);
-  }
-  if (w.type == GgmlType::Q8_0) {
-    ctx.a.xq = scratch;
-    const size_t xs = detail::q8_act_token_floats(w.cols);
-    if (n_tokens >= 4 && pool.size() > 1) {
-      pool.run(
-          [](void* c, int ith, int nth) {
-            auto& m = *(MatmulCtx*)c;
-            int64_t t0, t1;
-            ThreadPool::split(m.a.n_tokens, ith, nth, t0, t1);
-            const size_t xs = detail::q8_act_token_floats(m.a.cols);
-            for (int64_t t = t0; t < t1; ++t)
-              m.quantize_act(m.a.x + t * m.a.cols, m.a.cols, (float*)m.a.xq + t * xs);
-          },
-          &ctx);
-    } else {
-      for (int t = 0; t < n_tokens; ++t) k.quantize_act(x + (int64_t)t * w.cols, w.cols, scratch + t * xs);
-    }
   }
   pool.run(
       [](void* c, int ith, int nth) {
