@@ -49,6 +49,7 @@ PyTorch has them).
 
 import argparse
 import hashlib
+import copy
 import json
 import math
 import os
@@ -500,6 +501,22 @@ def main():
         log(f"{name}: val loss {allp['loss']:.4f} ppl {allp['ppl']:.3f} +/- {allp['ppl_err']:.3f}; "
             f"second half ppl {half['ppl']:.3f} +/- {half['ppl_err']:.3f}; top-1 accuracy {acc:.4f}")
         log(f"{name}: greedy {args.prompt!r} -> {stats['greedy']['text']!r} (min margin {margin:.4f})")
+        # The shipped GGUF holds the 2-D weight matrices in F16 (norms F32): the same numbers with those
+        # matrices rounded to F16 and computed in float32 are the exact reference for it.
+        m16 = copy.deepcopy(model)
+        with torch.no_grad():
+            for p_ in m16.parameters():
+                if p_.dim() == 2:
+                    p_.copy_(p_.to(torch.float16).to(torch.float32))
+        nll16, _ = eval_windows(m16, val_windows)
+        all16, half16 = ppl_stats(nll16), ppl_stats(nll16[:, first:])
+        g16, margin16 = greedy(m16, prompt_ids, args.n_generate, device)
+        stats["f16w"] = {"loss": all16["loss"], "ppl": all16["ppl"], "second_half_ppl": half16["ppl"],
+                         "greedy_ids": g16, "greedy_min_margin": margin16,
+                         "greedy_text": tok.decode(g16, skip_special_tokens=False)}
+        log(f"{name} (F16 weights): val ppl {all16['ppl']:.3f}; second half {half16['ppl']:.3f}; "
+            f"greedy {stats['f16w']['greedy_text']!r}")
+        del m16
         results[name] = stats
     agree = (args_by_name["target"] == args_by_name["draft"]).double()
     agreement = {"fraction": agree.mean().item(), "n_positions": agree.numel(),

@@ -67,6 +67,7 @@ int cmd_bench(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  mf.resolve_model();
   auto model = load_model(mf.model);
   ContextParams cp = mf.context_params();
   if (cp.n_ctx <= 0) cp.n_ctx = std::max(n_prompt, n_gen) + 1;

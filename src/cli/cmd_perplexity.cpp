@@ -118,7 +118,8 @@ int cmd_perplexity(int argc, char** argv) {
   std::string model_path, file, kv_type = "f32";
   int window = 512, batch = 512, threads = 0, chunks = -1;
   bool ids_mode = false, all_positions = false, json = false;
-  app.add_option("-m,--model", model_path, "model: a GGUF file or an HF model directory")->required();
+  app.add_option("-m,--model", model_path,
+                 "model: a GGUF file or an HF model directory (default: the bundled model)");
   app.add_option("-f,--file", file, "the text file (with --ids: a file of token ids)")->required();
   app.add_option("-c,--ctx-size", window, "window (context) size in tokens")
       ->capture_default_str()
@@ -146,6 +147,8 @@ int cmd_perplexity(int argc, char** argv) {
 
   const std::string input = read_file(file);
   const auto t_load = std::chrono::steady_clock::now();
+  if (model_path.empty()) model_path = bundled_model_path();
+  if (model_path.empty()) fail("no model given (-m) and the bundled models/target.gguf was not found");
   auto model = load_model(model_path);
   const double load_ms = ms_since(t_load);
   const HParams& hp = model->hp;

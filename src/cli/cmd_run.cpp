@@ -87,6 +87,7 @@ int cmd_run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  F.model.resolve_model();
   if (!(F.sp.top_p > 0 && F.sp.top_p <= 1)) fail("--top-p must be in (0, 1]");
   if (!(F.sp.min_p >= 0 && F.sp.min_p <= 1)) fail("--min-p must be in [0, 1]");
   if (!(F.sp.repeat_penalty > 0)) fail("--repeat-penalty must be > 0");

@@ -3,14 +3,33 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <filesystem>
 
 #include "core/error.h"
 
 namespace ultra::cli {
 
-void ModelFlags::add(CLI::App& app, bool model_required) {
-  auto* m = app.add_option("-m,--model", model, "model: a GGUF file or an HF model directory");
-  if (model_required) m->required();
+std::string bundled_model_path() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> candidates;
+  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "models" / "target.gguf");
+  candidates.push_back(fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf");
+  for (const auto& c : candidates)
+    if (fs::is_regular_file(c, ec)) return c.string();
+  return "";
+}
+
+void ModelFlags::resolve_model() {
+  if (!model.empty()) return;
+  model = bundled_model_path();
+  if (model.empty()) fail("no model given (-m) and the bundled models/target.gguf was not found");
+}
+
+void ModelFlags::add(CLI::App& app) {
+  app.add_option("-m,--model", model,
+                 "model: a GGUF file or an HF model directory (default: the bundled model)");
   app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("-c,--ctx-size", ctx, "context size in tokens (default: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));

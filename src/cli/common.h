@@ -27,9 +27,16 @@ struct ModelFlags {
   int batch = 512;
   std::string kv_type = "f32";
 
-  void add(CLI::App& app, bool model_required = true);
+  // -m is optional: without it the bundled model (models/target.gguf) is used, see resolve_model().
+  void add(CLI::App& app);
+  // Fills `model` with the bundled default when -m was not given; throws ultra::Error if it is missing.
+  void resolve_model();
   ContextParams context_params() const;
 };
+
+// The bundled default model: models/target.gguf next to the executable's parent directory (build/ultra ->
+// models/target.gguf), else in the source tree this binary was built from; "" when neither exists.
+std::string bundled_model_path();
 
 // "1,2,3" -> {1,2,3}; throws ultra::Error on anything else.
 std::vector<int32_t> parse_id_list(const std::string& s);

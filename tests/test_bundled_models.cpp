@@ -1,0 +1,110 @@
+// The bundled models (models/target.gguf, models/draft.gguf: F16 GGUF converted by `ultra convert` from the
+// checkpoints tools/train_tiny.py trained) against the PyTorch numbers recorded at training time in
+// models/train_report.json: validation perplexity within 0.5% (in fact it agrees to ~1e-5), ultra's tokenizer
+// reproducing the Python tokenizer's validation ids, and the greedy continuation of "ROMEO:" token for token.
+// The report's "f16w" entries were computed in float32 with the weight matrices rounded to F16, i.e. exactly
+// the weights in the GGUF files; the plain float32 numbers are checked too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/generate.h"
+#include "engine/perplexity.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace ultra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = ULTRA_SOURCE_DIR;
+
+nlohmann::json report() {
+  std::ifstream f(kRoot / "models" / "train_report.json");
+  return nlohmann::json::parse(f);
+}
+
+std::vector<int32_t> val_ids() {
+  std::ifstream f(kRoot / "tests" / "fixtures" / "bundled" / "val_ids.txt");
+  std::vector<int32_t> ids;
+  int32_t x;
+  while (f >> x) ids.push_back(x);
+  return ids;
+}
+
+class Bundled : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Bundled, ValidationPerplexityMatchesPyTorch) {
+  const std::string name = GetParam();
+  const auto rep = report()[name];
+  auto m = load_model((kRoot / "models" / (name + ".gguf")).string());
+  ContextParams cp;
+  cp.n_ctx = 256;
+  cp.n_batch = 256;
+  cp.n_outputs = 256;
+  CpuBackend be(*m, cp);
+  Session s(be, 0);
+  const auto ids = val_ids();
+  ASSERT_EQ(ids.size(), (size_t)38426);
+  PerplexityParams pp;
+  pp.n_window = 256;
+  pp.mode = PerplexityParams::Mode::AllPositions;
+  const PerplexityResult all = perplexity(s, ids, pp);
+  pp.mode = PerplexityParams::Mode::SecondHalf;
+  const PerplexityResult half = perplexity(s, ids, pp);
+  const double want_f16 = rep["f16w"]["ppl"].get<double>(), want_f32 = rep["val"]["ppl"].get<double>();
+  const double want_half = rep["f16w"]["second_half_ppl"].get<double>();
+  std::printf("[bundled] %-6s ppl all positions: ultra %.4f, PyTorch F16 weights %.4f, PyTorch F32 %.4f\n",
+              name.c_str(), all.ppl, want_f16, want_f32);
+  std::printf("[bundled] %-6s ppl second half:   ultra %.4f, PyTorch F16 weights %.4f\n", name.c_str(),
+              half.ppl, want_half);
+  EXPECT_EQ(all.n_scored, rep["val"]["n_tokens_scored"].get<int64_t>());
+  EXPECT_LT(std::fabs(all.ppl / want_f16 - 1), 0.005);
+  EXPECT_LT(std::fabs(all.ppl / want_f32 - 1), 0.005);
+  EXPECT_LT(std::fabs(half.ppl / want_half - 1), 0.005);
+  // The bound above is the issue's; the engine actually agrees far closer (f32 arithmetic only).
+  EXPECT_LT(std::fabs(all.ppl / want_f16 - 1), 1e-4);
+}
+
+TEST_P(Bundled, TokenizerReproducesValidationIds) {
+  const std::string name = GetParam();
+  const auto tok = tok::Tokenizer::from_file((kRoot / "models" / (name + ".gguf")).string());
+  std::ifstream f(kRoot / "tests" / "fixtures" / "bundled" / "val.txt", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(tok.encode(ss.str(), /*add_special=*/true), val_ids());
+}
+
+TEST_P(Bundled, GreedyContinuationMatchesPyTorch) {
+  const std::string name = GetParam();
+  const auto rep = report()[name];
+  const std::string path = (kRoot / "models" / (name + ".gguf")).string();
+  auto m = load_model(path);
+  const auto tok = tok::Tokenizer::from_file(path);
+  const auto prompt = tok.encode(rep["greedy"]["prompt"].get<std::string>(), true, true);
+  EXPECT_EQ(prompt, rep["greedy"]["prompt_ids"].get<std::vector<int32_t>>());
+  ContextParams cp;
+  cp.n_ctx = 256;
+  CpuBackend be(*m, cp);
+  Session s(be, 0);
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler greedy(sp, m->hp.n_vocab);
+  std::vector<int32_t> got;
+  generate(s, greedy, prompt.data(), (int)prompt.size(), 64, -1, [&](int32_t t, const float*) {
+    got.push_back(t);
+    return true;
+  });
+  EXPECT_EQ(got, rep["f16w"]["greedy_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(got, rep["greedy"]["ids"].get<std::vector<int32_t>>());
+  std::printf("[bundled] %-6s greedy 'ROMEO:' -> %s\n", name.c_str(), tok.decode(got).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Bundled, ::testing::Values("target", "draft"));
+
+}  // namespace
