@@ -1,6 +1,6 @@
 // The bundled GGUF files load in llama.cpp (the npm package node-llama-cpp, a prebuilt llama.cpp) and its
 // greedy tokens for a fixed prompt equal ours. Runs when node and bench/node_modules/node-llama-cpp are
-// installed (.ci/run installs them with `npm ci` in bench/); skipped otherwise, saying so.
+// installed (.ci/run installs them with `npm install` in bench/); skipped otherwise, saying so.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -57,7 +57,7 @@ std::vector<int32_t> ultra_greedy(const fs::path& model, const std::vector<int32
 
 TEST(LlamaCppPeer, BundledModelsGreedyTokensEqual) {
   if (!have_node_llama_cpp())
-    GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm ci): llama.cpp comparison skipped";
+    GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
   const std::vector<int32_t> prompt = {814, 26};  // "ROMEO:" in the bundled tokenizer
   for (const char* name : {"target.gguf", "draft.gguf"}) {
     const fs::path model = kRoot / "models" / name;
