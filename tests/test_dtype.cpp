@@ -52,7 +52,9 @@ TEST(DType, Bf16) {
   EXPECT_EQ(fp32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = bf16_to_fp32((uint16_t)h);
-    if (!std::isnan(f)) ASSERT_EQ(fp32_to_bf16(f), (uint16_t)h);
+    if (!std::isnan(f)) {
+      ASSERT_EQ(fp32_to_bf16(f), (uint16_t)h);
+    }
   }
 }
 

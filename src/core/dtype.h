@@ -52,7 +52,9 @@ std::optional<TypeTraits> type_traits(GgmlType t);
 std::string_view type_name(GgmlType t);
 
 // Bytes of a row of n elements; n must be a multiple of block_elems (checked by the callers).
-inline uint64_t row_bytes(const TypeTraits& tt, uint64_t n) { return n / tt.block_elems * tt.block_bytes; }
+inline uint64_t row_bytes(const TypeTraits& tt, uint64_t n) {
+  return n / tt.block_elems * tt.block_bytes;
+}
 
 // IEEE half <-> float, exact (round to nearest even), no hardware needed. The SIMD kernels use F16C.
 inline float fp16_to_fp32(uint16_t h) {
@@ -122,5 +124,8 @@ inline uint16_t fp32_to_bf16(float f) {
   x += 0x7fff + ((x >> 16) & 1);                                             // round to nearest even
   return (uint16_t)(x >> 16);
 }
+
+// Converts n elements of F32 / F16 / BF16 data (any alignment) to f32; false for any other type.
+bool to_f32(GgmlType t, const void* src, int64_t n, float* out);
 
 }  // namespace ultra

@@ -25,7 +25,7 @@ struct GgufLoader {
   cpu::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const auto& t = get(name);
     if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
-      fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_str(t.ne),
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_string(t.ne),
            cols, rows);
     if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16 &&
         t.type != GgmlType::Q8_0)
@@ -45,26 +45,10 @@ struct GgufLoader {
     if (!tp && optional) return nullptr;
     const auto& t = get(name);
     if (t.ne.size() != 1 || (int64_t)t.ne[0] != n)
-      fail("{}: tensor '{}' has shape {}, expected [{}]", r.path(), name, shape_str(t.ne), n);
+      fail("{}: tensor '{}' has shape {}, expected [{}]", r.path(), name, shape_string(t.ne), n);
     auto& out = m.owned.emplace_back(n);
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      switch (t.type) {
-        case GgmlType::F32:
-          std::memcpy(&out[i], t.data + 4 * i, 4);
-          break;
-        case GgmlType::F16:
-          std::memcpy(&h, t.data + 2 * i, 2);
-          out[i] = fp16_to_fp32(h);
-          break;
-        case GgmlType::BF16:
-          std::memcpy(&h, t.data + 2 * i, 2);
-          out[i] = bf16_to_fp32(h);
-          break;
-        default:
-          fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
-      }
-    }
+    if (!to_f32(t.type, t.data, n, out.data()))
+      fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
     m.weight_bytes += t.n_bytes;
     return out.data();
   }
@@ -77,12 +61,6 @@ struct GgufLoader {
     }
     if (*v > (1u << 30)) fail("{}: key '{}' = {} is out of range", r.path(), key, *v);
     return (int)*v;
-  }
-
-  static std::string shape_str(const std::vector<uint64_t>& s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
   }
 };
 

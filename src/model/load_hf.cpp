@@ -28,7 +28,8 @@ struct HfLoader {
   cpu::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const auto& t = get(name);
     if (t.shape.size() != 2 || (int64_t)t.shape[0] != rows || (int64_t)t.shape[1] != cols)
-      fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_str(t.shape), rows, cols);
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_string(t.shape), rows,
+           cols);
     cpu::WeightView w;
     w.type = t.type;
     w.data = t.data;
@@ -44,39 +45,12 @@ struct HfLoader {
     if (!tp && optional) return nullptr;
     const auto& t = get(name);
     if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
-      fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_str(t.shape), n);
+      fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_string(t.shape), n);
     auto& out = m.owned.emplace_back(n);
-    for (int64_t i = 0; i < n; ++i) {
-      switch (t.type) {
-        case GgmlType::F32: {
-          float f;
-          std::memcpy(&f, t.data + 4 * i, 4);
-          out[i] = f;
-          break;
-        }
-        case GgmlType::F16:
-          out[i] = fp16_to_fp32(load_u16(t.data + 2 * i));
-          break;
-        case GgmlType::BF16:
-          out[i] = bf16_to_fp32(load_u16(t.data + 2 * i));
-          break;
-        default:
-          fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
-      }
-    }
+    if (!to_f32(t.type, t.data, n, out.data()))
+      fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
     m.weight_bytes += t.n_bytes;
     return out.data();
-  }
-
-  static uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-  }
-  static std::string shape_str(const std::vector<uint64_t>& s) {
-    std::string r = "[";
-    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-    return r + "]";
   }
 };
 
@@ -124,6 +98,12 @@ std::unique_ptr<Model> load_hf_model(const std::string& dir) {
   }
   m->rope_inv_freq = hp.rope_inv_freq();
   return m;
+}
+
+std::string shape_string(const std::vector<uint64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
 }
 
 std::unique_ptr<Model> load_model(const std::string& path) {

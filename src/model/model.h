@@ -51,6 +51,9 @@ struct Model {
   std::vector<std::vector<float>> owned;
 };
 
+// "[a, b, c]" for error messages.
+std::string shape_string(const std::vector<uint64_t>& shape);
+
 // Loads a GGUF file or an HF model directory (config.json + safetensors). Throws ultra::Error naming the
 // file and the problem (missing tensor, wrong shape, unsupported type or architecture).
 std::unique_ptr<Model> load_model(const std::string& path);
