@@ -78,6 +78,13 @@ def main():
     print(f"HF tokenizers {tokenizers.__version__}: cold {mb / cold:.1f} MB/s, warm {mb / warm:.1f} MB/s "
           f"({len(ids_hf)} tokens, one thread, thread CPU time)")
 
+    # Also HF on the same text split into lines (keeping the newlines), batched on one thread: the way a
+    # corpus is usually fed to it.
+    lines = text.splitlines(keepends=True)
+    batch = min(((lambda s: (tok.encode_batch(lines), time.thread_time() - s)[1])(time.thread_time()))
+                for _ in range(a.reps))
+    print(f"HF tokenizers, encode_batch of {len(lines)} lines on one thread: {mb / batch:.1f} MB/s (best of {a.reps})")
+
     out = subprocess.run([a.bench, a.vocab, a.text, str(a.reps)], capture_output=True, text=True)
     print("ultra bench_tokenizer:\n" + out.stdout + out.stderr)
     ours = subprocess.run([a.ultra, "tokenize", "-m", a.vocab, "--ids", "-f", a.text], capture_output=True, text=True)
