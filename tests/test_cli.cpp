@@ -46,7 +46,10 @@ json reference(const std::string& name) {
 
 std::string ids_arg(const std::vector<int>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 

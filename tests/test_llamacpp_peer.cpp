@@ -25,7 +25,10 @@ bool have_node_llama_cpp() {
 
 std::vector<int32_t> llamacpp_greedy(const fs::path& model, const std::vector<int32_t>& prompt, int n) {
   std::string ids;
-  for (size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (i) ids += ',';
+    ids += std::to_string(prompt[i]);
+  }
   const std::string cmd = "cd " + (kRoot / "bench").string() + " && node llamacpp_greedy.mjs " +
                           model.string() + " " + ids + " " + std::to_string(n);
   FILE* p = popen(cmd.c_str(), "r");
