@@ -30,14 +30,7 @@ struct GgufLoader {
     if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16 &&
         t.type != GgmlType::Q8_0)
       fail("{}: tensor '{}' has type {}, supported: F32, F16, BF16, Q8_0", r.path(), name, type_name(t.type));
-    cpu::WeightView w;
-    w.type = t.type;
-    w.data = t.data;
-    w.rows = rows;
-    w.cols = cols;
-    w.row_bytes = t.n_bytes / rows;
-    m.weight_bytes += t.n_bytes;
-    return w;
+    return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
   }
 
   const float* vec(const std::string& name, int64_t n, bool optional = false) {
@@ -46,11 +39,9 @@ struct GgufLoader {
     const auto& t = get(name);
     if (t.ne.size() != 1 || (int64_t)t.ne[0] != n)
       fail("{}: tensor '{}' has shape {}, expected [{}]", r.path(), name, shape_string(t.ne), n);
-    auto& out = m.owned.emplace_back(n);
-    if (!to_f32(t.type, t.data, n, out.data()))
-      fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
-    m.weight_bytes += t.n_bytes;
-    return out.data();
+    const float* v = m.add_vector(t.type, t.data, n, t.n_bytes);
+    if (!v) fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
+    return v;
   }
 
   int key_int(const std::string& key, std::optional<int> fallback = std::nullopt) {

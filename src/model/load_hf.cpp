@@ -30,14 +30,7 @@ struct HfLoader {
     if (t.shape.size() != 2 || (int64_t)t.shape[0] != rows || (int64_t)t.shape[1] != cols)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_string(t.shape), rows,
            cols);
-    cpu::WeightView w;
-    w.type = t.type;
-    w.data = t.data;
-    w.rows = rows;
-    w.cols = cols;
-    w.row_bytes = t.n_bytes / rows;
-    m.weight_bytes += t.n_bytes;
-    return w;
+    return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
   }
 
   const float* vec(const std::string& name, int64_t n, bool optional = false) {
@@ -46,11 +39,9 @@ struct HfLoader {
     const auto& t = get(name);
     if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
       fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_string(t.shape), n);
-    auto& out = m.owned.emplace_back(n);
-    if (!to_f32(t.type, t.data, n, out.data()))
-      fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
-    m.weight_bytes += t.n_bytes;
-    return out.data();
+    const float* v = m.add_vector(t.type, t.data, n, t.n_bytes);
+    if (!v) fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
+    return v;
   }
 };
 
@@ -98,12 +89,6 @@ std::unique_ptr<Model> load_hf_model(const std::string& dir) {
   }
   m->rope_inv_freq = hp.rope_inv_freq();
   return m;
-}
-
-std::string shape_string(const std::vector<uint64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
 }
 
 std::unique_ptr<Model> load_model(const std::string& path) {

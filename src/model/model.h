@@ -45,6 +45,11 @@ struct Model {
 
   size_t weight_bytes = 0;  // bytes of all tensors used
 
+  // Used by the loaders: a view of a [rows, cols] matrix stored in the mapped file (counted in
+  // weight_bytes), and an f32 copy of a small F32/F16/BF16 vector (nullptr for any other type).
+  cpu::WeightView add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols, uint64_t n_bytes);
+  const float* add_vector(GgmlType type, const void* data, int64_t n, uint64_t n_bytes);
+
   // Keeps the mapped files (and the f32 copies) alive.
   std::shared_ptr<gguf::Reader> gguf;
   std::shared_ptr<safetensors::Checkpoint> st;
