@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "engine/generate.h"
 #include "engine/perplexity.h"
+#include "greedy_util.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace ultra;
@@ -99,22 +100,10 @@ TEST_P(Bundled, GreedyContinuationMatchesPyTorch) {
   const std::string name = GetParam();
   const auto rep = report()[name];
   const std::string path = (kRoot / "models" / (name + ".gguf")).string();
-  auto m = load_model(path);
   const auto tok = tok::Tokenizer::from_file(path);
   const auto prompt = tok.encode(rep["greedy"]["prompt"].get<std::string>(), true, true);
   EXPECT_EQ(prompt, rep["greedy"]["prompt_ids"].get<std::vector<int32_t>>());
-  ContextParams cp;
-  cp.n_ctx = 256;
-  CpuBackend be(*m, cp);
-  Session s(be, 0);
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler greedy(sp, m->hp.n_vocab);
-  std::vector<int32_t> got;
-  generate(s, greedy, prompt.data(), (int)prompt.size(), 64, -1, [&](int32_t t, const float*) {
-    got.push_back(t);
-    return true;
-  });
+  const auto got = testing_util::greedy_tokens(path, prompt, 64);
   EXPECT_EQ(got, rep["f16w"]["greedy_ids"].get<std::vector<int32_t>>());
   EXPECT_EQ(got, rep["greedy"]["ids"].get<std::vector<int32_t>>());
   std::printf("[bundled] %-6s greedy 'ROMEO:' -> %s\n", name.c_str(), tok.decode(got).c_str());

@@ -8,8 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
-#include "engine/generate.h"
+#include "greedy_util.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -41,30 +40,13 @@ std::vector<int32_t> llamacpp_greedy(const fs::path& model, const std::vector<in
   return nlohmann::json::parse(out)["generated_ids"].get<std::vector<int32_t>>();
 }
 
-std::vector<int32_t> ultra_greedy(const fs::path& model, const std::vector<int32_t>& prompt, int n) {
-  auto m = load_model(model.string());
-  ContextParams cp;
-  cp.n_ctx = 256;
-  CpuBackend be(*m, cp);
-  Session s(be, 0);
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler greedy(sp, m->hp.n_vocab);
-  std::vector<int32_t> got;
-  generate(s, greedy, prompt.data(), (int)prompt.size(), n, -1, [&](int32_t t, const float*) {
-    got.push_back(t);
-    return true;
-  });
-  return got;
-}
-
 TEST(LlamaCppPeer, BundledModelsGreedyTokensEqual) {
   if (!have_node_llama_cpp())
     GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
   const std::vector<int32_t> prompt = {814, 26};  // "ROMEO:" in the bundled tokenizer
   for (const char* name : {"target.gguf", "draft.gguf"}) {
     const fs::path model = kRoot / "models" / name;
-    const auto ours = ultra_greedy(model, prompt, 64);
+    const auto ours = testing_util::greedy_tokens(model.string(), prompt, 64);
     const auto theirs = llamacpp_greedy(model, prompt, 64);
     std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared\n", name, theirs.size(), ours.size());
     EXPECT_EQ(ours, theirs) << name;

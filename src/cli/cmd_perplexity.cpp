@@ -89,19 +89,12 @@ struct TextTokens {
 // parse_special = false), i.e. BOS in front when the vocabulary adds BOS (never EOS), control-token text
 // kept as plain text; and each window then starts with BOS.
 TextTokens tokenize_text(const Model& model, const std::string& text) {
-  std::optional<tok::Tokenizer> tk;
-  if (model.gguf) {
-    if (!model.gguf->find("tokenizer.ggml.model"))
-      fail("{}: this model has no tokenizer (no tokenizer.ggml.* keys); give token ids with --ids",
-           model.path);
-    tk.emplace(tok::load_gguf(*model.gguf));
-  } else {
-    const auto tj = std::filesystem::path(model.path) / "tokenizer.json";
-    std::error_code ec;
-    if (!std::filesystem::exists(tj, ec))
-      fail("{}: this model has no tokenizer (no tokenizer.json); give token ids with --ids", model.path);
-    tk.emplace(tok::Tokenizer::from_file(model.path));
-  }
+  const auto tk = load_tokenizer_if_any(model);
+  if (!tk)
+    fail(
+        "{}: this model has no tokenizer (no tokenizer.ggml.* keys or tokenizer.json); give token ids with "
+        "--ids",
+        model.path);
   TextTokens out;
   if (tk->add_bos() && tk->bos() >= 0) {
     out.bos = tk->bos();

@@ -44,20 +44,6 @@ void print_timings(FILE* f, double load_ms, const GenTimings& t) {
 
 }  // namespace
 
-std::unique_ptr<tok::Tokenizer> load_tokenizer_if_any(const Model& m) {
-  namespace fs = std::filesystem;
-  if (m.format == "gguf") {
-    if (!m.gguf->find("tokenizer.ggml.model")) return nullptr;
-  } else if (!fs::exists(fs::path(m.path) / "tokenizer.json")) {
-    return nullptr;
-  }
-  auto t = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_file(m.path));
-  if (t->n_vocab() > m.hp.n_vocab)
-    fail("{}: the tokenizer has {} tokens, more than the model's {} embeddings", m.path, t->n_vocab(),
-         m.hp.n_vocab);
-  return t;
-}
-
 int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt", "ultra run"};
   RunFlags F;
