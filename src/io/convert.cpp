@@ -42,7 +42,7 @@ uint32_t file_type(GgmlType t) {
 }
 
 // Row r of w as f32.
-void row_f32(const cpu::WeightView& w, int64_t r, float* out) {
+void row_f32(const WeightView& w, int64_t r, float* out) {
   cpu::dequant_row(w, r, out);
 }
 
@@ -55,7 +55,7 @@ struct Emitter {
 
   // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
   template <class RowMap>
-  void matrix(const std::string& name, const cpu::WeightView& w, GgmlType t, RowMap row_src) {
+  void matrix(const std::string& name, const WeightView& w, GgmlType t, RowMap row_src) {
     if (t == GgmlType::Q8_0 && w.cols % kQ8_0Block != 0)
       fail("{}: {} columns are not a multiple of 32; cannot write Q8_0", name, w.cols);
     ++count;

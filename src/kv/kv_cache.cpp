@@ -27,8 +27,8 @@ KvCache::KvCache(const KvCacheParams& p) : p_(p) {
   len_.assign(p.n_slots, 0);
 }
 
-cpu::KvLayerView KvCache::layer(int il) {
-  cpu::KvLayerView v;
+KvLayerView KvCache::layer(int il) {
+  KvLayerView v;
   v.type = p_.type;
   v.k = k_[il].data();
   v.v = v_[il].data();

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cpu/ops.h"
+#include "core/views.h"
 #include "core/buffer.h"
 
 namespace ultra {
@@ -26,7 +26,7 @@ class KvCache {
   explicit KvCache(const KvCacheParams& p);  // throws ultra::Error on a bad type or absurd size
 
   const KvCacheParams& params() const { return p_; }
-  cpu::KvLayerView layer(int il);
+  KvLayerView layer(int il);
 
   int n_tokens(int slot) const { return len_[slot]; }
   // Marks [0, n) of the slot as valid; requires n <= n_tokens(slot). O(1).

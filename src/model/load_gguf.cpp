@@ -22,7 +22,7 @@ struct GgufLoader {
     return *t;
   }
 
-  cpu::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+  WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const auto& t = get(name);
     if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_string(t.ne),

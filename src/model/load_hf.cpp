@@ -25,7 +25,7 @@ struct HfLoader {
     return *t;
   }
 
-  cpu::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+  WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const auto& t = get(name);
     if (t.shape.size() != 2 || (int64_t)t.shape[0] != rows || (int64_t)t.shape[1] != cols)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_string(t.shape), rows,

@@ -2,9 +2,9 @@
 
 namespace ultra {
 
-cpu::WeightView Model::add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols,
+WeightView Model::add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols,
                                   uint64_t n_bytes) {
-  cpu::WeightView w;
+  WeightView w;
   w.type = type;
   w.data = data;
   w.rows = rows;

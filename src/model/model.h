@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/ops.h"
+#include "core/views.h"
 #include "model/hparams.h"
 
 namespace ultra {
@@ -20,26 +20,26 @@ class Checkpoint;
 
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]
-  cpu::WeightView wq;                // [n_heads*head_dim, dim]
-  cpu::WeightView wk;                // [n_kv_heads*head_dim, dim]
-  cpu::WeightView wv;                // [n_kv_heads*head_dim, dim]
-  cpu::WeightView wo;                // [dim, n_heads*head_dim]
+  WeightView wq;                // [n_heads*head_dim, dim]
+  WeightView wk;                // [n_kv_heads*head_dim, dim]
+  WeightView wv;                // [n_kv_heads*head_dim, dim]
+  WeightView wo;                // [dim, n_heads*head_dim]
   const float* bq = nullptr;         // [n_heads*head_dim] or null
   const float* bk = nullptr;         // [n_kv_heads*head_dim] or null
   const float* bv = nullptr;         // [n_kv_heads*head_dim] or null
   const float* ffn_norm = nullptr;   // [dim]
-  cpu::WeightView w_gate;            // [ffn_dim, dim]
-  cpu::WeightView w_up;              // [ffn_dim, dim]
-  cpu::WeightView w_down;            // [dim, ffn_dim]
+  WeightView w_gate;            // [ffn_dim, dim]
+  WeightView w_up;              // [ffn_dim, dim]
+  WeightView w_down;            // [dim, ffn_dim]
 };
 
 struct Model {
   std::string path;
   std::string format;  // "gguf" or "safetensors"
   HParams hp;
-  cpu::WeightView tok_embd;            // [n_vocab, dim]
+  WeightView tok_embd;            // [n_vocab, dim]
   const float* output_norm = nullptr;  // [dim]
-  cpu::WeightView output;              // [n_vocab, dim] (== tok_embd when tied)
+  WeightView output;              // [n_vocab, dim] (== tok_embd when tied)
   std::vector<LayerWeights> layers;
   std::vector<float> rope_inv_freq;  // [head_dim/2], scaling applied
 
@@ -47,7 +47,7 @@ struct Model {
 
   // Used by the loaders: a view of a [rows, cols] matrix stored in the mapped file (counted in
   // weight_bytes), and an f32 copy of a small F32/F16/BF16 vector (nullptr for any other type).
-  cpu::WeightView add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols, uint64_t n_bytes);
+  WeightView add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols, uint64_t n_bytes);
   const float* add_vector(GgmlType type, const void* data, int64_t n, uint64_t n_bytes);
 
   // Keeps the mapped files (and the f32 copies) alive.

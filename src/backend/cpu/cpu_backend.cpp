@@ -38,7 +38,7 @@ KvCacheParams kv_params(const Model& m, const ContextParams& p) {
 size_t mm_scratch(const Model& m, const ContextParams& p) {
   size_t s = cpu::matmul_scratch_floats(m.output, p.n_outputs, p.n_threads);
   for (const auto& l : m.layers)
-    for (const cpu::WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       s = std::max(s, cpu::matmul_scratch_floats(*w, p.n_batch, p.n_threads));
   return s;
 }
@@ -100,7 +100,7 @@ void CpuBackend::step(int n, int n_out) {
 
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = m_.layers[il];
-    const cpu::KvLayerView kv = kv_.layer(il);
+    const KvLayerView kv = kv_.layer(il);
 
     cpu::rmsnorm(x, l.attn_norm, n, dim, hp.rms_eps, xb);
     cpu::matmul(pool_, l.wq, xb, n, q_.data(), l.bq, mm);

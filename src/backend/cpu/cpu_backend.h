@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "backend/cpu/ops.h"
 #include "core/buffer.h"
 #include "core/thread_pool.h"
 #include "engine/backend.h"

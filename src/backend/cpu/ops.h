@@ -8,19 +8,9 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "core/views.h"
 
 namespace ultra::cpu {
-
-// A weight matrix [rows, cols], row-major, element type F32 / F16 / BF16 / Q8_0 (cols % 32 == 0 for Q8_0).
-// Row r starts at (const uint8_t*)data + r * row_bytes. This is GGUF's layout (ne[0] = cols) and
-// safetensors' (shape [rows, cols]).
-struct WeightView {
-  GgmlType type = GgmlType::F32;
-  const void* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  size_t row_bytes = 0;
-};
 
 // y[t, r] = sum_c W[r, c] * x[t, c] (+ bias[r]) for t < n_tokens.
 //   x: [n_tokens, cols] f32, y: [n_tokens, rows] f32, bias: [rows] f32 or nullptr.
@@ -52,17 +42,6 @@ void rope_ref(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_ref(const float* gate, const float* up, int64_t n, float* out);
-
-// One layer of the slotted KV cache: [n_slots, n_kv_heads, max_ctx, head_dim], element type F32 or F16.
-struct KvLayerView {
-  GgmlType type = GgmlType::F32;
-  void* k = nullptr;
-  void* v = nullptr;
-  int n_slots = 0;
-  int n_kv_heads = 0;
-  int max_ctx = 0;
-  int head_dim = 0;
-};
 
 // Writes k/v rows of n_tokens tokens into the cache at (slot[t], head, pos[t]).
 //   k, v: [n_tokens, n_kv_heads, head_dim] f32 (converted to the cache type).
