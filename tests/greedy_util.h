@@ -4,23 +4,20 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
-#include "engine/generate.h"
+#include "ultra/generate.h"
 
 namespace ultra::testing_util {
 
 inline std::vector<int32_t> greedy_tokens(const std::string& model_path, const std::vector<int32_t>& prompt,
                                           int n) {
-  auto m = load_model(model_path);
-  ContextParams cp;
-  cp.n_ctx = 256;
-  CpuBackend be(*m, cp);
-  Session s(be, 0);
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler greedy(sp, m->hp.n_vocab);
+  const Model model = Model::load(model_path);
+  Context ctx(model, {.n_ctx = 256});
+  ctx.set_sampling(0, SamplingParams::greedy());
   std::vector<int32_t> got;
-  generate(s, greedy, prompt.data(), (int)prompt.size(), n, -1, [&](int32_t t, const float*) {
+  GenerateParams gp;
+  gp.n_predict = n;
+  gp.ignore_eos = true;
+  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
     got.push_back(t);
     return true;
   });

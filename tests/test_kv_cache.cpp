@@ -5,9 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "backend/cpu/cpu_backend.h"
-#include "core/error.h"
-#include "engine/session.h"
+#include "kv/kv_cache.h"
+#include "ultra/generate.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -16,13 +15,13 @@ namespace {
 
 const fs::path kModel = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "llama_gqa";
 
-double max_diff(const float* a, const float* b, int n) {
+double max_diff(std::span<const float> a, std::span<const float> b) {
   double d = 0;
-  for (int i = 0; i < n; ++i) d = std::max(d, (double)std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (double)std::fabs(a[i] - b[i]));
   return d;
 }
 
-TEST(KvCache, SizeAndCropBounds) {
+TEST(KvCache, SizeAndTypes) {
   KvCacheParams p;
   p.n_layers = 3;
   p.n_slots = 2;
@@ -32,67 +31,71 @@ TEST(KvCache, SizeAndCropBounds) {
   p.type = GgmlType::F16;
   KvCache kv(p);
   EXPECT_EQ(kv.bytes(), 2u * 3 * 2 * 4 * 100 * 8 * 2);
-  kv.advance(1, 10);
-  EXPECT_EQ(kv.n_tokens(1), 10);
-  EXPECT_EQ(kv.n_tokens(0), 0);
-  kv.crop(1, 4);
-  EXPECT_EQ(kv.n_tokens(1), 4);
-  EXPECT_THROW(kv.crop(1, 5), Error);  // cannot "crop" forward
-  EXPECT_THROW(kv.crop(2, 0), Error);  // no such slot
+  EXPECT_EQ(kv.capacity(), 100);
   p.type = GgmlType::Q8_0;
   EXPECT_THROW(KvCache{p}, Error);
 }
 
-class KvSession : public ::testing::TestWithParam<GgmlType> {};
-
-TEST_P(KvSession, CropThenContinueEqualsFreshRun) {
-  auto m = load_model(kModel.string());
-  const int V = m->hp.n_vocab;
-  ContextParams cp;
-  cp.n_ctx = 32;
-  cp.n_slots = 2;
-  cp.kv_type = GetParam();
-  CpuBackend be(*m, cp);
-  Session a(be, 0);
-  const int32_t seq1[] = {5, 9, 13, 17, 21, 25, 29, 33, 37, 41};
-  const int32_t seq2[] = {5, 9, 13, 17, 21, 100, 200, 300};
-  a.prefill(seq1, 10);
-  a.crop(5);  // drop 21..41 but keep the first five
-  EXPECT_EQ(a.n_past(), 5);
-  std::vector<float> rolled(V);
-  a.prefill(seq2 + 5, 3);
-  std::copy_n(be.logits(), V, rolled.data());
-
-  Session b(be, 1);  // a fresh run of seq2 in the other slot
-  b.prefill(seq2, 8);
-  EXPECT_LT(max_diff(rolled.data(), be.logits(), V), 1e-5);
-
-  // The slots did not disturb each other: decoding the same token in both gives the same logits.
-  std::vector<float> la(V);
-  std::copy_n(a.decode_one(7), V, la.data());
-  EXPECT_LT(max_diff(la.data(), b.decode_one(7), V), 1e-5);
+TEST(KvCache, CropBounds) {
+  const Model m = Model::load(kModel.string());
+  Context ctx(m, {.n_ctx = 16, .n_slots = 2});
+  Batch b(16);
+  const int32_t t[10] = {5, 9, 13, 17, 21, 25, 29, 33, 37, 41};
+  prefill(ctx, b, 1, t);
+  EXPECT_EQ(ctx.seq_len(1), 10);
+  EXPECT_EQ(ctx.seq_len(0), 0);
+  ctx.crop(1, 4);
+  EXPECT_EQ(ctx.seq_len(1), 4);
+  EXPECT_EQ(std::vector<int32_t>(ctx.seq_tokens(1).begin(), ctx.seq_tokens(1).end()),
+            (std::vector<int32_t>{5, 9, 13, 17}));
+  EXPECT_THROW(ctx.crop(1, 5), Error);   // cannot "crop" forward
+  EXPECT_THROW(ctx.crop(2, 0), Error);   // no such sequence
+  EXPECT_THROW(ctx.crop(0, -1), Error);  // negative
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, KvSession, ::testing::Values(GgmlType::F32, GgmlType::F16));
+class KvSession : public ::testing::TestWithParam<KvType> {};
+
+TEST_P(KvSession, CropThenContinueEqualsFreshRun) {
+  const Model m = Model::load(kModel.string());
+  Context ctx(m, {.n_ctx = 32, .n_slots = 2, .kv_type = GetParam()});
+  Batch b(16);
+  const int32_t seq1[] = {5, 9, 13, 17, 21, 25, 29, 33, 37, 41};
+  const int32_t seq2[] = {5, 9, 13, 17, 21, 100, 200, 300};
+  prefill(ctx, b, 0, seq1);
+  ctx.crop(0, 5);  // drop 25..41 but keep the first five
+  EXPECT_EQ(ctx.seq_len(0), 5);
+  int row = prefill(ctx, b, 0, std::span(seq2).subspan(5), Output::logits);
+  const auto l = ctx.logits(row);
+  const std::vector<float> rolled(l.begin(), l.end());
+
+  row = prefill(ctx, b, 1, seq2, Output::logits);  // a fresh run of seq2 in the other slot
+  EXPECT_LT(max_diff(rolled, ctx.logits(row)), 1e-5);
+
+  // The slots did not disturb each other: decoding the same token in both gives the same logits.
+  b.clear();
+  b.add(7, 8, 0, Output::logits);
+  b.add(7, 8, 1, Output::logits);
+  ctx.step(b);
+  EXPECT_LT(max_diff(ctx.logits(0), ctx.logits(1)), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, KvSession, ::testing::Values(KvType::f32, KvType::f16));
 
 TEST(KvSession, FullContextIsAnErrorNotAResize) {
-  auto m = load_model(kModel.string());
-  ContextParams cp;
-  cp.n_ctx = 8;
-  CpuBackend be(*m, cp);
-  Session s(be, 0);
+  const Model m = Model::load(kModel.string());
+  Context ctx(m, {.n_ctx = 8});
+  Batch b(16);
   const int32_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  EXPECT_THROW(s.prefill(t, 9), Error);
-  EXPECT_EQ(s.n_past(), 0);
-  s.prefill(t, 8);
-  EXPECT_EQ(s.n_past(), 8);
+  EXPECT_THROW(prefill(ctx, b, 0, t), Error);
+  EXPECT_EQ(ctx.seq_len(0), 0);  // the step that did not fit wrote nothing
+  prefill(ctx, b, 0, std::span(t).first(8));
+  EXPECT_EQ(ctx.seq_len(0), 8);
   try {
-    s.prefill(t, 1);
+    prefill(ctx, b, 0, std::span(t).first(1));
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(be.kv().capacity(), 8);
 }
 
 }  // namespace

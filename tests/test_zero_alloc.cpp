@@ -1,17 +1,22 @@
 // Zero allocation, proven: every host allocation (malloc, calloc, realloc, aligned_alloc, posix_memalign,
-// memalign, free, and so operator new/delete, which call them) on every thread is counted while the
-// generation loop runs 64 decode steps after warm-up: forward, KV write, sampling (with penalties and
-// logprobs), and delivery of each token to a callback. The count must be exactly 0.
-// Under AddressSanitizer the allocator belongs to ASan, so the test is skipped there.
+// memalign, free, and so operator new/delete, which call them) on every thread is counted
+//  * while generate() runs 64 decode steps after warm-up: forward, KV write, in-step sampling (with
+//    penalties and logprobs), and delivery of each token to a callback;
+//  * across Context::step on mixed batches: a prefill chunk of one sequence beside sampled single-token
+//    decodes of three others, fed with Batch::kSampled.
+// The count must be exactly 0. Under AddressSanitizer the allocator belongs to ASan, so the test is skipped
+// there.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
-#include "backend/cpu/cpu_backend.h"
-#include "engine/generate.h"
+#include <unistd.h>
+
 #include "io/convert.h"
+#include "ultra/generate.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define ULTRA_COUNT_ALLOCS 0
@@ -82,16 +87,8 @@ namespace {
 
 const fs::path kFixture = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "llama_gqa";
 
-// Runs warm-up generation, then counts allocations over a second generation of 64 decode steps.
-long allocations_during_decode(const std::string& model_path, GgmlType kv_type, int threads) {
-  auto m = load_model(model_path);
-  ContextParams cp;
-  cp.n_ctx = 128;
-  cp.n_threads = threads;
-  cp.kv_type = kv_type;
-  CpuBackend be(*m, cp);
-  Session s(be, 0);
-  SamplingParams sp;  // the full sampling chain, not the greedy shortcut
+SamplingParams full_chain() {  // the full sampling chain, not the greedy shortcut
+  SamplingParams sp;
   sp.temperature = 0.9f;
   sp.top_k = 40;
   sp.top_p = 0.9f;
@@ -101,24 +98,36 @@ long allocations_during_decode(const std::string& model_path, GgmlType kv_type, 
   sp.frequency_penalty = 0.1f;
   sp.n_probs = 5;
   sp.seed = 42;
-  Sampler sampler(sp, m->hp.n_vocab);
+  return sp;
+}
+
+// Runs a warm-up generation, then counts allocations over a second one from its first token to its last:
+// the 64 decode steps between them, with sampling and delivery (not generate()'s own set-up and tear-down).
+long allocations_during_decode(const std::string& model_path, KvType kv_type, int threads) {
+  const Model m = Model::load(model_path);
+  Context ctx(m, {.n_ctx = 128, .kv_type = kv_type, .n_threads = threads});
+  ctx.set_sampling(0, full_chain());
   const int32_t prompt[] = {1, 17, 42, 99, 7, 123, 5, 64};
   int32_t delivered[128];
   int n_delivered = 0;
   float logprob_sum = 0;
-  auto on_token = [&](int32_t tok, const float* logits) {
+  int last = 0;  // the number of the token at which counting stops
+  auto on_token = [&](int32_t tok, Context& c, int row) {
     delivered[n_delivered++ % 128] = tok;
-    for (int i = 0; i < sampler.n_logprobs(); ++i) logprob_sum += sampler.logprobs()[i].logprob;
+    for (const TokenLogprob& t : c.top_logprobs(row)) logprob_sum += t.logprob;
+    g_counting = n_delivered < last;
     return true;
   };
-  generate(s, sampler, prompt, 8, 16, -1, on_token);  // warm-up
-  s.crop(0);
-  sampler.reset();
+  GenerateParams gp;
+  gp.n_predict = 16;
+  gp.ignore_eos = true;
+  generate(ctx, prompt, gp, on_token);  // warm-up
+  g_counting = false;
   n_delivered = 0;
 
   g_allocs = 0;
-  g_counting = true;
-  const GenTimings t = generate(s, sampler, prompt, 8, 65, -1, on_token);  // 64 decode steps
+  gp.n_predict = last = 65;
+  const GenerateResult t = generate(ctx, prompt, gp, on_token);  // 64 decode steps
   g_counting = false;
   EXPECT_EQ(t.n_eval, 64);
   EXPECT_EQ(n_delivered, 65);
@@ -143,7 +152,7 @@ TEST(ZeroAlloc, DecodeLoopHfF32) {
 #if !ULTRA_COUNT_ALLOCS
   GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
 #endif
-  const long n = allocations_during_decode(kFixture.string(), GgmlType::F32, 2);
+  const long n = allocations_during_decode(kFixture.string(), KvType::f32, 2);
   std::printf("[zero-alloc] HF f32 weights, f32 KV, 2 threads: %ld allocations in 64 decode steps\n", n);
   EXPECT_EQ(n, 0);
 }
@@ -152,17 +161,68 @@ TEST(ZeroAlloc, DecodeLoopGgufQ8F16Kv) {
 #if !ULTRA_COUNT_ALLOCS
   GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
 #endif
-  const fs::path out = fs::temp_directory_path() / "ultra_zero_alloc_q8.gguf";
+  const fs::path out =
+      fs::temp_directory_path() / ("ultra_zero_alloc_q8_" + std::to_string(getpid()) + ".gguf");
   ConvertOptions opt;
   opt.out_type = GgmlType::Q8_0;
   convert_hf_to_gguf(kFixture.string(), out.string(), opt);
   for (int threads : {1, 3}) {
-    const long n = allocations_during_decode(out.string(), GgmlType::F16, threads);
+    const long n = allocations_during_decode(out.string(), KvType::f16, threads);
     std::printf("[zero-alloc] GGUF q8_0 weights, f16 KV, %d threads: %ld allocations in 64 decode steps\n",
                 threads, n);
     EXPECT_EQ(n, 0);
   }
   fs::remove(out);
+}
+
+TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  const Model m = Model::load(kFixture.string());
+  Context ctx(m, {.n_ctx = 128, .n_slots = 4, .n_batch = 64, .n_outputs = 8, .n_threads = 2});
+  for (int s = 1; s < 4; ++s) {
+    SamplingParams sp = full_chain();
+    sp.seed = 100 + s;
+    sp.temperature = s == 3 ? 0.0f : 0.9f;  // one greedy sequence (with logprobs) among sampled ones
+    ctx.set_sampling(s, sp);
+  }
+  Batch b(64);
+  int32_t chunk[20];
+  for (int i = 0; i < 20; ++i) chunk[i] = (i * 37 + 11) % m.info().n_vocab;
+  // Start sequences 1..3 with a sampled token each.
+  for (int s = 1; s < 4; ++s) b.add(s * 3, 0, s, Output::sample);
+  ctx.step(b);
+  auto mixed_step = [&] {
+    // Sequence 0: a 20-token prefill chunk with two output rows; 1..3: one sampled decode each, fed with
+    // the token the previous step sampled.
+    ctx.clear(0);
+    b.clear();
+    for (int i = 0; i < 20; ++i) {
+      b.add(chunk[i], i, 0, i == 9 || i == 19 ? Output::logits : Output::none);
+      if (i % 7 == 3) {
+        const int s = 1 + i / 7;
+        b.add(Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+      }
+    }
+    ctx.step(b);
+    float acc = 0;
+    for (int r = 0; r < b.size(); ++r)
+      if (b.output(r) == Output::sample) acc += ctx.logprob(r) + (float)ctx.top_logprobs(r).size();
+    return acc;
+  };
+  mixed_step();  // warm-up
+  g_allocs = 0;
+  g_counting = true;
+  float acc = 0;
+  for (int i = 0; i < 32; ++i) acc += mixed_step();
+  g_counting = false;
+  EXPECT_TRUE(std::isfinite(acc));
+  EXPECT_EQ(ctx.seq_len(1), 33 + 1);
+  std::printf(
+      "[zero-alloc] mixed batch (20-row prefill chunk + 3 sampled decodes): %ld allocations in 32 steps\n",
+      g_allocs.load());
+  EXPECT_EQ(g_allocs.load(), 0);
 }
 
 }  // namespace

@@ -7,10 +7,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/generate.h"
+#include "ultra/generate.h"
 
 namespace ultra::cli {
 
@@ -31,17 +30,9 @@ Stat stats(const std::vector<double>& v) {
   return s;
 }
 
-double n_params(const HParams& hp) {
-  const double q = (double)hp.n_heads * hp.head_dim, kv = (double)hp.n_kv_heads * hp.head_dim;
-  const double layer = hp.dim * (2 * q + 2 * kv) + 3.0 * hp.dim * hp.ffn_dim + 2.0 * hp.dim;
-  return hp.n_layers * layer + (hp.tie_embeddings ? 1 : 2) * (double)hp.n_vocab * hp.dim + hp.dim;
-}
-
-std::string model_type_name(const Model& m) {
-  const char* t = type_name(m.layers.empty() ? m.output.type : m.layers[0].wq.type).data();
-  const double p = n_params(m.hp);
-  return fmt::format("{} {}{} {}", arch_name(m.hp.arch), p >= 1e9 ? p / 1e9 : p / 1e6, p >= 1e9 ? "B" : "M",
-                     t);
+std::string model_type_name(const ModelInfo& i) {
+  const double p = i.n_params;
+  return fmt::format("{} {}{} {}", i.arch, p >= 1e9 ? p / 1e9 : p / 1e6, p >= 1e9 ? "B" : "M", i.weight_type);
 }
 
 }  // namespace
@@ -68,29 +59,32 @@ int cmd_bench(int argc, char** argv) {
     return app.exit(e);
   }
   mf.resolve_model();
-  auto model = load_model(mf.model);
+  const Model model = Model::load(mf.model);
   ContextParams cp = mf.context_params();
   if (cp.n_ctx <= 0) cp.n_ctx = std::max(n_prompt, n_gen) + 1;
   if (cp.n_batch > n_prompt && n_prompt > 0) cp.n_batch = n_prompt;
-  CpuBackend backend(*model, cp);
-  Session s(backend, 0);
-  const int n_vocab = model->hp.n_vocab;
+  Context ctx(model, cp);
+  const int n_vocab = model.info().n_vocab;
   std::vector<int32_t> ids(std::max(n_prompt, 1));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);
+  Batch batch(ctx.params().n_batch);
 
+  // pp: one output row (the last), as llama-bench; tg: one row per step, its logits read back.
   auto run_pp = [&] {
-    s.crop(0);
+    ctx.clear(0);
     const auto t0 = std::chrono::steady_clock::now();
-    s.prefill(ids.data(), n_prompt);
+    prefill(ctx, batch, 0, std::span(ids).first(n_prompt), Output::logits);
     return ms_since(t0);
   };
   auto run_tg = [&] {
-    s.crop(0);
+    ctx.clear(0);
     const auto t0 = std::chrono::steady_clock::now();
     int32_t tok = 1 % n_vocab;
     for (int i = 0; i < n_gen; ++i) {
-      const float* l = s.decode_one(tok);
-      tok = (int32_t)((tok + 1 + (l[0] > 0)) % n_vocab);  // depends on the output: no dead work
+      batch.clear();
+      batch.add(tok, i, 0, Output::logits);
+      ctx.step(batch);
+      tok = (int32_t)((tok + 1 + (ctx.logits(0)[0] > 0)) % n_vocab);  // depends on the output: no dead work
     }
     return ms_since(t0);
   };
@@ -116,9 +110,9 @@ int cmd_bench(int argc, char** argv) {
     rows.push_back(r);
   }
 
-  const std::string name = model_type_name(*model);
-  const double size = (double)model->weight_bytes, params = n_params(model->hp);
-  const int threads = backend.params().n_threads;
+  const std::string name = model_type_name(model.info());
+  const double size = (double)model.info().weight_bytes, params = model.info().n_params;
+  const int threads = ctx.params().n_threads;
   if (json) {
     nlohmann::json j;
     j["model"] = mf.model;
@@ -138,7 +132,7 @@ int cmd_bench(int argc, char** argv) {
              "", "");
   for (const auto& r : rows)
     fmt::print("| {:<30} | {:>10} | {:>9.2f} M | {:<7} | {:>7} | {:>10} | {:>20} |\n", name,
-               human_bytes(size), params / 1e6, "CPU", threads, r.test,
+               human_bytes(size), params / 1e6, ctx.backend_name(), threads, r.test,
                fmt::format("{:.2f} ± {:.2f}", r.tps.mean, r.tps.sd));
   return 0;
 }

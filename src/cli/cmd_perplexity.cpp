@@ -1,5 +1,6 @@
 // ultra perplexity -m MODEL -f FILE [-c 512] [-b N] [-t N] [--ids] [--all-positions] [--chunks N] [--json]
-// llama.cpp-style perplexity of a text file (or a file of token ids); see engine/perplexity.h and --help.
+// llama.cpp-style perplexity of a text file (or a file of token ids); see include/ultra/perplexity.h and
+// --help.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -10,14 +11,9 @@
 #include <optional>
 #include <sstream>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "core/error.h"
-#include "engine/generate.h"
-#include "engine/perplexity.h"
-#include "io/gguf.h"
-#include "tokenizer/tokenizer.h"
+#include "ultra/perplexity.h"
 
 namespace ultra::cli {
 
@@ -89,18 +85,19 @@ struct TextTokens {
 // parse_special = false), i.e. BOS in front when the vocabulary adds BOS (never EOS), control-token text
 // kept as plain text; and each window then starts with BOS.
 TextTokens tokenize_text(const Model& model, const std::string& text) {
-  const auto tk = load_tokenizer_if_any(model);
+  const Tokenizer* tk = model.tokenizer();
   if (!tk)
     fail(
         "{}: this model has no tokenizer (no tokenizer.ggml.* keys or tokenizer.json); give token ids with "
         "--ids",
-        model.path);
+        model.info().path);
   TextTokens out;
   if (tk->add_bos() && tk->bos() >= 0) {
     out.bos = tk->bos();
     out.ids.push_back(out.bos);
   }
-  tk->encode(text, out.ids, /*add_special=*/false, /*parse_special=*/false);
+  const std::vector<int32_t> ids = tk->encode(text, /*add_special=*/false, /*parse_special=*/false);
+  out.ids.insert(out.ids.end(), ids.begin(), ids.end());
   return out;
 }
 
@@ -142,16 +139,16 @@ int cmd_perplexity(int argc, char** argv) {
   const auto t_load = std::chrono::steady_clock::now();
   if (model_path.empty()) model_path = bundled_model_path();
   if (model_path.empty()) fail("no model given (-m) and the bundled models/target.gguf was not found");
-  auto model = load_model(model_path);
+  const Model model = Model::load(model_path);
   const double load_ms = ms_since(t_load);
-  const HParams& hp = model->hp;
+  const ModelInfo& info = model.info();
 
   TextTokens tt;
   const auto t_tok = std::chrono::steady_clock::now();
   if (ids_mode) {
     tt.ids = parse_ids_file(input, file);
   } else {
-    tt = tokenize_text(*model, input);
+    tt = tokenize_text(model, input);
   }
   const double tok_ms = ms_since(t_tok);
   const int64_t n_tok = (int64_t)tt.ids.size();
@@ -173,16 +170,16 @@ int cmd_perplexity(int argc, char** argv) {
   cp.n_batch = std::min(batch, pp.n_window);
   cp.n_outputs = cp.n_batch;
   cp.n_threads = threads;
-  cp.kv_type = kv_type == "f16" ? GgmlType::F16 : GgmlType::F32;
-  CpuBackend backend(*model, cp);
-  Session session(backend, 0);
+  cp.kv_type = kv_type == "f16" ? KvType::f16 : KvType::f32;
+  Context ctx(model, cp);
 
   const int W = pp.n_window;
   int64_t n_win = n_tok / W;
   if (chunks > 0) n_win = std::min<int64_t>(n_win, chunks);
   const int first = all_positions ? 0 : W / 2;
-  fmt::print(stderr, "model: {} ({}, {}, {} layers, dim {}, vocab {}), threads {}\n", model->path,
-             model->format, arch_name(hp.arch), hp.n_layers, hp.dim, hp.n_vocab, backend.params().n_threads);
+  fmt::print(stderr, "model: {} ({}, {}, {} layers, dim {}, vocab {}), {} threads {}\n", info.path,
+             info.format, info.arch, info.n_layers, info.dim, info.n_vocab, ctx.backend_name(),
+             ctx.params().n_threads);
   fmt::print(stderr,
              "perplexity: {} tokens ({:.2f} ms to {}), {} window(s) of {} tokens, batch {}, {} tail "
              "tokens dropped\n",
@@ -200,7 +197,7 @@ int cmd_perplexity(int argc, char** argv) {
     fmt::print(stderr, "[{}]{:.4f},", w + 1, ppl);
     std::fflush(stderr);
   };
-  const PerplexityResult r = perplexity(session, tt.ids, pp, progress);
+  const PerplexityResult r = perplexity(ctx, tt.ids, pp, progress);
   const double eval_ms = ms_since(t0);
   fmt::print(stderr, "\n");
 

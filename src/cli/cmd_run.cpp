@@ -3,17 +3,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "core/error.h"
-#include "engine/generate.h"
-#include "io/gguf.h"
-#include "tokenizer/tokenizer.h"
+#include "ultra/generate.h"
 
 namespace ultra::cli {
 
@@ -31,7 +26,7 @@ struct RunFlags {
   std::string dump_logits;
 };
 
-void print_timings(FILE* f, double load_ms, const GenTimings& t) {
+void print_timings(FILE* f, double load_ms, const GenerateResult& t) {
   auto line = [&](const char* what, double ms, int n, const char* unit) {
     fmt::print(f, "{:>18} = {:10.2f} ms / {:5} {} ({:8.2f} ms per token, {:8.2f} tokens per second)\n", what,
                ms, n, unit, n ? ms / n : 0.0, ms > 0 ? 1e3 * n / ms : 0.0);
@@ -62,7 +57,7 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--presence-penalty", F.sp.presence_penalty, "presence penalty")->capture_default_str();
   app.add_option("--frequency-penalty", F.sp.frequency_penalty, "frequency penalty")->capture_default_str();
   app.add_option("-s,--seed", F.seed, "RNG seed (-1: random)");
-  app.add_flag("--ignore-eos", F.ignore_eos, "keep generating past the end-of-sequence token");
+  app.add_flag("--ignore-eos", F.ignore_eos, "keep generating past end-of-generation tokens");
   app.add_flag("--json", F.json,
                "print one JSON object (prompt_ids, generated_ids, timings) instead of text");
   app.add_option("--dump-logits", F.dump_logits,
@@ -74,46 +69,43 @@ int cmd_run(int argc, char** argv) {
     return app.exit(e);
   }
   F.model.resolve_model();
-  if (!(F.sp.top_p > 0 && F.sp.top_p <= 1)) fail("--top-p must be in (0, 1]");
-  if (!(F.sp.min_p >= 0 && F.sp.min_p <= 1)) fail("--min-p must be in [0, 1]");
-  if (!(F.sp.repeat_penalty > 0)) fail("--repeat-penalty must be > 0");
-
-  if (!F.prompt.empty() && !F.prompt_ids.empty()) fail("give either -p or --prompt-ids, not both");
-
-  const auto t_load = std::chrono::steady_clock::now();
-  auto model = load_model(F.model.model);
-  std::unique_ptr<tok::Tokenizer> tokenizer = load_tokenizer_if_any(*model);
-  std::vector<int32_t> prompt;
-  if (!F.prompt_ids.empty()) {
-    prompt = parse_id_list(F.prompt_ids);
-  } else if (!F.prompt.empty()) {
-    if (!tokenizer)
-      fail("{}: this model has no tokenizer; pass the prompt as --prompt-ids 1,2,3", F.model.model);
-    prompt = tokenizer->encode(F.prompt, /*add_special=*/true, /*parse_special=*/true);
-  }
-  if (prompt.empty()) fail("no prompt: give -p TEXT or --prompt-ids (at least one token)");
-  ContextParams cp = F.model.context_params();
-  CpuBackend backend(*model, cp);
-  const double load_ms = ms_since(t_load);
-  const HParams& hp = model->hp;
-  const Footprint fp = backend.footprint();
-  if (!F.json) {
-    fmt::print(stderr, "model: {} ({}, {}, {} layers, dim {}, {} heads / {} kv, vocab {})\n", model->path,
-               model->format, arch_name(hp.arch), hp.n_layers, hp.dim, hp.n_heads, hp.n_kv_heads, hp.n_vocab);
-    fmt::print(stderr, "memory: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
-               human_bytes(fp.weights), human_bytes(fp.kv), backend.params().n_ctx, backend.params().n_slots,
-               F.model.kv_type, human_bytes(fp.scratch));
-    fmt::print(stderr, "threads: {}\n", backend.params().n_threads);
-  }
-  for (int32_t id : prompt)
-    if (id >= hp.n_vocab) fail("prompt token id {} is out of range (vocabulary of {})", id, hp.n_vocab);
-
   if (F.seed < 0)
     F.sp.seed = std::random_device{}();
   else
     F.sp.seed = (uint64_t)F.seed;
-  Sampler sampler(F.sp, hp.n_vocab);
-  Session session(backend, 0);
+  F.sp.validate();
+  if (!F.prompt.empty() && !F.prompt_ids.empty()) fail("give either -p or --prompt-ids, not both");
+
+  const auto t_load = std::chrono::steady_clock::now();
+  const Model model = Model::load(F.model.model);
+  const Tokenizer* tokenizer = model.tokenizer();
+  const ModelInfo& info = model.info();
+  std::vector<int32_t> prompt;
+  if (!F.prompt_ids.empty()) {
+    prompt = parse_id_list(F.prompt_ids);
+  } else if (!F.prompt.empty()) {
+    if (!tokenizer) fail("{}: this model has no tokenizer; pass the prompt as --prompt-ids 1,2,3", info.path);
+    prompt = tokenizer->encode(F.prompt, /*add_special=*/true, /*parse_special=*/true);
+  }
+  if (prompt.empty()) fail("no prompt: give -p TEXT or --prompt-ids (at least one token)");
+  const int32_t n_ids = tokenizer ? tokenizer->n_vocab() : info.n_vocab;
+  for (int32_t id : prompt)
+    if (id >= n_ids)
+      fail("prompt token id {} is out of range (the {} has {} tokens)", id, tokenizer ? "tokenizer" : "model",
+           n_ids);
+
+  Context ctx(model, F.model.context_params());
+  ctx.set_sampling(0, F.sp);
+  const double load_ms = ms_since(t_load);
+  const Footprint fp = ctx.footprint();
+  if (!F.json) {
+    fmt::print(stderr, "model: {} ({}, {}, {} layers, dim {}, {} heads / {} kv, vocab {})\n", info.path,
+               info.format, info.arch, info.n_layers, info.dim, info.n_heads, info.n_kv_heads, info.n_vocab);
+    fmt::print(stderr, "memory: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
+               human_bytes(fp.weights), human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots,
+               F.model.kv_type, human_bytes(fp.scratch));
+    fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_name(), ctx.params().n_threads);
+  }
 
   FILE* dump = nullptr;
   if (!F.dump_logits.empty()) {
@@ -122,49 +114,49 @@ int cmd_run(int argc, char** argv) {
   }
   std::vector<int32_t> generated;
   generated.reserve(F.n_predict);
-  const int32_t eos = F.ignore_eos ? -1 : (tokenizer && tokenizer->eos() >= 0 ? tokenizer->eos() : hp.eos_id);
   bool io_error = false;
   // Text streams through the incremental detokenizer (complete UTF-8 only); without a tokenizer, ids.
-  std::unique_ptr<tok::Detokenizer> detok;
-  std::vector<char> text_buf;
+  std::optional<TextStream> stream;
   std::string text;
   if (tokenizer) {
-    detok = std::make_unique<tok::Detokenizer>(*tokenizer, tok::Detokenizer::Options{true, true});
-    text_buf.resize(detok->max_bytes_per_push() + 16);
+    stream.emplace(*tokenizer);
     if (F.json) text.reserve(F.n_predict * 8);
   }
-  auto emit = [&](const char* p, size_t n) {
+  auto emit = [&](std::string_view s) {
     if (F.json)
-      text.append(p, n);
+      text.append(s);
     else
-      std::fwrite(p, 1, n, stdout);
+      std::fwrite(s.data(), 1, s.size(), stdout);
   };
-  if (!F.json && detok && F.prompt_ids.empty()) {
-    // echo the prompt, as llama.cpp does
-    fmt::print("{}", F.prompt);
-  }
-  auto on_token = [&](int32_t id, const float* logits) {
+  if (!F.json && stream && F.prompt_ids.empty()) fmt::print("{}", F.prompt);  // echo, as llama.cpp does
+  auto on_token = [&](int32_t id, Context& c, int row) {
     generated.push_back(id);
-    if (dump && std::fwrite(logits, sizeof(float), hp.n_vocab, dump) != (size_t)hp.n_vocab) io_error = true;
-    if (detok) {
-      emit(text_buf.data(), detok->push(id, text_buf.data(), text_buf.size()));
+    if (dump) {
+      const std::span<const float> l = c.logits(row);
+      if (std::fwrite(l.data(), sizeof(float), l.size(), dump) != l.size()) io_error = true;
+    }
+    if (stream) {
+      emit(stream->push(id));
     } else if (!F.json) {
       fmt::print("{} ", id);
     }
     if (!F.json) std::fflush(stdout);
-    // other end-of-generation tokens of the vocabulary (eot, eom) stop too
-    return F.ignore_eos || !tokenizer || !tokenizer->is_eog(id);
+    return true;
   };
-  GenTimings t;
+  GenerateResult t;
   if (F.n_predict > 0) {
-    t = generate(session, sampler, prompt.data(), (int)prompt.size(), F.n_predict, eos, on_token);
-  } else {
+    GenerateParams gp;
+    gp.n_predict = F.n_predict;
+    gp.ignore_eos = F.ignore_eos;
+    t = generate(ctx, prompt, gp, on_token);
+  } else {  // prefill only
     const auto t0 = std::chrono::steady_clock::now();
-    session.prefill(prompt.data(), (int)prompt.size());
+    Batch batch(ctx.params().n_batch);
+    prefill(ctx, batch, 0, prompt);
     t.prompt_ms = ms_since(t0);
     t.n_prompt = (int)prompt.size();
   }
-  if (detok) emit(text_buf.data(), detok->flush(text_buf.data(), text_buf.size()));
+  if (stream) emit(stream->flush());
   if (dump && std::fclose(dump) != 0) io_error = true;
   if (io_error) fail("{}: write failed", F.dump_logits);
 
@@ -182,10 +174,11 @@ int cmd_run(int argc, char** argv) {
                     {"prompt_tps", t.prompt_ms > 0 ? 1e3 * t.n_prompt / t.prompt_ms : 0.0},
                     {"eval_tps", t.eval_ms > 0 ? 1e3 * t.n_eval / t.eval_ms : 0.0}};
     j["context_full"] = t.context_full;
+    j["stop"] = t.stopped_eog ? "eog" : t.context_full ? "context_full" : "length";
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("\n");
-    if (t.context_full) fmt::print(stderr, "\ncontext full ({} tokens): stopped\n", backend.params().n_ctx);
+    if (t.context_full) fmt::print(stderr, "\ncontext full ({} tokens): stopped\n", ctx.params().n_ctx);
     print_timings(stderr, load_ms, t);
   }
   return 0;

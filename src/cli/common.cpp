@@ -5,12 +5,6 @@
 #include <charconv>
 #include <filesystem>
 
-#include "core/error.h"
-#include "io/gguf.h"
-#include "model/model.h"
-#include "tokenizer/tokenizer.h"
-#include "tokenizer/vocab.h"
-
 namespace ultra::cli {
 
 std::string bundled_model_path() {
@@ -47,25 +41,8 @@ ContextParams ModelFlags::context_params() const {
   p.n_ctx = ctx;
   p.n_batch = batch;
   p.n_threads = threads;
-  p.kv_type = kv_type == "f16" ? GgmlType::F16 : GgmlType::F32;
+  p.kv_type = kv_type == "f16" ? KvType::f16 : KvType::f32;
   return p;
-}
-
-std::unique_ptr<tok::Tokenizer> load_tokenizer_if_any(const Model& m) {
-  namespace fs = std::filesystem;
-  std::unique_ptr<tok::Tokenizer> t;
-  if (m.gguf) {
-    if (!m.gguf->find("tokenizer.ggml.model")) return nullptr;
-    t = std::make_unique<tok::Tokenizer>(tok::load_gguf(*m.gguf));  // the file is already mapped
-  } else {
-    std::error_code ec;
-    if (!fs::exists(fs::path(m.path) / "tokenizer.json", ec)) return nullptr;
-    t = std::make_unique<tok::Tokenizer>(tok::Tokenizer::from_file(m.path));
-  }
-  if (t->n_vocab() > m.hp.n_vocab)
-    fail("{}: the tokenizer has {} tokens, more than the model's {} embeddings", m.path, t->n_vocab(),
-         m.hp.n_vocab);
-  return t;
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s) {

@@ -1,24 +1,24 @@
 // Flags shared by the subcommands that load a model, and small printing helpers.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-
-namespace ultra {
-struct Model;
-namespace tok {
-class Tokenizer;
-}
-}  // namespace ultra
+#include "ultra/context.h"
+#include "ultra/error.h"
 
 namespace ultra::cli {
 
-// The model's own tokenizer (GGUF tokenizer.ggml.* keys, or tokenizer.json in an HF directory), or null.
-std::unique_ptr<tok::Tokenizer> load_tokenizer_if_any(const Model& m);
+// Throws ultra::Error with a formatted message; main() prints it as "error: ..." and exits 1.
+template <typename... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw Error(fmt::format(f, std::forward<Args>(args)...));
+}
 
 struct ModelFlags {
   std::string model;
@@ -42,5 +42,9 @@ std::string bundled_model_path();
 std::vector<int32_t> parse_id_list(const std::string& s);
 
 std::string human_bytes(double bytes);
+
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace ultra::cli

@@ -1,19 +1,15 @@
-// Errors raised while loading or validating input (model files, flags, requests).
-// They carry a full human-readable message (file, tensor, expected vs found); the CLI prints it and exits
-// non-zero. They are never thrown from the decode step.
+// fail(): throws ultra::Error (include/ultra/error.h) with a formatted message. Errors are raised while
+// loading or validating input (model files, flags, batches, requests); the CLI prints the message and
+// exits non-zero. They are never thrown from inside a backend's step.
 #pragma once
 
 #include <fmt/format.h>
 
-#include <stdexcept>
 #include <string>
 
-namespace ultra {
+#include "ultra/error.h"
 
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
-};
+namespace ultra {
 
 // fail("{}: tensor '{}' has {} dims, expected {}", path, name, n, 2);
 template <typename... Args>

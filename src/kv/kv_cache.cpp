@@ -24,7 +24,6 @@ KvCache::KvCache(const KvCacheParams& p) : p_(p) {
     k_.emplace_back(per_layer);
     v_.emplace_back(per_layer);
   }
-  len_.assign(p.n_slots, 0);
 }
 
 KvLayerView KvCache::layer(int il) {
@@ -37,13 +36,6 @@ KvLayerView KvCache::layer(int il) {
   v.max_ctx = p_.max_ctx;
   v.head_dim = p_.head_dim;
   return v;
-}
-
-void KvCache::crop(int slot, int n) {
-  if (slot < 0 || slot >= p_.n_slots) fail("KV cache: slot {} out of range [0, {})", slot, p_.n_slots);
-  if (n < 0 || n > len_[slot])
-    fail("KV cache: cannot crop slot {} to {} tokens (it holds {})", slot, n, len_[slot]);
-  len_[slot] = n;
 }
 
 }  // namespace ultra

@@ -1,14 +1,15 @@
 // Slotted static KV cache: per layer one contiguous K and one V buffer of
 // [n_slots, n_kv_heads, max_ctx, head_dim] elements (F32 or F16), allocated once at context creation and
-// written in place. Each slot holds one sequence; its length is a counter, so crop() is O(1) and never
-// touches the data. Exceeding max_ctx is an error, never a resize.
+// written in place. Each slot holds one sequence. The cache is storage only: which positions of a slot are
+// valid is the engine's business (a sequence's length), so rolling a sequence back is O(1) and never
+// touches the data, and the size never changes.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "core/views.h"
 #include "core/buffer.h"
+#include "core/views.h"
 
 namespace ultra {
 
@@ -27,12 +28,6 @@ class KvCache {
 
   const KvCacheParams& params() const { return p_; }
   KvLayerView layer(int il);
-
-  int n_tokens(int slot) const { return len_[slot]; }
-  // Marks [0, n) of the slot as valid; requires n <= n_tokens(slot). O(1).
-  void crop(int slot, int n);
-  // Records that n tokens were appended (after the step wrote them). Caller checks capacity() first.
-  void advance(int slot, int n) { len_[slot] += n; }
   int capacity() const { return p_.max_ctx; }
 
   static size_t bytes_for(const KvCacheParams& p);
@@ -41,7 +36,6 @@ class KvCache {
  private:
   KvCacheParams p_;
   std::vector<Buffer<uint8_t>> k_, v_;  // per layer
-  std::vector<int> len_;                // [n_slots]
 };
 
 }  // namespace ultra

@@ -1,4 +1,4 @@
-// GGUF file -> Model, following llama.cpp's conventions: keys {arch}.embedding_length etc., tensors
+// GGUF file -> ModelData, following llama.cpp's conventions: keys {arch}.embedding_length etc., tensors
 // token_embd, blk.N.attn_q ..., output_norm, output (absent when tied), optional rope_freqs (Llama-3
 // rope scaling factors). Arch "llama" files have Q/K rows permuted for interleaved-pair RoPE; "qwen2"
 // files keep HF's rotate-half layout.
@@ -13,7 +13,7 @@ namespace ultra {
 namespace {
 
 struct GgufLoader {
-  Model& m;
+  ModelData& m;
   const gguf::Reader& r;
 
   const gguf::TensorInfo& get(const std::string& name) {
@@ -57,8 +57,8 @@ struct GgufLoader {
 
 }  // namespace
 
-std::unique_ptr<Model> load_gguf_model(const std::string& path) {
-  auto m = std::make_unique<Model>();
+std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
+  auto m = std::make_unique<ModelData>();
   m->path = path;
   m->format = "gguf";
   m->gguf = std::make_shared<gguf::Reader>(gguf::Reader::open(path));

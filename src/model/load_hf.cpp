@@ -1,4 +1,4 @@
-// HF model directory -> Model. Tensor names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
+// HF model directory -> ModelData. Tensor names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
 // self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm.weight,
 // lm_head.weight (absent when tied). Q/K are in HF's rotate-half layout.
 #include <cstring>
@@ -13,7 +13,7 @@ namespace ultra {
 namespace {
 
 struct HfLoader {
-  Model& m;
+  ModelData& m;
   const safetensors::Checkpoint& ck;
   std::string dir;
 
@@ -47,9 +47,9 @@ struct HfLoader {
 
 }  // namespace
 
-std::unique_ptr<Model> load_hf_model(const std::string& dir) {
+std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
   namespace fs = std::filesystem;
-  auto m = std::make_unique<Model>();
+  auto m = std::make_unique<ModelData>();
   m->path = dir;
   m->format = "safetensors";
   const std::string cfg = (fs::path(dir) / "config.json").string();
@@ -91,7 +91,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& dir) {
   return m;
 }
 
-std::unique_ptr<Model> load_model(const std::string& path) {
+std::unique_ptr<ModelData> load_model(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) return load_hf_model(path);

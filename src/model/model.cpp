@@ -2,8 +2,8 @@
 
 namespace ultra {
 
-WeightView Model::add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols,
-                                  uint64_t n_bytes) {
+WeightView ModelData::add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols,
+                                 uint64_t n_bytes) {
   WeightView w;
   w.type = type;
   w.data = data;
@@ -14,7 +14,7 @@ WeightView Model::add_matrix(GgmlType type, const void* data, int64_t rows, int6
   return w;
 }
 
-const float* Model::add_vector(GgmlType type, const void* data, int64_t n, uint64_t n_bytes) {
+const float* ModelData::add_vector(GgmlType type, const void* data, int64_t n, uint64_t n_bytes) {
   std::vector<float> v(n);
   if (!to_f32(type, data, n, v.data())) return nullptr;
   weight_bytes += n_bytes;

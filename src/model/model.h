@@ -1,5 +1,5 @@
-// A loaded model: hyper-parameters plus views of its weights. Matrix weights point into the mapped model
-// file (zero copy); small vectors (norms, biases) are converted to f32 copies owned here.
+// Model weights as loaded: hyper-parameters plus views of the weights. Matrix weights point into the mapped
+// model file (zero copy); small vectors (norms, biases) are converted to f32 copies owned here.
 #pragma once
 
 #include <memory>
@@ -20,27 +20,33 @@ class Checkpoint;
 
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]
-  WeightView wq;                // [n_heads*head_dim, dim]
-  WeightView wk;                // [n_kv_heads*head_dim, dim]
-  WeightView wv;                // [n_kv_heads*head_dim, dim]
-  WeightView wo;                // [dim, n_heads*head_dim]
+  WeightView wq;                     // [n_heads*head_dim, dim]
+  WeightView wk;                     // [n_kv_heads*head_dim, dim]
+  WeightView wv;                     // [n_kv_heads*head_dim, dim]
+  WeightView wo;                     // [dim, n_heads*head_dim]
   const float* bq = nullptr;         // [n_heads*head_dim] or null
   const float* bk = nullptr;         // [n_kv_heads*head_dim] or null
   const float* bv = nullptr;         // [n_kv_heads*head_dim] or null
   const float* ffn_norm = nullptr;   // [dim]
-  WeightView w_gate;            // [ffn_dim, dim]
-  WeightView w_up;              // [ffn_dim, dim]
-  WeightView w_down;            // [dim, ffn_dim]
+  WeightView w_gate;                 // [ffn_dim, dim]
+  WeightView w_up;                   // [ffn_dim, dim]
+  WeightView w_down;                 // [dim, ffn_dim]
 };
 
-struct Model {
+// The weights one forward step reads, as views. The loaders fill the model's own table (views of the
+// mapped file); a GPU backend builds a copy whose views and vectors point into device memory.
+struct WeightTable {
+  WeightView tok_embd;                 // [n_vocab, dim]
+  const float* output_norm = nullptr;  // [dim]
+  WeightView output;                   // [n_vocab, dim] (== tok_embd when tied)
+  std::vector<LayerWeights> layers;    // [n_layers]
+};
+
+// A loaded model: hyper-parameters, the weight table, and what keeps the memory behind it alive.
+struct ModelData : WeightTable {
   std::string path;
   std::string format;  // "gguf" or "safetensors"
   HParams hp;
-  WeightView tok_embd;            // [n_vocab, dim]
-  const float* output_norm = nullptr;  // [dim]
-  WeightView output;              // [n_vocab, dim] (== tok_embd when tied)
-  std::vector<LayerWeights> layers;
   std::vector<float> rope_inv_freq;  // [head_dim/2], scaling applied
 
   size_t weight_bytes = 0;  // bytes of all tensors used
@@ -61,8 +67,8 @@ std::string shape_string(const std::vector<uint64_t>& shape);
 
 // Loads a GGUF file or an HF model directory (config.json + safetensors). Throws ultra::Error naming the
 // file and the problem (missing tensor, wrong shape, unsupported type or architecture).
-std::unique_ptr<Model> load_model(const std::string& path);
-std::unique_ptr<Model> load_gguf_model(const std::string& path);
-std::unique_ptr<Model> load_hf_model(const std::string& dir);
+std::unique_ptr<ModelData> load_model(const std::string& path);
+std::unique_ptr<ModelData> load_gguf_model(const std::string& path);
+std::unique_ptr<ModelData> load_hf_model(const std::string& dir);
 
 }  // namespace ultra

@@ -1,112 +1,113 @@
-// Token sampler on the CPU. Greedy argmax when temperature <= 0; otherwise the chain
-//   penalties -> top-k (partial selection, O(V + K log K)) -> temperature -> softmax over the K kept
-//   -> min-p -> top-p -> multinomial draw with a seeded RNG.
-// All scratch is sized at construction; sample() and accept() allocate nothing.
+// Token sampling on the CPU: the function of ultra/sampling.h for one row of logits.
 //
-// Semantics (llama.cpp-compatible):
-//  * Penalties look at the last repeat_last_n accepted tokens (0: off; negative: the whole history, capped
-//    at the last kMaxHistory tokens). For each distinct token t in that window, seen c times:
-//      logit = logit > 0 ? logit / repeat_penalty : logit * repeat_penalty;
-//      logit -= c * frequency_penalty + presence_penalty;
-//    Tokens outside [0, n_vocab) passed to accept() are ignored.
-//  * Greedy (temperature <= 0 or NaN): argmax of the penalised logits, ties to the lowest id; top-k, top-p,
-//    min-p are ignored and the RNG is not used.
-//  * Otherwise: candidates are ordered by (penalised logit desc, id asc); NaN logits count as -inf.
-//    top_k <= 0 or >= n_vocab keeps all. The kept logits are divided by temperature and soft-maxed
-//    (float, sum in double). min-p keeps p >= min_p * p_max; top-p then keeps the smallest prefix whose
-//    cumulative probability (renormalised after min-p) is >= top_p (top_p >= 1: off). Each keeps >= 1.
-//    Every sample() on this path draws exactly one uniform double in [0, 1) from xoshiro256** (seeded
-//    from params.seed through splitmix64), so the stream depends only on the seed and the call count.
+// It is stateless: the penalty window (the sequence's last tokens) and the draw's counter (the position of
+// the token being drawn) are arguments, so a context can sample any number of rows of any sequences in
+// parallel and roll a sequence back without undoing anything. All scratch lives in a SamplerScratch sized
+// once; nothing here allocates.
+//
+// Details beyond ultra/sampling.h:
+//  * Candidates are the ids below n_sample (<= n_vocab): ids of a padded embedding table that the
+//    tokenizer cannot decode are never drawn, nor reported in logprobs.
+//  * Any NaN or infinity among the candidates' logits sets SampleResult::nonfinite (a broken model or
+//    overflow, never a valid distribution); the row still returns a token (the argmax of the finite ones).
+//  * Greedy logprobs are those of the softmax of the penalised logits at temperature 1.
+//  * Sampled: softmax over the kept candidates in float with sums in double; min-p is applied first as an
+//    O(V) pre-filter on the logits (l >= l_max + T log(min_p), loosened by a margin), then exactly on the
+//    probabilities; top-k by partial selection (O(V + K log K)).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "ultra/sampling.h"
 
 namespace ultra {
 
-struct SamplingParams {
-  float temperature = 0.8f;     // <= 0: greedy
-  int top_k = 40;               // <= 0 or >= n_vocab: all tokens
-  float top_p = 0.95f;          // 1.0: off
-  float min_p = 0.05f;          // 0: off
-  float repeat_penalty = 1.0f;  // 1.0: off; divides positive logits, multiplies negative ones
-  int repeat_last_n = 64;       // window of past tokens the penalties look at (0: off, -1: whole history)
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  uint64_t seed = 0xdeadbeef;
-  int n_probs = 0;  // when > 0, report the top n_probs log-probabilities of the final distribution
-};
-
-struct TokenLogprob {
-  int32_t token;
-  float logprob;
-};
-
-class Sampler {
+class SamplerScratch {
  public:
-  // Penalty window used when repeat_last_n < 0 ("whole history"): the last kMaxHistory accepted tokens.
-  static constexpr int kMaxHistory = 32768;
-
-  Sampler(const SamplingParams& params, int n_vocab);
-
-  // Picks the next token from logits [n_vocab] (not modified). No allocation.
-  int32_t sample(const float* logits);
-  // Records a token (prompt or generated) in the penalty history. No allocation.
-  void accept(int32_t token);
-  void reset();  // clears history; RNG re-seeded
-
-  // After sample(): top n_probs (token, logprob) of the distribution sampled from (for greedy: of the
-  // softmax of the penalised logits at temperature 1), best first.
-  const TokenLogprob* logprobs() const { return logprobs_.data(); }
-  int n_logprobs() const { return n_logprobs_; }
-
-  const SamplingParams& params() const { return params_; }
+  explicit SamplerScratch(int n_vocab);
   int n_vocab() const { return n_vocab_; }
 
-  // --- Inspection helpers (used by tests; no allocation; they neither draw from the RNG nor touch the
-  // history or logprobs()) ---
-
-  // The filtered, renormalised distribution that sample() draws from, computed by the same code path:
-  // writes the kept candidates best first (probability desc, ties to the lowest id) to ids/probs and
-  // returns how many were kept (>= 1). ids and probs must hold n_vocab entries (min(top_k, n_vocab)
-  // suffice when 0 < top_k). For greedy: the argmax with probability 1.
-  int distribution(const float* logits, int32_t* ids, float* probs);
-  // out[n_vocab] = logits with the penalties of the current window applied (NaN stays NaN).
-  void apply_penalties(const float* logits, float* out) const;
-  // Number of tokens currently in the penalty window.
-  int history_size() const { return history_len_; }
-
  private:
+  friend struct SamplerImpl;
   struct Candidate {
     float logit;
     int32_t id;
   };
+  int n_vocab_;
+  std::vector<Candidate> cand_;    // [n_vocab]
+  std::vector<float> probs_;       // [n_vocab]
+  std::vector<uint32_t> counts_;   // [n_vocab] occurrences in the penalty window; all zero between calls
+  std::vector<int32_t> distinct_;  // [min(kMaxHistory, n_vocab)] distinct tokens of the window
+  int n_distinct_ = 0;
+  double kept_sum_ = 0.0;
+};
 
-  float penalise(float logit, uint32_t count) const;
-  void fill_candidates(const float* logits);  // cand_[i] = {penalised logit (NaN -> -inf), i}
-  int32_t greedy(const float* logits);        // sets logprobs
-  int32_t argmax(const float* logits) const;  // greedy token, one pass
-  int build_distribution();  // on cand_ (filled): sorts/filters, writes probs_; returns kept count
-  double next_uniform();     // [0, 1)
-  uint64_t next_u64();
-  void seed_rng();
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;  // of token, under the distribution it was drawn from
+  int n_top = 0;         // entries written to `top`
+  bool nonfinite = false;
+};
+
+// The last tokens of a sequence of n that the penalties look at: [n - W, n) clipped at 0 (empty when
+// penalties are off).
+std::span<const int32_t> penalty_window(const SamplingParams& p, std::span<const int32_t> tokens);
+
+// Samples one token from logits [n_vocab] (not modified); candidates are ids < n_sample.
+//   window: penalty_window() of the sequence's tokens up to and including the row's own token
+//   position: the position the drawn token will occupy (the RNG counter)
+//   top: [min(p.n_probs, kMaxProbs)] best first
+SampleResult sample_row(const SamplingParams& p, const float* logits, int n_sample,
+                        std::span<const int32_t> window, int64_t position, SamplerScratch& s,
+                        TokenLogprob* top);
+
+// The filtered, renormalised distribution sample_row draws from, by the same code: the kept candidates
+// best first (probability desc, ids ascending on ties) into ids/probs ([n_sample] each, or min(top_k,
+// n_sample) when top_k > 0); returns how many (>= 1). Greedy: the argmax with probability 1.
+int sample_distribution(const SamplingParams& p, const float* logits, int n_sample,
+                        std::span<const int32_t> window, SamplerScratch& s, int32_t* ids, float* probs);
+
+// out[n_vocab] = logits with the window's penalties applied (NaN stays NaN).
+void apply_penalties(const SamplingParams& p, const float* logits, std::span<const int32_t> window,
+                     SamplerScratch& s, float* out);
+
+// A sampler over one stream of tokens with its own history (tests, simple loops). The RNG counter is the
+// number of sample() calls since construction or reset().
+class Sampler {
+ public:
+  static constexpr int kMaxHistory = SamplingParams::kMaxHistory;
+
+  Sampler(const SamplingParams& params, int n_vocab);
+
+  int32_t sample(const float* logits);  // no allocation
+  void accept(int32_t token);           // appends to the penalty history (ids outside [0, n_vocab) ignored)
+  void reset();                         // clears the history and the counter
+
+  const TokenLogprob* logprobs() const { return top_; }
+  int n_logprobs() const { return last_.n_top; }
+  float last_logprob() const { return last_.logprob; }
+  bool last_nonfinite() const { return last_.nonfinite; }
+
+  int distribution(const float* logits, int32_t* ids, float* probs);
+  void apply_penalties(const float* logits, float* out);
+  int history_size() const { return (int)window().size(); }
+
+  const SamplingParams& params() const { return params_; }
+  int n_vocab() const { return scratch_.n_vocab(); }
+
+ private:
+  std::span<const int32_t> window() const;
 
   SamplingParams params_;
-  int n_vocab_;
-  uint64_t rng_state_[4];
-  bool penalties_on_ = false;
-  int window_ = 0;                // ring capacity (0 when penalties are off)
-  std::vector<int32_t> history_;  // [window_] ring buffer of the last window_ accepted tokens
-  int history_pos_ = 0, history_len_ = 0;
-  std::vector<uint32_t> counts_;       // [n_vocab] occurrences in the window (penalties)
-  std::vector<int32_t> distinct_;      // [min(window_, n_vocab)] tokens with counts_ > 0
-  std::vector<int32_t> distinct_pos_;  // [n_vocab] index of a token in distinct_ (valid if counted)
-  int n_distinct_ = 0;
-  std::vector<Candidate> cand_;         // [n_vocab] candidates (penalised logit, id)
-  std::vector<float> probs_;            // [n_vocab] kept probabilities (unnormalised, then normalised)
-  double kept_sum_ = 0.0;               // sum of the unnormalised kept probabilities (for logprobs)
-  std::vector<TokenLogprob> logprobs_;  // [min(n_probs, n_vocab)]
-  int n_logprobs_ = 0;
+  SamplerScratch scratch_;
+  int window_ = 0;                // penalty window (0: off)
+  std::vector<int32_t> history_;  // [2 * window_]: the window slides back to the front when full
+  int hist_len_ = 0;
+  int64_t counter_ = 0;
+  SampleResult last_;
+  TokenLogprob top_[SamplingParams::kMaxProbs];
 };
 
 }  // namespace ultra

@@ -1,8 +1,10 @@
-// The CPU backend: weights used in place from the mapped file, F32 activations, slotted KV cache,
-// persistent thread pool. All buffers are allocated in the constructor.
+// The CPU backend: weights used in place from the mapped file, F32 activations, slotted KV cache in host
+// memory, persistent thread pool. Its kernels (ops.h) are the ForwardOps of model/forward.h; sampling runs
+// on the same pool, one job per thread at a time. All buffers are allocated in the constructor.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 #include "core/buffer.h"
@@ -13,31 +15,42 @@
 
 namespace ultra {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, private ForwardOps {
  public:
-  CpuBackend(const Model& model, const ContextParams& params);
+  // params must be resolved (see Context); n_sample: ids below it are sampled.
+  CpuBackend(const ModelData& model, const ContextParams& params, int n_sample);
 
-  StepInputs inputs() override;
-  void step(int n_tokens, int n_outputs) override;
-  const float* logits() const override { return logits_.data(); }
-  int kv_len(int slot) const override { return kv_.n_tokens(slot); }
-  void kv_crop(int slot, int n) override { kv_.crop(slot, n); }
-  void kv_advance(int slot, int n) override { kv_.advance(slot, n); }
-  const ContextParams& params() const override { return p_; }
-  int n_vocab() const override { return m_.hp.n_vocab; }
+  const char* name() const override { return "CPU"; }
   Footprint footprint() const override;
+  void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
+            StepStats& stats) override;
+  const float* logits(int k) override { return logits_.data() + (size_t)k * m_.hp.n_vocab; }
 
   KvCache& kv() { return kv_; }
   ThreadPool& pool() { return pool_; }
 
  private:
-  const Model& m_;
+  // ForwardOps
+  void embed(const WeightView& table, const int32_t* tokens, int n, float* x) override;
+  void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) override;
+  void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+              bool accumulate) override;
+  void rope(float* x, int n, int n_heads, int head_dim, const int32_t* pos, bool interleaved) override;
+  void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
+                const int32_t* seq) override;
+  void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
+                 float scale, float* out) override;
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
+
+  const ModelData& m_;
   ContextParams p_;
+  int n_sample_;
   ThreadPool pool_;
   KvCache kv_;
+  StepBuffers b_;
 
-  Buffer<int32_t> token_, pos_, slot_, out_row_;  // step inputs
-  Buffer<float> x_;                               // [n_batch, dim] residual stream
+  Buffer<float> x_;             // [n_batch, dim] residual stream
   Buffer<float> xb_;            // [n_batch, max(dim, q_dim)] normed input / projection output
   Buffer<float> q_;             // [n_batch, n_heads*head_dim]
   Buffer<float> k_;             // [n_batch, n_kv_heads*head_dim]
@@ -45,10 +58,12 @@ class CpuBackend final : public Backend {
   Buffer<float> att_;           // [n_batch, n_heads*head_dim]
   Buffer<float> hb_;            // [n_batch, ffn_dim]
   Buffer<float> hb2_;           // [n_batch, ffn_dim]
-  Buffer<float> out_x_;         // [n_outputs, dim] rows gathered for the output head
+  Buffer<float> acc_;           // [n_batch, dim] projection output before the residual add
+  Buffer<float> out_x_;         // [n_outputs, dim] output rows, normed
   Buffer<float> logits_;        // [n_outputs, n_vocab]
   Buffer<float> mm_scratch_;    // matmul workspace
   Buffer<float> attn_scratch_;  // attention workspace
+  std::vector<std::unique_ptr<SamplerScratch>> sampler_scratch_;  // [n_threads]
 };
 
 }  // namespace ultra

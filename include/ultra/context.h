@@ -1,0 +1,159 @@
+// A context: the KV cache of n_slots sequences, the scratch of one step, and one step function that runs
+// any mix of rows — a prefill chunk of one sequence beside single-token decodes of others, or K+1 rows of
+// one sequence for speculative verification — in one pass over the weights.
+//
+//   ultra::Context ctx(model, {.n_ctx = 2048, .n_slots = 4});
+//   ultra::Batch batch(ctx.params().n_batch);
+//   batch.add_sequence(prompt, /*pos0=*/0, /*seq=*/0, ultra::Output::sample);  // sample after the last
+//   ctx.step(batch);
+//   int32_t next = ctx.sampled(batch.size() - 1);
+//
+// Sequences. Each sequence lives in its own KV slot; the context, not the backend, knows its tokens and
+// length. crop(seq, n) forgets everything from position n on in O(1) (the cache is written in place and
+// never moved).
+//
+// Rows. A row is (token, position, sequence, output). The rows of one sequence in a batch must continue
+// it: positions seq_len, seq_len + 1, ... in batch order. Output::logits makes the row's logits available
+// through logits(row); Output::sample also draws a token from them with the sequence's sampler (penalties
+// over the sequence's tokens up to and including the row's own token), inside the step, on the backend
+// that ran it. step() checks every field of the batch before it touches any memory and throws
+// ultra::Error naming the row and field; then nothing has changed.
+//
+// Sampling state is derived, not accumulated: the penalty window is the sequence's own tokens and the
+// random numbers are keyed by (seed, position) (see sampling.h). snapshot()/restore() are therefore
+// O(1), and crop + sample again repeats a seeded continuation exactly.
+//
+// Allocation: everything is allocated when the context is created; step() and the calls below allocate
+// nothing (a test counts).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ultra/model.h"
+#include "ultra/sampling.h"
+
+namespace ultra {
+
+enum class BackendKind { cpu, cuda };
+enum class KvType { f32, f16 };
+
+struct ContextParams {
+  BackendKind backend = BackendKind::cpu;
+  int n_ctx = 0;      // tokens per sequence (0: the model's training context, at most 4096)
+  int n_slots = 1;    // sequences held at once
+  int n_batch = 512;  // most rows in one step
+  int n_outputs = 0;  // most rows with an output in one step (0: n_slots)
+  KvType kv_type = KvType::f32;
+  int n_threads = 0;  // CPU threads (0: all cores)
+};
+
+// Memory a context holds, in bytes.
+struct Footprint {
+  size_t weights = 0;  // weights one step reads (the mapped file on the CPU)
+  size_t kv = 0;       // KV cache
+  size_t scratch = 0;  // activations, logits, sampler and step buffers
+};
+
+enum class Output : uint8_t {
+  none,    // no output: the row only extends its sequence
+  logits,  // logits(row) available after the step
+  sample,  // a token drawn with the sequence's sampler (sampled(row)); logits(row) too
+};
+
+// The rows of one step. Allocates once (its capacity); add() and clear() allocate nothing.
+class Batch {
+ public:
+  // As a token: "the token last sampled for this sequence" (by the most recent step that included it, if
+  // that step sampled it). It lets a caller queue the next decode step without reading the last result
+  // first (a GPU backend feeds it on the device).
+  static constexpr int32_t kSampled = -1;
+
+  explicit Batch(int capacity);
+
+  // Appends a row and returns its index. Throws ultra::Error when the batch is full.
+  int add(int32_t token, int32_t pos, int32_t seq, Output out = Output::none);
+  // Appends tokens at positions pos0, pos0 + 1, ... of seq; `last` is the output of the last row.
+  void add_sequence(std::span<const int32_t> tokens, int32_t pos0, int32_t seq, Output last = Output::none);
+  void clear() { n_ = 0; }
+
+  int size() const { return n_; }
+  int capacity() const { return (int)token_.size(); }
+  bool empty() const { return n_ == 0; }
+  int32_t token(int row) const { return token_[row]; }
+  int32_t pos(int row) const { return pos_[row]; }
+  int32_t seq(int row) const { return seq_[row]; }
+  Output output(int row) const { return out_[row]; }
+
+ private:
+  std::vector<int32_t> token_, pos_, seq_;
+  std::vector<Output> out_;
+  int n_ = 0;
+};
+
+// What snapshot() keeps: a sequence's length and sampler settings.
+struct SeqSnapshot {
+  int n_tokens = 0;
+  SamplingParams sampling;
+};
+
+// Time spent inside step(), cumulative since the context was created.
+struct StepStats {
+  double forward_ms = 0;  // the forward pass (embedding to logits)
+  double sample_ms = 0;   // sampling
+  int64_t n_steps = 0;
+  int64_t n_rows = 0;
+  int64_t n_sampled = 0;
+};
+
+class Context {
+ public:
+  // Allocates the KV cache and all scratch. Throws ultra::Error on impossible parameters.
+  Context(const Model& model, const ContextParams& params = {});
+  ~Context();
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+
+  const Model& model() const;
+  const ContextParams& params() const;  // defaults resolved
+  Footprint footprint() const;
+  const char* backend_name() const;
+  // Ids at or above this are never sampled (the tokenizer's size when it is smaller than the embeddings).
+  int n_sample_vocab() const;
+
+  // --- sequences: seq in [0, n_slots) ---
+  int seq_len(int seq) const;
+  std::span<const int32_t> seq_tokens(int seq) const;  // the tokens now in the cache, by position
+  void crop(int seq, int n);                           // keep positions [0, n); O(1); n <= seq_len
+  void clear(int seq) { crop(seq, 0); }
+
+  // --- sampling: one sampler per sequence ---
+  void set_sampling(int seq, const SamplingParams& p);  // validates; allocates nothing
+  const SamplingParams& sampling(int seq) const;
+  SeqSnapshot snapshot(int seq) const;          // O(1)
+  void restore(int seq, const SeqSnapshot& s);  // O(1); s.n_tokens <= seq_len(seq)
+
+  // --- one step ---
+  void step(const Batch& batch);
+
+  // Results of the last step, by batch row (a row that asked for them).
+  int32_t sampled(int row) const;  // Output::sample rows
+  // Log-probability of sampled(row) under the distribution it came from. Greedy rows compute it (a pass
+  // of exp over the vocabulary) only when the sampler's n_probs > 0, and give NaN otherwise.
+  float logprob(int row) const;
+  std::span<const TokenLogprob> top_logprobs(int row) const;  // n_probs best, best first
+  // Output::logits and Output::sample rows: [n_vocab]. On a GPU backend this copies them to the host.
+  std::span<const float> logits(int row);
+
+  const StepStats& stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ultra

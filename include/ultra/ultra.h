@@ -1,0 +1,15 @@
+// ultra: a C++20 inference engine for Llama-family language models. The whole public API:
+//   model.h       Model::load, Tokenizer, TextStream (streaming detokenizer)
+//   context.h     Context (KV slots, one batched step), Batch, per-sequence sampling
+//   sampling.h    SamplingParams
+//   generate.h    generate(): the prompt -> tokens loop on top of Context::step
+//   perplexity.h  llama.cpp-style perplexity
+//   error.h       ultra::Error, the one exception type
+#pragma once
+
+#include "ultra/context.h"
+#include "ultra/error.h"
+#include "ultra/generate.h"
+#include "ultra/model.h"
+#include "ultra/perplexity.h"
+#include "ultra/sampling.h"

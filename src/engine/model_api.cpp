@@ -1,0 +1,154 @@
+// ultra::Model, ultra::Tokenizer and ultra::TextStream: the public handles over the loaded model
+// (model/model.h) and the tokenizer (tokenizer/tokenizer.h).
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "engine/model_impl.h"
+#include "io/gguf.h"
+
+namespace ultra {
+
+// ---- Tokenizer ----
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  return Tokenizer(std::make_shared<const Impl>(Impl{tok::Tokenizer::from_file(path)}));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+  return impl_->t.encode(text, add_special, parse_special);
+}
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  return impl_->t.decode(ids, skip_special);
+}
+std::string_view Tokenizer::token_to_piece(int32_t id) const {
+  return impl_->t.token_to_piece(id);
+}
+int32_t Tokenizer::n_vocab() const {
+  return impl_->t.n_vocab();
+}
+int32_t Tokenizer::bos() const {
+  return impl_->t.bos();
+}
+int32_t Tokenizer::eos() const {
+  return impl_->t.eos();
+}
+bool Tokenizer::add_bos() const {
+  return impl_->t.add_bos();
+}
+bool Tokenizer::is_special(int32_t id) const {
+  return impl_->t.is_special(id);
+}
+bool Tokenizer::is_eog(int32_t id) const {
+  return impl_->t.is_eog(id);
+}
+
+// ---- TextStream ----
+
+struct TextStream::Impl {
+  tok::Detokenizer d;
+  std::vector<char> buf;
+};
+
+TextStream::TextStream(const Tokenizer& tok, bool skip_special)
+    : impl_(std::make_unique<Impl>(Impl{tok::Detokenizer(tok.impl().t, {skip_special, true}), {}})) {
+  impl_->buf.resize(impl_->d.max_bytes_per_push() + 16);
+}
+TextStream::~TextStream() = default;
+TextStream::TextStream(TextStream&&) noexcept = default;
+TextStream& TextStream::operator=(TextStream&&) noexcept = default;
+
+std::string_view TextStream::push(int32_t id) {
+  return {impl_->buf.data(), impl_->d.push(id, impl_->buf.data(), impl_->buf.size())};
+}
+std::string_view TextStream::flush() {
+  return {impl_->buf.data(), impl_->d.flush(impl_->buf.data(), impl_->buf.size())};
+}
+void TextStream::reset() {
+  impl_->d.reset();
+}
+
+// ---- Model ----
+
+namespace {
+
+double n_params(const HParams& hp) {
+  const double q = (double)hp.n_heads * hp.head_dim, kv = (double)hp.n_kv_heads * hp.head_dim;
+  const double layer = hp.dim * (2 * q + 2 * kv) + 3.0 * hp.dim * hp.ffn_dim + 2.0 * hp.dim;
+  return hp.n_layers * layer + (hp.tie_embeddings ? 1 : 2) * (double)hp.n_vocab * hp.dim + hp.dim;
+}
+
+// The model's own tokenizer (GGUF tokenizer.ggml.* keys, or tokenizer.json in an HF directory), or none.
+std::optional<tok::Tokenizer> load_own_tokenizer(const ModelData& m) {
+  namespace fs = std::filesystem;
+  std::optional<tok::Tokenizer> t;
+  if (m.gguf) {
+    if (!m.gguf->find("tokenizer.ggml.model")) return t;
+    t.emplace(tok::load_gguf(*m.gguf));  // the file is already mapped
+  } else {
+    std::error_code ec;
+    if (!fs::exists(fs::path(m.path) / "tokenizer.json", ec)) return t;
+    t.emplace(tok::Tokenizer::from_file(m.path));
+  }
+  if (t->n_vocab() > m.hp.n_vocab)
+    fail("{}: the tokenizer has {} tokens, more than the model's {} embeddings", m.path, t->n_vocab(),
+         m.hp.n_vocab);
+  return t;
+}
+
+}  // namespace
+
+Model Model::load(const std::string& path) {
+  auto im = std::make_shared<Impl>();
+  im->data = load_model(path);
+  const ModelData& m = *im->data;
+  if (auto t = load_own_tokenizer(m))
+    im->tokenizer = Tokenizer(std::make_shared<const Tokenizer::Impl>(Tokenizer::Impl{std::move(*t)}));
+
+  const HParams& hp = m.hp;
+  ModelInfo& i = im->info;
+  i.path = m.path;
+  i.format = m.format;
+  i.arch = arch_name(hp.arch);
+  i.weight_type = std::string(type_name(m.layers.empty() ? m.output.type : m.layers[0].wq.type));
+  std::transform(i.weight_type.begin(), i.weight_type.end(), i.weight_type.begin(),
+                 [](unsigned char c) { return (char)std::tolower(c); });
+  i.n_vocab = hp.n_vocab;
+  i.dim = hp.dim;
+  i.n_layers = hp.n_layers;
+  i.n_heads = hp.n_heads;
+  i.n_kv_heads = hp.n_kv_heads;
+  i.head_dim = hp.head_dim;
+  i.ffn_dim = hp.ffn_dim;
+  i.train_ctx = hp.train_ctx;
+  i.weight_bytes = m.weight_bytes;
+  i.n_params = n_params(hp);
+
+  // End of generation: the vocabulary's eos / eot / eom and the model's own eos ids.
+  auto add = [&](int32_t id) {
+    if (id >= 0 && id < hp.n_vocab) im->eog.push_back(id);
+  };
+  add(hp.eos_id);
+  if (im->tokenizer) {
+    const tok::Tokenizer& t = im->tokenizer->impl().t;
+    for (int32_t id : {t.eos(), t.eot(), t.eom()}) add(id);
+  }
+  std::sort(im->eog.begin(), im->eog.end());
+  im->eog.erase(std::unique(im->eog.begin(), im->eog.end()), im->eog.end());
+  return Model(std::move(im));
+}
+
+const ModelInfo& Model::info() const {
+  return impl_->info;
+}
+const Tokenizer* Model::tokenizer() const {
+  return impl_->tokenizer ? &*impl_->tokenizer : nullptr;
+}
+std::span<const int32_t> Model::eog_ids() const {
+  return impl_->eog;
+}
+bool Model::is_eog(int32_t id) const {
+  return std::binary_search(impl_->eog.begin(), impl_->eog.end(), id);
+}
+
+}  // namespace ultra

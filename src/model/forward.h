@@ -1,0 +1,64 @@
+// The forward pass of the Llama family (Llama, Mistral, Qwen2), written once over the ops a backend
+// supplies. A backend implements ForwardOps with its kernels and owns the buffers; forward() only
+// sequences the ops, so it runs the same on host memory (CPU) and device memory (a GPU backend calls it
+// once while capturing a graph). Adding an architecture changes this one place.
+#pragma once
+
+#include <cstdint>
+
+#include "core/views.h"
+#include "model/hparams.h"
+#include "model/model.h"
+
+namespace ultra {
+
+// The rows of one step, in the memory of the backend that runs it.
+struct StepRows {
+  int n = 0;                         // rows
+  const int32_t* token = nullptr;    // [n] token ids
+  const int32_t* pos = nullptr;      // [n] position of each token in its sequence
+  const int32_t* seq = nullptr;      // [n] sequence (KV slot) of each token
+  int n_out = 0;                     // rows whose logits are computed
+  const int32_t* out_row = nullptr;  // [n_out] those rows, ascending
+};
+
+// Activations of one step, backend memory, sized for n_batch rows and n_outputs output rows.
+struct StepBuffers {
+  float* x = nullptr;       // [n_batch, dim] residual stream
+  float* xb = nullptr;      // [n_batch, max(dim, q_dim)] normed input / projection output
+  float* q = nullptr;       // [n_batch, n_heads * head_dim]
+  float* k = nullptr;       // [n_batch, n_kv_heads * head_dim]
+  float* v = nullptr;       // [n_batch, n_kv_heads * head_dim]
+  float* att = nullptr;     // [n_batch, n_heads * head_dim]
+  float* hb = nullptr;      // [n_batch, ffn_dim]
+  float* hb2 = nullptr;     // [n_batch, ffn_dim]
+  float* out_x = nullptr;   // [n_outputs, dim] output rows, gathered then normed
+  float* logits = nullptr;  // [n_outputs, n_vocab]
+};
+
+// The kernels a backend supplies; all pointers are backend memory. Shapes as in cpu/ops.h.
+class ForwardOps {
+ public:
+  virtual ~ForwardOps() = default;
+  // x[t] = row tokens[t] of the embedding table.
+  virtual void embed(const WeightView& table, const int32_t* tokens, int n, float* x) = 0;
+  virtual void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) = 0;
+  // y[n, rows] = x[n, cols] . W^T (+ bias); accumulate: y += instead of y = (the residual add).
+  virtual void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                      bool accumulate) = 0;
+  virtual void rope(float* x, int n, int n_heads, int head_dim, const int32_t* pos, bool interleaved) = 0;
+  // K/V rows of this step into the cache of layer il, then causal attention over it.
+  virtual void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
+                        const int32_t* seq) = 0;
+  virtual void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
+                         float scale, float* out) = 0;
+  virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // out[r] = x[rows[r]] for r < n_rows, rows of dim floats.
+  virtual void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) = 0;
+};
+
+// logits[r] = output(norm(x[out_row[r]])) after all layers, for the rows of one step.
+void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
+             ForwardOps& ops);
+
+}  // namespace ultra

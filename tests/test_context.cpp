@@ -1,0 +1,332 @@
+// The public engine API: one batched step for any mix of rows, per-sequence samplers, O(1) rollback, and
+// validation of every batch field before anything is touched.
+//
+// References: each sequence run alone in a fresh context (itself checked against HF transformers in
+// test_model_fixtures.cpp); the tolerance 1e-5 is f32 reordering noise on logits of magnitude ~1 (the rows
+// of a batch go through blocked kernels in different groupings than rows run alone).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "engine/model_impl.h"
+#include "sampling/sampler.h"
+#include "ultra/generate.h"
+
+using namespace ultra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kFixture = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "llama_gqa";
+const fs::path kBundled = fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf";
+
+double max_diff(std::span<const float> a, std::span<const float> b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (double)std::fabs(a[i] - b[i]));
+  return d;
+}
+
+std::vector<int32_t> random_tokens(int n, int n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = (int32_t)(rng() % (uint32_t)n_vocab);
+  return t;
+}
+
+// Logits after each of tokens[from..], the sequence alone in a fresh context, one prefill step.
+std::vector<std::vector<float>> alone_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  Context ctx(m, {.n_ctx = 256, .n_batch = 256, .n_outputs = 256, .n_threads = 2});
+  Batch b(256);
+  for (size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], (int32_t)i, 0, Output::logits);
+  ctx.step(b);
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto l = ctx.logits((int)i);
+    out.emplace_back(l.begin(), l.end());
+  }
+  return out;
+}
+
+std::vector<int32_t> greedy_alone(const Model& m, const std::vector<int32_t>& prompt, int n) {
+  Context ctx(m, {.n_ctx = 256, .n_threads = 2});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  std::vector<int32_t> got;
+  GenerateParams gp;
+  gp.n_predict = n;
+  gp.ignore_eos = true;
+  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
+    got.push_back(t);
+    return true;
+  });
+  return got;
+}
+
+// Four sequences in one step: A is in the middle of its prefill (50 tokens already in, a chunk of 100
+// rows now), B, C and D decode one token each at positions 37, 5 and 80, their rows placed among A's,
+// with output rows scattered over the batch. Each output equals that sequence run alone; then all four
+// decode greedily in shared steps (fed with Batch::kSampled) and give the tokens of greedy runs alone.
+TEST(Context, MixedStepEqualsEachSequenceAlone) {
+  for (const fs::path& path : {kFixture, kBundled}) {
+    const Model m = Model::load(path.string());
+    const int V = m.info().n_vocab;
+    const std::vector<int32_t> A = random_tokens(150, V, 1), B = random_tokens(38, V, 2),
+                               C = random_tokens(6, V, 3), D = random_tokens(81, V, 4);
+    Context ctx(m, {.n_ctx = 256, .n_slots = 4, .n_batch = 128, .n_outputs = 16, .n_threads = 2});
+    for (int s = 0; s < 4; ++s) ctx.set_sampling(s, SamplingParams::greedy());
+    Batch b(128);
+    // History: A's first 50 tokens, and all but the last token of B, C, D.
+    prefill(ctx, b, 0, std::span(A).first(50));
+    prefill(ctx, b, 1, std::span(B).first(37));
+    prefill(ctx, b, 2, std::span(C).first(5));
+    prefill(ctx, b, 3, std::span(D).first(80));
+
+    b.clear();
+    struct Want {
+      int row, seq, pos;
+    };
+    std::vector<Want> want;
+    for (int i = 50; i < 150; ++i) {
+      const bool out = i == 63 || i == 99 || i == 149;
+      const int row = b.add(A[i], i, 0, out ? Output::logits : Output::none);
+      if (out) want.push_back({row, 0, i});
+      if (i == 70) want.push_back({b.add(B[37], 37, 1, Output::sample), 1, 37});
+      if (i == 51) want.push_back({b.add(C[5], 5, 2, Output::sample), 2, 5});
+      if (i == 120) want.push_back({b.add(D[80], 80, 3, Output::sample), 3, 80});
+    }
+    ctx.step(b);
+    const std::vector<int32_t>* seqs[4] = {&A, &B, &C, &D};
+    std::vector<std::vector<float>> ref[4];
+    for (int s = 0; s < 4; ++s) ref[s] = alone_logits(m, *seqs[s]);
+    for (const Want& w : want) {
+      const double d = max_diff(ctx.logits(w.row), ref[w.seq][w.pos]);
+      std::printf("[mixed] %s seq %d pos %3d row %3d: max |batched - alone| = %.3g\n",
+                  path.filename().c_str(), w.seq, w.pos, w.row, d);
+      EXPECT_LT(d, 1e-5) << "seq " << w.seq << " pos " << w.pos;
+    }
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(ctx.seq_len(s), (int)seqs[s]->size());
+
+    // Greedy continuation of all four in shared steps. B, C and D sampled their first token in the mixed
+    // step; A (logits only there) re-runs its last position with a sample.
+    std::vector<int32_t> got[4];
+    for (const Want& w : want)
+      if (w.seq > 0) got[w.seq].push_back(ctx.sampled(w.row));
+    ctx.crop(0, 149);
+    b.clear();
+    b.add(A.back(), 149, 0, Output::sample);
+    ctx.step(b);
+    got[0].push_back(ctx.sampled(0));
+    const int kSteps = 12;
+    for (int step = 0; step < kSteps; ++step) {
+      b.clear();
+      int rows[4];
+      for (int s = 3; s >= 0; --s)  // rows in another order than the sequences
+        rows[s] = b.add(Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+      ctx.step(b);
+      for (int s = 0; s < 4; ++s) got[s].push_back(ctx.sampled(rows[s]));
+    }
+    for (int s = 0; s < 4; ++s) {
+      const std::vector<int32_t> want_greedy = greedy_alone(m, *seqs[s], kSteps + 1);
+      EXPECT_EQ(got[s], want_greedy) << "sequence " << s << " of " << path.filename();
+    }
+  }
+}
+
+// Snapshot -> sample 8 -> restore -> sample 8 again gives the same tokens; a fresh context with the same
+// seed and prompt gives them too; another seed gives others.
+TEST(Context, SnapshotRestoreRepeatsSampledTokens) {
+  const Model m = Model::load(kBundled.string());
+  Context ctx(m, {.n_ctx = 128, .n_slots = 2, .n_threads = 2});
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.repeat_penalty = 1.3f;
+  sp.frequency_penalty = 0.2f;
+  sp.seed = 1234;
+  ctx.set_sampling(0, sp);
+  const std::vector<int32_t> prompt = m.tokenizer()->encode("ROMEO:\nWhat light", true, false);
+  Batch b(64);
+  // Feeds the last sampled token 8 times, sampling the next each time; returns the tokens fed.
+  auto run8 = [&](Context& c, int seq) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < 8; ++i) {
+      b.clear();
+      b.add(Batch::kSampled, c.seq_len(seq), seq, Output::sample);
+      c.step(b);
+      out.push_back(c.seq_tokens(seq).back());
+    }
+    return out;
+  };
+  int row = prefill(ctx, b, 0, prompt, Output::sample);
+  const int32_t first = ctx.sampled(row);
+  const SeqSnapshot snap = ctx.snapshot(0);
+  const std::vector<int32_t> a = run8(ctx, 0);
+  EXPECT_EQ(a[0], first);
+  EXPECT_EQ(ctx.seq_len(0), (int)prompt.size() + 8);
+  ctx.restore(0, snap);
+  EXPECT_EQ(ctx.seq_len(0), (int)prompt.size());
+  // After a restore the last sampled token is forgotten: feed it explicitly, then continue.
+  b.clear();
+  b.add(first, ctx.seq_len(0), 0, Output::sample);
+  ctx.step(b);
+  std::vector<int32_t> again = {first};
+  for (int i = 0; i < 7; ++i) {
+    b.clear();
+    b.add(Batch::kSampled, ctx.seq_len(0), 0, Output::sample);
+    ctx.step(b);
+    again.push_back(ctx.seq_tokens(0).back());
+  }
+  EXPECT_EQ(again, a);
+  std::set<int32_t> distinct(a.begin(), a.end());
+  EXPECT_GT(distinct.size(), 3u) << "the sampled tokens should vary";
+
+  // A fresh context, same seed and prompt, in another slot.
+  Context fresh(m, {.n_ctx = 128, .n_slots = 2, .n_threads = 1});
+  fresh.set_sampling(1, sp);
+  row = prefill(fresh, b, 1, prompt, Output::sample);
+  EXPECT_EQ(fresh.sampled(row), first);
+  EXPECT_EQ(run8(fresh, 1), a);
+
+  // Another seed: another continuation.
+  SamplingParams other = sp;
+  other.seed = 4321;
+  ctx.clear(1);
+  ctx.set_sampling(1, other);
+  row = prefill(ctx, b, 1, prompt, Output::sample);
+  std::vector<int32_t> c = run8(ctx, 1);
+  EXPECT_NE(c, a);
+}
+
+// Every malformed field gives an error naming it, and the context is unchanged: lengths, tokens, and the
+// KV cache (the next step's logits equal those of a context that never saw the bad batch).
+TEST(Context, MalformedBatchesAreRejectedAndWriteNothing) {
+  const Model m = Model::load(kFixture.string());
+  const int V = m.info().n_vocab;
+  const ContextParams cp{.n_ctx = 32, .n_slots = 2, .n_batch = 8, .n_outputs = 2, .n_threads = 1};
+  Context ctx(m, cp), clean(m, cp);
+  const std::vector<int32_t> hist = {3, 1, 4, 1, 5};
+  Batch b(16);
+  for (Context* c : {&ctx, &clean}) prefill(*c, b, 0, hist);
+
+  struct Case {
+    const char* name;
+    std::vector<std::array<int32_t, 4>> rows;  // token, pos, seq, output
+    const char* needle;
+  };
+  const int32_t kS = Batch::kSampled;
+  const std::vector<Case> cases = {
+      {"empty", {}, "empty"},
+      {"token negative", {{-7, 5, 0, 0}}, "token id -7 is out of range"},
+      {"token too large", {{V, 5, 0, 0}}, "token id 320 is out of range"},
+      {"kSampled without a sample", {{kS, 5, 0, 0}}, "kSampled"},
+      {"seq negative", {{1, 5, -1, 0}}, "sequence -1 is out of range"},
+      {"seq too large", {{1, 0, 2, 0}}, "sequence 2 is out of range"},
+      {"pos past n_ctx", {{1, 32, 1, 0}}, "position 32 does not fit"},
+      {"pos gap", {{1, 6, 0, 0}}, "expected 5"},
+      {"pos rewrites history", {{1, 2, 0, 0}}, "expected 5"},
+      {"pos repeated", {{1, 5, 0, 0}, {2, 5, 0, 0}}, "expected 6"},
+      {"pos out of order", {{1, 6, 0, 0}, {2, 5, 0, 0}}, "row 0: position 6"},
+      {"too many outputs",
+       {{1, 5, 0, 1}, {2, 6, 0, 1}, {3, 0, 1, 2}},
+       "more than the context's 2 output rows"},
+      {"output kind", {{1, 5, 0, 7}}, "invalid output kind 7"},
+      {"too many rows", std::vector<std::array<int32_t, 4>>(9, {1, 0, 1, 0}),
+       "more than the context's n_batch"},
+      {"bad row after good rows", {{1, 5, 0, 1}, {2, 0, 1, 2}, {3, 6, 0, 0}, {V + 5, 1, 1, 0}}, "row 3"},
+  };
+  for (const Case& c : cases) {
+    b.clear();
+    for (const auto& r : c.rows) b.add(r[0], r[1], r[2], (Output)r[3]);
+    try {
+      ctx.step(b);
+      ADD_FAILURE() << c.name << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << c.name << ": " << e.what();
+    }
+    EXPECT_EQ(ctx.seq_len(0), 5) << c.name;
+    EXPECT_EQ(ctx.seq_len(1), 0) << c.name;
+    EXPECT_TRUE(std::equal(hist.begin(), hist.end(), ctx.seq_tokens(0).begin())) << c.name;
+  }
+  EXPECT_THROW(Batch(0), Error);
+  Batch small(2);
+  small.add(1, 0, 0);
+  EXPECT_THROW(small.add_sequence(hist, 1, 0), Error);  // does not fit: nothing appended
+  EXPECT_EQ(small.size(), 1);
+
+  // The KV cache was not touched: both contexts continue identically, in both slots.
+  b.clear();
+  b.add(9, 5, 0, Output::logits);
+  b.add(9, 0, 1, Output::logits);
+  ctx.step(b);
+  clean.step(b);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(max_diff(ctx.logits(r), clean.logits(r)), 0.0) << r;
+  // Results are only for rows that asked for them.
+  EXPECT_THROW(ctx.sampled(0), Error);
+  EXPECT_THROW(ctx.logits(2), Error);
+  // Bad sampling settings and sequence ids of the sequence calls.
+  SamplingParams sp;
+  sp.temperature = -1;
+  EXPECT_THROW(ctx.set_sampling(0, sp), Error);
+  sp = {};
+  sp.top_p = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(ctx.set_sampling(0, sp), Error);
+  EXPECT_THROW(ctx.set_sampling(2, {}), Error);
+  EXPECT_THROW(ctx.seq_len(-1), Error);
+  EXPECT_THROW(ctx.restore(0, {7, {}}), Error);  // longer than the sequence
+}
+
+// A logit that is NaN stops the step with an error naming the sequence and position.
+TEST(Context, NonFiniteLogitsAreAnError) {
+  const Model m = Model::load(kFixture.string());
+  Context ctx(m, {.n_ctx = 16, .n_threads = 1});
+  // Poison the final norm of this loaded model (test-only access to its weights).
+  float* norm = const_cast<float*>(m.impl().data->output_norm);
+  const float saved = norm[0];
+  norm[0] = std::numeric_limits<float>::quiet_NaN();
+  Batch b(4);
+  b.add(1, 0, 0);
+  b.add(2, 1, 0, Output::sample);
+  try {
+    ctx.step(b);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence 0 at position 1 hold NaN"), std::string::npos) << e.what();
+  }
+  norm[0] = saved;
+  b.clear();
+  b.add(3, 2, 0, Output::sample);
+  ctx.step(b);  // the sequence continues once the weights are sane
+  EXPECT_EQ(ctx.seq_len(0), 3);
+}
+
+// Ids of a padded embedding table that the tokenizer cannot decode are never sampled.
+TEST(Context, NeverSamplesPastTheTokenizer) {
+  const Model m = Model::load(kBundled.string());
+  Context ctx(m, {.n_ctx = 16, .n_threads = 1});
+  EXPECT_EQ(ctx.n_sample_vocab(), m.tokenizer()->n_vocab());
+  // With a sampler over fewer ids than the logits, the best id past the bound is never chosen.
+  const int V = 100;
+  std::vector<float> logits(V, 0.0f);
+  logits[95] = 50.0f;  // would win, but is past n_sample
+  logits[7] = 1.0f;
+  SamplerScratch s(V);
+  TokenLogprob top[SamplingParams::kMaxProbs];
+  SamplingParams g = SamplingParams::greedy();
+  g.n_probs = 3;
+  EXPECT_EQ(sample_row(g, logits.data(), 90, {}, 0, s, top).token, 7);
+  for (int i = 0; i < 3; ++i) EXPECT_LT(top[i].token, 90);
+  SamplingParams p;
+  p.temperature = 2.0f;
+  p.top_k = 0;
+  p.min_p = 0;
+  p.top_p = 1;
+  for (int pos = 0; pos < 200; ++pos) EXPECT_LT(sample_row(p, logits.data(), 90, {}, pos, s, top).token, 90);
+}
+
+}  // namespace
