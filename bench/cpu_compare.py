@@ -9,7 +9,10 @@ ultra / llama.cpp, and the bytes/s each decode reaches against this machine's re
 bench_matmul in the same run (weights read per token / time per token).
 
     python3 bench/cpu_compare.py [--threads 2] [--prompt 128] [--gen 128] [--reps 3] [--build build]
-Needs: a built tree (cmake --build build), and `cd bench && npm ci`.
+                                 [--baseline OTHER_ULTRA_BINARY] [--no-peer]
+--baseline runs a second ultra binary (e.g. one built from an earlier commit) on the same files,
+alternating with this build's, and prints this build / baseline: the before-and-after check of a change.
+Needs: a built tree (cmake --build build), and `cd bench && npm ci` (unless --no-peer).
 """
 import argparse
 import json
@@ -37,6 +40,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--dir", default="/tmp/ultra-bench")
     ap.add_argument("--types", default="f32,f16,q8_0")
+    ap.add_argument("--baseline", help="another ultra binary to compare with, interleaved")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     ultra = os.path.join(ROOT, args.build, "ultra")
@@ -51,11 +56,26 @@ def main():
         path = os.path.join(args.dir, f"llama110m-tied-{t}.gguf")
         if not os.path.exists(path):
             run([sys.executable, "tools/make_bench_gguf.py", "--type", t, "--tie-embeddings", "-o", path])
-        u = json.loads(run([ultra, "bench", "-m", path, "-p", str(args.prompt), "-n", str(args.gen), "-r",
-                            str(args.reps), "-t", str(args.threads), "--json"]))
-        res = {r["test"]: r for r in u["results"]}
-        pp_u = res[f"pp{args.prompt}"]["tps_mean"]
-        tg_u = res[f"tg{args.gen}"]["tps_mean"]
+        def ultra_bench(binary):
+            u = json.loads(run([binary, "bench", "-m", path, "-p", str(args.prompt), "-n", str(args.gen), "-r",
+                                str(args.reps), "-t", str(args.threads), "--json"]))
+            res = {r["test"]: r for r in u["results"]}
+            return u, res[f"pp{args.prompt}"]["tps_mean"], res[f"tg{args.gen}"]["tps_mean"]
+
+        if args.baseline:
+            # Alternate baseline and this build twice and keep each one's better run (noise is one-sided).
+            pp_b = tg_b = pp_u = tg_u = 0.0
+            for _ in range(2):
+                _, pp, tg = ultra_bench(args.baseline)
+                pp_b, tg_b = max(pp_b, pp), max(tg_b, tg)
+                u, pp, tg = ultra_bench(ultra)
+                pp_u, tg_u = max(pp_u, pp), max(tg_u, tg)
+            print(json.dumps(dict(type=t, tg_new=tg_u, tg_baseline=tg_b, tg_ratio=tg_u / tg_b, pp_new=pp_u,
+                                  pp_baseline=pp_b, pp_ratio=pp_u / pp_b)), flush=True)
+        else:
+            u, pp_u, tg_u = ultra_bench(ultra)
+        if args.no_peer:
+            continue
         p = json.loads(run(["node", "bench/llamacpp_peer.mjs", "--model", path, "--threads", str(args.threads),
                             "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps", str(args.reps)]))
         pp_l = p["pp_tps_llama_mean"]
@@ -67,6 +87,8 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    if not rows:
+        return
     print(f"\n| type | MB | tg{args.gen} ultra | tg{args.gen} llama.cpp | ratio | ultra % of bw | llama.cpp % of bw |"
           f" pp{args.prompt} ultra | pp{args.prompt} llama.cpp | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

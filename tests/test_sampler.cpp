@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "sampling/philox.h"
 #include "sampling/sampler.h"
 
 // Counts every allocation through the global operator new (array forms forward to it), so that a test
@@ -701,4 +702,43 @@ TEST(Sampler, SampleAndAcceptDoNotAllocate) {
     s.sample(l.data());
     EXPECT_EQ(g_allocs.load() - before, 0) << "temperature " << p.temperature << " n_probs " << p.n_probs;
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The counter-based generator: Random123's known answers for Philox4x32-10, and the uniform's range.
+
+TEST(Philox, KnownAnswers) {
+  const Philox4 a = philox4x32_10(0, 0, 0, 0, 0, 0);
+  EXPECT_EQ(a.v[0], 0x6627e8d5u);
+  EXPECT_EQ(a.v[1], 0xe169c58du);
+  EXPECT_EQ(a.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(a.v[3], 0x9b00dbd8u);
+  const Philox4 b = philox4x32_10(~0u, ~0u, ~0u, ~0u, ~0u, ~0u);
+  EXPECT_EQ(b.v[0], 0x408f276du);
+  EXPECT_EQ(b.v[1], 0x41c83b0eu);
+  EXPECT_EQ(b.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(b.v[3], 0x6d5451fdu);
+  const Philox4 c = philox4x32_10(0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0);
+  EXPECT_EQ(c.v[0], 0xd16cfe09u);
+  EXPECT_EQ(c.v[1], 0x94fdccebu);
+  EXPECT_EQ(c.v[2], 0x5001e420u);
+  EXPECT_EQ(c.v[3], 0x24126ea1u);
+}
+
+TEST(Philox, UniformIsInRangeAndKeyedBySeedPositionStream) {
+  double sum = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    const double u = philox_uniform(7, i, DrawStream::token);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.005);  // 5 standard errors of a uniform mean (0.29 / sqrt(n))
+  EXPECT_EQ(philox_uniform(7, 5, DrawStream::token), philox_uniform(7, 5, DrawStream::token));
+  EXPECT_NE(philox_uniform(7, 5, DrawStream::token), philox_uniform(8, 5, DrawStream::token));
+  EXPECT_NE(philox_uniform(7, 5, DrawStream::token), philox_uniform(7, 6, DrawStream::token));
+  EXPECT_NE(philox_uniform(7, 5, DrawStream::token), philox_uniform(7, 5, DrawStream::accept));
+  EXPECT_NE(philox_uniform(7, 5, DrawStream::token),
+            philox_uniform(7, int64_t(5) + (int64_t(1) << 32), DrawStream::token));
 }

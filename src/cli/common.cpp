@@ -12,7 +12,11 @@ std::string bundled_model_path() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   std::vector<fs::path> candidates;
-  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "models" / "target.gguf");
+  if (!ec) {
+    candidates.push_back(exe.parent_path().parent_path() / "models" / "target.gguf");  // build/ultra
+    candidates.push_back(exe.parent_path().parent_path() / "share" / "ultra" / "models" /
+                         "target.gguf");  // bin/
+  }
   candidates.push_back(fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf");
   for (const auto& c : candidates)
     if (fs::is_regular_file(c, ec)) return c.string();
