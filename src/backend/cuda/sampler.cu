@@ -836,8 +836,11 @@ cudaError_t plan_sampler(const DeviceInfo& dev, int max_rows, int vocab, int max
     return cudaErrorInvalidValue;
   const size_t smem = smem_bytes_for(vocab);
   if (dev.smem_optin_bytes && smem > dev.smem_optin_bytes) return cudaErrorInvalidValue;
+  // The limit is per kernel, not per plan: raise it to the device's opt-in maximum (never lower it below
+  // what another plan needs); each launch still asks for its plan's bytes only.
+  const size_t limit = dev.smem_optin_bytes > smem ? dev.smem_optin_bytes : smem;
   if (cudaError_t e =
-          cudaFuncSetAttribute(sampler_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+          cudaFuncSetAttribute(sampler_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit);
       e != cudaSuccess)
     return e;
   plan->max_rows = max_rows;
