@@ -99,6 +99,8 @@ __global__ void read_kernel(const uint4* p, size_t n16, uint32_t* sink) {
 
 // Median time (ms) of one call of `body`, captured `per_graph` times into a graph and replayed.
 double time_graph(cudaStream_t st, int per_graph, const std::function<void(int)>& body, int reps = 5) {
+  body(0);  // direct warm-up: module loading and host-side plans happen outside the capture
+  CK(cudaStreamSynchronize(st));
   cudaGraph_t g;
   cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
