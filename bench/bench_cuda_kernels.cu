@@ -1,0 +1,350 @@
+// Bandwidth benchmark of the CUDA kernels against two ceilings measured in the same run:
+//   read     a plain streaming read of 2 GiB (16-byte loads, 4 in flight per thread, xor-reduced, tiny write)
+//   copy     cudaMemcpyAsync device to device of 1 GiB (bytes read + bytes written)
+// Then
+//   gemv       BF16 Llama-like shapes for n = 1, 2, 4, 8, 16, 32: weight + activation bytes / time, and the
+//              ratio to the read ceiling. Each timed graph runs 32 launches rotating over enough weight
+//              copies that they span > 4x the L2 (so the cache cannot serve them).
+//   attention  Llama-3-8B layer shape (32 heads, 8 kv heads, head_dim 128, F16 cache), one row, contexts
+//              512, 4096, 32768: K + V bytes / time, rotating over slots for the same reason.
+//   sampler    V = 128256: greedy, top_k = 40 (+ top_p 0.95, min_p 0.05) and top_k = 0 top_p = 0.9,
+//              microseconds per launch for 1 row and for 32 rows.
+// Times: CUDA events around graph replays (median of 7 trials). Prints a table; --out DIR also writes
+// DIR/bench_cuda_kernels.txt.
+//   bench_cuda_kernels [--out DIR] [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+
+using namespace ultra;
+using namespace ultra::cuda;
+
+namespace {
+
+FILE* g_log = nullptr;
+bool g_quick = false;
+std::vector<std::string> g_summary;
+
+void out(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char buf[2048];
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::fputs(buf, stdout);
+  std::fflush(stdout);
+  if (g_log) std::fputs(buf, g_log);
+}
+
+#define CK(call)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      out("ERROR %s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+template <class T>
+T* dalloc(size_t count) {
+  T* p = nullptr;
+  CK(cudaMalloc(&p, count * sizeof(T)));
+  return p;
+}
+
+// Fills device memory with pseudo-random bytes (never zeros: they can run faster than real data).
+__global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed, uint32_t mask) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = x & mask;
+  }
+}
+// mask 0x3f7f3f7f keeps two bf16 / one f32 per word finite and below 2 in magnitude
+void fill(void* p, size_t bytes, uint32_t seed, uint32_t mask = 0x3f7f3f7fu) {
+  fill_kernel<<<1024, 256>>>(static_cast<uint32_t*>(p), bytes / 4, seed, mask);
+  CK(cudaGetLastError());
+}
+
+__global__ void read_kernel(const uint4* p, size_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    const uint4 a = detail::ld_stream16(p + i), b = detail::ld_stream16(p + i + stride);
+    const uint4 c = detail::ld_stream16(p + i + 2 * stride), d = detail::ld_stream16(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 a = detail::ld_stream16(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // practically never: keeps the loads alive
+}
+
+// Median time (ms) of one call of `body`, captured `per_graph` times into a graph and replayed.
+double time_graph(cudaStream_t st, int per_graph, const std::function<void(int)>& body, int reps = 5) {
+  body(0);  // direct warm-up: module loading and host-side plans happen outside the capture
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < per_graph; ++i) body(i);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, st));  // warm-up
+  CK(cudaStreamSynchronize(st));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int trial = 0; trial < 7; ++trial) {
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < reps; ++r) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms / (reps * per_graph));
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+DeviceInfo g_dev;
+
+double bench_read(cudaStream_t st) {
+  const size_t bytes = g_quick ? (size_t)512 << 20 : (size_t)2 << 30;
+  uint8_t* buf = dalloc<uint8_t>(bytes);
+  uint32_t* sink = dalloc<uint32_t>(1);
+  fill(buf, bytes, 1);
+  double best = 0;
+  for (int bps : {4, 8, 16}) {
+    const int blocks = g_dev.n_sms * bps;
+    const double ms = time_graph(st, 4, [&](int) {
+      read_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const uint4*>(buf), bytes / 16, sink);
+    });
+    const double gbs = bytes / ms / 1e6;
+    out("  read ceiling: %d blocks x 256 threads: %.3f ms, %.0f GB/s\n", blocks, ms, gbs);
+    best = std::max(best, gbs);
+  }
+  const size_t cbytes = bytes / 2;
+  const double ms = time_graph(
+      st, 4, [&](int) { CK(cudaMemcpyAsync(buf + cbytes, buf, cbytes, cudaMemcpyDeviceToDevice, st)); });
+  const double cgbs = 2.0 * cbytes / ms / 1e6;
+  out("  copy ceiling: cudaMemcpyAsync D2D %zu MB: %.3f ms, %.0f GB/s (read + write)\n", cbytes >> 20, ms,
+      cgbs);
+  g_summary.push_back(std::string("read ceiling ") + std::to_string((int)best) + " GB/s, D2D copy " +
+                      std::to_string((int)cgbs) + " GB/s (read+write)");
+  CK(cudaFree(buf));
+  CK(cudaFree(sink));
+  return best;
+}
+
+void bench_gemv(cudaStream_t st, double ceiling) {
+  struct S {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
+                                 {"ffn up 14336x4096", 14336, 4096},
+                                 {"ffn down 4096x14336", 4096, 14336},
+                                 {"lm_head 128256x4096", 128256, 4096}};
+  const std::vector<int> ns = g_quick ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 2, 4, 8, 16, 32};
+  out("\n  gemv (BF16 weights, f32 activations)        n   us/call    GB/s   of read ceiling\n");
+  for (const S& s : shapes) {
+    const size_t wbytes = (size_t)s.rows * s.cols * 2;
+    const size_t span = 4 * g_dev.l2_bytes;
+    const int copies = (int)std::max<size_t>(2, (span + wbytes - 1) / wbytes);
+    std::vector<uint8_t*> w(copies);
+    for (int i = 0; i < copies; ++i) {
+      w[i] = dalloc<uint8_t>(wbytes);
+      fill(w[i], wbytes, 100 + i);
+    }
+    float* x = dalloc<float>((size_t)32 * s.cols);
+    float* y = dalloc<float>((size_t)32 * s.rows);
+    fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
+    for (int n : ns) {
+      const double ms = time_graph(st, 32, [&](int i) {
+        WeightView wv{GgmlType::BF16, w[i % copies], s.rows, s.cols, (size_t)s.cols * 2};
+        CK(gemv(wv, x, n, y, nullptr, false, st));
+      });
+      const double bytes = (double)wbytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
+      const double gbs = bytes / ms / 1e6;
+      out("  %-40s %3d %9.2f %7.0f   %5.1f%%\n", s.name, n, ms * 1e3, gbs, 100.0 * gbs / ceiling);
+      if (n == 1 || n == 32)
+        g_summary.push_back(std::string("gemv ") + s.name + " n=" + std::to_string(n) + ": " +
+                            std::to_string((int)gbs) +
+                            " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");
+    }
+    for (auto p : w) CK(cudaFree(p));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+  }
+}
+
+void bench_attention(cudaStream_t st, double ceiling) {
+  const int n_heads = 32, n_kv = 8, hd = 128;
+  out("\n  attention (F16 cache, 32 heads, 8 kv heads, hd 128)  ctx  rows splits  us/call   GB/s  of read\n");
+  for (int ctx : {512, 4096, 32768}) {
+    for (int rows : {1, 8}) {
+      const size_t slot_bytes = (size_t)n_kv * ctx * hd * 2 * 2;  // K + V
+      const int n_slots = (int)std::max<size_t>(rows, (4 * g_dev.l2_bytes + slot_bytes - 1) / slot_bytes);
+      const size_t ce = (size_t)n_slots * n_kv * ctx * hd;
+      uint16_t* k = dalloc<uint16_t>(ce);
+      uint16_t* v = dalloc<uint16_t>(ce);
+      fill(k, ce * 2, 11, 0x3bff3bffu);  // f16 values below 1
+      fill(v, ce * 2, 12, 0x3bff3bffu);
+      KvLayerView kv{GgmlType::F16, k, v, n_slots, n_kv, ctx, hd};
+      const AttentionPlan plan = plan_attention(g_dev, kv, n_heads, rows);
+      uint8_t* ws = dalloc<uint8_t>(plan.workspace_bytes + 256);
+      float* q = dalloc<float>((size_t)rows * n_heads * hd);
+      float* o = dalloc<float>((size_t)rows * n_heads * hd);
+      fill(q, (size_t)rows * n_heads * hd * 4, 13, 0x3f7fffffu);
+      const int groups = std::max(1, n_slots / rows);
+      std::vector<int32_t> pos((size_t)groups * rows, ctx - 1), seq((size_t)groups * rows);
+      for (int gi = 0; gi < groups; ++gi)
+        for (int r = 0; r < rows; ++r) seq[(size_t)gi * rows + r] = (gi * rows + r) % n_slots;
+      int32_t* dpos = dalloc<int32_t>(pos.size());
+      int32_t* dseq = dalloc<int32_t>(seq.size());
+      CK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dseq, seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
+      const double ms = time_graph(st, 32, [&](int i) {
+        const int gi = i % groups;
+        CK(attention(plan, kv, q, rows, dpos + gi * rows, dseq + gi * rows, 0.088f, o, ws, st));
+      });
+      const double bytes = (double)rows * slot_bytes;
+      const double gbs = bytes / ms / 1e6;
+      out("  %-50s %6d %4d %6d %8.2f %6.0f  %5.1f%%\n", "", ctx, rows, plan.n_splits, ms * 1e3, gbs,
+          100.0 * gbs / ceiling);
+      g_summary.push_back("attention ctx=" + std::to_string(ctx) + " rows=" + std::to_string(rows) + ": " +
+                          std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
+                          " GB/s");
+      for (void* p : {(void*)k, (void*)v, (void*)ws, (void*)q, (void*)o, (void*)dpos, (void*)dseq})
+        CK(cudaFree(p));
+    }
+  }
+}
+
+void bench_sampler(cudaStream_t st) {
+  const int V = 128256, max_rows = 32;
+  SamplerPlan plan;
+  CK(plan_sampler(g_dev, max_rows, V, 64, &plan));
+  uint8_t* ws = dalloc<uint8_t>(plan.workspace_bytes);
+  CK(sampler_workspace_init(plan, ws, st));
+  float* logits = dalloc<float>((size_t)max_rows * V);
+  {  // N(0, 3)-like logits on the host
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> h((size_t)max_rows * V);
+    for (auto& v : h) v = nd(rng);
+    CK(cudaMemcpy(logits, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  }
+  int32_t* hist = dalloc<int32_t>(64);
+  CK(cudaMemset(hist, 0, 64 * 4));
+  int32_t *tok = dalloc<int32_t>(max_rows), *err = dalloc<int32_t>(max_rows);
+  int32_t* ttok = dalloc<int32_t>((size_t)max_rows * kSamplerMaxProbs);
+  float *lp = dalloc<float>(max_rows), *tlp = dalloc<float>((size_t)max_rows * kSamplerMaxProbs);
+  SamplerOutputs so{tok, lp, ttok, tlp, err};
+  SamplerRow* drows = dalloc<SamplerRow>(max_rows);
+  struct C {
+    const char* name;
+    float T;
+    int k;
+    float top_p, min_p;
+    float rp;
+  };
+  const C cases[] = {{"greedy", 0.0f, 0, 1.0f, 0.0f, 1.0f},
+                     {"top_k=40 top_p=0.95 min_p=0.05", 0.8f, 40, 0.95f, 0.05f, 1.0f},
+                     {"top_k=40 + repeat penalty (64)", 0.8f, 40, 0.95f, 0.05f, 1.1f},
+                     {"top_k=0 top_p=0.9", 1.0f, 0, 0.9f, 0.0f, 1.0f},
+                     {"top_k=0 top_p=0.9 T=3 (flat)", 3.0f, 0, 0.9f, 0.0f, 1.0f}};
+  out("\n  sampler V=128256                              us/launch (1 row)   us/launch (32 rows)\n");
+  for (const C& c : cases) {
+    std::vector<SamplerRow> rows(max_rows);
+    for (int r = 0; r < max_rows; ++r) {
+      SamplerRow& p = rows[r];
+      p = SamplerRow{};
+      p.temperature = c.T, p.top_k = c.k, p.top_p = c.top_p, p.min_p = c.min_p, p.repeat_penalty = c.rp;
+      p.n_probs = 5, p.seed = 42 + r, p.position = 1000, p.hist = hist, p.n_hist = 64, p.logits_row = r;
+    }
+    CK(cudaMemcpy(drows, rows.data(), rows.size() * sizeof(SamplerRow), cudaMemcpyHostToDevice));
+    double t[2];
+    int i = 0;
+    for (int n : {1, max_rows}) {
+      t[i++] = time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3;
+    }
+    out("  %-44s %10.1f %20.1f\n", c.name, t[0], t[1]);
+    g_summary.push_back(std::string("sampler ") + c.name + ": " + std::to_string(t[0]).substr(0, 6) +
+                        " us (1 row), " + std::to_string(t[1]).substr(0, 6) + " us (32 rows)");
+  }
+  for (void* p : {(void*)ws, (void*)logits, (void*)hist, (void*)tok, (void*)err, (void*)ttok, (void*)lp,
+                  (void*)tlp, (void*)drows})
+    CK(cudaFree(p));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc)
+      out_dir = argv[++i];
+    else if (a == "--quick")
+      g_quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--out DIR] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  if (!out_dir.empty()) {
+    const std::string path = out_dir + "/bench_cuda_kernels.txt";
+    g_log = std::fopen(path.c_str(), "w");
+    if (!g_log) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 2;
+    }
+  }
+  CK(query_device(0, &g_dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  out("device: %s, %d SMs, L2 %zu MB, %zu GB\n", prop.name, g_dev.n_sms, g_dev.l2_bytes >> 20,
+      prop.totalGlobalMem >> 30);
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  out("\nceilings\n");
+  const double ceiling = bench_read(st);
+  bench_gemv(st, ceiling);
+  bench_attention(st, ceiling);
+  bench_sampler(st);
+  out("\nsummary\n");
+  for (const auto& s : g_summary) out("  %s\n", s.c_str());
+  CK(cudaStreamDestroy(st));
+  if (g_log) std::fclose(g_log);
+  return 0;
+}

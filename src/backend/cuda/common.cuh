@@ -1,0 +1,161 @@
+// Device helpers shared by the CUDA kernels: element loads and conversions, TF32 tensor-core MMA,
+// warp / block reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ultra::cuda::detail {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+inline bool aligned16(const void* p) {
+  return ((uintptr_t)p & 15) == 0;
+}
+
+// ---- Loads -----------------------------------------------------------------------------------------------
+
+// 16 bytes of data read once (weights, KV cache): read-only path, not kept in L1 (which holds the
+// activations every warp re-reads), with a 256-byte L2 prefetch of the following bytes of the stream.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float4 ld_f4(const float* p) {
+  return __ldg(reinterpret_cast<const float4*>(p));
+}
+
+// One element of type T at index i, as f32 (any alignment of the row).
+template <GgmlType T>
+__device__ __forceinline__ float load_elem(const void* base, int64_t i) {
+  if constexpr (T == GgmlType::F32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (T == GgmlType::F16) {
+    return __half2float(static_cast<const __half*>(base)[i]);
+  } else {
+    static_assert(T == GgmlType::BF16);
+    return __uint_as_float((uint32_t) static_cast<const uint16_t*>(base)[i] << 16);
+  }
+}
+
+// f32 -> element of type T (round to nearest even), stored at index i.
+template <GgmlType T>
+__device__ __forceinline__ void store_elem(void* base, int64_t i, float v) {
+  if constexpr (T == GgmlType::F32) {
+    static_cast<float*>(base)[i] = v;
+  } else if constexpr (T == GgmlType::F16) {
+    static_cast<__half*>(base)[i] = __float2half_rn(v);
+  } else {
+    static_assert(T == GgmlType::BF16);
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+// ---- TF32 tensor-core MMA --------------------------------------------------------------------------------
+//
+// mma.sync m16n8k8 .tf32, fragments per lane (g = lane / 4, t = lane % 4):
+//   A (16x8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B (8x8, "col"):      b0 = B[t][g], b1 = B[t+4][g]
+//   C (16x8):            c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// The kernels exploit that the k order of a product is free: lane t of a row loads 8 consecutive elements
+// (16 bytes) and uses elements (2s, 2s+1) as its k = t and k = t + 4 of the s-th MMA; the B side (x) uses
+// the same mapping, so the sum over k covers every column exactly once.
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo with hi, lo in TF32; hi + lo equals x to ~2^-22 relative.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A chunk of 8 consecutive elements of a weight / cache row, as raw 32-bit words: 4 words for F16 / BF16
+// (one 16-byte load), 8 for F32 (two loads).
+template <GgmlType T>
+struct Chunk8 {
+  static constexpr int kWords = T == GgmlType::F32 ? 8 : 4;
+  uint32_t w[kWords];
+
+  __device__ __forceinline__ void load(const void* p) {  // p: 16-byte aligned
+    const uint4 a = ld_stream16(p);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    if constexpr (kWords == 8) {
+      const uint4 b = ld_stream16(static_cast<const uint8_t*>(p) + 16);
+      w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    }
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0;
+  }
+  // Elements 2s and 2s+1 as f32 values.
+  __device__ __forceinline__ float2 pair(int s) const {
+    if constexpr (T == GgmlType::F32) {
+      return make_float2(__uint_as_float(w[2 * s]), __uint_as_float(w[2 * s + 1]));
+    } else if constexpr (T == GgmlType::F16) {
+      __half2 h;
+      memcpy(&h, &w[s], 4);
+      return __half22float2(h);
+    } else {
+      return make_float2(__uint_as_float(w[s] << 16), __uint_as_float(w[s] & 0xffff0000u));
+    }
+  }
+  // Element e (0..7) as f32.
+  __device__ __forceinline__ float elem(int e) const {
+    const float2 p = pair(e >> 1);
+    return (e & 1) ? p.y : p.x;
+  }
+};
+
+// ---- Reductions ------------------------------------------------------------------------------------------
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// scratch: 32 elements of shared memory; the function synchronizes the block twice.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = lane < n_warps ? scratch[lane] : T(0);
+  r = warp_sum(r);
+  __syncthreads();  // scratch may be reused right after
+  return r;
+}
+
+}  // namespace ultra::cuda::detail

@@ -1,0 +1,223 @@
+// Prefill matmul (n > 32 rows) through cuBLASLt, and the CudaMatmul object that owns its handle.
+//
+// Layout: W is [rows, cols] row-major = a column-major cols x rows matrix, so with op(A) = T, A = W,
+// B = x^T (column-major cols x n, i.e. x row-major [n, cols]) and D = y^T (column-major rows x n = y
+// row-major [n, rows]): the "TN" GEMM the tensor cores prefer. M = rows, N = n, K = cols.
+#include <cublasLt.h>
+
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace ultra::cuda {
+
+using namespace detail;
+
+namespace {
+
+// Largest power of two <= 256 that divides the address (cuBLASLt assumes 256 unless told).
+uint32_t alignment_of(const void* p) {
+  const uintptr_t v = (uintptr_t)p;
+  uint32_t a = 256;
+  while (a > 1 && (v % a) != 0) a >>= 1;
+  return a;
+}
+
+size_t round_up(size_t v, size_t to) {
+  return (v + to - 1) / to * to;
+}
+
+}  // namespace
+
+struct CudaMatmul::Impl {
+  struct Plan {
+    // key
+    GgmlType type;
+    int64_t rows, cols, ld;
+    int n;
+    bool bias;
+    uint32_t align_a, align_b, align_c;
+    // cuBLASLt objects
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // a heuristic answer was found
+  };
+
+  cublasLtHandle_t lt = nullptr;
+  uint8_t* ws = nullptr;  // [kCublasWorkspaceBytes] cuBLASLt, then the converted activations
+  size_t ws_bytes = 0;
+  std::vector<Plan> plans;
+
+  ~Impl() {
+    for (Plan& p : plans) destroy(p);
+    if (lt) cublasLtDestroy(lt);
+  }
+  static void destroy(Plan& p) {
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+  }
+
+  // Returns the cached plan for the key, creating it (and querying the heuristic) on first use.
+  Plan* plan(GgmlType type, int64_t rows, int64_t cols, int64_t ld, int n, bool bias, uint32_t al_a,
+             uint32_t al_b, uint32_t al_c, cublasStatus_t* st) {
+    for (Plan& p : plans)
+      if (p.type == type && p.rows == rows && p.cols == cols && p.ld == ld && p.n == n && p.bias == bias &&
+          p.align_a == al_a && p.align_b == al_b && p.align_c == al_c)
+        return &p;
+    Plan p{type, rows, cols, ld, n, bias, al_a, al_b, al_c};
+    const cudaDataType_t ab = type == GgmlType::F32   ? CUDA_R_32F
+                              : type == GgmlType::F16 ? CUDA_R_16F
+                                                      : CUDA_R_16BF;
+    *st = create(p, ab);
+    if (*st != CUBLAS_STATUS_SUCCESS) {
+      destroy(p);
+      return nullptr;
+    }
+    plans.push_back(p);
+    return &plans.back();
+  }
+
+  cublasStatus_t create(Plan& p, cudaDataType_t ab) {
+    cublasStatus_t st;
+#define LT_TRY(call) \
+  if ((st = (call)) != CUBLAS_STATUS_SUCCESS) return st
+    LT_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (p.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bt = CUDA_R_32F;
+      LT_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      LT_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    }
+    LT_TRY(cublasLtMatrixLayoutCreate(&p.a, ab, p.cols, p.rows, p.ld));         // W: K x M, column-major
+    LT_TRY(cublasLtMatrixLayoutCreate(&p.b, ab, p.cols, p.n, p.cols));          // x: K x N
+    LT_TRY(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, p.rows, p.n, p.rows));  // y: M x N
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t wsb = kCublasWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t res{};
+    int n_res = 0;
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                              sizeof(wsb));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &p.align_a,
+                                                sizeof(uint32_t));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &p.align_b,
+                                                sizeof(uint32_t));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &p.align_c,
+                                                sizeof(uint32_t));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &p.align_c,
+                                                sizeof(uint32_t));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &n_res);
+    cublasLtMatmulPreferenceDestroy(pref);
+    // No algorithm is not an error: matmul() falls back to gemv in chunks of 32 rows.
+    if (st == CUBLAS_STATUS_SUCCESS && n_res > 0) {
+      p.algo = res.algo;
+      p.ok = true;
+    }
+    return st == CUBLAS_STATUS_NOT_SUPPORTED ? CUBLAS_STATUS_SUCCESS : st;
+#undef LT_TRY
+  }
+};
+
+size_t CudaMatmul::workspace_bytes(int max_n, int64_t max_cols) {
+  return kCublasWorkspaceBytes + round_up((size_t)(max_n > 0 ? max_n : 0) * (size_t)max_cols * 2, 256);
+}
+
+CudaMatmul::~CudaMatmul() {
+  delete impl_;
+}
+
+cudaError_t CudaMatmul::init(void* workspace, size_t bytes) {
+  if (impl_ || !workspace || bytes < kCublasWorkspaceBytes || alignment_of(workspace) < 256)
+    return cudaErrorInvalidValue;
+  auto* im = new Impl;
+  const cublasStatus_t st = cublasLtCreate(&im->lt);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    last_status_ = (int)st;
+    delete im;
+    return cudaErrorUnknown;
+  }
+  im->ws = static_cast<uint8_t*>(workspace);
+  im->ws_bytes = bytes;
+  impl_ = im;
+  return cudaSuccess;
+}
+
+cudaError_t CudaMatmul::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                               bool accumulate, cudaStream_t stream) {
+  if (n < 1) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (n <= kGemvMaxRows) return gemv(w, x, n, y, bias, accumulate, stream);
+  if (!impl_ || w.rows <= 0 || w.cols <= 0 || !w.data) return cudaErrorInvalidValue;
+  int64_t esize;
+  switch (w.type) {
+    case GgmlType::F32:
+      esize = 4;
+      break;
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      esize = 2;
+      break;
+    default:  // TODO(q8_0): dequantise a tile to BF16 in the workspace, then the same GEMM
+      return cudaErrorInvalidValue;
+  }
+  if ((int64_t)w.row_bytes % esize != 0 || (int64_t)w.row_bytes < w.cols * esize)
+    return cudaErrorInvalidValue;
+  const int64_t ld = (int64_t)w.row_bytes / esize;
+
+  // Activations in the weight type (BF16 / F16) into the workspace; f32 weights take x as is.
+  const void* b = x;
+  if (w.type != GgmlType::F32) {
+    const size_t need = (size_t)n * (size_t)w.cols * 2;
+    if (impl_->ws_bytes < kCublasWorkspaceBytes + need) return cudaErrorInvalidValue;
+    void* xc = impl_->ws + kCublasWorkspaceBytes;
+    if (cudaError_t e = convert_f32(x, (int64_t)n * w.cols, w.type, xc, stream); e != cudaSuccess) return e;
+    b = xc;
+  }
+
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  Impl::Plan* p = impl_->plan(w.type, w.rows, w.cols, ld, n, bias != nullptr, alignment_of(w.data),
+                              alignment_of(b), alignment_of(y), &st);
+  if (!p) {
+    last_status_ = (int)st;
+    return cudaErrorUnknown;
+  }
+  if (!p->ok) {  // no cuBLASLt algorithm for this shape / alignment: gemv, 32 rows at a time
+    for (int t0 = 0; t0 < n; t0 += kGemvMaxRows) {
+      const int nt = n - t0 < kGemvMaxRows ? n - t0 : kGemvMaxRows;
+      if (cudaError_t e =
+              gemv(w, x + (int64_t)t0 * w.cols, nt, y + (int64_t)t0 * w.rows, bias, accumulate, stream);
+          e != cudaSuccess)
+        return e;
+    }
+    return cudaSuccess;
+  }
+  if (bias) {
+    st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      last_status_ = (int)st;
+      return cudaErrorUnknown;
+    }
+  }
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  st = cublasLtMatmul(impl_->lt, p->op, &alpha, w.data, p->a, b, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                      impl_->ws, kCublasWorkspaceBytes, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    last_status_ = (int)st;
+    return cudaErrorUnknown;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace ultra::cuda

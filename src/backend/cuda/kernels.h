@@ -1,0 +1,273 @@
+// CUDA kernels of the forward pass and the token sampler (Hopper, sm_90a), with small host launchers.
+//
+// Every launcher takes device pointers, shapes and a stream. None allocates, synchronizes or reads device
+// data on the host, so every launch can be captured into a CUDA graph: whatever depends on data
+// (positions, sequence ids, tokens, sampler parameters) is read by the kernels from device memory. Scratch
+// memory comes from the caller, sized by the plan_* / *_workspace_bytes functions, which are called once
+// (before capture) and may query the device.
+//
+// Activations are f32; weights F32 / F16 / BF16 (Q8_0: not yet, see gemv); KV cache F32 / F16 / BF16.
+// Launchers return cudaErrorInvalidValue for a shape or type they do not support (decided from the
+// arguments on the host, never from device data) and otherwise the launch status (cudaGetLastError).
+//
+// Each kernel's body is a __device__ function over one explicit tile (a block's worth of work) called by a
+// thin __global__ wrapper, so that the bodies can later run inside one persistent kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/views.h"
+
+namespace ultra::cuda {
+
+// ---- Device -------------------------------------------------------------------------------------------
+
+struct DeviceInfo {
+  int device = 0;
+  int n_sms = 0;                // multiprocessors
+  size_t l2_bytes = 0;          // L2 cache size
+  size_t smem_optin_bytes = 0;  // largest dynamic shared memory one block may opt into
+};
+cudaError_t query_device(int device, DeviceInfo* out);
+
+// ---- Elementwise and row ops ---------------------------------------------------------------------------
+
+// x[i, :] = row tokens[i] of tok_embd (F32 / F16 / BF16 [vocab, dim]); a token outside [0, vocab) gives a
+// zero row.
+cudaError_t embed(const WeightView& tok_embd,
+                  const int32_t* tokens,  // [n]
+                  int n,
+                  float* x,  // [n, dim]
+                  cudaStream_t stream);
+
+// out = x / sqrt(mean(x^2) + eps) * w, per row (sum of squares in f32). out may alias x.
+cudaError_t rmsnorm(const float* x,  // [n, dim]
+                    const float* w,  // [dim]
+                    int n, int dim, float eps,
+                    float* out,  // [n, dim]
+                    cudaStream_t stream);
+
+// out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). out may alias gate or up.
+cudaError_t silu_mul(const float* gate,  // [count]
+                     const float* up,    // [count]
+                     int64_t count,
+                     float* out,  // [count]
+                     cudaStream_t stream);
+
+// x += y.
+cudaError_t add(float* x,        // [count]
+                const float* y,  // [count]
+                int64_t count, cudaStream_t stream);
+
+// out[r, :] = x[rows[r], :] (rows read from device memory; a negative row gives a zero row).
+cudaError_t gather_rows(const float* x,       // [*, dim]
+                        const int32_t* rows,  // [n_out]
+                        int n_out, int dim,
+                        float* out,  // [n_out, dim]
+                        cudaStream_t stream);
+
+// RoPE in place at positions pos[t], as cpu::rope: the angle of pair i is (float)pos * inv_freq[i] in f32;
+// cos/sin and the rotation are evaluated in double (as rope_ref), so results match the CPU reference to
+// f32 rounding. interleaved: pairs (2i, 2i+1) (llama.cpp "norm"); else (i, i + head_dim/2) (HF rotate_half).
+// q and k are rotated by one launch; k may be null (n_kv_heads is then ignored). head_dim even, <= 1024.
+cudaError_t rope(float* q,  // [n, n_heads, head_dim]
+                 int n_heads,
+                 float* k,  // [n, n_kv_heads, head_dim] or null
+                 int n_kv_heads, int n, int head_dim,
+                 const int32_t* pos,     // [n]
+                 const float* inv_freq,  // [head_dim / 2]
+                 bool interleaved, cudaStream_t stream);
+
+// Writes this step's k and v rows into the cache at (seq[t], head, pos[t]), converted to the cache type.
+// Rows with seq[t] < 0 (padding), seq[t] >= n_slots or pos[t] outside [0, max_ctx) are skipped.
+cudaError_t kv_write(const KvLayerView& kv,  // [n_slots, n_kv_heads, max_ctx, head_dim]
+                     const float* k,         // [n, n_kv_heads, head_dim]
+                     const float* v,         // [n, n_kv_heads, head_dim]
+                     int n,
+                     const int32_t* pos,  // [n]
+                     const int32_t* seq,  // [n]
+                     cudaStream_t stream);
+
+// Converts f32 to F16 or BF16 (round to nearest even), e.g. activations for a tensor-core GEMM.
+cudaError_t convert_f32(const float* x,  // [count]
+                        int64_t count, GgmlType to,
+                        void* out,  // [count] of `to`
+                        cudaStream_t stream);
+
+// ---- Matrix multiplication ---------------------------------------------------------------------------
+//
+// y[t, r] = sum_c W[r, c] x[t, c] (+ bias[r]); with accumulate, y += that (the residual add fused into the
+// output and down projections). y must not alias x.
+
+constexpr int kGemvMaxRows = 32;
+
+enum class GemvPath {
+  automatic,  // tensor cores when the shape allows it (cols % 8 == 0, 16-byte aligned rows and x), else simt
+  tensor_core,  // fails with cudaErrorInvalidValue when the shape does not allow it
+  simt,         // the plain fallback (any shape and alignment; slow for n > 4)
+};
+
+// Decode / small batch, 1 <= n <= kGemvMaxRows: streams every weight once for all n rows.
+// Tensor-core path: mma.sync m16n8k8 TF32 with the weights exact in TF32 (F16 / BF16) and x split into
+// hi + lo TF32 parts (two products; F32 weights are split as well: three), so the result carries f32
+// accuracy (~1e-6 relative) at tensor-core throughput. Weights read with 16-byte streaming loads; each
+// block owns 16 or 32 rows and its 8 warps split the columns.
+cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
+                 const float* x,       // [n, cols]
+                 int n,
+                 float* y,           // [n, rows]
+                 const float* bias,  // [rows] or null
+                 bool accumulate, cudaStream_t stream, GemvPath path = GemvPath::automatic);
+
+// Matmul for any n: gemv for n <= kGemvMaxRows, else (prefill) cuBLASLt on tensor cores: x converted to the
+// weight type (BF16 / F16) into the workspace, GEMM with f32 accumulation and f32 output, bias by the
+// cuBLASLt epilogue, accumulate by beta = 1. F32 weights use an f32 GEMM (CUBLAS_COMPUTE_32F). The cuBLASLt
+// handle is created once by init(); matmul descriptors and the chosen algorithm are cached per shape on
+// the host (the first call of a shape queries the heuristic; do it before capture to keep capture cheap).
+// Not thread-safe: one CudaMatmul per host thread / stream.
+class CudaMatmul {
+ public:
+  static constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS' recommendation for Hopper
+  // Device scratch for n <= max_n rows of at most max_cols columns: the cuBLASLt workspace plus the
+  // converted activations.
+  static size_t workspace_bytes(int max_n, int64_t max_cols);
+
+  CudaMatmul() = default;
+  ~CudaMatmul();
+  CudaMatmul(const CudaMatmul&) = delete;
+  CudaMatmul& operator=(const CudaMatmul&) = delete;
+
+  // workspace: device memory of workspace_bytes(max_n, max_cols), owned by the caller, 256-byte aligned.
+  cudaError_t init(void* workspace, size_t workspace_bytes);
+  cudaError_t matmul(const WeightView& w,  // [rows, cols]
+                     const float* x,       // [n, cols]
+                     int n,
+                     float* y,           // [n, rows]
+                     const float* bias,  // [rows] or null
+                     bool accumulate, cudaStream_t stream);
+  // cublasStatus_t of the last cuBLAS(Lt) call that failed (0 if none), for error messages.
+  int last_cublas_status() const { return last_status_; }
+
+ private:
+  struct Impl;
+  Impl* impl_ = nullptr;
+  int last_status_ = 0;
+};
+
+// ---- Attention ----------------------------------------------------------------------------------------
+//
+// Causal GQA attention over the slotted cache: row t, head h attends positions [0, pos[t]] of slot seq[t],
+// kv head h / (n_heads / n_kv_heads). Rows with seq[t] < 0 (or pos[t] < 0) are padding: zero output.
+// Rows with pos[t] >= max_ctx attend the whole slot.
+// One block handles one row, one kv head, up to 8 query heads of its group and one chunk of positions:
+// K and V are read once per (row, kv head) when the group is <= 8 (QK^T on tensor cores as in gemv, f32
+// accurate; softmax and P.V in f32). The positions [0, pos[t]] are split into n_splits chunks (at least 64
+// positions each; blocks whose chunk is empty exit at once); with n_splits > 1 each block writes a
+// partial (max, sum, unnormalised output) to the workspace and a second kernel combines them
+// (flash-decoding). n_splits is fixed by the plan, so one captured graph serves every context length.
+// Prefill rows (n up to a few hundred, any positions) are correct but read K/V once per row.
+// head_dim % 8 == 0, head_dim <= 256.
+struct AttentionPlan {
+  int n_heads = 0;
+  int max_rows = 0;
+  int n_splits = 1;
+  size_t workspace_bytes = 0;  // for max_rows rows
+};
+// n_splits from the SM count, the rows and max_ctx (about 4 blocks per SM for max_rows rows, each split
+// at least 256 positions of a full context); force_splits > 0 overrides it.
+AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
+                             int force_splits = 0);
+cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
+                      const float* q,      // [n, n_heads, head_dim]
+                      int n,               // <= plan.max_rows
+                      const int32_t* pos,  // [n]
+                      const int32_t* seq,  // [n]
+                      float scale,
+                      float* out,       // [n, n_heads, head_dim]
+                      void* workspace,  // plan.workspace_bytes (unused when n_splits == 1)
+                      cudaStream_t stream);
+
+// ---- Sampler ------------------------------------------------------------------------------------------
+//
+// One block per output row, one fused kernel. The function computed (the CPU implements the same one):
+//  a. A NaN or Inf among logits[0, n_sample) sets error = 1; the row then gets token 0, logprob NaN.
+//  b. Penalties, for each distinct token t of the window hist[0, n_hist) seen c times (tokens outside
+//     [0, n_sample) ignored): l_t = (l_t <= 0 ? l_t * repeat_penalty : l_t / repeat_penalty)
+//                                    - (c * frequency_penalty + presence_penalty)   (f32, no FMA).
+//  c. Greedy (temperature <= 0 or NaN): argmax of the penalised logits, ties to the lowest id; logprob =
+//     log-softmax at temperature 1 (log-sum-exp: f32 exp terms summed in double); top-n: the n best
+//     (logit desc, id asc) with their log-softmax.
+//  d. Otherwise candidates in order (penalised logit desc, id asc); top-k (top_k <= 0 or >= n_sample: all);
+//     e_j = exp((l_j - l_0) / T) in f32 (e_0 = 1, and 1 for any l_j == l_0); min-p keeps the prefix with
+//     e_j >= min_p (when min_p > 0); top-p (when top_p < 1) keeps the smallest prefix whose cumulative
+//     sum (double) >= top_p * (sum of kept, double); p_j = (float)(e_j * (1.0 / sum_kept)) (double
+//     product); u = philox_uniform(seed, position, DrawStream::token); the token is the first j with
+//     u * total < cumsum_j (total and cumsum of p in double); if none, the last kept j with p_j > 0.
+//     logprob = (l_j - l_0) / T - log(sum_kept) in double; top-n from the kept candidates, best first.
+// Sums in double are evaluated in a fixed parallel order (not the CPU's sequential one), and exp is
+// CUDA's expf (<= 2 ulp): a decision can differ from the CPU's only when a compared quantity is within
+// ~1e-6 relative of its threshold.
+//
+// Paths (cost for V = 128256 on one SM; a pass reads the row's logits once):
+//  * greedy: one pass (argmax, top-n, online log-sum-exp).
+//  * 1 <= top_k <= 1024 (top_k < n_sample): one pass keeps the top_k candidates in shared memory
+//    (threshold filter + radix-select compaction), then everything else is O(top_k) in shared memory.
+//  * all tokens (top_k <= 0, >= n_sample, or > 1024): a pass for the max and top-n, a counting pass of
+//    the min-p survivors (exact test, with the logit prefilter l >= l_max + T log(min_p) - margin); if at
+//    most 8192 survive they are collected and finished as above (3 passes). Otherwise each of the
+//    count-based top-k cut, the top-p cut and the draw is a threshold search over the vocabulary by
+//    8-bit digits of the (logit, id) key with fixed-point (2^-44) bucket masses, 2-4 passes each, with
+//    the last bucket collected and finished exactly: ~5-12 passes for flat distributions.
+constexpr int kSamplerMaxProbs = 20;
+constexpr int kSamplerMaxTopK = 1024;      // largest top_k of the one-pass path
+constexpr int kSamplerMaxHistory = 32768;  // largest penalty window
+
+struct SamplerRow {        // one per output row, in device memory (the engine fills it before a graph replay)
+  float temperature;       // <= 0 or NaN: greedy
+  int32_t top_k;           // <= 0 or >= n_sample: all tokens
+  float top_p;             // >= 1: off
+  float min_p;             // <= 0: off
+  float repeat_penalty;    // 1: off
+  float presence_penalty;  // 0: off
+  float frequency_penalty;  // 0: off
+  int32_t n_probs;          // top-n logprobs to report, 0..kSamplerMaxProbs
+  uint64_t seed;
+  int64_t position;     // Philox counter: position of the token being drawn
+  const int32_t* hist;  // [n_hist] device memory: the penalty window (any order)
+  int32_t n_hist;       // <= the plan's max_hist
+  int32_t logits_row;   // row of the logits matrix to sample; < 0: skip (token -1, logprob NaN)
+};
+
+struct SamplerOutputs {
+  int32_t* token;      // [n_rows]
+  float* logprob;      // [n_rows]
+  int32_t* top_token;  // [n_rows, kSamplerMaxProbs]; unused entries -1; may be null
+  float* top_logprob;  // [n_rows, kSamplerMaxProbs]; unused entries -inf; null iff top_token is
+  int32_t* error;      // [n_rows] 1 when the row had a NaN / Inf logit, else 0
+};
+
+struct SamplerPlan {
+  int max_rows = 0;
+  int vocab = 0;
+  int max_hist = 0;
+  size_t workspace_bytes = 0;
+  size_t smem_bytes = 0;
+};
+// Sets the kernel's shared-memory limit (call before capture). Fails when the device cannot give one
+// block the shared memory that the vocabulary needs (about 80 KB + vocab / 8 bytes).
+cudaError_t plan_sampler(const DeviceInfo& dev, int max_rows, int vocab, int max_hist, SamplerPlan* plan);
+// The workspace holds per-row token counters that must start at zero; each launch leaves them at zero.
+// Zero-fill once after allocating it (or after a launch failed).
+cudaError_t sampler_workspace_init(const SamplerPlan& plan, void* workspace, cudaStream_t stream);
+cudaError_t sample(const SamplerPlan& plan,
+                   const float* logits,  // [*, ld], row SamplerRow::logits_row of each output row
+                   int64_t ld,
+                   int n_sample,            // <= plan.vocab, <= ld
+                   const SamplerRow* rows,  // [n_rows] device memory
+                   int n_rows,              // <= plan.max_rows
+                   const SamplerOutputs& out, void* workspace, cudaStream_t stream);
+
+}  // namespace ultra::cuda

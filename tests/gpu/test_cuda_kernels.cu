@@ -1,0 +1,1052 @@
+// GPU test of src/backend/cuda: every kernel against an independent float64 reference written here (the
+// project's convention for kernel oracles), on random data with odd shapes, outputs poisoned (NaN / 0xff)
+// before each run so that an unwritten element fails. Prints one PASS/FAIL line per kernel and shape, then
+// "test_cuda_kernels: N passed, M failed". Exit 0 when all pass, 1 on any failure, 77 when no CUDA device
+// is present (ctest's skip code in this repo).
+//
+//   test_cuda_kernels [--out DIR] [--seed N] [--filter SUBSTRING] [--quick]
+// --out DIR: also writes DIR/test_cuda_kernels.txt (the same lines). Nothing else is written.
+//
+// Depends only on the CUDA toolkit and header-only repo code (core/dtype.h conversions, sampling/philox.h),
+// so it builds with nvcc alone (tools/gpu_suite.sh --nvcc).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+#include "sampling/philox.h"
+
+using namespace ultra;
+using namespace ultra::cuda;
+
+namespace {
+
+// ---- reporting
+
+FILE* g_log = nullptr;
+int g_pass = 0, g_fail = 0;
+std::string g_filter;
+bool g_quick = false;
+
+void out(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char buf[2048];
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::fputs(buf, stdout);
+  std::fflush(stdout);
+  if (g_log) std::fputs(buf, g_log);
+}
+
+bool enabled(const char* name) {
+  return g_filter.empty() || std::string(name).find(g_filter) != std::string::npos;
+}
+
+void report(bool ok, const char* kernel, const std::string& shape, double err, double bound,
+            const char* extra = "") {
+  (ok ? g_pass : g_fail)++;
+  out("%s %-14s %-64s err=%.3e bound=%.1e %s\n", ok ? "PASS" : "FAIL", kernel, shape.c_str(), err, bound,
+      extra);
+}
+
+#define CK(call)                                                                                    \
+  do {                                                                                              \
+    cudaError_t e_ = (call);                                                                        \
+    if (e_ != cudaSuccess) {                                                                        \
+      out("FAIL cuda-call    %s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      ++g_fail;                                                                                     \
+      out("test_cuda_kernels: %d passed, %d failed\n", g_pass, g_fail);                             \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+std::string fmt(const char* f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  char buf[512];
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+const char* tname(GgmlType t) {
+  return t == GgmlType::F32 ? "f32" : t == GgmlType::F16 ? "f16" : t == GgmlType::BF16 ? "bf16" : "?";
+}
+size_t tsize(GgmlType t) {
+  return t == GgmlType::F32 ? 4 : 2;
+}
+
+// ---- device memory
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  Dev() = default;
+  explicit Dev(size_t count) { alloc(count); }
+  void alloc(size_t count) {
+    n = count;
+    CK(cudaMalloc(&p, (count ? count : 1) * sizeof(T)));
+  }
+  ~Dev() {
+    if (p) cudaFree(p);
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void up(const std::vector<T>& h) {
+    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> down(size_t count) const {
+    std::vector<T> h(count);
+    CK(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  std::vector<T> down() const { return down(n); }
+  void poison() { CK(cudaMemset(p, 0xff, (n ? n : 1) * sizeof(T))); }  // NaN for floats, -1 for ints
+};
+
+// ---- data
+
+std::mt19937_64 g_rng;
+
+std::vector<float> randn(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g_rng);
+  return v;
+}
+std::vector<float> randu(size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g_rng);
+  return v;
+}
+int randi(int lo, int hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int>(lo, hi)(g_rng);
+}
+
+// Element storage of type t for the values v (rounded); dec receives the decoded values (exact).
+std::vector<uint8_t> encode(GgmlType t, const std::vector<float>& v, std::vector<double>* dec) {
+  std::vector<uint8_t> b(v.size() * tsize(t));
+  if (dec) dec->resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    double d;
+    if (t == GgmlType::F32) {
+      std::memcpy(&b[4 * i], &v[i], 4);
+      d = v[i];
+    } else {
+      const uint16_t h = t == GgmlType::F16 ? fp32_to_fp16(v[i]) : fp32_to_bf16(v[i]);
+      std::memcpy(&b[2 * i], &h, 2);
+      d = t == GgmlType::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+    }
+    if (dec) (*dec)[i] = d;
+  }
+  return b;
+}
+
+// ||a - ref|| / ||ref|| over all elements; NaN if any a is not finite. ref all zero: max |a|.
+double rel_err(const std::vector<float>& a, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(a[i])) return NAN;
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+bool ok_err(double e, double bound) {
+  return e <= bound;  // false for NaN
+}
+
+DeviceInfo g_dev;
+
+// =====================================================================================================
+// embed, rmsnorm, silu_mul, add, gather_rows, convert
+
+void test_embed(GgmlType t, int vocab, int dim, int n) {
+  std::vector<double> dec;
+  auto tab = encode(t, randn((size_t)vocab * dim), &dec);
+  std::vector<int32_t> tok(n);
+  for (int i = 0; i < n; ++i) tok[i] = randi(0, vocab - 1);
+  if (n > 2) tok[1] = vocab + 5, tok[2] = -3;  // out of range: zero rows
+  Dev<uint8_t> dt(tab.size());
+  dt.up(tab);
+  Dev<int32_t> dk(n);
+  dk.up(tok);
+  Dev<float> dx((size_t)n * dim);
+  dx.poison();
+  WeightView w{t, dt.p, vocab, dim, (size_t)dim * tsize(t)};
+  CK(embed(w, dk.p, n, dx.p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n * dim, 0.0);
+  for (int i = 0; i < n; ++i)
+    if (tok[i] >= 0 && tok[i] < vocab)
+      for (int d = 0; d < dim; ++d) ref[(size_t)i * dim + d] = dec[(size_t)tok[i] * dim + d];
+  const double e = rel_err(dx.down(), ref);
+  report(ok_err(e, 0.0), "embed", fmt("%s vocab=%d dim=%d n=%d", tname(t), vocab, dim, n), e, 0.0);
+}
+
+void test_rmsnorm(int n, int dim) {
+  auto x = randn((size_t)n * dim, 3.0f), w = randu(dim, 0.5f, 1.5f);
+  const float eps = 1e-5f;
+  Dev<float> dx(x.size()), dw(dim), dout(x.size());
+  dx.up(x);
+  dw.up(w);
+  dout.poison();
+  CK(rmsnorm(dx.p, dw.p, n, dim, eps, dout.p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref(x.size());
+  for (int r = 0; r < n; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += (double)x[(size_t)r * dim + i] * x[(size_t)r * dim + i];
+    const double sc = 1.0 / std::sqrt(ss / dim + eps);
+    for (int i = 0; i < dim; ++i) ref[(size_t)r * dim + i] = x[(size_t)r * dim + i] * sc * w[i];
+  }
+  const double e = rel_err(dout.down(), ref);
+  report(ok_err(e, 2e-6), "rmsnorm", fmt("n=%d dim=%d", n, dim), e, 2e-6);
+}
+
+void test_elementwise(int64_t count, int offset) {
+  // offset shifts the pointers off 16-byte alignment (scalar paths)
+  auto g = randn(count + offset, 4.0f), u = randn(count + offset), y = randn(count + offset);
+  Dev<float> dg(g.size()), du(u.size()), dy(y.size()), dout(count + offset);
+  dg.up(g);
+  du.up(u);
+  dy.up(y);
+  dout.poison();
+  CK(silu_mul(dg.p + offset, du.p + offset, count, dout.p + offset, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const double gg = g[i + offset];
+    ref[i] = gg / (1.0 + std::exp(-gg)) * u[i + offset];
+  }
+  auto o = dout.down();
+  std::vector<float> o2(o.begin() + offset, o.end());
+  double e = rel_err(o2, ref);
+  report(ok_err(e, 2e-6), "silu_mul", fmt("count=%lld offset=%d", (long long)count, offset), e, 2e-6);
+
+  CK(add(dg.p + offset, dy.p + offset, count, 0));
+  CK(cudaDeviceSynchronize());
+  auto a = dg.down();
+  for (int64_t i = 0; i < count; ++i)
+    ref[i] = (double)(g[i + offset] + y[i + offset]);  // f32 add: exact match
+  std::vector<float> a2(a.begin() + offset, a.end());
+  e = rel_err(a2, ref);
+  report(ok_err(e, 0.0), "add", fmt("count=%lld offset=%d", (long long)count, offset), e, 0.0);
+}
+
+void test_gather(int n_src, int n_out, int dim) {
+  auto x = randn((size_t)n_src * dim);
+  std::vector<int32_t> rows(n_out);
+  for (auto& r : rows) r = randi(0, n_src - 1);
+  if (n_out > 1) rows[n_out - 1] = -1;
+  Dev<float> dx(x.size()), dout((size_t)n_out * dim);
+  Dev<int32_t> dr(n_out);
+  dx.up(x);
+  dr.up(rows);
+  dout.poison();
+  CK(gather_rows(dx.p, dr.p, n_out, dim, dout.p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n_out * dim, 0.0);
+  for (int r = 0; r < n_out; ++r)
+    if (rows[r] >= 0)
+      for (int d = 0; d < dim; ++d) ref[(size_t)r * dim + d] = x[(size_t)rows[r] * dim + d];
+  const double e = rel_err(dout.down(), ref);
+  report(ok_err(e, 0.0), "gather_rows", fmt("n_src=%d n_out=%d dim=%d", n_src, n_out, dim), e, 0.0);
+}
+
+void test_convert(GgmlType t, int64_t count) {
+  auto x = randn(count, 10.0f);
+  Dev<float> dx(count);
+  Dev<uint16_t> dout(count);
+  dx.up(x);
+  dout.poison();
+  CK(convert_f32(dx.p, count, t, dout.p, 0));
+  CK(cudaDeviceSynchronize());
+  auto o = dout.down();
+  int64_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t want = t == GgmlType::F16 ? fp32_to_fp16(x[i]) : fp32_to_bf16(x[i]);
+    bad += o[i] != want;
+  }
+  report(bad == 0, "convert_f32",
+         fmt("%s count=%lld (bit-exact vs core/dtype.h)", tname(t), (long long)count), (double)bad, 0.0);
+}
+
+// =====================================================================================================
+// rope, kv_write
+
+void test_rope(int n, int n_heads, int n_kv, int hd, bool interleaved, bool with_k) {
+  auto q = randn((size_t)n * n_heads * hd), k = randn((size_t)n * n_kv * hd);
+  std::vector<int32_t> pos(n);
+  for (auto& p : pos) p = randi(0, 32767);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, (float)(2 * i) / (float)hd);
+  Dev<float> dq(q.size()), dk(k.size()), di(inv.size());
+  Dev<int32_t> dp(n);
+  dq.up(q);
+  dk.up(k);
+  di.up(inv);
+  dp.up(pos);
+  CK(rope(dq.p, n_heads, with_k ? dk.p : nullptr, n_kv, n, hd, dp.p, di.p, interleaved, 0));
+  CK(cudaDeviceSynchronize());
+  auto ref_rot = [&](const std::vector<float>& x, int heads) {  // rope_ref's arithmetic
+    std::vector<double> r(x.begin(), x.end());
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < hd / 2; ++i) {
+          const float theta = (float)pos[t] * inv[i];
+          const double c = std::cos((double)theta), s = std::sin((double)theta);
+          const size_t b = ((size_t)t * heads + h) * hd;
+          const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + hd / 2;
+          const double x0 = x[b + i0], x1 = x[b + i1];
+          r[b + i0] = x0 * c - x1 * s;
+          r[b + i1] = x0 * s + x1 * c;
+        }
+    return r;
+  };
+  double e = rel_err(dq.down(), ref_rot(q, n_heads));
+  if (with_k) e = std::max(e, rel_err(dk.down(), ref_rot(k, n_kv)));
+  report(ok_err(e, 1e-6), "rope",
+         fmt("n=%d heads=%d kv=%d hd=%d %s%s", n, n_heads, n_kv, hd,
+             interleaved ? "interleaved" : "rotate-half", with_k ? " q+k" : " q"),
+         e, 1e-6);
+}
+
+void test_kv_write(GgmlType t, int n, int n_slots, int n_kv, int max_ctx, int hd) {
+  const size_t cache_elems = (size_t)n_slots * n_kv * max_ctx * hd;
+  Dev<uint8_t> ck(cache_elems * tsize(t)), cv(cache_elems * tsize(t));
+  ck.poison();
+  cv.poison();
+  auto k = randn((size_t)n * n_kv * hd), v = randn((size_t)n * n_kv * hd);
+  std::vector<int32_t> pos(n), seq(n);
+  std::vector<std::pair<int, int>> used;
+  for (int i = 0; i < n; ++i) {  // distinct (seq, pos) pairs, some padding / out-of-range rows
+    int s, p;
+    do {
+      s = randi(0, n_slots - 1);
+      p = randi(0, max_ctx - 1);
+    } while (std::find(used.begin(), used.end(), std::make_pair(s, p)) != used.end());
+    used.push_back({s, p});
+    seq[i] = s, pos[i] = p;
+  }
+  if (n > 2) seq[1] = -1;           // padding
+  if (n > 3) pos[2] = max_ctx + 3;  // out of range: skipped
+  Dev<float> dk(k.size()), dv(v.size());
+  Dev<int32_t> dp(n), ds(n);
+  dk.up(k);
+  dv.up(v);
+  dp.up(pos);
+  ds.up(seq);
+  KvLayerView kv{t, ck.p, cv.p, n_slots, n_kv, max_ctx, hd};
+  CK(kv_write(kv, dk.p, dv.p, n, dp.p, ds.p, 0));
+  CK(cudaDeviceSynchronize());
+  auto hk = ck.down(), hv = cv.down();
+  const size_t es = tsize(t);
+  std::vector<uint8_t> expect_k(cache_elems * es, 0xff), expect_v(cache_elems * es, 0xff);
+  for (int i = 0; i < n; ++i) {
+    if (seq[i] < 0 || seq[i] >= n_slots || pos[i] < 0 || pos[i] >= max_ctx) continue;
+    for (int h = 0; h < n_kv; ++h) {
+      std::vector<float> kr(k.begin() + ((size_t)i * n_kv + h) * hd,
+                            k.begin() + ((size_t)i * n_kv + h + 1) * hd);
+      std::vector<float> vr(v.begin() + ((size_t)i * n_kv + h) * hd,
+                            v.begin() + ((size_t)i * n_kv + h + 1) * hd);
+      auto kb = encode(t, kr, nullptr), vb = encode(t, vr, nullptr);
+      const size_t dst = ((((size_t)seq[i] * n_kv + h) * max_ctx) + pos[i]) * hd * es;
+      std::memcpy(&expect_k[dst], kb.data(), kb.size());
+      std::memcpy(&expect_v[dst], vb.data(), vb.size());
+    }
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < hk.size(); ++i) bad += (hk[i] != expect_k[i]) + (hv[i] != expect_v[i]);
+  report(bad == 0, "kv_write",
+         fmt("%s n=%d slots=%d kv=%d ctx=%d hd=%d (bit-exact, untouched bytes kept)", tname(t), n, n_slots,
+             n_kv, max_ctx, hd),
+         (double)bad, 0.0);
+}
+
+// =====================================================================================================
+// matmul
+
+void test_gemv(GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool acc, GemvPath path,
+               int pad_bytes = 0) {
+  std::vector<double> wd;
+  auto wf = randu((size_t)rows * cols, -1.0f, 1.0f);
+  auto wb = encode(t, wf, &wd);
+  const size_t es = tsize(t), rb = cols * es + pad_bytes;
+  std::vector<uint8_t> wpad(rows * rb, 0);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(&wpad[r * rb], &wb[r * cols * es], cols * es);
+  auto x = randn((size_t)n * cols), b = randn(rows), y0 = randn((size_t)n * rows);
+  Dev<uint8_t> dw(wpad.size());
+  Dev<float> dx(x.size()), db(rows), dy(y0.size());
+  dw.up(wpad);
+  dx.up(x);
+  db.up(b);
+  if (acc)
+    dy.up(y0);
+  else
+    dy.poison();
+  WeightView w{t, dw.p, rows, cols, rb};
+  const cudaError_t e0 = gemv(w, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0, path);
+  const char* pname = path == GemvPath::simt ? "simt" : path == GemvPath::tensor_core ? "tc" : "auto";
+  const std::string shape =
+      fmt("%s rows=%lld cols=%lld n=%d%s%s%s %s", tname(t), (long long)rows, (long long)cols, n,
+          bias ? " bias" : "", acc ? " acc" : "", pad_bytes ? " padded" : "", pname);
+  if (e0 != cudaSuccess) {
+    report(false, "gemv", shape, NAN, 0, cudaGetErrorString(e0));
+    return;
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n * rows);
+  for (int tk = 0; tk < n; ++tk)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < cols; ++c) s += wd[r * cols + c] * x[(size_t)tk * cols + c];
+      if (bias) s += b[r];
+      if (acc) s += y0[(size_t)tk * rows + r];
+      ref[(size_t)tk * rows + r] = s;
+    }
+  const double e = rel_err(dy.down(), ref);
+  report(ok_err(e, 1e-5), "gemv", shape, e, 1e-5);
+}
+
+// Prefill GEMM through cuBLASLt: x is rounded to the weight type, so the error is that rounding: for BF16
+// each x has relative error <= 2^-9 (~2^-9 / sqrt(3) ~ 1.1e-3 rms), F16 2^-11; random-sign errors add in
+// quadrature, so ||err|| / ||ref|| stays near those values. Bounds 1e-2 (BF16) and 3e-3 (F16) leave margin;
+// a layout or transposition error gives O(1). F32 weights use an f32 GEMM: 1e-5.
+void test_matmul(CudaMatmul& mm, GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool acc) {
+  std::vector<double> wd;
+  auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
+  auto x = randn((size_t)n * cols), b = randn(rows), y0 = randn((size_t)n * rows);
+  Dev<uint8_t> dw(wb.size());
+  Dev<float> dx(x.size()), db(rows), dy(y0.size());
+  dw.up(wb);
+  dx.up(x);
+  db.up(b);
+  if (acc)
+    dy.up(y0);
+  else
+    dy.poison();
+  WeightView w{t, dw.p, rows, cols, (size_t)cols * tsize(t)};
+  const std::string shape = fmt("%s rows=%lld cols=%lld n=%d%s%s", tname(t), (long long)rows, (long long)cols,
+                                n, bias ? " bias" : "", acc ? " acc" : "");
+  const cudaError_t e0 = mm.matmul(w, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
+  if (e0 != cudaSuccess) {
+    report(false, "matmul", shape, NAN, 0,
+           fmt("%s (cublas status %d)", cudaGetErrorString(e0), mm.last_cublas_status()).c_str());
+    return;
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n * rows);
+  for (int tk = 0; tk < n; ++tk)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < cols; ++c) s += wd[r * cols + c] * x[(size_t)tk * cols + c];
+      ref[(size_t)tk * rows + r] = s + (bias ? b[r] : 0.0) + (acc ? y0[(size_t)tk * rows + r] : 0.0);
+    }
+  const double bound = t == GgmlType::BF16 ? 1e-2 : t == GgmlType::F16 ? 3e-3 : 1e-5;
+  const double e = rel_err(dy.down(), ref);
+  report(ok_err(e, bound), "matmul", shape, e, bound, n > kGemvMaxRows ? "(cuBLASLt)" : "(gemv)");
+}
+
+// =====================================================================================================
+// attention
+
+struct AttnCase {
+  GgmlType t;
+  int hd, n_heads, n_kv;
+  std::vector<int32_t> pos, seq;
+  int force_splits;
+};
+
+void test_attention(const AttnCase& c) {
+  const int n = (int)c.pos.size(), n_slots = 3;
+  int max_pos = 0;
+  for (int p : c.pos) max_pos = std::max(max_pos, p);
+  const int max_ctx = max_pos + 3;
+  const int hd = c.hd, group = c.n_heads / c.n_kv;
+  const size_t ce = (size_t)n_slots * c.n_kv * max_ctx * hd;
+  std::vector<double> kd, vd;
+  auto kb = encode(c.t, randn(ce), &kd), vb = encode(c.t, randn(ce), &vd);
+  auto q = randn((size_t)n * c.n_heads * hd);
+  Dev<uint8_t> dk(kb.size()), dv(vb.size());
+  dk.up(kb);
+  dv.up(vb);
+  Dev<float> dq(q.size()), dout(q.size());
+  dq.up(q);
+  dout.poison();
+  Dev<int32_t> dp(n), ds(n);
+  dp.up(c.pos);
+  ds.up(c.seq);
+  KvLayerView kv{c.t, dk.p, dv.p, n_slots, c.n_kv, max_ctx, hd};
+  const AttentionPlan plan = plan_attention(g_dev, kv, c.n_heads, n, c.force_splits);
+  Dev<uint8_t> ws(plan.workspace_bytes);
+  const float scale = 1.0f / std::sqrt((float)hd);
+  int n_pad = 0;
+  for (int s : c.seq) n_pad += s < 0;
+  const std::string shape = fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d", tname(c.t), hd,
+                                c.n_heads, c.n_kv, n, max_pos + 1, plan.n_splits, n_pad);
+  const cudaError_t e0 = attention(plan, kv, dq.p, n, dp.p, ds.p, scale, dout.p, ws.p, 0);
+  if (e0 != cudaSuccess) {
+    report(false, "attention", shape, NAN, 0, cudaGetErrorString(e0));
+    return;
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref(q.size(), 0.0);
+  for (int t = 0; t < n; ++t) {
+    if (c.seq[t] < 0) continue;
+    const int len = std::min(c.pos[t] + 1, max_ctx);
+    std::vector<double> sc(len);
+    for (int h = 0; h < c.n_heads; ++h) {
+      const size_t base = (((size_t)c.seq[t] * c.n_kv + h / group) * max_ctx) * hd;
+      const float* qh = &q[((size_t)t * c.n_heads + h) * hd];
+      double m = -INFINITY;
+      for (int p = 0; p < len; ++p) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += (double)qh[i] * kd[base + (size_t)p * hd + i];
+        sc[p] = d * scale;
+        m = std::max(m, sc[p]);
+      }
+      double sum = 0;
+      for (int p = 0; p < len; ++p) sum += (sc[p] = std::exp(sc[p] - m));
+      double* o = &ref[((size_t)t * c.n_heads + h) * hd];
+      for (int p = 0; p < len; ++p)
+        for (int i = 0; i < hd; ++i) o[i] += sc[p] / sum * vd[base + (size_t)p * hd + i];
+    }
+  }
+  const double e = rel_err(dout.down(), ref);
+  report(ok_err(e, 1e-5), "attention", shape, e, 1e-5);
+}
+
+// =====================================================================================================
+// sampler: the reference implementation of the function specified in kernels.h (float64 where it says
+// double; e = exp in double rounded to f32). It also returns the smallest relative margin of its decisions
+// (min-p compare, top-p cut, draw): a GPU token that differs is accepted only when that margin is < 1e-5.
+
+struct RefSample {
+  int token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int, float>> top;
+  int err = 0;
+  double margin = 1.0;
+};
+
+RefSample ref_sample(const float* logits, int n, const SamplerRow& p, const std::vector<int32_t>& hist) {
+  RefSample r;
+  for (int i = 0; i < n; ++i)
+    if (!std::isfinite(logits[i])) {
+      r.err = 1;
+      return r;
+    }
+  std::vector<float> l(logits, logits + n);
+  if (!hist.empty() &&
+      (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)) {
+    std::map<int, unsigned> cnt;
+    for (int t : hist)
+      if (t >= 0 && t < n) ++cnt[t];
+    for (auto [t, c] : cnt) {
+      float v = l[t];
+      v = v <= 0.0f ? v * p.repeat_penalty : v / p.repeat_penalty;
+      v = v - ((float)c * p.frequency_penalty + p.presence_penalty);
+      l[t] = v;
+    }
+  }
+  const int n_probs = std::clamp(p.n_probs, 0, kSamplerMaxProbs);
+  std::vector<int> ord(n);
+  for (int i = 0; i < n; ++i) ord[i] = i;
+  auto better = [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+  if (!(p.temperature > 0.0f)) {
+    const int kk = std::max(1, n_probs);
+    std::partial_sort(ord.begin(), ord.begin() + kk, ord.end(), better);
+    const float M = l[ord[0]];
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += l[i] == M ? 1.0 : std::exp((double)l[i] - M);
+    const double ls = std::log(sum);
+    r.token = ord[0];
+    r.logprob = (float)(0.0 - ls);
+    for (int j = 0; j < std::min(n_probs, n); ++j) {
+      const float v = l[ord[j]];
+      r.top.push_back({ord[j], (float)((v == M ? 0.0 : (double)v - M) - ls)});
+    }
+    return r;
+  }
+  std::sort(ord.begin(), ord.end(), better);
+  const int k = (p.top_k <= 0 || p.top_k >= n) ? n : p.top_k;
+  const float l0 = l[ord[0]], T = p.temperature;
+  std::vector<float> e(k);
+  for (int j = 0; j < k; ++j) {
+    const float v = l[ord[j]];
+    e[j] = v == l0 ? 1.0f : (float)std::exp((double)((v - l0) / T));
+  }
+  auto mg = [&](double a, double b, double scale) {
+    r.margin = std::min(r.margin, std::fabs(a - b) / scale);
+  };
+  int m = k;
+  if (p.min_p > 0.0f) {
+    const float thr = p.min_p * e[0];
+    m = 1;
+    while (m < k && e[m] >= thr) ++m;
+    if (m < k) mg(e[m], thr, thr);
+    if (m > 1) mg(e[m - 1], thr, thr);
+  }
+  double sum = 0;
+  for (int j = 0; j < m; ++j) sum += e[j];
+  if (p.top_p < 1.0f) {
+    const double target = (double)p.top_p * sum;
+    double cum = 0;
+    int m2 = 0;
+    while (m2 < m) {
+      cum += e[m2++];
+      if (cum >= target) break;
+    }
+    mg(cum, target, sum);
+    if (m2 >= 1) mg(cum - e[m2 - 1], target, sum);
+    m = m2;
+    sum = cum;
+  }
+  std::vector<float> pr(m);
+  const double inv = 1.0 / sum;
+  double total = 0;
+  for (int j = 0; j < m; ++j) total += (pr[j] = (float)(e[j] * inv));
+  const double target = philox_uniform(p.seed, p.position, DrawStream::token) * total;
+  double cum = 0;
+  int pick = -1;
+  for (int j = 0; j < m; ++j) {
+    const double before = cum;
+    cum += pr[j];
+    if (target < cum) {
+      pick = j;
+      mg(target, before, total);
+      mg(target, cum, total);
+      break;
+    }
+  }
+  if (pick < 0) {
+    pick = m - 1;
+    while (pick > 0 && pr[pick] == 0.0f) --pick;
+  }
+  const double ls = std::log(sum);
+  auto lp = [&](int j) {
+    const float v = l[ord[j]];
+    return (float)((v == l0 ? 0.0 : ((double)v - l0) / T) - ls);
+  };
+  r.token = ord[pick];
+  r.logprob = lp(pick);
+  for (int j = 0; j < std::min(n_probs, m); ++j) r.top.push_back({ord[j], lp(j)});
+  return r;
+}
+
+struct SampCase {
+  const char* name;
+  SamplerRow p;  // hist / logits_row filled by the test
+  std::vector<int32_t> hist;
+  int logits_kind;  // 0: peaked N(0, 3); 1: flat U(0, 0.2); 2: one NaN; 3: peaked + a few ties
+};
+
+SamplerRow row_params(float T, int top_k, float top_p, float min_p, int n_probs, float rp = 1.0f,
+                      float pp = 0.0f, float fp = 0.0f) {
+  SamplerRow p{};
+  p.temperature = T;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.repeat_penalty = rp;
+  p.presence_penalty = pp;
+  p.frequency_penalty = fp;
+  p.n_probs = n_probs;
+  p.seed = g_rng();
+  p.position = (int64_t)(g_rng() % 100000);
+  return p;
+}
+
+void test_sampler(int V, int n_sample, std::vector<SampCase> cases) {
+  const int n_rows = (int)cases.size();
+  const int n_lrows = n_rows + 1;  // the last logits row is never sampled
+  std::vector<float> logits((size_t)n_lrows * V);
+  for (int r = 0; r < n_lrows; ++r) {
+    const int kind = r < n_rows ? cases[r].logits_kind : 0;
+    auto v = kind == 1 ? randu(V, 0.0f, 0.2f) : randn(V, 3.0f);
+    if (kind == 2) v[randi(0, n_sample - 1)] = NAN;
+    if (kind == 3)
+      for (int i = 0; i < 8; ++i) v[randi(0, n_sample - 1)] = v[i];  // exact ties, broken by id
+    std::copy(v.begin(), v.end(), logits.begin() + (size_t)r * V);
+  }
+  // hist pool
+  std::vector<int32_t> pool;
+  std::vector<size_t> off(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    off[r] = pool.size();
+    pool.insert(pool.end(), cases[r].hist.begin(), cases[r].hist.end());
+  }
+  Dev<float> dl(logits.size());
+  dl.up(logits);
+  Dev<int32_t> dh(pool.size());
+  if (!pool.empty()) dh.up(pool);
+  std::vector<SamplerRow> rows(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    rows[r] = cases[r].p;
+    rows[r].hist = cases[r].hist.empty() ? nullptr : dh.p + off[r];
+    rows[r].n_hist = (int32_t)cases[r].hist.size();
+    if (rows[r].logits_row != -1) rows[r].logits_row = r;
+  }
+  Dev<SamplerRow> dr(n_rows);
+  dr.up(rows);
+  SamplerPlan plan;
+  CK(plan_sampler(g_dev, n_rows, V, kSamplerMaxHistory, &plan));
+  Dev<uint8_t> ws(plan.workspace_bytes);
+  CK(sampler_workspace_init(plan, ws.p, 0));
+  Dev<int32_t> tok(n_rows), err(n_rows), ttok((size_t)n_rows * kSamplerMaxProbs);
+  Dev<float> lp(n_rows), tlp((size_t)n_rows * kSamplerMaxProbs);
+  SamplerOutputs so{tok.p, lp.p, ttok.p, tlp.p, err.p};
+  std::vector<int32_t> first_tok;
+  for (int run = 0; run < 2; ++run) {  // the second run checks that the workspace was left clean
+    tok.poison(), err.poison(), ttok.poison(), lp.poison(), tlp.poison();
+    CK(sample(plan, dl.p, V, n_sample, dr.p, n_rows, so, ws.p, 0));
+    CK(cudaDeviceSynchronize());
+    auto ht = tok.down(), he = err.down(), htt = ttok.down();
+    auto hl = lp.down(), htl = tlp.down();
+    if (run == 1) {
+      const bool same = ht == first_tok;
+      report(same, "sampler", fmt("V=%d n_sample=%d rows=%d: second launch identical", V, n_sample, n_rows),
+             same ? 0.0 : 1.0, 0.0);
+      break;
+    }
+    first_tok = ht;
+    for (int r = 0; r < n_rows; ++r) {
+      const SampCase& c = cases[r];
+      const std::string shape = fmt("V=%d n=%d %s", V, n_sample, c.name);
+      if (rows[r].logits_row < 0) {
+        const bool ok = ht[r] == -1 && he[r] == 0 && std::isnan(hl[r]);
+        report(ok, "sampler", shape + " (skipped row)", ok ? 0 : 1, 0);
+        continue;
+      }
+      const RefSample ref = ref_sample(&logits[(size_t)r * V], n_sample, c.p, c.hist);
+      if (ref.err) {
+        const bool ok = he[r] == 1 && ht[r] == 0;
+        report(ok, "sampler", shape + " (NaN row -> error flag)", ok ? 0 : 1, 0);
+        continue;
+      }
+      double lerr = std::fabs((double)hl[r] - ref.logprob);
+      bool ok = he[r] == 0;
+      const bool tok_ok = ht[r] == ref.token;
+      const bool tie = !tok_ok && ref.margin < 1e-5;
+      std::string extra;
+      if (!tok_ok)
+        extra += fmt("token gpu=%d ref=%d margin=%.1e%s ", ht[r], ref.token, ref.margin,
+                     tie ? " (near-tie: accepted)" : "");
+      if (tok_ok) {
+        ok = ok && lerr <= 1e-4;
+        const int nt = (int)ref.top.size();
+        for (int j = 0; j < kSamplerMaxProbs; ++j) {
+          const int gt = htt[(size_t)r * kSamplerMaxProbs + j];
+          const float gl = htl[(size_t)r * kSamplerMaxProbs + j];
+          if (j < nt) {
+            if (gt != ref.top[j].first)
+              ok = false, extra += fmt("top[%d] gpu=%d ref=%d ", j, gt, ref.top[j].first);
+            lerr = std::max(lerr, std::fabs((double)gl - ref.top[j].second));
+          } else if (gt != -1 || !(gl == -INFINITY)) {
+            ok = false, extra += fmt("top[%d] not cleared ", j);
+          }
+        }
+        ok = ok && lerr <= 1e-4;
+      } else {
+        ok = ok && tie;
+      }
+      report(ok, "sampler", shape, lerr, 1e-4, extra.c_str());
+    }
+  }
+}
+
+std::vector<int32_t> rand_hist(int count, int n_sample, int distinct) {
+  std::vector<int32_t> h(count);
+  std::vector<int32_t> pool(distinct);
+  for (auto& t : pool) t = randi(0, n_sample - 1);
+  for (auto& t : h) t = pool[randi(0, distinct - 1)];
+  if (count > 3) h[0] = n_sample + 10, h[1] = -1;  // ignored
+  return h;
+}
+
+void run_sampler_tests(int V, int n_sample) {
+  std::vector<SampCase> cs;
+  auto add = [&](const char* name, SamplerRow p, int kind, std::vector<int32_t> hist = {}) {
+    cs.push_back({name, p, std::move(hist), kind});
+  };
+  add("greedy", row_params(0.0f, 40, 1.0f, 0.0f, 0), 0);
+  add("greedy n_probs=20", row_params(0.0f, 0, 1.0f, 0.0f, 20), 0);
+  add("greedy ties n_probs=5", row_params(-1.0f, 0, 1.0f, 0.0f, 5), 3);
+  add("greedy penalties", row_params(0.0f, 0, 1.0f, 0.0f, 3, 1.3f, 0.2f, 0.1f), 0,
+      rand_hist(64, n_sample, 20));
+  add("top_k=40 T=0.8", row_params(0.8f, 40, 1.0f, 0.0f, 5), 0);
+  add("top_k=40 top_p=0.9 min_p=0.05", row_params(0.8f, 40, 0.9f, 0.05f, 20), 0);
+  add("top_k=1", row_params(1.0f, 1, 1.0f, 0.0f, 2), 0);
+  add("top_k=1024 top_p=0.95 T=1.5", row_params(1.5f, 1024, 0.95f, 0.0f, 10), 0);
+  add("top_k=1024 flat", row_params(1.0f, 1024, 1.0f, 0.0f, 4), 1);
+  add("top_k=200 penalties W=4096", row_params(1.0f, 200, 0.9f, 0.0f, 3, 1.1f, 0.5f, 0.05f), 0,
+      rand_hist(4096, n_sample, 3000));
+  add("top_k=0 min_p=0.05", row_params(1.0f, 0, 1.0f, 0.05f, 5), 0);
+  add("top_k=0 min_p=0.02 top_p=0.9 T=2", row_params(2.0f, 0, 0.9f, 0.02f, 5), 0);
+  add("top_k=0 top_p=0.9 flat (large)", row_params(1.0f, 0, 0.9f, 0.0f, 5), 1);
+  add("top_k=0 top_p=1 flat (large)", row_params(1.0f, 0, 1.0f, 0.0f, 3), 1);
+  add("top_k=0 top_p=0.5 T=3 peaked", row_params(3.0f, 0, 0.5f, 0.0f, 1), 0);
+  add("top_k=3000 flat", row_params(1.0f, 3000, 1.0f, 0.0f, 2), 1);
+  add("top_k=20000 top_p=0.7 flat", row_params(1.0f, 20000, 0.7f, 0.0f, 2), 1);
+  add("top_k=0 min_p=0.9 flat", row_params(1.0f, 0, 0.95f, 0.9f, 2), 1);
+  add("top_k=0 min_p=2 (keeps 1)", row_params(1.0f, 0, 1.0f, 2.0f, 2), 0);
+  add("top_k=0 top_p=0 (keeps 1)", row_params(1.0f, 0, 0.0f, 0.0f, 2), 0);
+  add("penalties W=32768", row_params(0.7f, 50, 1.0f, 0.0f, 3, 1.5f, 0.0f, 0.0f), 0,
+      rand_hist(kSamplerMaxHistory, n_sample, std::min(n_sample, 20000)));
+  add("NaN logit", row_params(0.8f, 40, 1.0f, 0.0f, 0), 2);
+  {
+    SamplerRow p = row_params(0.8f, 40, 1.0f, 0.0f, 3);
+    p.logits_row = -1;
+    add("logits_row=-1", p, 0);
+  }
+  if (g_quick) cs.resize(8);
+  test_sampler(V, n_sample, cs);
+}
+
+// =====================================================================================================
+// graph capture: a decode-like sequence captured once, replayed, compared with direct launches (the
+// kernels are deterministic, so the results must be bit-identical).
+
+void test_graph() {
+  const int n = 4, dim = 256, n_heads = 8, n_kv = 2, hd = 32, ctx = 700, V = 5000, rows = 512;
+  std::vector<double> dummy;
+  auto wq = encode(GgmlType::BF16, randu((size_t)n_heads * hd * dim, -0.1f, 0.1f), &dummy);
+  auto wo = encode(GgmlType::F16, randu((size_t)V * dim, -0.1f, 0.1f), &dummy);
+  auto wbig = encode(GgmlType::BF16, randu((size_t)rows * dim, -0.1f, 0.1f), &dummy);
+  Dev<uint8_t> dwq(wq.size()), dwo(wo.size()), dwb(wbig.size());
+  dwq.up(wq);
+  dwo.up(wo);
+  dwb.up(wbig);
+  auto x = randn((size_t)64 * dim), nw = randu(dim, 0.5f, 1.5f);
+  Dev<float> dx(x.size()), dnw(dim), dh((size_t)64 * dim), dq((size_t)n * n_heads * hd), dattn(dq.n),
+      dl((size_t)n * V), dbig((size_t)64 * rows);
+  dx.up(x);
+  dnw.up(nw);
+  std::vector<double> kd;
+  const size_t ce = (size_t)2 * n_kv * ctx * hd;
+  auto kb = encode(GgmlType::F16, randn(ce), &kd), vb = encode(GgmlType::F16, randn(ce), &kd);
+  Dev<uint8_t> dk(kb.size()), dv(vb.size());
+  dk.up(kb);
+  dv.up(vb);
+  KvLayerView kv{GgmlType::F16, dk.p, dv.p, 2, n_kv, ctx, hd};
+  std::vector<int32_t> pos = {650, 3, 699, 100}, seq = {0, 1, 1, -1};
+  Dev<int32_t> dpos(n), dseq(n);
+  dpos.up(pos);
+  dseq.up(seq);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, (float)(2 * i) / hd);
+  Dev<float> dinv(inv.size());
+  dinv.up(inv);
+  const AttentionPlan ap = plan_attention(g_dev, kv, n_heads, n, 5);
+  Dev<uint8_t> aws(ap.workspace_bytes);
+  Dev<uint8_t> mws(CudaMatmul::workspace_bytes(64, dim));
+  CudaMatmul mm;
+  CK(mm.init(mws.p, mws.n));
+  SamplerPlan sp;
+  CK(plan_sampler(g_dev, n, V, 64, &sp));
+  Dev<uint8_t> sws(sp.workspace_bytes);
+  CK(sampler_workspace_init(sp, sws.p, 0));
+  std::vector<SamplerRow> srows(n);
+  for (int r = 0; r < n; ++r) {
+    srows[r] = row_params(r == 0 ? 0.0f : 0.9f, 40, 0.95f, 0.05f, 4);
+    srows[r].hist = nullptr;
+    srows[r].n_hist = 0;
+    srows[r].logits_row = r;
+  }
+  Dev<SamplerRow> dsr(n);
+  dsr.up(srows);
+  Dev<int32_t> stok(n), serr(n), sttok((size_t)n * kSamplerMaxProbs);
+  Dev<float> slp(n), stlp((size_t)n * kSamplerMaxProbs);
+  SamplerOutputs so{stok.p, slp.p, sttok.p, stlp.p, serr.p};
+  WeightView Wq{GgmlType::BF16, dwq.p, n_heads * hd, dim, (size_t)dim * 2};
+  WeightView Wo{GgmlType::F16, dwo.p, V, dim, (size_t)dim * 2};
+  WeightView Wb{GgmlType::BF16, dwb.p, rows, dim, (size_t)dim * 2};
+
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto step = [&]() -> cudaError_t {
+    cudaError_t e;
+    if ((e = rmsnorm(dx.p, dnw.p, 64, dim, 1e-5f, dh.p, st))) return e;
+    if ((e = mm.matmul(Wb, dh.p, 64, dbig.p, nullptr, false, st))) return e;  // cuBLASLt inside the graph
+    if ((e = gemv(Wq, dh.p, n, dq.p, nullptr, false, st))) return e;
+    if ((e = rope(dq.p, n_heads, nullptr, 0, n, hd, dpos.p, dinv.p, false, st))) return e;
+    if ((e = attention(ap, kv, dq.p, n, dpos.p, dseq.p, 0.17f, dattn.p, aws.p, st))) return e;
+    if ((e = gemv(Wo, dh.p, n, dl.p, nullptr, false, st))) return e;
+    return sample(sp, dl.p, V, V, dsr.p, n, so, sws.p, st);
+  };
+  // warm-up run (creates the cuBLASLt plan on the host), then the direct reference results
+  CK(step());
+  CK(cudaStreamSynchronize(st));
+  auto ref_big = dbig.down(), ref_attn = dattn.down(), ref_l = dl.down();
+  auto ref_tok = stok.down();
+  dbig.poison(), dattn.poison(), dl.poison(), stok.poison();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  const cudaError_t ce0 = step();
+  const cudaError_t ce1 = cudaStreamEndCapture(st, &graph);
+  if (ce0 != cudaSuccess || ce1 != cudaSuccess) {
+    report(false, "graph", "capture of rmsnorm, cuBLASLt matmul, gemv, rope, attention, gemv, sampler", NAN,
+           0, fmt("%s / %s", cudaGetErrorString(ce0), cudaGetErrorString(ce1)).c_str());
+    return;
+  }
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
+  CK(cudaStreamSynchronize(st));
+  const bool same =
+      dbig.down() == ref_big && dattn.down() == ref_attn && dl.down() == ref_l && stok.down() == ref_tok;
+  report(same, "graph", "capture + 3 replays == direct launches (bit-identical)", same ? 0 : 1, 0);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(st));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir;
+  uint64_t seed = 1234;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) {
+      out_dir = argv[++i];
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--filter" && i + 1 < argc) {
+      g_filter = argv[++i];
+    } else if (a == "--quick") {
+      g_quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--out DIR] [--seed N] [--filter SUBSTRING] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  int n_dev = 0;
+  const cudaError_t de = cudaGetDeviceCount(&n_dev);
+  if (de != cudaSuccess || n_dev == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", de != cudaSuccess ? cudaGetErrorString(de) : "count 0");
+    return 77;
+  }
+  if (!out_dir.empty()) {
+    const std::string path = out_dir + "/test_cuda_kernels.txt";
+    g_log = std::fopen(path.c_str(), "w");
+    if (!g_log) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 2;
+    }
+  }
+  CK(query_device(0, &g_dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  out("device: %s, sm_%d%d, %d SMs, L2 %zu MB, smem opt-in %zu KB; seed %llu\n", prop.name, prop.major,
+      prop.minor, g_dev.n_sms, g_dev.l2_bytes >> 20, g_dev.smem_optin_bytes >> 10, (unsigned long long)seed);
+  g_rng.seed(seed);
+
+  if (enabled("embed"))
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      test_embed(t, 1000, 64, 1);
+      test_embed(t, 1000, 257, 33);
+    }
+  if (enabled("rmsnorm"))
+    for (auto [n, d] : std::vector<std::pair<int, int>>{{1, 64}, {3, 257}, {100, 4096}, {1, 8192}})
+      test_rmsnorm(n, d);
+  if (enabled("elementwise"))
+    for (auto [c, o] : std::vector<std::pair<int64_t, int>>{{1, 0}, {1000, 0}, {4097, 1}, {1 << 20, 0}})
+      test_elementwise(c, o);
+  if (enabled("gather")) {
+    test_gather(10, 1, 64);
+    test_gather(100, 33, 4097);
+  }
+  if (enabled("convert"))
+    for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) test_convert(t, 100003);
+  if (enabled("rope"))
+    for (int hd : {64, 80, 128})
+      for (bool il : {false, true}) {
+        test_rope(1, 32, 8, hd, il, true);
+        test_rope(3, 4, 4, hd, il, false);
+        test_rope(33, 8, 2, hd, il, true);
+      }
+  if (enabled("kv_write"))
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      test_kv_write(t, 1, 2, 2, 64, 64);
+      test_kv_write(t, 17, 3, 4, 100, 80);
+    }
+
+  if (enabled("gemv")) {
+    struct S {
+      int64_t rows, cols;
+    };
+    const std::vector<S> shapes =
+        g_quick ? std::vector<S>{{100, 136}, {257, 1024}}
+                : std::vector<S>{{64, 64}, {100, 136}, {257, 1024}, {1000, 4096}, {33, 77}};
+    const std::vector<int> ns =
+        g_quick ? std::vector<int>{1, 9, 32} : std::vector<int>{1, 3, 8, 9, 16, 17, 32};
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
+      for (const S& s : shapes)
+        for (int n : ns) {
+          const bool bias = (n % 2) == 1, acc = n == 3 || n == 17 || n == 32;
+          test_gemv(t, s.rows, s.cols, n, bias, acc, GemvPath::automatic);
+          if (s.cols % 8 == 0 && (n == 1 || n == 17))
+            test_gemv(t, s.rows, s.cols, n, bias, acc, GemvPath::simt);
+        }
+    test_gemv(GgmlType::BF16, 70, 264, 5, true, false, GemvPath::tensor_core, 16);  // padded rows
+    test_gemv(GgmlType::F16, 4096, 4096, 1, false, true, GemvPath::tensor_core);
+  }
+  if (enabled("matmul")) {
+    Dev<uint8_t> ws(CudaMatmul::workspace_bytes(300, 4096));
+    CudaMatmul mm;
+    CK(mm.init(ws.p, ws.n));
+    for (GgmlType t : {GgmlType::BF16, GgmlType::F16, GgmlType::F32}) {
+      test_matmul(mm, t, 256, 512, 33, false, false);
+      test_matmul(mm, t, 1000, 4096, 100, true, false);
+      test_matmul(mm, t, 300, 136, 257, true, true);
+      test_matmul(mm, t, 128, 256, 32, true, true);  // gemv through the same entry
+    }
+  }
+  if (enabled("attention")) {
+    const GgmlType types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16};
+    for (GgmlType t : types) {
+      for (int hd : {64, 80, 128, 256}) {
+        test_attention({t, hd, 4, 4, {0}, {1}, 0});                           // context 1, MHA
+        test_attention({t, hd, 8, 2, {16, 999, 5, 300}, {0, 1, -1, 2}, 0});   // GQA 4, padding
+        if (!g_quick) test_attention({t, hd, 16, 2, {4096, 17}, {2, 0}, 0});  // GQA 8, long
+      }
+      test_attention({t, 128, 24, 2, {1000, 33, 2000}, {1, 0, 2}, 0});  // GQA 12: two head chunks
+      test_attention({t, 128, 8, 1, {4096}, {0}, 1});                   // one split over 4097 positions
+      test_attention({t, 64, 8, 8, {4096, 700}, {1, 2}, 7});            // forced 7 splits
+    }
+    // prefill rows: 100 consecutive positions of one sequence (plus one padding row)
+    std::vector<int32_t> pos, seq;
+    for (int i = 0; i < 100; ++i) pos.push_back(400 + i), seq.push_back(1);
+    pos.push_back(0), seq.push_back(-1);
+    test_attention({GgmlType::F16, 128, 32, 8, pos, seq, 0});
+  }
+  if (enabled("sampler")) {
+    run_sampler_tests(128256, 128256);
+    if (!g_quick) {
+      run_sampler_tests(1007, 1007);
+      run_sampler_tests(32064, 32000);
+    }
+  }
+  if (enabled("graph")) test_graph();
+
+  out("test_cuda_kernels: %d passed, %d failed\n", g_pass, g_fail);
+  if (g_log) std::fclose(g_log);
+  return g_fail ? 1 : 0;
+}
