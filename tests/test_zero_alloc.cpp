@@ -18,67 +18,7 @@
 #include "io/convert.h"
 #include "ultra/generate.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define ULTRA_COUNT_ALLOCS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ULTRA_COUNT_ALLOCS 0
-#else
-#define ULTRA_COUNT_ALLOCS 1
-#endif
-#else
-#define ULTRA_COUNT_ALLOCS 1
-#endif
-
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<long> g_allocs{0};
-inline void count() {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
-}
-}  // namespace
-
-#if ULTRA_COUNT_ALLOCS
-extern "C" {
-void* __libc_malloc(size_t);
-void* __libc_calloc(size_t, size_t);
-void* __libc_realloc(void*, size_t);
-void __libc_free(void*);
-void* __libc_memalign(size_t, size_t);
-
-void* malloc(size_t n) {
-  count();
-  return __libc_malloc(n);
-}
-void* calloc(size_t a, size_t b) {
-  count();
-  return __libc_calloc(a, b);
-}
-void* realloc(void* p, size_t n) {
-  count();
-  return __libc_realloc(p, n);
-}
-void free(void* p) {
-  if (p) count();
-  __libc_free(p);
-}
-void* aligned_alloc(size_t al, size_t n) {
-  count();
-  return __libc_memalign(al, n);
-}
-void* memalign(size_t al, size_t n) {
-  count();
-  return __libc_memalign(al, n);
-}
-int posix_memalign(void** out, size_t al, size_t n) {
-  count();
-  void* p = __libc_memalign(al, n);
-  if (!p) return 12;  // ENOMEM
-  *out = p;
-  return 0;
-}
-}
-#endif
+#include "alloc_counter.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;

@@ -39,7 +39,7 @@
 namespace ultra {
 
 enum class BackendKind { cpu, cuda };
-enum class KvType { f32, f16 };
+enum class KvType { f32, f16, bf16 };  // bf16: CUDA backend only
 
 struct ContextParams {
   BackendKind backend = BackendKind::cpu;
@@ -102,11 +102,15 @@ struct SeqSnapshot {
 
 // Time spent inside step(), cumulative since the context was created.
 struct StepStats {
-  double forward_ms = 0;  // the forward pass (embedding to logits)
-  double sample_ms = 0;   // sampling
+  double forward_ms = 0;  // the forward pass (embedding to logits); on a GPU backend the whole step
+  double sample_ms = 0;   // sampling (CPU backend; on a GPU it runs inside the step and is not split out)
   int64_t n_steps = 0;
   int64_t n_rows = 0;
   int64_t n_sampled = 0;
+  // GPU backend: steps replayed as a captured graph, and the host time spent launching them (the
+  // per-token dispatch cost).
+  int64_t n_graph_launches = 0;
+  double launch_us = 0;
 };
 
 class Context {

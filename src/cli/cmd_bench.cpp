@@ -1,6 +1,7 @@
 // ultra bench: llama-bench-style table of prompt processing (ppN) and text generation (tgN) speed.
 // pp: a fresh sequence prefilled with N tokens in n_batch chunks; tg: N single-token decode steps from an
-// empty sequence. One warm-up run of each, then -r timed repetitions: mean ± sample standard deviation.
+// empty sequence, each sampling the next token greedily inside the step. One warm-up run of each, then -r
+// timed repetitions: mean ± sample standard deviation.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -69,7 +70,10 @@ int cmd_bench(int argc, char** argv) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);
   Batch batch(ctx.params().n_batch);
 
-  // pp: one output row (the last), as llama-bench; tg: one row per step, its logits read back.
+  // pp: one output row (the last), as llama-bench. tg: one row per step, the next token drawn greedily
+  // inside the step and fed back with Batch::kSampled (the decode loop of generate(); on a GPU no logits
+  // leave the device).
+  ctx.set_sampling(0, SamplingParams::greedy());
   auto run_pp = [&] {
     ctx.clear(0);
     const auto t0 = std::chrono::steady_clock::now();
@@ -79,12 +83,10 @@ int cmd_bench(int argc, char** argv) {
   auto run_tg = [&] {
     ctx.clear(0);
     const auto t0 = std::chrono::steady_clock::now();
-    int32_t tok = 1 % n_vocab;
     for (int i = 0; i < n_gen; ++i) {
       batch.clear();
-      batch.add(tok, i, 0, Output::logits);
+      batch.add(i == 0 ? 1 % n_vocab : Batch::kSampled, i, 0, Output::sample);
       ctx.step(batch);
-      tok = (int32_t)((tok + 1 + (ctx.logits(0)[0] > 0)) % n_vocab);  // depends on the output: no dead work
     }
     return ms_since(t0);
   };
@@ -120,6 +122,10 @@ int cmd_bench(int argc, char** argv) {
     j["size_bytes"] = size;
     j["params"] = params;
     j["threads"] = threads;
+    j["backend"] = ctx.backend_name();
+    const StepStats& st = ctx.stats();
+    j["graph_launches"] = st.n_graph_launches;
+    j["launch_us_mean"] = st.n_graph_launches ? st.launch_us / (double)st.n_graph_launches : 0.0;
     for (const auto& r : rows)
       j["results"].push_back(
           {{"test", r.test}, {"tps_mean", r.tps.mean}, {"tps_sd", r.tps.sd}, {"samples", r.samples}});

@@ -105,7 +105,7 @@ TextTokens tokenize_text(const Model& model, const std::string& text) {
 
 int cmd_perplexity(int argc, char** argv) {
   CLI::App app{"Perplexity of a text file (llama.cpp-style)", "ultra perplexity"};
-  std::string model_path, file, kv_type = "f32";
+  std::string model_path, file, kv_type, device = "cpu";
   int window = 512, batch = 512, threads = 0, chunks = -1;
   bool ids_mode = false, all_positions = false, json = false;
   app.add_option("-m,--model", model_path,
@@ -118,9 +118,7 @@ int cmd_perplexity(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
   app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--kv-type", kv_type, "KV cache element type: f32 or f16")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "f16"}));
+  add_device_flags(app, device, kv_type);
   app.add_option("--chunks", chunks, "evaluate at most this many windows (-1: all)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 30));
@@ -170,7 +168,7 @@ int cmd_perplexity(int argc, char** argv) {
   cp.n_batch = std::min(batch, pp.n_window);
   cp.n_outputs = cp.n_batch;
   cp.n_threads = threads;
-  cp.kv_type = kv_type == "f16" ? KvType::f16 : KvType::f32;
+  apply_device_flags(device, kv_type, cp);
   Context ctx(model, cp);
 
   const int W = pp.n_window;

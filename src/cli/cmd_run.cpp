@@ -103,7 +103,7 @@ int cmd_run(int argc, char** argv) {
                info.format, info.arch, info.n_layers, info.dim, info.n_heads, info.n_kv_heads, info.n_vocab);
     fmt::print(stderr, "memory: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
                human_bytes(fp.weights), human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots,
-               F.model.kv_type, human_bytes(fp.scratch));
+               F.model.kv_type_name(), human_bytes(fp.scratch));
     fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_name(), ctx.params().n_threads);
   }
 

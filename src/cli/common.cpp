@@ -36,8 +36,26 @@ void ModelFlags::add(CLI::App& app) {
   app.add_option("-c,--ctx-size", ctx, "context size in tokens (default: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("-b,--batch-size", batch, "most tokens per prefill step")->check(CLI::Range(1, 65536));
-  app.add_option("--kv-type", kv_type, "KV cache element type: f32 or f16")
-      ->check(CLI::IsMember({"f32", "f16"}));
+  add_device_flags(app, device, kv_type);
+}
+
+void add_device_flags(CLI::App& app, std::string& device, std::string& kv_type) {
+  app.add_option("--device", device, "where the model runs: cpu or cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--kv-type", kv_type,
+                 "KV cache element type: f32, f16 or bf16 (default: f32 on cpu, f16 on cuda)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+}
+
+void apply_device_flags(const std::string& device, const std::string& kv_type, ContextParams& p) {
+  p.backend = device == "cuda" ? BackendKind::cuda : BackendKind::cpu;
+  const std::string t = kv_type.empty() ? (device == "cuda" ? "f16" : "f32") : kv_type;
+  p.kv_type = t == "bf16" ? KvType::bf16 : t == "f16" ? KvType::f16 : KvType::f32;
+}
+
+std::string ModelFlags::kv_type_name() const {
+  return kv_type.empty() ? (device == "cuda" ? "f16" : "f32") : kv_type;
 }
 
 ContextParams ModelFlags::context_params() const {
@@ -45,7 +63,7 @@ ContextParams ModelFlags::context_params() const {
   p.n_ctx = ctx;
   p.n_batch = batch;
   p.n_threads = threads;
-  p.kv_type = kv_type == "f16" ? KvType::f16 : KvType::f32;
+  apply_device_flags(device, kv_type, p);
   return p;
 }
 

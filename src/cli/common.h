@@ -25,14 +25,20 @@ struct ModelFlags {
   int threads = 0;
   int ctx = 0;
   int batch = 512;
-  std::string kv_type = "f32";
+  std::string device = "cpu";
+  std::string kv_type;  // "" : the device's default
 
   // -m is optional: without it the bundled model (models/target.gguf) is used, see resolve_model().
   void add(CLI::App& app);
   // Fills `model` with the bundled default when -m was not given; throws ultra::Error if it is missing.
   void resolve_model();
   ContextParams context_params() const;
+  std::string kv_type_name() const;  // the KV type in use
 };
+
+// --device cpu|cuda and --kv-type f32|f16|bf16 (default: f32 on the CPU, f16 on CUDA).
+void add_device_flags(CLI::App& app, std::string& device, std::string& kv_type);
+void apply_device_flags(const std::string& device, const std::string& kv_type, ContextParams& p);
 
 // The bundled default model: models/target.gguf next to the executable's parent directory (build/ultra ->
 // models/target.gguf), else in the source tree this binary was built from; "" when neither exists.

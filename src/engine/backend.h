@@ -45,5 +45,7 @@ class Backend {
 
 // params: resolved (no zeros left); n_sample: ids below it are sampled.
 std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParams& params, int n_sample);
+// Only in builds with ULTRA_HAVE_CUDA (src/backend/cuda/cuda_backend.cpp).
+std::unique_ptr<Backend> make_cuda_backend(const ModelData& m, const ContextParams& params, int n_sample);
 
 }  // namespace ultra

@@ -59,7 +59,12 @@ ContextParams resolve(const ModelData& m, ContextParams p) {
   if (p.n_slots > 4096) fail("context: {} slots is too many (at most 4096)", p.n_slots);
   if (p.n_batch > (1 << 16)) fail("context: n_batch {} is too large", p.n_batch);
   if (p.n_threads > 1024) fail("context: {} threads is too many", p.n_threads);
-  if (p.backend == BackendKind::cuda) fail("context: the CUDA backend is not available in this build");
+#if !defined(ULTRA_HAVE_CUDA)
+  if (p.backend == BackendKind::cuda)
+    fail("context: this build has no CUDA backend (it was configured without a CUDA compiler)");
+#endif
+  if (p.backend == BackendKind::cpu && p.kv_type == KvType::bf16)
+    fail("context: a bf16 KV cache is supported on the CUDA backend only (use f32 or f16)");
   return p;
 }
 
@@ -94,7 +99,10 @@ struct Context::Impl {
       : model(model_), m(*model_.impl().data), p(resolve(m, params)) {
     const Tokenizer* t = model.tokenizer();
     n_sample = t ? std::min(t->n_vocab(), m.hp.n_vocab) : m.hp.n_vocab;
-    be = make_cpu_backend(m, p, n_sample);
+#if defined(ULTRA_HAVE_CUDA)
+    if (p.backend == BackendKind::cuda) be = make_cuda_backend(m, p, n_sample);
+#endif
+    if (!be) be = make_cpu_backend(m, p, n_sample);
     len.assign(p.n_slots, 0);
     tokens = Buffer<int32_t>((size_t)p.n_slots * p.n_ctx);
     sampling.assign(p.n_slots, SamplingParams{});
@@ -111,7 +119,9 @@ struct Context::Impl {
     top = Buffer<TokenLogprob>((size_t)p.n_outputs * SamplingParams::kMaxProbs);
   }
 
-  int32_t* seq_tokens(int s) { return tokens.data() + (size_t)s * p.n_ctx; }
+  int32_t* seq_tokens(int s) {
+    return tokens.data() + (size_t)s * p.n_ctx;
+  }
 
   void check_seq(int s, const char* what) const {
     if (s < 0 || s >= p.n_slots) fail("{}: sequence {} is out of range [0, {})", what, s, p.n_slots);

@@ -21,8 +21,7 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     ops.matmul(l.wq, b.xb, n, b.q, l.bq, false);
     ops.matmul(l.wk, b.xb, n, b.k, l.bk, false);
     ops.matmul(l.wv, b.xb, n, b.v, l.bv, false);
-    ops.rope(b.q, n, hp.n_heads, hp.head_dim, rows.pos, hp.rope_interleaved);
-    ops.rope(b.k, n, hp.n_kv_heads, hp.head_dim, rows.pos, hp.rope_interleaved);
+    ops.rope(b.q, hp.n_heads, b.k, hp.n_kv_heads, n, hp.head_dim, rows.pos, hp.rope_interleaved);
     ops.kv_write(il, b.k, b.v, n, rows.pos, rows.seq);
     ops.attention(il, b.q, n, hp.n_heads, rows.pos, rows.seq, scale, b.att);
     ops.matmul(l.wo, b.att, n, b.x, nullptr, true);

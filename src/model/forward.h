@@ -46,7 +46,9 @@ class ForwardOps {
   // y[n, rows] = x[n, cols] . W^T (+ bias); accumulate: y += instead of y = (the residual add).
   virtual void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
                       bool accumulate) = 0;
-  virtual void rope(float* x, int n, int n_heads, int head_dim, const int32_t* pos, bool interleaved) = 0;
+  // RoPE in place on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (one launch on a GPU).
+  virtual void rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
+                    bool interleaved) = 0;
   // K/V rows of this step into the cache of layer il, then causal attention over it.
   virtual void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                         const int32_t* seq) = 0;

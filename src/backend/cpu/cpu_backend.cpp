@@ -15,7 +15,7 @@ KvCacheParams kv_params(const ModelData& m, const ContextParams& p) {
   k.n_kv_heads = m.hp.n_kv_heads;
   k.max_ctx = p.n_ctx;
   k.head_dim = m.hp.head_dim;
-  k.type = p.kv_type == KvType::f16 ? GgmlType::F16 : GgmlType::F32;
+  k.type = p.kv_type == KvType::f16 ? GgmlType::F16 : GgmlType::F32;  // bf16 is refused by the context
   return k;
 }
 
@@ -119,8 +119,10 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y, co
   for (size_t i = 0; i < len; ++i) y[i] += tmp[i];
 }
 
-void CpuBackend::rope(float* x, int n, int n_heads, int head_dim, const int32_t* pos, bool interleaved) {
-  cpu::rope(x, n, n_heads, head_dim, pos, m_.rope_inv_freq.data(), interleaved);
+void CpuBackend::rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
+                      const int32_t* pos, bool interleaved) {
+  cpu::rope(q, n, n_heads, head_dim, pos, m_.rope_inv_freq.data(), interleaved);
+  cpu::rope(k, n, n_kv_heads, head_dim, pos, m_.rope_inv_freq.data(), interleaved);
 }
 
 void CpuBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,

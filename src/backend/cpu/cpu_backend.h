@@ -35,7 +35,8 @@ class CpuBackend final : public Backend, private ForwardOps {
   void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) override;
   void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
               bool accumulate) override;
-  void rope(float* x, int n, int n_heads, int head_dim, const int32_t* pos, bool interleaved) override;
+  void rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
+            bool interleaved) override;
   void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                 const int32_t* seq) override;
   void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,

@@ -1,0 +1,478 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "backend/cuda/backend_kernels.h"
+#include "core/error.h"
+
+namespace ultra {
+
+namespace {
+
+std::atomic<long> g_device_allocs{0};
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string mib(size_t b) {
+  return fmt::format("{:.1f} MiB", b / 1048576.0);
+}
+
+GgmlType kv_ggml_type(KvType t) {
+  switch (t) {
+    case KvType::f32:
+      return GgmlType::F32;
+    case KvType::f16:
+      return GgmlType::F16;
+    case KvType::bf16:
+      return GgmlType::BF16;
+  }
+  return GgmlType::F16;
+}
+
+}  // namespace
+
+// ---- DeviceAllocator ----
+
+DeviceAllocator::~DeviceAllocator() {
+  for (void* p : ptrs_) cudaFree(p);
+}
+
+void* DeviceAllocator::alloc(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, align_up(std::max<size_t>(bytes, 1)));
+  ++g_device_allocs;
+  if (e != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("CUDA: cannot allocate {} for {} ({}; {} of {} free)", mib(bytes), what, cudaGetErrorString(e),
+         mib(free_b), mib(total_b));
+  }
+  ptrs_.push_back(p);
+  bytes_ += align_up(bytes);
+  return p;
+}
+
+long DeviceAllocator::total_calls() {
+  return g_device_allocs.load();
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelData& m, const ContextParams& params, int n_sample) {
+  return std::make_unique<CudaBackend>(m, params, n_sample);
+}
+
+// ---- CudaBackend ----
+
+void CudaBackend::check(cudaError_t e, const char* what) const {
+  if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
+}
+
+CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, int n_sample)
+    : m_(model), p_(params), n_sample_(n_sample) {
+  const HParams& hp = m_.hp;
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
+    fail("CUDA backend: no CUDA device is available (use the CPU backend)");
+  check(cuda::query_device(0, &dev_), "device query");
+
+  n_rows_cap_ = p_.n_batch;
+  int largest_bucket = 0;
+  for (int b : kBuckets)
+    if (b <= n_rows_cap_) largest_bucket = b;
+  n_out_cap_ = std::max(p_.n_outputs, largest_bucket);
+  max_hist_ = std::min(SamplingParams::kMaxHistory, p_.n_ctx);
+
+  // Sizes first: refuse before allocating anything when the device cannot hold the context.
+  const size_t q_dim = (size_t)hp.n_heads * hp.head_dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
+  const size_t nb = n_rows_cap_, kv_elem = p_.kv_type == KvType::f32 ? 4 : 2;
+  kv_bytes_ = 2 * (size_t)hp.n_layers * p_.n_slots * kv_dim * p_.n_ctx * kv_elem;
+  KvLayerView proto;
+  proto.type = kv_ggml_type(p_.kv_type);
+  proto.n_slots = p_.n_slots;
+  proto.n_kv_heads = hp.n_kv_heads;
+  proto.max_ctx = p_.n_ctx;
+  proto.head_dim = hp.head_dim;
+  eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_);
+  size_t attn_ws = eager_plan_.workspace_bytes;
+  for (size_t i = 0; i < kBuckets.size(); ++i) {
+    if (kBuckets[i] > n_rows_cap_) continue;
+    bucket_plans_[i] = cuda::plan_attention(dev_, proto, hp.n_heads, kBuckets[i]);
+    attn_ws = std::max(attn_ws, bucket_plans_[i].workspace_bytes);
+  }
+  check(cuda::plan_sampler(dev_, n_out_cap_, hp.n_vocab, max_hist_, &sampler_plan_),
+        "sampler plan (the vocabulary may be too large for one block's shared memory)");
+  const size_t mm_ws =
+      cuda::CudaMatmul::workspace_bytes(n_rows_cap_, std::max<int64_t>({hp.dim, (int64_t)q_dim, hp.ffn_dim}));
+  const size_t act = sizeof(float) * (nb * hp.dim * 2 + nb * std::max<size_t>(hp.dim, q_dim) +
+                                      nb * q_dim * 2 + nb * kv_dim * 2 + nb * hp.ffn_dim * 2 +
+                                      (size_t)n_out_cap_ * hp.dim + (size_t)n_out_cap_ * hp.n_vocab);
+  scratch_bytes_ =
+      act + mm_ws + attn_ws + sampler_plan_.workspace_bytes + (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t);
+  size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "memory query");
+  const size_t need = m_.weight_bytes + kv_bytes_ + scratch_bytes_;
+  if (need > free_b)
+    fail(
+        "CUDA backend: the context needs {} (weights {}, KV cache {}, scratch {}) but the device has {} free "
+        "of "
+        "{}; lower -c or the number of slots",
+        mib(need), mib(m_.weight_bytes), mib(kv_bytes_), mib(scratch_bytes_), mib(free_b), mib(total_b));
+
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
+  upload_weights();
+
+  // KV cache: one K and one V buffer per layer, [n_slots, n_kv_heads, n_ctx, head_dim].
+  const size_t kv_layer = (size_t)p_.n_slots * kv_dim * p_.n_ctx * kv_elem;
+  for (int il = 0; il < hp.n_layers; ++il) {
+    KvLayerView v = proto;
+    v.k = mem_.alloc(kv_layer, "KV cache");
+    v.v = mem_.alloc(kv_layer, "KV cache");
+    check(cudaMemsetAsync(v.k, 0, kv_layer, stream_), "KV clear");
+    check(cudaMemsetAsync(v.v, 0, kv_layer, stream_), "KV clear");
+    kv_.push_back(v);
+  }
+
+  // Activations.
+  auto f = [&](size_t n, const char* what) { return mem_.alloc_n<float>(n, what); };
+  b_.x = f(nb * hp.dim, "activations");
+  b_.xb = f(nb * std::max<size_t>(hp.dim, q_dim), "activations");
+  b_.q = f(nb * q_dim, "activations");
+  b_.k = f(nb * kv_dim, "activations");
+  b_.v = f(nb * kv_dim, "activations");
+  b_.att = f(nb * q_dim, "activations");
+  b_.hb = f(nb * hp.ffn_dim, "activations");
+  b_.hb2 = f(nb * hp.ffn_dim, "activations");
+  b_.out_x = f((size_t)n_out_cap_ * hp.dim, "activations");
+  b_.logits = f((size_t)n_out_cap_ * hp.n_vocab, "logits");
+  token_log_ = mem_.alloc_n<int32_t>((size_t)p_.n_slots * p_.n_ctx, "token log");
+  check(cudaMemsetAsync(token_log_, 0, (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t), stream_), "clear");
+
+  void* mm_mem = mem_.alloc(mm_ws, "matmul workspace");
+  check(mm_.init(mm_mem, mm_ws), "cuBLASLt init");
+  if (attn_ws) attn_ws_ = mem_.alloc(attn_ws, "attention workspace");
+  sampler_ws_ = mem_.alloc(sampler_plan_.workspace_bytes, "sampler workspace");
+  check(cuda::sampler_workspace_init(sampler_plan_, sampler_ws_, stream_), "sampler workspace init");
+
+  // Step IO: pinned host blocks and their device mirrors.
+  size_t o = 0;
+  auto put = [&](size_t bytes) {
+    const size_t at = o;
+    o = align_up(o + bytes);
+    return at;
+  };
+  lay_.tok = put(nb * 4);
+  lay_.pos = put(nb * 4);
+  lay_.seq = put(nb * 4);
+  lay_.out_row = put((size_t)n_out_cap_ * 4);
+  lay_.srow = put((size_t)n_out_cap_ * sizeof(cuda::SamplerRow));
+  lay_.in_bytes = o;
+  o = 0;
+  lay_.token = put((size_t)n_out_cap_ * 4);
+  lay_.logprob = put((size_t)n_out_cap_ * 4);
+  lay_.top_token = put((size_t)n_out_cap_ * cuda::kSamplerMaxProbs * 4);
+  lay_.top_logprob = put((size_t)n_out_cap_ * cuda::kSamplerMaxProbs * 4);
+  lay_.error = put((size_t)n_out_cap_ * 4);
+  lay_.out_bytes = o;
+  check(cudaMallocHost((void**)&h_in_, lay_.in_bytes), "pinned host allocation");
+  check(cudaMallocHost((void**)&h_out_, lay_.out_bytes), "pinned host allocation");
+  check(cudaMallocHost((void**)&h_logits_, (size_t)n_out_cap_ * hp.n_vocab * sizeof(float)),
+        "pinned host allocation");
+  std::memset(h_in_, 0, lay_.in_bytes);
+  d_in_ = static_cast<uint8_t*>(mem_.alloc(lay_.in_bytes, "step inputs"));
+  d_out_ = static_cast<uint8_t*>(mem_.alloc(lay_.out_bytes, "step results"));
+  logits_ready_.assign(n_out_cap_, 0);
+  check(cudaStreamSynchronize(stream_), "initialisation");
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (cudaGraphExec_t g : graphs_)
+    if (g) cudaGraphExecDestroy(g);
+  if (h_in_) cudaFreeHost(h_in_);
+  if (h_out_) cudaFreeHost(h_out_);
+  if (h_logits_) cudaFreeHost(h_logits_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// Weights: every matrix in its own type (F32 / F16 / BF16), norms and biases as f32, in one allocation;
+// a matrix used twice (tied embeddings) is uploaded once.
+void CudaBackend::upload_weights() {
+  const HParams& hp = m_.hp;
+  std::vector<const WeightView*> mats = {&m_.tok_embd, &m_.output};
+  for (const LayerWeights& l : m_.layers)
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) mats.push_back(w);
+  std::vector<std::pair<const float*, size_t>> vecs = {{m_.output_norm, (size_t)hp.dim},
+                                                       {m_.rope_inv_freq.data(), (size_t)hp.head_dim / 2}};
+  for (const LayerWeights& l : m_.layers) {
+    vecs.push_back({l.attn_norm, (size_t)hp.dim});
+    vecs.push_back({l.ffn_norm, (size_t)hp.dim});
+    vecs.push_back({l.bq, (size_t)hp.n_heads * hp.head_dim});
+    vecs.push_back({l.bk, (size_t)hp.n_kv_heads * hp.head_dim});
+    vecs.push_back({l.bv, (size_t)hp.n_kv_heads * hp.head_dim});
+  }
+  std::unordered_map<const void*, size_t> offset;  // host data -> offset in the device block
+  size_t total = 0;
+  for (const WeightView* w : mats) {
+    if (w->type != GgmlType::F32 && w->type != GgmlType::F16 && w->type != GgmlType::BF16)
+      fail(
+          "CUDA backend: {} weights are not supported yet (use F32, F16 or BF16 weights, or the CPU backend)",
+          type_name(w->type));
+    if (offset.emplace(w->data, total).second) total = align_up(total + w->row_bytes * w->rows);
+  }
+  for (const auto& [p, n] : vecs)
+    if (p && offset.emplace(p, total).second) total = align_up(total + n * sizeof(float));
+  uint8_t* base = static_cast<uint8_t*>(mem_.alloc(total, "weights"));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unordered_map<const void*, bool> done;
+  for (const WeightView* w : mats)
+    if (done.emplace(w->data, true).second)
+      check(cudaMemcpy(base + offset[w->data], w->data, w->row_bytes * w->rows, cudaMemcpyHostToDevice),
+            "weight upload");
+  for (const auto& [p, n] : vecs)
+    if (p && done.emplace(p, true).second)
+      check(cudaMemcpy(base + offset[p], p, n * sizeof(float), cudaMemcpyHostToDevice), "weight upload");
+  (void)ms_since(t0);
+
+  auto dev_mat = [&](const WeightView& w) {
+    WeightView d = w;
+    d.data = base + offset[w.data];
+    return d;
+  };
+  auto dev_vec = [&](const float* p) {
+    return p ? reinterpret_cast<const float*>(base + offset[p]) : nullptr;
+  };
+  w_.tok_embd = dev_mat(m_.tok_embd);
+  w_.output = dev_mat(m_.output);
+  w_.output_norm = dev_vec(m_.output_norm);
+  rope_inv_freq_ = const_cast<float*>(dev_vec(m_.rope_inv_freq.data()));
+  for (const LayerWeights& l : m_.layers) {
+    LayerWeights d = l;
+    d.wq = dev_mat(l.wq);
+    d.wk = dev_mat(l.wk);
+    d.wv = dev_mat(l.wv);
+    d.wo = dev_mat(l.wo);
+    d.w_gate = dev_mat(l.w_gate);
+    d.w_up = dev_mat(l.w_up);
+    d.w_down = dev_mat(l.w_down);
+    d.attn_norm = dev_vec(l.attn_norm);
+    d.ffn_norm = dev_vec(l.ffn_norm);
+    d.bq = dev_vec(l.bq);
+    d.bk = dev_vec(l.bk);
+    d.bv = dev_vec(l.bv);
+    w_.layers.push_back(d);
+  }
+}
+
+Footprint CudaBackend::footprint() const {
+  Footprint f;
+  f.weights = m_.weight_bytes;
+  f.kv = kv_bytes_;
+  f.scratch = scratch_bytes_ + lay_.in_bytes + lay_.out_bytes;
+  return f;
+}
+
+int CudaBackend::n_graphs() const {
+  int n = 0;
+  for (cudaGraphExec_t g : graphs_) n += g != nullptr;
+  return n;
+}
+
+void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan) {
+  check(cudaMemcpyAsync(d_in_, h_in_, lay_.in_bytes, cudaMemcpyHostToDevice, stream_), "input upload");
+  const int32_t* tok = reinterpret_cast<const int32_t*>(d_in_ + lay_.tok);
+  const int32_t* pos = reinterpret_cast<const int32_t*>(d_in_ + lay_.pos);
+  const int32_t* seq = reinterpret_cast<const int32_t*>(d_in_ + lay_.seq);
+  check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, pos, seq, n, stream_), "token log");
+  StepRows rows;
+  rows.n = n;
+  rows.token = tok;
+  rows.pos = pos;
+  rows.seq = seq;
+  rows.n_out = n_out;
+  rows.out_row = reinterpret_cast<const int32_t*>(d_in_ + lay_.out_row);
+  cur_plan_ = &plan;
+  forward(m_.hp, w_, rows, b_, *this);
+  if (sample && n_out > 0) {
+    cuda::SamplerOutputs out;
+    out.token = reinterpret_cast<int32_t*>(d_out_ + lay_.token);
+    out.logprob = reinterpret_cast<float*>(d_out_ + lay_.logprob);
+    out.top_token = reinterpret_cast<int32_t*>(d_out_ + lay_.top_token);
+    out.top_logprob = reinterpret_cast<float*>(d_out_ + lay_.top_logprob);
+    out.error = reinterpret_cast<int32_t*>(d_out_ + lay_.error);
+    check(cuda::sample(sampler_plan_, b_.logits, m_.hp.n_vocab, n_sample_,
+                       reinterpret_cast<const cuda::SamplerRow*>(d_in_ + lay_.srow), n_out, out, sampler_ws_,
+                       stream_),
+          "sampler");
+    check(cudaMemcpyAsync(h_out_, d_out_, lay_.out_bytes, cudaMemcpyDeviceToHost, stream_),
+          "result download");
+  }
+}
+
+void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
+                       TokenLogprob* top, StepStats& stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = rows.n;
+  // The graph slot of this step: the smallest row bucket that holds it (its outputs padded to the bucket),
+  // or, for a full prefill chunk of n_batch rows, the prefill slot (outputs padded to n_out_cap); else none.
+  int bi = -1, n_eff = n, n_out_eff = rows.n_out;
+  const cuda::AttentionPlan* plan = &eager_plan_;
+  for (size_t i = 0; i < kBuckets.size() && bi < 0; ++i)
+    if (kBuckets[i] >= n && kBuckets[i] <= n_rows_cap_) {
+      bi = (int)i;
+      n_eff = n_out_eff = kBuckets[i];
+      plan = &bucket_plans_[i];
+    }
+  if (bi < 0 && n == n_rows_cap_) {
+    bi = kPrefillSlot;
+    n_out_eff = std::min(n_out_cap_, n);
+  }
+
+  // Stage the rows (padding rows: sequence -1) and one sampler row per output.
+  int32_t* tok = reinterpret_cast<int32_t*>(h_in_ + lay_.tok);
+  int32_t* pos = reinterpret_cast<int32_t*>(h_in_ + lay_.pos);
+  int32_t* seq = reinterpret_cast<int32_t*>(h_in_ + lay_.seq);
+  int32_t* out_row = reinterpret_cast<int32_t*>(h_in_ + lay_.out_row);
+  cuda::SamplerRow* srow = reinterpret_cast<cuda::SamplerRow*>(h_in_ + lay_.srow);
+  for (int i = 0; i < n_eff; ++i) {
+    const bool real = i < n;
+    tok[i] = real ? rows.token[i] : 0;
+    pos[i] = real ? rows.pos[i] : 0;
+    seq[i] = real ? rows.seq[i] : -1;
+  }
+  for (int k = 0; k < n_out_eff; ++k) {
+    out_row[k] = k < rows.n_out ? rows.out_row[k] : -1;
+    srow[k] = {};
+    srow[k].logits_row = -1;
+  }
+  for (int j = 0; j < n_jobs; ++j) {
+    const SampleJob& job = jobs[j];
+    const SamplingParams& sp = *job.params;
+    const int r = rows.out_row[job.out];
+    cuda::SamplerRow& s = srow[job.out];
+    s.temperature = sp.temperature;
+    s.top_k = sp.top_k;
+    s.top_p = sp.top_p;
+    s.min_p = sp.min_p;
+    s.repeat_penalty = sp.repeat_penalty;
+    s.presence_penalty = sp.presence_penalty;
+    s.frequency_penalty = sp.frequency_penalty;
+    s.n_probs = sp.n_probs;
+    s.seed = sp.seed;
+    s.position = job.position;
+    // The window ends at the row's own token, in the device copy of the sequence's tokens.
+    s.n_hist = std::min(job.n_window, max_hist_);
+    s.hist = token_log_ + (int64_t)rows.seq[r] * p_.n_ctx + (rows.pos[r] + 1 - s.n_hist);
+    s.logits_row = job.out;
+  }
+  std::fill(logits_ready_.begin(), logits_ready_.end(), 0);
+
+  if (bi >= 0 && graphs_[bi]) {
+    const auto tl = std::chrono::steady_clock::now();
+    check(cudaGraphLaunch(graphs_[bi], stream_), "graph launch");
+    last_launch_us_ = ms_since(tl) * 1e3;
+    ++stats.n_graph_launches;
+    stats.launch_us += last_launch_us_;
+  } else {
+    enqueue(n_eff, n_out_eff, bi >= 0 || n_jobs > 0, *plan);
+    if (bi >= 0) {
+      // The bucket's first step ran directly (modules loaded, cuBLASLt heuristics cached): capture it.
+      check(cudaStreamSynchronize(stream_), "step");
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+      try {
+        enqueue(n_eff, n_out_eff, true, *plan);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "graph capture");
+      size_t n_nodes = 0;
+      cudaGraphGetNodes(graph, nullptr, &n_nodes);
+      graph_nodes_[bi] = (int)n_nodes;
+      const cudaError_t e = cudaGraphInstantiate(&graphs_[bi], graph, 0);
+      cudaGraphDestroy(graph);
+      check(e, "graph instantiation");
+      check(cudaGraphUpload(graphs_[bi], stream_), "graph upload");  // so that its first launch is not slower
+    }
+  }
+  check(cudaStreamSynchronize(stream_), "step");
+  stats.forward_ms += ms_since(t0);  // sampling included: it runs inside the step on the device
+
+  const int32_t* r_tok = reinterpret_cast<const int32_t*>(h_out_ + lay_.token);
+  const float* r_lp = reinterpret_cast<const float*>(h_out_ + lay_.logprob);
+  const int32_t* r_ttok = reinterpret_cast<const int32_t*>(h_out_ + lay_.top_token);
+  const float* r_tlp = reinterpret_cast<const float*>(h_out_ + lay_.top_logprob);
+  const int32_t* r_err = reinterpret_cast<const int32_t*>(h_out_ + lay_.error);
+  for (int j = 0; j < n_jobs; ++j) {
+    const int k = jobs[j].out;
+    SampleResult& r = results[j];
+    r.token = r_tok[k];
+    r.logprob = r_lp[k];
+    r.nonfinite = r_err[k] != 0;
+    r.n_top = 0;
+    const int want = std::min(jobs[j].params->n_probs, cuda::kSamplerMaxProbs);
+    for (int i = 0; i < want && r_ttok[k * cuda::kSamplerMaxProbs + i] >= 0; ++i) {
+      top[(size_t)j * SamplingParams::kMaxProbs + i] = {r_ttok[k * cuda::kSamplerMaxProbs + i],
+                                                        r_tlp[k * cuda::kSamplerMaxProbs + i]};
+      r.n_top = i + 1;
+    }
+  }
+}
+
+const float* CudaBackend::logits(int k) {
+  const size_t V = m_.hp.n_vocab;
+  float* dst = h_logits_ + (size_t)k * V;
+  if (!logits_ready_[k]) {
+    check(cudaMemcpyAsync(dst, b_.logits + (size_t)k * V, V * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "logits download");
+    check(cudaStreamSynchronize(stream_), "logits download");
+    logits_ready_[k] = 1;
+  }
+  return dst;
+}
+
+// ---- ForwardOps: the kernels of kernels.h on the backend's stream ----
+
+void CudaBackend::embed(const WeightView& table, const int32_t* tokens, int n, float* x) {
+  check(cuda::embed(table, tokens, n, x, stream_), "embed");
+}
+void CudaBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) {
+  check(cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_), "rmsnorm");
+}
+void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                         bool accumulate) {
+  check(mm_.matmul(w, x, n, y, bias, accumulate, stream_), "matmul");
+}
+void CudaBackend::rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
+                       const int32_t* pos, bool interleaved) {
+  check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, rope_inv_freq_, interleaved, stream_),
+        "rope");
+}
+void CudaBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
+                           const int32_t* seq) {
+  check(cuda::kv_write(kv_[il], k, v, n, pos, seq, stream_), "kv_write");
+}
+void CudaBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos,
+                            const int32_t* seq, float scale, float* out) {
+  check(cuda::attention(*cur_plan_, kv_[il], q, n, pos, seq, scale, out, attn_ws_, stream_), "attention");
+}
+void CudaBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  check(cuda::silu_mul(gate, up, n, out, stream_), "silu_mul");
+}
+void CudaBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {
+  check(cuda::gather_rows(x, rows, n_rows, dim, out, stream_), "gather_rows");
+}
+
+}  // namespace ultra

@@ -1,0 +1,131 @@
+// The CUDA backend (Hopper): weights uploaded once, KV cache and every step buffer allocated at context
+// creation through one counting allocator, the forward (model/forward.h) over the kernels of kernels.h,
+// and the sampler inside the step. Steps of up to 32 rows run as CUDA graphs, one per row bucket (1, 2, 4,
+// 8, 16, 32) and one for a full prefill chunk of n_batch rows: the first step of a slot runs directly (module
+// loading, cuBLASLt heuristics) and is then captured, with its input upload and result download, so a later
+// step is one graph launch and one stream synchronisation. Rows are padded to the bucket with padding rows
+// (sequence -1) that the kernels skip; positions, sequence ids, tokens and sampler settings are read from
+// device memory, so one graph serves every position. Other steps (a prefill chunk shorter than n_batch) run
+// directly. Matmuls of more than 32 rows run on cuBLASLt, which allocates host memory in every direct call
+// (about 4 allocations per matmul, measured): only captured steps are allocation-free.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "engine/backend.h"
+#include "model/model.h"
+
+namespace ultra {
+
+// Device memory of one backend: every allocation goes through here and is counted; all of them happen at
+// construction.
+class DeviceAllocator {
+ public:
+  DeviceAllocator() = default;
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  void* alloc(size_t bytes, const char* what);  // 256-byte aligned; throws ultra::Error naming `what`
+  template <class T>
+  T* alloc_n(size_t n, const char* what) {
+    return static_cast<T*>(alloc(n * sizeof(T), what));
+  }
+  int n_allocs() const { return (int)ptrs_.size(); }
+  size_t bytes() const { return bytes_; }
+  // cudaMalloc calls made through any DeviceAllocator of this process (tests).
+  static long total_calls();
+
+ private:
+  std::vector<void*> ptrs_;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend final : public Backend, private ForwardOps {
+ public:
+  static constexpr std::array<int, 6> kBuckets = {1, 2, 4, 8, 16, 32};
+  static constexpr int kPrefillSlot = (int)kBuckets.size();  // graph of a full n_batch-row prefill chunk
+
+  CudaBackend(const ModelData& model, const ContextParams& params, int n_sample);
+  ~CudaBackend() override;
+
+  const char* name() const override { return "CUDA"; }
+  Footprint footprint() const override;
+  void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
+            StepStats& stats) override;
+  const float* logits(int k) override;
+
+  // For tests and benchmarks.
+  int n_graphs() const;
+  int graph_nodes(int slot) const { return graph_nodes_[slot]; }
+  const DeviceAllocator& allocator() const { return mem_; }
+  double last_launch_us() const { return last_launch_us_; }  // host time of the last graph launch call
+
+ private:
+  // ForwardOps
+  void embed(const WeightView& table, const int32_t* tokens, int n, float* x) override;
+  void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) override;
+  void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+              bool accumulate) override;
+  void rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
+            bool interleaved) override;
+  void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
+                const int32_t* seq) override;
+  void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
+                 float scale, float* out) override;
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
+
+  void check(cudaError_t e, const char* what) const;
+  void upload_weights();
+  // Enqueues one whole step on the stream: upload of the staged inputs, forward over n rows with n_out
+  // outputs, sampling of n_out sampler rows (those with logits_row < 0 are skipped), download of results.
+  void enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan);
+
+  const ModelData& m_;
+  ContextParams p_;
+  int n_sample_;
+  int n_rows_cap_ = 0;  // rows of the step buffers: n_batch
+  int n_out_cap_ = 0;   // output rows: max(n_outputs, the largest bucket)
+  int max_hist_ = 0;    // longest penalty window
+  cuda::DeviceInfo dev_;
+  cudaStream_t stream_ = nullptr;
+  DeviceAllocator mem_;
+  WeightTable w_;                   // views of the device copies
+  float* rope_inv_freq_ = nullptr;  // [head_dim / 2]
+  std::vector<KvLayerView> kv_;     // [n_layers]
+  size_t kv_bytes_ = 0;
+  StepBuffers b_;                 // device
+  int32_t* token_log_ = nullptr;  // [n_slots, n_ctx] device copy of the sequences' tokens
+  cuda::CudaMatmul mm_;
+  cuda::SamplerPlan sampler_plan_;
+  void* sampler_ws_ = nullptr;
+  void* attn_ws_ = nullptr;
+  cuda::AttentionPlan eager_plan_;
+  std::array<cuda::AttentionPlan, kBuckets.size()> bucket_plans_;
+  const cuda::AttentionPlan* cur_plan_ = nullptr;
+
+  // Step inputs and results: one pinned host block and its device mirror each, same layout.
+  struct Layout {
+    size_t tok, pos, seq, out_row, srow, in_bytes;                    // inputs
+    size_t token, logprob, top_token, top_logprob, error, out_bytes;  // results
+  } lay_{};
+  uint8_t* h_in_ = nullptr;
+  uint8_t* d_in_ = nullptr;
+  uint8_t* h_out_ = nullptr;
+  uint8_t* d_out_ = nullptr;
+  float* h_logits_ = nullptr;          // [n_out_cap, n_vocab] pinned, filled on demand
+  std::vector<uint8_t> logits_ready_;  // [n_out_cap]
+
+  std::array<cudaGraphExec_t, kBuckets.size() + 1> graphs_{};
+  std::array<int, kBuckets.size() + 1> graph_nodes_{};
+  double last_launch_us_ = 0;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace ultra

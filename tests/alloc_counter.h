@@ -1,0 +1,70 @@
+// Counts every host allocation of the process (malloc, calloc, realloc, aligned_alloc, posix_memalign,
+// memalign, free; operator new/delete call them) on every thread while g_counting is set, by replacing the
+// C allocator's entry points. Include in exactly one file of a test executable. Under AddressSanitizer the
+// allocator belongs to ASan: ULTRA_COUNT_ALLOCS is 0 and nothing is replaced.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ULTRA_COUNT_ALLOCS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ULTRA_COUNT_ALLOCS 0
+#else
+#define ULTRA_COUNT_ALLOCS 1
+#endif
+#else
+#define ULTRA_COUNT_ALLOCS 1
+#endif
+
+namespace {
+inline std::atomic<bool> g_counting{false};
+inline std::atomic<long> g_allocs{0};
+inline void count() {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+#if ULTRA_COUNT_ALLOCS
+extern "C" {
+void* __libc_malloc(size_t);
+void* __libc_calloc(size_t, size_t);
+void* __libc_realloc(void*, size_t);
+void __libc_free(void*);
+void* __libc_memalign(size_t, size_t);
+
+void* malloc(size_t n) {
+  count();
+  return __libc_malloc(n);
+}
+void* calloc(size_t a, size_t b) {
+  count();
+  return __libc_calloc(a, b);
+}
+void* realloc(void* p, size_t n) {
+  count();
+  return __libc_realloc(p, n);
+}
+void free(void* p) {
+  if (p) count();
+  __libc_free(p);
+}
+void* aligned_alloc(size_t al, size_t n) {
+  count();
+  return __libc_memalign(al, n);
+}
+void* memalign(size_t al, size_t n) {
+  count();
+  return __libc_memalign(al, n);
+}
+int posix_memalign(void** out, size_t al, size_t n) {
+  count();
+  void* p = __libc_memalign(al, n);
+  if (!p) return 12;  // ENOMEM
+  *out = p;
+  return 0;
+}
+}
+#endif

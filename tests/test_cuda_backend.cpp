@@ -1,0 +1,373 @@
+// The CUDA backend against independent references: HF transformers' logits and greedy tokens of the
+// fixture models (tests/fixtures/hf), PyTorch's perplexity and greedy continuation of the bundled model
+// (models/train_report.json), and the CPU backend on the same batches. Runs on a machine with a CUDA
+// device (tools/gpu_run_all.sh); elsewhere it exits 77, which ctest reports as skipped.
+//
+// Tolerances. Steps of up to 32 rows use the f32-accurate GEMV (weights exact in TF32, activations split
+// hi + lo): the same 1e-4 max-abs bound on logits as the CPU fixture test, with an f32 KV cache. Larger
+// steps (prefill chunks) multiply BF16-rounded activations on the tensor cores through cuBLASLt: their
+// logits are held to a relative L2 error of 1e-2 (BF16 operands carry 8 bits), the perplexity to 0.5%.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "alloc_counter.h"
+#include "backend/cuda/cuda_backend.h"
+#include "io/convert.h"
+#include "ultra/generate.h"
+#include "ultra/perplexity.h"
+
+using namespace ultra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = ULTRA_SOURCE_DIR;
+const fs::path kHf = kRoot / "tests" / "fixtures" / "hf";
+const fs::path kBundled = kRoot / "models" / "target.gguf";
+
+std::vector<float> load_floats(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  f.seekg(0, std::ios::end);
+  std::vector<float> v((size_t)f.tellg() / 4);
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(v.data()), v.size() * 4);
+  return v;
+}
+
+double max_abs(std::span<const float> a, std::span<const float> b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (double)std::fabs(a[i] - b[i]));
+  return d;
+}
+
+double rel_l2(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+  return std::sqrt(num / den);
+}
+
+ContextParams gpu(int n_ctx, int n_batch = 64, int n_outputs = 64, KvType kv = KvType::f32, int n_slots = 1) {
+  ContextParams p;
+  p.backend = BackendKind::cuda;
+  p.n_ctx = n_ctx;
+  p.n_batch = n_batch;
+  p.n_outputs = n_outputs;
+  p.kv_type = kv;
+  p.n_slots = n_slots;
+  return p;
+}
+
+std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, int n) {
+  ctx.set_sampling(0, SamplingParams::greedy());
+  std::vector<int32_t> got;
+  GenerateParams gp;
+  gp.n_predict = n;
+  gp.ignore_eos = true;
+  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
+    got.push_back(t);
+    return true;
+  });
+  return got;
+}
+
+// Each HF fixture, from safetensors (F32) and converted to GGUF BF16 and F16: every prompt position in one
+// step (a 16-row graph), then token by token (the 1-row graph), then 32 greedy tokens.
+TEST(CudaBackend, FixturesMatchHfTransformers) {
+  for (const char* name : {"llama_gqa", "llama_tied_rope3", "qwen2_bias", "mistral"}) {
+    const nlohmann::json ref = nlohmann::json::parse(std::ifstream(kHf / name / "reference.json"));
+    const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
+    struct Case {
+      const char* type;
+      const char* logits;
+      const char* greedy;
+    };
+    for (const Case& c :
+         {Case{"f32", "logits_f32.bin", "greedy"}, Case{"bf16", "logits_bf16w.bin", "greedy_bf16w"},
+          Case{"f16", "logits_f16w.bin", "greedy_f16w"}}) {
+      std::string path = (kHf / name).string();
+      if (std::string(c.type) != "f32") {
+        path = (fs::temp_directory_path() / fmt::format("ultra_cuda_{}_{}_{}.gguf", name, c.type, getpid()))
+                   .string();
+        ConvertOptions opt;
+        opt.out_type = parse_out_type(c.type);
+        convert_hf_to_gguf((kHf / name).string(), path, opt);
+      }
+      const Model m = Model::load(path);
+      const int V = m.info().n_vocab, n = (int)prompt.size();
+      const auto want = load_floats(kHf / name / c.logits);
+      Context ctx(m, gpu(128));
+      Batch b(64);
+      double prefill = 0, decode = 0;
+      for (int rep = 0; rep < 2;
+           ++rep) {  // the first step of a bucket runs directly, the second replays its graph
+        ctx.clear(0);
+        b.clear();
+        for (int i = 0; i < n; ++i) b.add(prompt[i], i, 0, Output::logits);
+        ctx.step(b);
+        for (int i = 0; i < n; ++i)
+          prefill = std::max(prefill, max_abs(ctx.logits(i), std::span(want).subspan((size_t)i * V, V)));
+      }
+      ctx.clear(0);
+      for (int i = 0; i < n; ++i) {
+        b.clear();
+        b.add(prompt[i], i, 0, Output::logits);
+        ctx.step(b);
+        decode = std::max(decode, max_abs(ctx.logits(0), std::span(want).subspan((size_t)i * V, V)));
+      }
+      std::printf(
+          "[cuda fixture] %-17s %-4s  16-row step max-abs %.3g  1-row steps max-abs %.3g  graphs %lld\n",
+          name, c.type, prefill, decode, (long long)ctx.stats().n_graph_launches);
+      EXPECT_LT(prefill, 1e-4) << name << " " << c.type;
+      EXPECT_LT(decode, 1e-4) << name << " " << c.type;
+      EXPECT_GT(ctx.stats().n_graph_launches, 0);
+      EXPECT_EQ(greedy(ctx, prompt, 32), ref[c.greedy].get<std::vector<int32_t>>()) << name << " " << c.type;
+      if (std::string(c.type) != "f32") fs::remove(path);
+    }
+  }
+}
+
+TEST(CudaBackend, BundledModelMatchesPyTorch) {
+  const nlohmann::json rep =
+      nlohmann::json::parse(std::ifstream(kRoot / "models" / "train_report.json"))["target"];
+  const Model m = Model::load(kBundled.string());
+  // Greedy continuation: single-row graph steps, f32 KV cache.
+  {
+    Context ctx(m, gpu(256));
+    const auto prompt = rep["greedy"]["prompt_ids"].get<std::vector<int32_t>>();
+    const auto got = greedy(ctx, prompt, 64);
+    EXPECT_EQ(got, rep["f16w"]["greedy_ids"].get<std::vector<int32_t>>());
+    EXPECT_GE(ctx.stats().n_graph_launches, 60);
+    // Host dispatch: the time of the graph launch call of each decode step (median of 64).
+    Batch b(1);
+    std::vector<double> us;
+    for (int i = 0; i < 64; ++i) {
+      const double before = ctx.stats().launch_us;
+      b.clear();
+      b.add(Batch::kSampled, ctx.seq_len(0), 0, Output::sample);
+      ctx.step(b);
+      us.push_back(ctx.stats().launch_us - before);
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("[cuda bundled] host graph launch per decode step: median %.2f us, min %.2f, max %.2f\n",
+                us[32], us[0], us.back());
+    EXPECT_LT(us[32], 5.0) << "host dispatch per token";
+  }
+  // Perplexity: 256-token windows in one step each (cuBLASLt, BF16 activations), F16 KV cache.
+  {
+    std::ifstream f(kRoot / "tests" / "fixtures" / "bundled" / "val_ids.txt");
+    std::vector<int32_t> ids;
+    for (int32_t x; f >> x;) ids.push_back(x);
+    Context ctx(m, gpu(256, 256, 256, KvType::f16));
+    PerplexityParams pp;
+    pp.n_window = 256;
+    pp.mode = PerplexityParams::Mode::AllPositions;
+    const PerplexityResult r = perplexity(ctx, ids, pp);
+    const double want = rep["f16w"]["ppl"].get<double>();
+    std::printf("[cuda bundled] perplexity %.4f, PyTorch %.4f (rel %.2e)\n", r.ppl, want, r.ppl / want - 1);
+    EXPECT_LT(std::fabs(r.ppl / want - 1), 0.005);
+  }
+}
+
+// One step mixing a 100-row prefill chunk (cuBLASLt) of one sequence with sampled single-token decodes of
+// three others, against the CPU backend running each sequence alone; then 12 shared decode steps (graph
+// replays) give each sequence the CPU's greedy tokens.
+TEST(CudaBackend, MixedBatchMatchesCpu) {
+  const Model m = Model::load(kBundled.string());
+  std::mt19937 rng(7);
+  auto toks = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = (int32_t)(rng() % (uint32_t)m.tokenizer()->n_vocab());
+    return t;
+  };
+  const std::vector<std::vector<int32_t>> seqs = {toks(150), toks(38), toks(6), toks(81)};
+  Context cu(m, gpu(256, 128, 16, KvType::f32, 4));
+  for (int s = 0; s < 4; ++s) cu.set_sampling(s, SamplingParams::greedy());
+  Batch b(128);
+  const int hist[4] = {50, 37, 5, 80};
+  for (int s = 0; s < 4; ++s) prefill(cu, b, s, std::span(seqs[s]).first(hist[s]));
+  b.clear();
+  std::vector<std::array<int, 3>> outs;  // row, seq, pos
+  for (int i = 50; i < 150; ++i) {
+    const bool o = i == 63 || i == 149;
+    const int r = b.add(seqs[0][i], i, 0, o ? Output::logits : Output::none);
+    if (o) outs.push_back({r, 0, i});
+    for (int s = 1; s < 4; ++s)
+      if (i == 50 + 20 * s) outs.push_back({b.add(seqs[s][hist[s]], hist[s], s, Output::sample), s, hist[s]});
+  }
+  cu.step(b);
+  for (const auto& [row, s, pos] : outs) {
+    Context cpu(m, {.n_ctx = 256, .n_batch = 256, .n_outputs = 1});
+    Batch cb(256);
+    const int r = prefill(cpu, cb, 0, std::span(seqs[s]).first(pos + 1), Output::logits);
+    const std::vector<float> want(cpu.logits(r).begin(), cpu.logits(r).end());
+    const double e = rel_l2(cu.logits(row), want);
+    std::printf("[cuda mixed] seq %d pos %3d: rel L2 vs CPU %.2e, max-abs %.3g\n", s, pos, e,
+                max_abs(cu.logits(row), want));
+    EXPECT_LT(e, 1e-2);
+  }
+  // Shared greedy decode steps vs the CPU's greedy continuation of each full sequence.
+  std::vector<int32_t> got[4];
+  for (const auto& [row, s, pos] : outs)
+    if (s > 0) got[s].push_back(cu.sampled(row));
+  cu.crop(0, 149);
+  b.clear();
+  b.add(seqs[0][149], 149, 0, Output::sample);
+  cu.step(b);
+  got[0].push_back(cu.sampled(0));
+  for (int step = 0; step < 12; ++step) {
+    b.clear();
+    int rows[4];
+    for (int s = 3; s >= 0; --s) rows[s] = b.add(Batch::kSampled, cu.seq_len(s), s, Output::sample);
+    cu.step(b);
+    for (int s = 0; s < 4; ++s) got[s].push_back(cu.sampled(rows[s]));
+  }
+  for (int s = 0; s < 4; ++s) {
+    Context cpu(m, {.n_ctx = 256});
+    const std::vector<int32_t> full(seqs[s].begin(), seqs[s].begin() + (s == 0 ? 150 : hist[s] + 1));
+    EXPECT_EQ(got[s], greedy(cpu, full, 13)) << "sequence " << s;
+  }
+}
+
+// Seeded sampling with the full chain gives the CPU backend's tokens (same Philox draws, logits equal to
+// ~1e-6 relative: a token can differ only when a draw falls within ~1e-6 of a boundary).
+TEST(CudaBackend, SeededSamplingMatchesCpu) {
+  const Model m = Model::load(kBundled.string());
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.repeat_penalty = 1.1f;
+  sp.n_probs = 5;
+  sp.seed = 99;
+  auto run = [&](ContextParams cp, std::vector<float>* lp) {
+    Context ctx(m, cp);
+    ctx.set_sampling(0, sp);
+    std::vector<int32_t> got;
+    GenerateParams gp;
+    gp.n_predict = 48;
+    gp.ignore_eos = true;
+    generate(ctx, m.tokenizer()->encode("ROMEO:", true, false), gp, [&](int32_t t, Context& c, int row) {
+      got.push_back(t);
+      lp->push_back(c.logprob(row));
+      return true;
+    });
+    return got;
+  };
+  std::vector<float> lp_cpu, lp_gpu;
+  const auto cpu = run({.n_ctx = 128}, &lp_cpu);
+  const auto cu = run(gpu(128), &lp_gpu);
+  EXPECT_EQ(cu, cpu);
+  for (size_t i = 0; i < std::min(lp_cpu.size(), lp_gpu.size()); ++i)
+    EXPECT_NEAR(lp_gpu[i], lp_cpu[i], 1e-3) << i;
+}
+
+// Zero allocation on the GPU: after warm-up (every graph slot used once and captured), 64 steps of three
+// sequences decoding with in-step sampling, every 16th of them beside a prefill chunk that fills the batch
+// (the n_batch-row graph), make no host allocation, no device allocation, and leave the device's free
+// memory unchanged (cuBLAS(Lt) allocating behind our back would show there). A prefill chunk shorter than
+// n_batch runs directly, and cuBLASLt allocates host memory in it: that count is printed.
+TEST(CudaBackend, ZeroAllocationPerStep) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  const Model m = Model::load(kBundled.string());
+  Context ctx(m, gpu(256, 64, 8, KvType::f16, 4));
+  SamplingParams sp;
+  sp.repeat_penalty = 1.1f;
+  sp.n_probs = 5;
+  for (int s = 0; s < 4; ++s) ctx.set_sampling(s, sp);
+  Batch b(64);
+  std::vector<int32_t> chunk(61);  // + 3 decode rows = n_batch
+  for (int i = 0; i < 61; ++i) chunk[i] = (i * 37 + 11) % 4000;
+  auto steps = [&](int n) {
+    float acc = 0;
+    for (int i = 0; i < n; ++i) {
+      b.clear();
+      if (i % 16 == 0) {  // a prefill chunk of sequence 0 beside the decodes, 64 rows in all
+        ctx.clear(0);
+        for (int t = 0; t < 61; ++t) b.add(chunk[t], t, 0, t == 60 ? Output::sample : Output::none);
+      }
+      for (int s = 1; s < 4; ++s)
+        b.add(ctx.seq_len(s) == 0 ? 1 : Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+      ctx.step(b);
+      for (int r = 0; r < b.size(); ++r)
+        if (b.output(r) == Output::sample) acc += (float)ctx.top_logprobs(r).size();
+      for (int s = 1; s < 4; ++s)
+        if (ctx.seq_len(s) > 200) ctx.clear(s);
+    }
+    return acc;
+  };
+  steps(20);  // warm-up: the 4-row bucket's graph is captured
+  size_t free0 = 0, free1 = 0, total = 0;
+  cudaMemGetInfo(&free0, &total);
+  const long dev0 = DeviceAllocator::total_calls();
+  g_allocs = 0;
+  g_counting = true;
+  const float acc = steps(64);
+  g_counting = false;
+  cudaMemGetInfo(&free1, &total);
+  std::printf(
+      "[cuda zero-alloc] 64 steps (3 sampled decodes, a 61-row chunk every 16): host %ld, device %ld, "
+      "free memory change %lld bytes\n",
+      g_allocs.load(), DeviceAllocator::total_calls() - dev0, (long long)free1 - (long long)free0);
+  EXPECT_GT(acc, 0);
+  EXPECT_EQ(g_allocs.load(), 0);
+  EXPECT_EQ(DeviceAllocator::total_calls(), dev0);
+  EXPECT_EQ(free1, free0);
+  // For the record: a direct step (a 40-row chunk: cuBLASLt outside a graph).
+  ctx.clear(0);
+  b.clear();
+  for (int t = 0; t < 40; ++t) b.add(chunk[t], t, 0, t == 39 ? Output::sample : Output::none);
+  ctx.step(b);
+  ctx.clear(0);
+  g_allocs = 0;
+  g_counting = true;
+  ctx.step(b);
+  g_counting = false;
+  std::printf("[cuda zero-alloc] a direct 40-row step (not captured): %ld host allocations\n",
+              g_allocs.load());
+}
+
+TEST(CudaBackend, ClearErrors) {
+  // Q8_0 weights are not supported on the GPU yet: one clear line, no crash.
+  const fs::path q8 = fs::temp_directory_path() / fmt::format("ultra_cuda_q8_{}.gguf", getpid());
+  ConvertOptions opt;
+  opt.out_type = GgmlType::Q8_0;
+  convert_hf_to_gguf((kHf / "llama_gqa").string(), q8.string(), opt);
+  const Model m = Model::load(q8.string());
+  try {
+    Context ctx(m, gpu(64));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Q8_0 weights are not supported"), std::string::npos) << e.what();
+  }
+  fs::remove(q8);
+  // A context larger than the device: refused before allocating, naming the sizes.
+  const Model big = Model::load(kBundled.string());
+  try {
+    Context ctx(big, gpu(1 << 24, 64, 64, KvType::f32, 4096));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("free of"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
