@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "engine/generate.h"
 #include "engine/perplexity.h"
 #include "io/gguf.h"
@@ -41,8 +42,7 @@ Output: "[k]PPL," running perplexity after each window on stderr, then
   exactly as given (no BOS is added or substituted).)";
 
 std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail("{}: is a directory, expected a text file", path);
+  check_regular_file(path, "the input file");
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("{}: cannot open the input file", path);
   std::ostringstream ss;

@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -60,10 +61,7 @@ std::string read_text_file(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
-  ss << f.rdbuf();
-  return ss.str();
+  return read_file(path, "input text file");
 }
 
 }  // namespace

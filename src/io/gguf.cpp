@@ -574,7 +574,7 @@ const Array& Value::as_array() const {
 }
 
 Reader Reader::open(const std::string& path) {
-  MappedFile file(path);
+  MappedFile file(path, "GGUF file");
   Reader r = parse(file.data(), file.size(), path);
   r.file_ = std::move(file);  // the mapping (and so every TensorInfo::data) stays where it is
   return r;

@@ -206,7 +206,7 @@ bool file_exists(const fs::path& p) {
 
 std::unique_ptr<File> File::open(const std::string& path) {
   auto f = std::make_unique<File>();
-  f->map_ = MappedFile(path);
+  f->map_ = MappedFile(path, "safetensors file");
   f->tensors_ = parse_tensors(f->map_.data(), f->map_.size(), path);
   return f;
 }
@@ -226,7 +226,7 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
   std::vector<std::pair<std::string, std::string>> listed;  // (tensor, shard) from weight_map
   if (file_exists(index_path)) {
     const std::string index_name = index_path.string();
-    const MappedFile index_file(index_name);
+    const MappedFile index_file(index_name, "index file");
     const json index =
         parse_json(reinterpret_cast<const char*>(index_file.data()), index_file.size(), index_name);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {

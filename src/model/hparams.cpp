@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
 
 namespace ultra {
 
@@ -126,11 +127,8 @@ void parse_rope(const json& r, HParams& hp, const std::string& path) {
 }  // namespace
 
 HParams parse_hf_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) fail("{}: cannot open", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  const std::string text = read_file(path, "config file");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail("{}: not valid JSON", path);
   if (!j.is_object()) fail("{}: expected a JSON object", path);
 

@@ -1,5 +1,7 @@
 #include "tokenizer/vocab.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "io/gguf.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
@@ -394,14 +397,6 @@ std::string token_content(const json& j) {
   return {};
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source) {
@@ -526,8 +521,8 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
 }
 
 Vocab load_hf(const std::string& tokenizer_json_path, const std::string& config_path) {
-  const std::string tj = read_file(tokenizer_json_path);
-  const std::string cj = config_path.empty() ? std::string() : read_file(config_path);
+  const std::string tj = read_file(tokenizer_json_path, "tokenizer file");
+  const std::string cj = config_path.empty() ? std::string() : read_file(config_path, "tokenizer config");
   return load_hf_json(tj, cj, tokenizer_json_path);
 }
 
@@ -540,11 +535,11 @@ Vocab load_vocab(const std::string& path) {
     const fs::path cfg = fs::path(path) / "tokenizer_config.json";
     return load_hf(tj.string(), fs::exists(cfg, ec) ? cfg.string() : "");
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
   char magic[4] = {};
-  f.read(magic, 4);
-  if (f.gcount() == 4 && std::string_view(magic, 4) == "GGUF") return load_gguf_file(path);
+  const int fd = open_regular_file(path, "tokenizer file", nullptr);
+  const ssize_t got = ::read(fd, magic, 4);
+  ::close(fd);
+  if (got == 4 && std::string_view(magic, 4) == "GGUF") return load_gguf_file(path);
   const fs::path cfg = fs::path(path).parent_path() / "tokenizer_config.json";
   return load_hf(path, fs::exists(cfg, ec) ? cfg.string() : "");
 }
