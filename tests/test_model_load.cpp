@@ -129,13 +129,17 @@ TEST(ModelLoadHf, UnsupportedArchitecture) {
 TEST(ModelLoadHf, BadConfig) {
   const fs::path d = hf_copy("cfg");
   std::ofstream(d / "config.json") << "{ not json";
-  expect_error([&] { load_model(d.string()); }, "not valid JSON");
+  expect_error([&] { load_model(d.string()); }, "invalid JSON");
   std::ofstream(d / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 320})";
   expect_error([&] { load_model(d.string()); }, "missing 'hidden_size'");
   std::ofstream(d / "config.json")
       << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": -5})";
   expect_error([&] { load_model(d.string()); }, "intermediate_size");
+  std::string deep = R"({"architectures": ["LlamaForCausalLM"], "x": )";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  std::ofstream(d / "config.json") << deep;
+  expect_error([&] { load_model(d.string()); }, "config.json: JSON nested deeper than 64 levels");
   fs::remove_all(d);
 }
 

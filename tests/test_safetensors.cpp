@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -342,6 +343,31 @@ TEST(Safetensors, RejectsBadFiles) {
                              "x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
                          std::vector<uint8_t>(8)),
                "JSON key 'x' appears twice in one object");
+}
+
+// JSON nesting is bounded (64 levels): a header of nested {"a": or [ fails as soon as the parser gets past
+// the bound, instead of building (gigabytes of) nested values first.
+TEST(Safetensors, JsonNestingIsBounded) {
+  auto nested = [](int depth, const std::string& open, const std::string& close) {
+    std::string s = R"({"__metadata__": )";
+    for (int i = 1; i < depth; ++i) s += open;
+    s += "1";
+    for (int i = 1; i < depth; ++i) s += close;
+    return s + "}";
+  };
+  // 64 levels (the root object included) parse; 65 do not.
+  const std::vector<uint8_t> ok = make_file(nested(64, R"({"a": )", "}"), {});
+  EXPECT_TRUE(parses_or_errors(ok.data(), ok.size(), "ok"));
+  const std::vector<uint8_t> ok_arrays = make_file(nested(64, "[", "]"), {});
+  EXPECT_TRUE(parses_or_errors(ok_arrays.data(), ok_arrays.size(), "ok"));
+  expect_error(make_file(nested(65, R"({"a": )", "}"), {}), "JSON nested deeper than 64 levels");
+  expect_error(make_file(nested(65, "[", "]"), {}), "JSON nested deeper than 64 levels");
+  // 8 MB of unterminated {"a": (1.6 million levels): the error comes at level 65.
+  std::string bomb = "{";
+  while (bomb.size() < (8u << 20)) bomb += R"("a":{)";
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error(make_file(bomb, {}), "JSON nested deeper than 64 levels");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
 TEST(Safetensors, EveryPrefixOfAValidFileParsesOrFailsCleanly) {

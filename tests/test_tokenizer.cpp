@@ -855,7 +855,7 @@ TEST(HfJson, UnsupportedOrBrokenFilesGiveErrors) {
     }
     return "";
   };
-  EXPECT_NE(err("{not json").find("invalid tokenizer JSON"), std::string::npos);
+  EXPECT_NE(err("{not json").find("bad.json: invalid JSON"), std::string::npos);
   EXPECT_NE(err(R"({"model": {"type": "Unigram", "vocab": []}})").find("'Unigram' is not supported"),
             std::string::npos);
   json j = hf_byte_level_json();
@@ -870,6 +870,26 @@ TEST(HfJson, UnsupportedOrBrokenFilesGiveErrors) {
   j = hf_byte_level_json();
   j["model"]["vocab"]["dup"] = 5;
   EXPECT_NE(err(j.dump()).find("id 5 is used by both"), std::string::npos);
+  // A key twice in one object (nlohmann alone would keep the last): an error, not a silent choice.
+  std::string text = hf_byte_level_json().dump();
+  const size_t at = text.find(R"("vocab":{)") + 9;
+  text.insert(at, R"("hello":0,)");
+  EXPECT_NE(err(text).find("bad.json: JSON key 'hello' appears twice in one object"), std::string::npos)
+      << err(text);
+  // Nesting beyond 64 levels, in tokenizer.json and in tokenizer_config.json.
+  j = hf_byte_level_json();
+  json deep = 1;
+  for (int i = 0; i < 70; ++i) deep = json::array({deep});
+  j["extra"] = deep;
+  EXPECT_NE(err(j.dump()).find("bad.json: JSON nested deeper than 64 levels"), std::string::npos);
+  try {
+    load_hf_json(hf_byte_level_json().dump(), json{{"x", deep}}.dump(), "t.json", "t_config.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t_config.json: JSON nested deeper than 64 levels"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <unordered_set>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ultra::safetensors {
 
@@ -43,35 +43,6 @@ const DtypeInfo* find_dtype(std::string_view name) {
     if (d.name == name) return &d;
   }
   return nullptr;
-}
-
-// JSON text -> json, failing with ultra::Error (naming `name`) on invalid JSON and on a key repeated within
-// one object (nlohmann would silently keep the last one).
-json parse_json(const char* text, size_t size, const std::string& name) {
-  std::vector<std::unordered_set<std::string>> keys;  // one set per open object
-  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        auto& key = parsed.get_ref<const std::string&>();
-        if (!keys.back().insert(key).second) fail("{}: JSON key '{}' appears twice in one object", name, key);
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, text + size, on_event);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", name, e.what());
-  }
 }
 
 // A JSON integer >= 0 (nlohmann keeps positive literals as unsigned, negative ones as signed, others as
@@ -173,7 +144,7 @@ void check_overlaps(const std::string& file, std::vector<Tensor>& tensors, const
 
 std::vector<Tensor> parse_tensors(const uint8_t* data, size_t size, const std::string& name) {
   const uint64_t header_len = read_header_length(data, size, name);
-  const json header = parse_json(reinterpret_cast<const char*>(data) + 8, header_len, name);
+  const json header = parse_json(std::string_view(reinterpret_cast<const char*>(data) + 8, header_len), name);
   if (!header.is_object()) fail("{}: header is not a JSON object (got {})", name, header.type_name());
   const uint8_t* section = data + 8 + header_len;
   const uint64_t section_size = size - 8 - header_len;
@@ -227,8 +198,8 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
   if (file_exists(index_path)) {
     const std::string index_name = index_path.string();
     const MappedFile index_file(index_name, "index file");
-    const json index =
-        parse_json(reinterpret_cast<const char*>(index_file.data()), index_file.size(), index_name);
+    const json index = parse_json(
+        std::string_view(reinterpret_cast<const char*>(index_file.data()), index_file.size()), index_name);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       fail("{}: no \"weight_map\" object", index_name);
     }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "core/json.h"
 
 namespace ultra {
 
@@ -128,8 +129,7 @@ void parse_rope(const json& r, HParams& hp, const std::string& path) {
 
 HParams parse_hf_config(const std::string& path) {
   const std::string text = read_file(path, "config file");
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail("{}: not valid JSON", path);
+  const json j = parse_json(text, path);
   if (!j.is_object()) fail("{}: expected a JSON object", path);
 
   HParams hp;

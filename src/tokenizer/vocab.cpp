@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "core/json.h"
 #include "io/gguf.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
@@ -399,14 +400,15 @@ std::string token_content(const json& j) {
 
 }  // namespace
 
-Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source) {
+Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source,
+                   const std::string& config_source) {
   Vocab v;
   v.source = source;
   v.pre = "hf";
   v.byte_level = false;
   HfCtx c{source, v};
   try {
-    const json j = json::parse(tokenizer_json);
+    const json j = parse_json(tokenizer_json, source);
     const json& model = j.at("model");
     const std::string type = str_or(model, "type", model.contains("merges") ? "BPE" : "");
     if (type != "BPE") fail("{}: model type '{}' is not supported (only BPE)", source, type);
@@ -493,7 +495,7 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
     parse_post_processor(c, j.value("post_processor", json()));
 
     if (!config_json.empty()) {
-      const json cfg = json::parse(config_json);
+      const json cfg = parse_json(config_json, config_source.empty() ? source : config_source);
       auto set_id = [&](const char* key, int32_t& id) {
         if (!cfg.contains(key)) return;
         const std::string t = token_content(cfg[key]);
@@ -523,7 +525,7 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
 Vocab load_hf(const std::string& tokenizer_json_path, const std::string& config_path) {
   const std::string tj = read_file(tokenizer_json_path, "tokenizer file");
   const std::string cj = config_path.empty() ? std::string() : read_file(config_path, "tokenizer config");
-  return load_hf_json(tj, cj, tokenizer_json_path);
+  return load_hf_json(tj, cj, tokenizer_json_path, config_path);
 }
 
 Vocab load_vocab(const std::string& path) {
