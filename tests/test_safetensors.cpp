@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "tmp_dir.h"
 
 using namespace ultra;
 using namespace ultra::safetensors;
@@ -16,21 +17,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kFuzzFixtures = "tests/fixtures/fuzz/safetensors";
+const std::string kFuzzFixtures = std::string(ULTRA_SOURCE_DIR) + "/tests/fixtures/fuzz/safetensors";
 
-class TmpDir {
- public:
-  TmpDir() {
-    char tmpl[] = "/tmp/ultra_st_XXXXXX";
-    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TmpDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+// Unique directory per test (tmp_dir.h), named for this suite.
+struct TmpDir : ultra::test::TmpDir {
+  TmpDir() : ultra::test::TmpDir("ultra_st") {}
+  std::string path() const { return ultra::test::TmpDir::path().string(); }
 };
 
 // File bytes: u64 little-endian header length, the JSON header, then the data section.
@@ -381,8 +373,7 @@ TEST(Safetensors, EveryPrefixOfAValidFileParsesOrFailsCleanly) {
 
 // Inputs the fuzzer once found interesting: each must parse or fail with ultra::Error.
 TEST(Safetensors, FuzzRegressionInputs) {
-  if (!fs::is_directory(kFuzzFixtures))
-    GTEST_SKIP() << kFuzzFixtures << " not found (run from the repo root)";
+  ASSERT_TRUE(fs::is_directory(kFuzzFixtures)) << kFuzzFixtures << " not found";
   int n = 0;
   for (const auto& e : fs::directory_iterator(kFuzzFixtures)) {
     const std::vector<uint8_t> bytes = read_bytes(e.path().string());

@@ -92,9 +92,8 @@ const gguf::Array& gguf_array(const gguf::Reader& r, const char* key, size_t n_e
   if (x->type != gguf::ValueType::ARRAY)
     fail("{}: key '{}' has type {}, expected an array", r.path(), key, gguf::value_type_name(x->type));
   const gguf::Array& a = x->as_array();
-  if (n_expected != (size_t)-1 && a.items.size() != n_expected)
-    fail("{}: key '{}' has {} entries but the vocabulary has {} tokens", r.path(), key, a.items.size(),
-         n_expected);
+  if (n_expected != (size_t)-1 && a.size() != n_expected)
+    fail("{}: key '{}' has {} entries but the vocabulary has {} tokens", r.path(), key, a.size(), n_expected);
   return a;
 }
 
@@ -120,11 +119,13 @@ Vocab load_gguf(const gguf::Reader& r) {
   if (toks.elem_type != gguf::ValueType::STRING)
     fail("{}: tokenizer.ggml.tokens holds {}, expected strings", v.source,
          gguf::value_type_name(toks.elem_type));
-  const size_t n = toks.items.size();
+  const size_t n = toks.size();
   if (n == 0) fail("{}: tokenizer.ggml.tokens is empty", v.source);
-  if (n > (size_t)INT32_MAX) fail("{}: {} tokens is too many", v.source, n);
+  // Each token costs ~32 bytes (+ its text beyond 15 bytes) here and a few times that in the Tokenizer,
+  // for at least 8 bytes of file: the limit keeps a crafted file of empty strings from costing gigabytes.
+  if (n > kMaxVocab) fail("{}: {} tokens, more than the limit of {}", v.source, n, kMaxVocab);
   v.tokens.reserve(n);
-  for (const auto& t : toks.items) v.tokens.push_back(t.as_string());
+  for (size_t i = 0; i < n; ++i) v.tokens.emplace_back(toks.string_at(i));
 
   if (r.find("tokenizer.ggml.scores")) {
     const gguf::Array& a = gguf_array(r, "tokenizer.ggml.scores", n);
@@ -132,7 +133,7 @@ Vocab load_gguf(const gguf::Reader& r) {
       fail("{}: tokenizer.ggml.scores holds {}, expected numbers", v.source,
            gguf::value_type_name(a.elem_type));
     v.scores.reserve(n);
-    for (const auto& x : a.items) v.scores.push_back((float)x.as_float());
+    for (size_t i = 0; i < n; ++i) v.scores.push_back((float)a.float_at(i));
   }
   if (r.find("tokenizer.ggml.token_type")) {
     const gguf::Array& a = gguf_array(r, "tokenizer.ggml.token_type", n);
@@ -141,7 +142,7 @@ Vocab load_gguf(const gguf::Reader& r) {
            gguf::value_type_name(a.elem_type));
     v.types.reserve(n);
     for (size_t i = 0; i < n; ++i) {
-      const int64_t t = a.items[i].as_int();
+      const int64_t t = a.int_at(i);
       if (t < 0 || t > 6) fail("{}: token {} '{}' has type {}, expected 0..6", v.source, i, v.tokens[i], t);
       v.types.push_back((TokenType)t);
     }
@@ -154,9 +155,10 @@ Vocab load_gguf(const gguf::Reader& r) {
     if (a.elem_type != gguf::ValueType::STRING)
       fail("{}: tokenizer.ggml.merges holds {}, expected strings", v.source,
            gguf::value_type_name(a.elem_type));
-    v.merges.reserve(a.items.size());
-    for (size_t i = 0; i < a.items.size(); ++i) {
-      const std::string& m = a.items[i].as_string();
+    if (a.size() > kMaxVocab) fail("{}: {} merges, more than the limit of {}", v.source, a.size(), kMaxVocab);
+    v.merges.reserve(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string_view m = a.string_at(i);
       const size_t sp = m.find(' ', 1);
       if (sp == std::string::npos)
         fail("{}: merge #{} '{}' is not two tokens separated by a space", v.source, i, m);
@@ -429,7 +431,8 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
     const json added = j.value("added_tokens", json::array());
     for (const auto& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
     if (max_id < 0) fail("{}: empty vocabulary", source);
-    if (max_id > 16 * 1024 * 1024) fail("{}: token id {} is implausibly large", source, max_id);
+    if (max_id >= (int64_t)kMaxVocab)
+      fail("{}: token id {} is more than the limit of {} tokens allows", source, max_id, kMaxVocab);
     const size_t n = (size_t)max_id + 1;
     v.tokens.assign(n, std::string());
     v.types.assign(n, TokenType::Unused);

@@ -3,6 +3,7 @@
 // encoder from it; the loaders only translate formats, so an in-memory Vocab works the same way.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,6 +16,10 @@ class Reader;
 }
 
 namespace ultra::tok {
+
+// Most tokens (and merges) a vocabulary may have: far above real ones (~260k), and the model loaders' limit
+// on n_vocab; it bounds what a crafted file can make the loaders allocate.
+constexpr size_t kMaxVocab = (size_t)1 << 22;
 
 // GGUF tokenizer.ggml.token_type values (llama.cpp numbering).
 enum class TokenType : uint8_t {
