@@ -5,10 +5,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "io/convert.h"
 #include "io/gguf.h"
 #include "model/model.h"
+#include "tmp_dir.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -17,8 +20,10 @@ namespace {
 
 const fs::path kHf = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
 
+// Files and directories of this test binary live in one mkdtemp directory, removed at exit.
 fs::path tmp(const std::string& name) {
-  return fs::temp_directory_path() / ("ultra_model_load_" + name);
+  static const ultra::test::TmpDir dir("ultra_model_load");
+  return dir.path() / name;
 }
 
 void expect_error(const std::function<void()>& f, const std::string& phrase) {
@@ -99,6 +104,34 @@ TEST_F(ModelLoad, AbsurdHyperParameters) {
   fs::remove(p);
 }
 
+TEST_F(ModelLoad, TokenIdsAndHeadSizes) {
+  const auto p = tmp("ids.gguf");
+  rewrite(base_, p, "", [](gguf::Writer& w) {
+    w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    w.set_u32("tokenizer.ggml.eot_token_id", 7);
+    w.set_i32("tokenizer.ggml.eom_token_id", -1);  // llama.cpp's "none"
+  });
+  auto m = load_model(p.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(m->hp.eos_id, 2);
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("tokenizer.ggml.eot_token_id", 320); });
+  expect_error([&] { load_model(p.string()); },
+               "tokenizer.ggml.eot_token_id = 320 is outside the vocabulary of 320 tokens");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("tokenizer.ggml.bos_token_id", 5000); });
+  expect_error([&] { load_model(p.string()); },
+               "tokenizer.ggml.bos_token_id = 5000 is outside the vocabulary");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("llama.attention.value_length", 8); });
+  expect_error([&] { load_model(p.string()); },
+               "llama.attention.value_length 8 differs from the key head dim 16");
+  rewrite(base_, p, "", [](gguf::Writer& w) {
+    w.set_value("llama.rope.freq_base", gguf::Value::of_float(gguf::ValueType::F64, 1e300));
+  });
+  expect_error([&] { load_model(p.string()); }, "key 'llama.rope.freq_base' = 1e+300 is not a finite float");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_f32("llama.attention.layer_norm_rms_epsilon", -1); });
+  expect_error([&] { load_model(p.string()); }, "invalid rms norm eps -1");
+  fs::remove(p);
+}
+
 TEST_F(ModelLoad, TruncatedFile) {
   const auto p = tmp("trunc.gguf");
   const auto size = fs::file_size(base_);
@@ -140,6 +173,82 @@ TEST(ModelLoadHf, BadConfig) {
   for (int i = 0; i < 100; ++i) deep += "[";
   std::ofstream(d / "config.json") << deep;
   expect_error([&] { load_model(d.string()); }, "config.json: JSON nested deeper than 64 levels");
+  fs::remove_all(d);
+}
+
+// config.json values of the wrong type or outside their range are errors naming the key, not silently
+// ignored or (for floats beyond float range) converted with undefined behaviour.
+TEST(ModelLoadHf, ConfigValuesOutOfRange) {
+  const fs::path d = hf_copy("range");
+  std::ifstream in(kHf / "llama_gqa" / "config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  const std::string cfg = (d / "config.json").string();
+  auto with = [&](const char* key, const nlohmann::json& v) {
+    nlohmann::json j = base;
+    j[key] = v;
+    std::ofstream(d / "config.json") << j.dump(1);
+  };
+  auto err = [&](const std::string& phrase) { expect_error([&] { load_model(d.string()); }, phrase); };
+  with("eos_token_id", 320);
+  err(cfg + ": eos token id 320 is outside the vocabulary of 320 tokens");
+  with("eos_token_id", -1);
+  err(cfg + ": 'eos_token_id' holds -1, not a valid token id");
+  with("eos_token_id", nlohmann::json::array({2, 400}));
+  err("eos token id 400 is outside the vocabulary of 320 tokens");
+  with("eos_token_id", nlohmann::json::array({2, "x"}));
+  err("'eos_token_id' must be a token id or a list of token ids");
+  with("bos_token_id", 1000);
+  err("bos token id 1000 is outside the vocabulary of 320 tokens");
+  with("tie_word_embeddings", "false");
+  err(cfg + ": 'tie_word_embeddings' must be true or false, got \"false\"");
+  with("attention_bias", 0);
+  err("'attention_bias' must be true or false");
+  with("rms_norm_eps", 1e39);
+  err(cfg + ": 'rms_norm_eps' = 1e+39 is not a finite float");
+  with("rms_norm_eps", 1e-300);  // 0 as a float
+  err("invalid rms norm eps 0");
+  with("rms_norm_eps", -1e-5);
+  err("invalid rms norm eps");
+  with("rope_theta", -10000.0);
+  err("invalid rope theta -10000");
+  with("rope_theta", 1e300);
+  err("'rope_theta' = 1e+300 is not a finite float");
+  with("rope_theta", "10000");
+  err("'rope_theta' must be a number");
+  with("v_head_dim", 8);
+  err("v_head_dim 8 differs from the key head dim 16");
+  // A key given twice: the safetensors header's rule, in config.json too.
+  std::string text = base.dump(1);
+  text.insert(1, "\"hidden_size\": 32,");
+  std::ofstream(d / "config.json") << text;
+  err(cfg + ": JSON key 'hidden_size' appears twice in one object");
+  fs::remove_all(d);
+}
+
+// eos_token_id may be a list (as in Llama 3 configs); generation_config.json adds its own ids.
+TEST(ModelLoadHf, EosIdLists) {
+  const fs::path d = hf_copy("eos");
+  std::ifstream in(kHf / "llama_gqa" / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["eos_token_id"] = {2, 5};
+  std::ofstream(d / "config.json") << j.dump(1);
+  auto m = load_model(d.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(m->hp.eos_id, 2);
+  EXPECT_EQ(m->hp.bos_id, 1);
+  std::ofstream(d / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [5, 7, 2]})";
+  m = load_model(d.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{2, 5, 7}));
+  j.erase("eos_token_id");
+  j.erase("bos_token_id");
+  std::ofstream(d / "config.json") << j.dump(1);
+  std::ofstream(d / "generation_config.json") << R"({"bos_token_id": 3, "eos_token_id": 9})";
+  m = load_model(d.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{9}));
+  EXPECT_EQ(m->hp.eos_id, 9);
+  EXPECT_EQ(m->hp.bos_id, 3);
+  std::ofstream(d / "generation_config.json") << R"({"eos_token_id": [9, 320]})";
+  expect_error([&] { load_model(d.string()); }, "eos token id 320 is outside the vocabulary of 320 tokens");
   fs::remove_all(d);
 }
 
