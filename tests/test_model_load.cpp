@@ -2,6 +2,8 @@
 // hyper-parameters and truncated files all give an ultra::Error naming the file and the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -10,6 +12,7 @@
 #include "core/error.h"
 #include "io/convert.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "tmp_dir.h"
 
@@ -132,6 +135,28 @@ TEST_F(ModelLoad, TokenIdsAndHeadSizes) {
   fs::remove(p);
 }
 
+// Every tensor must be used: leftover tensors mean the hyper-parameters do not describe the file.
+TEST_F(ModelLoad, UnusedTensors) {
+  const auto p = tmp("unused.gguf");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("llama.block_count", 1); });
+  expect_error([&] { load_model(p.string()); },
+               p.string() +
+                   ": 9 tensors are not used by the model: 'blk.1.attn_k.weight', "
+                   "'blk.1.attn_norm.weight', 'blk.1.attn_output.weight', 'blk.1.attn_q.weight', "
+                   "'blk.1.attn_v.weight', 'blk.1.ffn_down.weight' and 3 more (llama.block_count = 1");
+  {
+    const gguf::Reader r = gguf::Reader::open(base_.string());
+    gguf::Writer w;
+    for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+    for (const auto& t : r.tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+    const float extra[4] = {};
+    w.add_tensor("blk.0.extra.weight", GgmlType::F32, {4}, extra, sizeof extra);
+    w.write(p.string());
+  }
+  expect_error([&] { load_model(p.string()); }, "1 tensor is not used by the model: 'blk.0.extra.weight'");
+  fs::remove(p);
+}
+
 TEST_F(ModelLoad, TruncatedFile) {
   const auto p = tmp("trunc.gguf");
   const auto size = fs::file_size(base_);
@@ -249,6 +274,91 @@ TEST(ModelLoadHf, EosIdLists) {
   EXPECT_EQ(m->hp.bos_id, 3);
   std::ofstream(d / "generation_config.json") << R"({"eos_token_id": [9, 320]})";
   expect_error([&] { load_model(d.string()); }, "eos token id 320 is outside the vocabulary of 320 tokens");
+  fs::remove_all(d);
+}
+
+// A safetensors file (F32 tensors, packed in order) holding a fixture's tensors plus extra ones.
+void write_checkpoint(const fs::path& dir, const std::string& fixture,
+                      const std::vector<std::pair<std::string, std::vector<float>>>& extra,
+                      const std::vector<std::string>& drop = {}) {
+  const auto src = safetensors::File::open((kHf / fixture / "model.safetensors").string());
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  auto add = [&](const std::string& name, const std::string& dtype, const std::vector<uint64_t>& shape,
+                 const void* p, size_t n) {
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + n}}};
+    data.append((const char*)p, n);
+  };
+  for (const auto& t : src->tensors())
+    if (std::find(drop.begin(), drop.end(), t.name) == drop.end())
+      add(t.name, t.dtype, t.shape, t.data, t.n_bytes);
+  for (const auto& [name, v] : extra) add(name, "F32", {v.size()}, v.data(), v.size() * 4);
+  const std::string h = header.dump();
+  const uint64_t n = h.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write((const char*)&n, 8);
+  out << h << data;
+}
+
+TEST(ModelLoadHf, UnusedTensors) {
+  const fs::path d = hf_copy("unused");
+  std::ifstream in(kHf / "llama_gqa" / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["num_hidden_layers"] = 1;
+  std::ofstream(d / "config.json") << j.dump(1);
+  expect_error(
+      [&] { load_model(d.string()); },
+      d.string() + ": 9 tensors are not used by the model: 'model.layers.1.input_layernorm.weight', ");
+  expect_error([&] { load_model(d.string()); }, "(config.json: num_hidden_layers = 1, llama)");
+  fs::copy_file(kHf / "llama_gqa" / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
+  write_checkpoint(d, "llama_gqa", {{"model.layers.0.mlp.extra.weight", {1, 2}}});
+  expect_error([&] { load_model(d.string()); },
+               "1 tensor is not used by the model: 'model.layers.0.mlp.extra.weight'");
+  // Saved rotary inverse frequencies are recomputed from the config, not counted.
+  write_checkpoint(d, "llama_gqa", {{"model.layers.0.self_attn.rotary_emb.inv_freq", std::vector<float>(8)}});
+  EXPECT_NO_THROW(load_model(d.string()));
+  fs::remove_all(d);
+}
+
+// tie_word_embeddings with an lm_head.weight in the checkpoint: accepted only when it is the embedding.
+TEST(ModelLoadHf, TiedEmbeddingsWithLmHead) {
+  const fs::path d = tmp("hf_tied");
+  fs::remove_all(d);
+  fs::create_directories(d);
+  fs::copy_file(kHf / "llama_tied_rope3" / "config.json", d / "config.json");
+  const auto src = safetensors::File::open((kHf / "llama_tied_rope3" / "model.safetensors").string());
+  const safetensors::Tensor* embd = nullptr;
+  for (const auto& t : src->tensors())
+    if (t.name == "model.embed_tokens.weight") embd = &t;
+  ASSERT_TRUE(embd && embd->dtype == "F32");
+  std::vector<float> head(embd->n_bytes / 4);
+  std::memcpy(head.data(), embd->data, embd->n_bytes);
+  // write_checkpoint writes extras as 1-D: build [rows, cols] by hand through the header instead.
+  auto write_with_head = [&](const std::vector<float>& h) {
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const auto& t : src->tensors()) {
+      header[t.name] = {
+          {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.n_bytes}}};
+      data.append((const char*)t.data, t.n_bytes);
+    }
+    header["lm_head.weight"] = {{"dtype", "F32"},
+                                {"shape", embd->shape},
+                                {"data_offsets", {data.size(), data.size() + h.size() * 4}}};
+    data.append((const char*)h.data(), h.size() * 4);
+    const std::string hs = header.dump();
+    const uint64_t n = hs.size();
+    std::ofstream out(d / "model.safetensors", std::ios::binary);
+    out.write((const char*)&n, 8);
+    out << hs << data;
+  };
+  write_with_head(head);
+  EXPECT_NO_THROW(load_model(d.string()));
+  head[5] += 1.0f;
+  write_with_head(head);
+  expect_error([&] { load_model(d.string()); },
+               "tie_word_embeddings is true but the checkpoint's lm_head.weight (F32 [320, 64]) differs from "
+               "model.embed_tokens.weight (F32 [320, 64])");
   fs::remove_all(d);
 }
 

@@ -362,6 +362,32 @@ TEST(Safetensors, JsonNestingIsBounded) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
+// The tensors must cover the data section exactly (the reference implementation's rule).
+TEST(Safetensors, TensorsCoverTheDataSectionExactly) {
+  expect_error(make_file(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                             "y": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                         std::vector<uint8_t>(12)),
+               "bytes [4, 8) of the data section belong to no tensor (before 'y' [8, 12])");
+  expect_error(
+      make_file(R"({"y": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", std::vector<uint8_t>(8)),
+      "bytes [0, 4) of the data section belong to no tensor");
+  expect_error(
+      make_file(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", std::vector<uint8_t>(6)),
+      "bytes [4, 6) at the end of the data section (6 bytes after the header of");
+  expect_error(make_file("{}", std::vector<uint8_t>(1)), "bytes [0, 1) at the end of the data section");
+  // A zero-size tensor inside another one is an overlap; at a boundary it is fine.
+  expect_error(make_file(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                             "z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}})",
+                         std::vector<uint8_t>(8)),
+               "tensors 'x' [0, 8] and 'z' [4, 4] overlap");
+  // A header length one byte short (the header ends in padding spaces, as HF writes it) still parses as
+  // JSON, but would shift every tensor by one byte: refused.
+  std::vector<uint8_t> file = make_file(kValidHeader + "  ", iota_bytes(40));
+  EXPECT_TRUE(parses_or_errors(file.data(), file.size(), "ok.safetensors"));
+  file[0] -= 1;
+  expect_error(file, "bytes [40, 41) at the end of the data section");
+}
+
 TEST(Safetensors, EveryPrefixOfAValidFileParsesOrFailsCleanly) {
   const std::vector<uint8_t> file = make_file(kValidHeader, iota_bytes(40));
   EXPECT_TRUE(parses_or_errors(file.data(), file.size(), "v.safetensors"));

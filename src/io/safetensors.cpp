@@ -126,19 +126,35 @@ Tensor parse_entry(const std::string& file, const std::string& tname, const json
   return t;
 }
 
-// Sorts by data offset and rejects tensors whose byte ranges intersect.
-void check_overlaps(const std::string& file, std::vector<Tensor>& tensors, const uint8_t* section) {
+// The reference implementation's rule: sorted by offset, the tensors cover the data section exactly, each
+// starting where the previous one ends (zero-size tensors included), the last ending at the end of the
+// file. A gap or an overlap means a broken writer or a header length that is off (which would shift every
+// tensor), so both are errors naming the bytes and the tensors.
+void check_coverage(const std::string& file, std::vector<Tensor>& tensors, const uint8_t* section,
+                    uint64_t section_size, uint64_t header_len) {
   std::sort(tensors.begin(), tensors.end(), [](const Tensor& a, const Tensor& b) {
     return a.data != b.data ? a.data < b.data : a.n_bytes < b.n_bytes;
   });
-  const Tensor* furthest = nullptr;  // the tensor ending furthest so far
+  uint64_t start = 0;            // where the next tensor must begin
+  const Tensor* prev = nullptr;  // the tensor that ends at `start`
   for (const Tensor& t : tensors) {
-    if (furthest && t.data < furthest->data + furthest->n_bytes && t.n_bytes > 0) {
-      fail("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", file, furthest->name,
-           furthest->data - section, furthest->data + furthest->n_bytes - section, t.name, t.data - section,
-           t.data + t.n_bytes - section);
+    const uint64_t begin = (uint64_t)(t.data - section), end = begin + t.n_bytes;
+    if (begin < start) {
+      fail("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", file, prev->name, start - prev->n_bytes,
+           start, t.name, begin, end);
     }
-    if (!furthest || t.data + t.n_bytes > furthest->data + furthest->n_bytes) furthest = &t;
+    if (begin > start) {
+      fail("{}: bytes [{}, {}) of the data section belong to no tensor (before '{}' [{}, {}])", file, start,
+           begin, t.name, begin, end);
+    }
+    start = end;
+    prev = &t;
+  }
+  if (start != section_size) {
+    fail(
+        "{}: bytes [{}, {}) at the end of the data section ({} bytes after the header of {}) belong to no "
+        "tensor",
+        file, start, section_size, section_size, header_len);
   }
 }
 
@@ -154,7 +170,7 @@ std::vector<Tensor> parse_tensors(const uint8_t* data, size_t size, const std::s
     if (key == "__metadata__") continue;
     tensors.push_back(parse_entry(name, key, entry, section, section_size));
   }
-  check_overlaps(name, tensors, section);
+  check_coverage(name, tensors, section, section_size, header_len);
   return tensors;
 }
 

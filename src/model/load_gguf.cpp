@@ -6,23 +6,47 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "model/loader_util.h"
 #include "model/model.h"
 
 namespace ultra {
+
+std::string unused_tensors_message(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  constexpr size_t kShown = 6;
+  std::string r =
+      fmt::format("{} tensor{} not used by the model:", names.size(), names.size() == 1 ? " is" : "s are");
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) r += fmt::format("{} '{}'", i ? "," : "", names[i]);
+  if (names.size() > kShown) r += fmt::format(" and {} more", names.size() - kShown);
+  return r;
+}
 
 namespace {
 
 struct GgufLoader {
   Model& m;
   const gguf::Reader& r;
+  std::unordered_set<std::string> used;  // tensors the model took
 
   const gguf::TensorInfo& get(const std::string& name) {
     const auto* t = r.find_tensor(name);
     if (!t) fail("{}: missing tensor '{}'", r.path(), name);
+    used.insert(name);
     return *t;
+  }
+
+  // Every tensor of the file must be used (llama.cpp refuses a count mismatch too): a leftover one means
+  // the hyper-parameters do not describe the file (block_count 7 on an 8-layer file would otherwise run a
+  // truncated model).
+  void check_all_used(const std::string& hint) const {
+    std::vector<std::string> unused;
+    for (const auto& t : r.tensors())
+      if (!used.count(t.name)) unused.push_back(t.name);
+    if (!unused.empty()) fail("{}: {} ({})", r.path(), unused_tensors_message(unused), hint);
   }
 
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
@@ -168,6 +192,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
       m->rope_inv_freq[i] /= f[i];
     }
   }
+  L.check_all_used(fmt::format("{}block_count = {}, arch {}", a, hp.n_layers, arch));
   return m;
 }
 
