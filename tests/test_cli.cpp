@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -185,6 +187,81 @@ TEST(Cli, NonRegularFilesAreRefused) {
   fs::remove(hf / "config.json");
   ASSERT_EQ(mkfifo((hf / "config.json").c_str(), 0600), 0);
   expect_error("run -m " + hf.string() + " --prompt-ids 1", "config.json: config file is a FIFO");
+}
+
+}  // namespace
+
+namespace {
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// `convert -o` refuses, before any work, an output that is not a new path or a regular file, or that is
+// one of its inputs (by device and inode: hard links and shards included); nothing is left behind.
+TEST(Cli, ConvertRefusesUnsafeOutputs) {
+  const TmpDir tmp("ultra_cli");
+  const fs::path hf = tmp.path() / "hf";
+  fs::create_directory(hf);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kHf / "llama_gqa" / f, hf / f);
+  const std::string weights = file_bytes(hf / "model.safetensors");
+  const std::string conv = "convert " + hf.string() + " --outtype f32 -o ";
+
+  expect_error(conv + (hf / "model.safetensors").string(), "the output is the input file");
+  expect_error(conv + (hf / "config.json").string(), "the output is the input file");
+  fs::create_hard_link(hf / "model.safetensors", tmp.path() / "hardlink.gguf");
+  expect_error(conv + (tmp.path() / "hardlink.gguf").string(), "the output is the input file");
+  std::ofstream(tmp.path() / "target.gguf") << "keep";
+  fs::create_symlink(tmp.path() / "target.gguf", tmp.path() / "link.gguf");
+  expect_error(conv + (tmp.path() / "link.gguf").string(), "output exists and is a symbolic link");
+  expect_error(conv + tmp.path().string(), "output exists and is a directory");
+  ASSERT_EQ(mkfifo((tmp.path() / "fifo").c_str(), 0600), 0);
+  expect_error(conv + (tmp.path() / "fifo").string(), "output exists and is a FIFO");
+  expect_error(conv + (tmp.path() / "no" / "x.gguf").string(), "does not exist");
+
+  // A sharded checkpoint whose shard sits in a subdirectory: the shard is an input too.
+  const fs::path sh = tmp.path() / "sharded";
+  fs::create_directories(sh / "sub");
+  fs::copy_file(hf / "config.json", sh / "config.json");
+  fs::copy_file(hf / "model.safetensors", sh / "sub" / "part.safetensors");
+  {
+    const auto st = json::parse(file_bytes(hf / "model.safetensors").substr(8, [&] {
+      uint64_t n;
+      std::memcpy(&n, weights.data(), 8);
+      return (size_t)n;
+    }()));
+    json map = json::object();
+    for (const auto& [name, v] : st.items())
+      if (name != "__metadata__") map[name] = "sub/part.safetensors";
+    std::ofstream(sh / "model.safetensors.index.json") << json{{"weight_map", map}}.dump();
+  }
+  const std::string shard = file_bytes(sh / "sub" / "part.safetensors");
+  expect_error("convert " + sh.string() + " -o " + (sh / "sub" / "part.safetensors").string(),
+               "the output is the input file");
+
+  // Inputs untouched, the link still a link, and no temporary files anywhere.
+  EXPECT_EQ(file_bytes(hf / "model.safetensors"), weights);
+  EXPECT_EQ(file_bytes(sh / "sub" / "part.safetensors"), shard);
+  EXPECT_TRUE(fs::is_symlink(tmp.path() / "link.gguf"));
+  EXPECT_EQ(file_bytes(tmp.path() / "target.gguf"), "keep");
+  EXPECT_EQ(listing(tmp.path()),
+            (std::vector<std::string>{"fifo", "hardlink.gguf", "hf", "link.gguf", "sharded", "target.gguf"}));
+  EXPECT_EQ(listing(hf), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(listing(sh / "sub"), (std::vector<std::string>{"part.safetensors"}));
+
+  // A regular file is replaced (and the sharded checkpoint converts).
+  const Out ok = ultra("convert " + sh.string() + " -o " + (tmp.path() / "target.gguf").string());
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(file_bytes(tmp.path() / "target.gguf").substr(0, 4), "GGUF");
+  EXPECT_EQ(listing(tmp.path()).size(), 6u);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -453,7 +454,8 @@ TEST(Gguf, WriterRejectsInvalidInput) {
              "is 64 bytes, more than llama.cpp's limit of 63");
   EXPECT_NO_THROW(w.add_tensor(std::string(63, 'n'), GgmlType::F32, {4}, data, 16));
   expect_msg([&] { w.write(dir.file("x.gguf"), 48); }, "alignment 48 is not a power of two");
-  expect_msg([&] { w.write(dir.file("no/such/dir/x.gguf")); }, "cannot create");
+  expect_msg([&] { w.write(dir.file("no/such/dir/x.gguf")); },
+             "directory " + dir.file("no/such/dir") + " does not exist");
   expect_msg(
       [&] {
         Value::of_array(ValueType::U8, {Value::of_uint(ValueType::U8, 1), Value::of_string("x")});
@@ -464,6 +466,41 @@ TEST(Gguf, WriterRejectsInvalidInput) {
   bad.add_tensor("p", GgmlType::F32, {4}, [](uint8_t*) { throw Error("producer failed"); });
   expect_msg([&] { bad.write(dir.file("bad.gguf")); }, "producer failed");
   EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// The temporary file lives in the destination's directory under a unique name, and nothing but the result
+// is left there; an existing regular file is replaced, anything else at the destination is refused.
+TEST(Gguf, WriterTemporaryFile) {
+  TmpDir dir;
+  const std::string out = dir.file("out.gguf");
+  std::vector<std::string> seen;
+  Writer w;
+  w.add_tensor("p", GgmlType::F32, {4}, [&](uint8_t*) {
+    for (const auto& e : fs::directory_iterator(dir.path())) seen.push_back(e.path().filename().string());
+  });
+  std::ofstream(out) << "old";
+  w.write(out);
+  ASSERT_EQ(seen.size(), 2u);  // the old file and the temporary one
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen[0].rfind(".out.gguf.tmp.", 0), 0u) << seen[0];
+  EXPECT_EQ(seen[1], "out.gguf");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+  EXPECT_EQ(Reader::open(out).tensors().size(), 1u);
+  // Not a regular file: refused before anything is created.
+  fs::create_directory(dir.file("d"));
+  fs::create_symlink(out, dir.file("link.gguf"));
+  auto refuses = [&](const std::string& path, const std::string& phrase) {
+    try {
+      w.write(path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  };
+  refuses(dir.file("d"), "output exists and is a directory; refusing to replace it");
+  refuses(dir.file("link.gguf"), "output exists and is a symbolic link; refusing to replace it");
+  EXPECT_TRUE(fs::is_symlink(dir.file("link.gguf")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 3);
 }
 
 TEST(Gguf, ReadsRealVocabFiles) {

@@ -1,12 +1,15 @@
 #include "io/gguf.h"
 
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -461,17 +464,39 @@ class Encoder {
   void pad_to(uint64_t alignment) { bytes.resize(align_up(bytes.size(), alignment), 0); }
 };
 
-// Output file that is removed unless committed (renamed over the destination).
+// Output file written under a unique temporary name in the destination's directory (so that the final
+// rename stays within one file system and two writers never share it) and renamed over the destination by
+// commit(); removed on every other path (an exception from a producer, a failed write or rename).
 class TmpFile {
  public:
-  TmpFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) fail("{}: cannot create: {}", tmp_, std::strerror(errno));
+  explicit TmpFile(const std::string& path) : path_(path) {
+    check_output_path(path);
+    const std::filesystem::path p(path);
+    const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+    tmp_ = (dir / ("." + p.filename().string() + ".tmp.XXXXXX")).string();
+    const int fd = ::mkstemp(tmp_.data());
+    if (fd < 0) fail("{}: cannot create a temporary file {}: {}", path, tmp_, std::strerror(errno));
+    created_ = true;
+    // mkstemp creates the file 0600; give it the mode a plain create would (0666 minus the umask).
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    f_ = ::fdopen(fd, "wb");
+    if (!f_) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp_.c_str());
+      created_ = false;
+      fail("{}: cannot open {}: {}", path, tmp_, std::strerror(e));
+    }
   }
   ~TmpFile() {
     if (f_) std::fclose(f_);
-    if (!committed_) std::remove(tmp_.c_str());
+    if (created_ && !committed_) ::unlink(tmp_.c_str());
   }
+  TmpFile(const TmpFile&) = delete;
+  TmpFile& operator=(const TmpFile&) = delete;
+
   void write(const void* p, uint64_t n) {
     if (n > 0 && std::fwrite(p, 1, n, f_) != n) fail("{}: write failed: {}", tmp_, std::strerror(errno));
   }
@@ -491,6 +516,9 @@ class TmpFile {
       fail("{}: write failed: {}", tmp_, std::strerror(e));
     }
     if (std::fclose(f) != 0) fail("{}: close failed: {}", tmp_, std::strerror(errno));
+    // The destination may have changed since the constructor's check; rename() replaces a regular file
+    // or a symlink itself (never what a link points to) and fails on a directory.
+    check_output_path(path_);
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
       fail("{}: cannot rename {} to it: {}", path_, tmp_, std::strerror(errno));
     }
@@ -500,10 +528,34 @@ class TmpFile {
  private:
   std::string path_, tmp_;
   FILE* f_ = nullptr;
+  bool created_ = false;
   bool committed_ = false;
 };
 
 }  // namespace
+
+void check_output_path(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) fail("{}: cannot use as output: {}", path, std::strerror(errno));
+    // A new file: its directory must exist.
+    const std::filesystem::path p(path);
+    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+    struct stat d {};
+    if (::stat(dir.c_str(), &d) != 0 || !S_ISDIR(d.st_mode))
+      fail("{}: cannot create the output: directory {} does not exist", path, dir);
+    return;
+  }
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  fail("{}: output exists and is {}; refusing to replace it (give a new path or a regular file)", path, kind);
+}
 
 std::string_view value_type_name(ValueType t) {
   switch (t) {

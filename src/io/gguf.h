@@ -177,6 +177,10 @@ class Reader {
   std::unordered_map<std::string, size_t> tensor_index_;
 };
 
+// Throws ultra::Error unless path is absent or a regular file: an output never replaces a directory, a
+// symlink, a device node or a FIFO. (A new path's directory must exist; the writer then fails to create.)
+void check_output_path(const std::string& path);
+
 // Writes GGUF v3. Tensor data is copied from caller memory at write() time (or produced by a callback so
 // a converter can stream tensor by tensor without holding them all). Tensor offsets are packed in order, as
 // llama.cpp requires; tensor names are limited to 63 bytes (llama.cpp's limit). Arrays of arrays are valid
@@ -204,7 +208,9 @@ class Writer {
   using Producer = std::function<void(uint8_t* dst)>;
   void add_tensor(const std::string& name, GgmlType type, std::vector<uint64_t> ne, Producer produce);
 
-  // Writes atomically (to path.tmp, then rename). Throws ultra::Error on I/O failure.
+  // Writes atomically: to a uniquely named temporary file in path's directory, renamed over path at the
+  // end and removed on any failure. path must be new or a regular file (check_output_path). Throws
+  // ultra::Error on I/O failure.
   // `alignment` (a power of two) wins over any general.alignment set before; it is written as
   // general.alignment (u32) when it is not the default 32.
   void write(const std::string& path, uint64_t alignment = 32) const;
