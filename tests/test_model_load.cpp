@@ -15,6 +15,8 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "tmp_dir.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -359,6 +361,58 @@ TEST(ModelLoadHf, TiedEmbeddingsWithLmHead) {
   expect_error([&] { load_model(d.string()); },
                "tie_word_embeddings is true but the checkpoint's lm_head.weight (F32 [320, 64]) differs from "
                "model.embed_tokens.weight (F32 [320, 64])");
+  fs::remove_all(d);
+}
+
+// A byte-level BPE tokenizer.json with fewer tokens than the embedding table has rows (320): the 256 byte
+// tokens, 2 merges ("h e", "he l"), an id left undefined (260) and a special token at id 261.
+std::string small_tokenizer_json() {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[std::string(tok::utf8::byte_to_unicode((uint8_t)b))] = b;
+  vocab["he"] = 256;
+  vocab["hel"] = 257;
+  vocab["\xc4\xa0w"] = 258;  // " w"
+  vocab["or"] = 259;
+  nlohmann::json j;
+  j["added_tokens"] = {{{"id", 261}, {"content", "<|end|>"}, {"special", true}}};
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "he l", "\xc4\xa0 w", "o r"}}};
+  return j.dump();
+}
+
+// convert pads the token list to the embedding rows with "[PAD{id}]" tokens of type UNUSED (llama.cpp's
+// convert_hf_to_gguf.py), filling undefined ids too, so that llama.cpp (which needs one token per row)
+// loads the file.
+TEST(ModelLoadHf, ConvertPadsTheTokenList) {
+  const fs::path d = hf_copy("pad");
+  std::ofstream(d / "tokenizer.json") << small_tokenizer_json();
+  const fs::path out = tmp("pad.gguf");
+  ConvertOptions opt;
+  opt.out_type = GgmlType::F32;
+  convert_hf_to_gguf(d.string(), out.string(), opt);
+  const gguf::Reader r = gguf::Reader::open(out.string());
+  const gguf::Array& tokens = r.find("tokenizer.ggml.tokens")->as_array();
+  const gguf::Array& types = r.find("tokenizer.ggml.token_type")->as_array();
+  ASSERT_EQ(tokens.size(), 320u);  // = token_embd rows
+  ASSERT_EQ(types.size(), 320u);
+  EXPECT_EQ(r.find_tensor("token_embd.weight")->ne[1], 320u);
+  EXPECT_EQ(tokens.string_at(257), "hel");
+  EXPECT_EQ(tokens.string_at(260), "[PAD260]");
+  EXPECT_EQ(types.int_at(260), 5);  // UNUSED
+  EXPECT_EQ(tokens.string_at(261), "<|end|>");
+  EXPECT_EQ(types.int_at(261), 3);  // CONTROL
+  for (size_t i = 262; i < 320; ++i) {
+    EXPECT_EQ(tokens.string_at(i), "[PAD" + std::to_string(i) + "]");
+    EXPECT_EQ(types.int_at(i), 5);
+  }
+  // The padded file's tokenizer encodes as the tokenizer.json does, and never yields a padding token.
+  const tok::Tokenizer from_gguf = tok::Tokenizer::from_file(out.string());
+  const tok::Tokenizer from_json(tok::load_hf_json(small_tokenizer_json(), "", "tokenizer.json"));
+  EXPECT_EQ(from_gguf.n_vocab(), 320);
+  for (const char* text : {"hello world", "help<|end|>", "\xff\xfe h"})
+    EXPECT_EQ(from_gguf.encode(text, false, true), from_json.encode(text, false, true)) << text;
+  EXPECT_EQ(load_model(out.string())->hp.n_vocab, 320);
   fs::remove_all(d);
 }
 

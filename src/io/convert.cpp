@@ -226,7 +226,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     if ((int)v.tokens.size() > hp.n_vocab)
       fail("{}: tokenizer has {} tokens but the model's vocabulary is {}", hf_dir, v.tokens.size(),
            hp.n_vocab);
-    tok::write_gguf_vocab(v, wr);
+    tok::write_gguf_vocab(v, wr, (size_t)hp.n_vocab);
   } else if (opt.warn) {
     opt.warn(fmt::format("{}: no tokenizer.json; the GGUF file will have no tokenizer", hf_dir));
   }
