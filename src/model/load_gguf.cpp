@@ -112,7 +112,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path) {
   m->format = "gguf";
   m->gguf = std::make_shared<gguf::Reader>(gguf::Reader::open(path));
   const gguf::Reader& r = *m->gguf;
-  GgufLoader L{*m, r};
+  GgufLoader L{*m, r, {}};
 
   const std::string arch = r.get_string("general.architecture");
   HParams& hp = m->hp;

@@ -88,7 +88,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& dir) {
   m->hp = parse_hf_config(cfg);
   m->st = std::make_shared<safetensors::Checkpoint>(safetensors::Checkpoint::open_dir(dir));
   const HParams& hp = m->hp;
-  HfLoader L{*m, *m->st, dir};
+  HfLoader L{*m, *m->st, dir, {}};
   const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
 
   m->tok_embd = L.matrix("model.embed_tokens.weight", hp.n_vocab, hp.dim);
