@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../fuzz/fuzz_harness.h"
 #include "core/error.h"
 #include "io/convert.h"
 #include "io/gguf.h"
@@ -432,3 +433,19 @@ TEST(ModelLoadHf, ShapeMismatchAndMissingFiles) {
 }
 
 }  // namespace
+
+// Inputs of the fuzz target fuzz_hf_config that once mattered, replayed through the same harness
+// (fuzz/fuzz_harness.h): each parses or fails with ultra::Error, nothing else.
+TEST(FuzzRegression, HfConfig) {
+  const fs::path dir = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "fuzz" / "hf_config";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir << " not found";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(ultra::fuzz::hf_config_one(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}

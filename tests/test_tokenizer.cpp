@@ -13,9 +13,11 @@
 #include <set>
 #include <sstream>
 
+#include "../fuzz/fuzz_harness.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/gguf.h"
+#include "tmp_dir.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -314,16 +316,10 @@ TEST(Vocab, InvalidVocabulariesGiveClearErrors) {
 
 namespace {
 
+// A unique directory (mkdtemp, tmp_dir.h), removed at scope exit; `path` as the tests here use it.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ultra_tok_test_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  ultra::test::TmpDir dir{"ultra_tok"};
+  const fs::path& path = dir.path();
 };
 
 gguf::Writer base_gguf() {
@@ -970,4 +966,30 @@ TEST(Cli, TokenizePrintsIdsAndPieces) {
   std::vector<char*> argv;
   for (auto& a : none) argv.push_back(a.data());
   EXPECT_THROW(ultra::cli::cmd_tokenize((int)argv.size(), argv.data()), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Inputs of the fuzz targets fuzz_tokenizer_json and fuzz_gguf_vocab that once mattered, replayed through
+// the same harness (fuzz/fuzz_harness.h): each loads or fails with ultra::Error, nothing else.
+
+void replay_fuzz_inputs(const std::string& target, bool (*one)(const uint8_t*, size_t)) {
+  const fs::path dir = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "fuzz" / target;
+  ASSERT_TRUE(fs::is_directory(dir)) << dir << " not found";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(one(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}
+
+TEST(FuzzRegression, TokenizerJson) {
+  replay_fuzz_inputs("tokenizer_json", ultra::fuzz::tokenizer_json_one);
+}
+
+TEST(FuzzRegression, GgufVocab) {
+  replay_fuzz_inputs("gguf_vocab", ultra::fuzz::gguf_vocab_one);
 }
