@@ -366,6 +366,30 @@ TEST(Vocab, GgufVocabularyOnlyFile) {
   EXPECT_EQ(tok.decode(tok.encode("x<|end|>", false, true), true), "x");
 }
 
+// A token of type BYTE must be <0xHH> (std::stoi threw std::invalid_argument for "<0xZZ>"; found by
+// fuzz_gguf_vocab).
+TEST(Vocab, ByteTokensMustBeHex) {
+  Vocab v;
+  v.source = "bytes";
+  v.kind = ModelKind::Spm;
+  v.tokens = {"<unk>", "<s>", "</s>", "<0x41>", "<0xZZ>"};
+  v.types = {TokenType::Unknown, TokenType::Control, TokenType::Control, TokenType::Byte, TokenType::Byte};
+  try {
+    Tokenizer t(v);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("bytes: token 4 '<0xZZ>' has type byte but is not of the form <0xHH>"),
+        std::string::npos)
+        << e.what();
+  }
+  v.tokens[4] = "<0x4G>";
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v.tokens[4] = "<0x42>";
+  Tokenizer ok(v);
+  EXPECT_EQ(ok.token_to_piece(4), "B");
+}
+
 TEST(Vocab, GgufErrors) {
   TempDir dir;
   {
@@ -866,6 +890,20 @@ TEST(HfJson, UnsupportedOrBrokenFilesGiveErrors) {
   j = hf_byte_level_json();
   j["model"]["vocab"]["dup"] = 5;
   EXPECT_NE(err(j.dump()).find("id 5 is used by both"), std::string::npos);
+  // Ids that are not integers (a float beyond int64 was undefined behaviour in the conversion; found by
+  // fuzz_tokenizer_json), and a Strip decoder whose start is a huge float.
+  j = hf_byte_level_json();
+  j["model"]["vocab"]["zz"] = 3.3e28;
+  EXPECT_NE(err(j.dump()).find("the id of token 'zz' is 3.3e+28, expected an integer token id"),
+            std::string::npos)
+      << err(j.dump());
+  j = hf_byte_level_json();
+  j["added_tokens"][0]["id"] = -2;
+  EXPECT_NE(err(j.dump()).find("an added token's id = -2 is not a token id"), std::string::npos)
+      << err(j.dump());
+  j = hf_byte_level_json();
+  j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1e300}};
+  EXPECT_EQ(err(j.dump()), "");
   // A key twice in one object (nlohmann alone would keep the last): an error, not a silent choice.
   std::string text = hf_byte_level_json().dump();
   const size_t at = text.find(R"("vocab":{)") + 9;

@@ -242,6 +242,23 @@ SplitBehavior parse_behavior(const HfCtx& c, const json& j) {
   fail("{}: unknown split behavior '{}'", c.source, b);
 }
 
+// A token id in tokenizer JSON: an integer in [0, kMaxVocab). Anything else (a float, a string, a huge or
+// negative number) is an error, never a conversion (nlohmann's get<int>() of 1e30 is undefined behaviour).
+// `what` names the value in messages ("the id of token" + key when given).
+int32_t json_token_id(const json& v, const std::string& source, std::string_view what,
+                      std::string_view key = {}) {
+  const bool in_range =
+      v.is_number_integer() &&
+      (v.is_number_unsigned() ? v.get<uint64_t>() < kMaxVocab
+                              : v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t)kMaxVocab);
+  if (!in_range) {
+    const std::string name = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+    if (!v.is_number_integer()) fail("{}: {} is {}, expected an integer token id", source, name, v.dump());
+    fail("{}: {} = {} is not a token id (0 to {})", source, name, v.dump(), kMaxVocab - 1);
+  }
+  return (int32_t)v.get<int64_t>();
+}
+
 std::string str_or(const json& j, const char* key, const std::string& dflt) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : dflt;
@@ -348,8 +365,10 @@ void parse_decoder(HfCtx& c, const json& j) {
   } else if (type == "ByteLevel") {
     c.saw_byte_level = true;
   } else if (type == "Strip") {
-    if (str_or(j, "content", " ") == " " && j.value("start", 0) >= 1)
-      c.v.leading_space = LeadingSpace::StripOne;
+    auto start = j.find("start");
+    const bool from_start = start != j.end() && start->is_number_integer() &&
+                            (start->is_number_unsigned() || start->get<int64_t>() >= 1);
+    if (str_or(j, "content", " ") == " " && from_start) c.v.leading_space = LeadingSpace::StripOne;
   } else if (type == "Metaspace") {
     std::string scheme = str_or(j, "prepend_scheme", "");
     if (scheme.empty()) scheme = bool_or(j, "add_prefix_space", true) ? "always" : "never";
@@ -376,7 +395,7 @@ void parse_post_processor(HfCtx& c, const json& j) {
       const std::string name = item.at("SpecialToken").at("id").get<std::string>();
       const json& st = j.value("special_tokens", json::object());
       if (st.contains(name) && !st[name].value("ids", json::array()).empty())
-        return st[name]["ids"][0].get<int32_t>();
+        return json_token_id(st[name]["ids"][0], c.source, "post_processor special token id");
       return find_token(v, name);
     };
     if (!single.empty() && single.front().contains("SpecialToken")) {
@@ -389,8 +408,8 @@ void parse_post_processor(HfCtx& c, const json& j) {
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     v.add_bos = v.add_eos = true;
-    if (v.bos < 0) v.bos = j.at("cls").at(1).get<int32_t>();
-    if (v.eos < 0) v.eos = j.at("sep").at(1).get<int32_t>();
+    if (v.bos < 0) v.bos = json_token_id(j.at("cls").at(1), c.source, "post_processor cls id");
+    if (v.eos < 0) v.eos = json_token_id(j.at("sep").at(1), c.source, "post_processor sep id");
   }
 }
 
@@ -423,31 +442,27 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
     const json& vocab = model.at("vocab");
     if (!vocab.is_object()) fail("{}: model.vocab is not an object", source);
     int64_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int64_t id = it.value().get<int64_t>();
-      if (id < 0 || id >= INT32_MAX) fail("{}: token '{}' has id {} out of range", source, it.key(), id);
-      max_id = std::max(max_id, id);
-    }
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      max_id = std::max<int64_t>(max_id, json_token_id(it.value(), source, "the id of token", it.key()));
     const json added = j.value("added_tokens", json::array());
-    for (const auto& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
+    if (!added.is_array()) fail("{}: added_tokens is not an array", source);
+    for (const auto& a : added)
+      max_id = std::max<int64_t>(max_id, json_token_id(a.at("id"), source, "an added token's id"));
     if (max_id < 0) fail("{}: empty vocabulary", source);
-    if (max_id >= (int64_t)kMaxVocab)
-      fail("{}: token id {} is more than the limit of {} tokens allows", source, max_id, kMaxVocab);
     const size_t n = (size_t)max_id + 1;
     v.tokens.assign(n, std::string());
     v.types.assign(n, TokenType::Unused);
     v.attrs.assign(n, 0);
     std::vector<uint8_t> seen(n, 0);
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const size_t id = it.value().get<size_t>();
+      const size_t id = (size_t)it.value().get<int64_t>();  // checked above
       if (seen[id]) fail("{}: id {} is used by both '{}' and '{}'", source, id, v.tokens[id], it.key());
       seen[id] = 1;
       v.tokens[id] = it.key();
       v.types[id] = TokenType::Normal;
     }
     for (const auto& a : added) {
-      const int64_t id = a.at("id").get<int64_t>();
-      if (id < 0) fail("{}: added token with negative id {}", source, id);
+      const int64_t id = a.at("id").get<int64_t>();  // checked above
       const std::string content = a.at("content").get<std::string>();
       if (seen[id] && v.tokens[id] != content)
         fail("{}: added token '{}' has id {}, which the vocabulary gives to '{}'", source, content, id,
