@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""ultra's CUDA backend vs PyTorch (HF transformers) on the GPU, side by side, same weights.
+"""ultra's CUDA backend vs PyTorch on the GPU, side by side in one run, same weights.
 
-For each model shape it makes a random-weight Llama in BF16 with transformers on the GPU, saves it as an
-HF safetensors directory, then measures
-  * ultra:   `ultra bench --device cuda -m DIR -p P -n G --json` (prefill of P tokens; G single-token decode
-             steps with greedy sampling inside the step, replayed as CUDA graphs)
-  * PyTorch: model.generate() with a static KV cache, which transformers compiles with torch.compile
-             (CUDA graphs), greedy; decode tokens/s = (G - 1) / (t(G) - t(1)); prefill tokens/s from a
-             forward over P tokens.
-and prints tokens/s, the ratio ultra / PyTorch, the host launch time per token, and the share of the
-HBM read roofline each decode reaches: bytes one token must read (every weight matrix once, the LM head,
-one embedding row, the KV cache at mid-decode) / time per token, over a read bandwidth measured here.
+For each model shape (random weights, made on the GPU with transformers and saved as an HF safetensors
+directory that ultra loads):
+  * ultra:    `ultra bench --device cuda -p 512 -n G -d 128,4096 --parallel 1,8,32 --json`: prefill pp512;
+              decode at context depth 128 and 4096, one sequence and 8 / 32 sequences together (aggregate
+              tokens/s); every decode step samples greedily inside the step, replayed as a CUDA graph.
+  * PyTorch:  HF transformers, greedy generate(): eager with the dynamic cache, and with the static cache,
+              which transformers compiles with torch.compile (CUDA graphs, "reduce-overhead"), as gpt-fast
+              does. decode tokens/s = (G - 1) / (t(G) - t(1)) after a prompt of 128 tokens; prefill from a
+              forward over 512 tokens.
+Ceilings measured in the same run: the HBM read bandwidth (torch sum over 4 GiB) and the BF16 GEMM rate
+(torch.matmul 8192^3). Decode is reported against the read roofline: bytes one token must read (every
+weight matrix once, the LM head, the KV cache at its depth) / time per token.
 
-    python3 bench/cuda_compare.py --ultra .devbin/ultra [--shapes 1b,8b] [--prompt 512] [--gen 128]
-Needs: torch + transformers (the GPU machine has them), a built ultra with CUDA.
+    python3 bench/cuda_compare.py --ultra .devbin/ultra [--shapes 8b,1b,7b] [--gen 128]
+Results go to OUT/cuda_compare.json (after each shape) and a table at the end.
 """
 import argparse
 import json
@@ -24,132 +26,183 @@ import time
 
 import torch
 
-SHAPES = {  # Llama 3.2 1B and Llama 3.1 8B
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, head_dim=64),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, head_dim=128),
+SHAPES = {
+    # Llama-3.1-8B, Llama-2-7B (F16, MHA, vocab 32000), Llama-3.2-1B (tied embeddings)
+    "8b": dict(cfg=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, head_dim=128,
+                        rope_theta=500000.0), dtype=torch.bfloat16),
+    "7b": dict(cfg=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                        num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False, head_dim=128,
+                        rope_theta=10000.0), dtype=torch.float16),
+    "1b": dict(cfg=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, head_dim=64,
+                        rope_theta=500000.0), dtype=torch.bfloat16),
 }
 
 
-def read_bandwidth():
-    x = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").view(torch.float32)
-    x.uniform_()
-    for _ in range(3):
-        x.sum()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def timed(fn, reps):
     ts = []
-    for _ in range(10):
-        s.record()
-        x.sum()
-        e.record()
+    for _ in range(reps):
         torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
+
+
+def read_bandwidth():
+    x = torch.empty(1 << 30, dtype=torch.float32, device="cuda").uniform_()
+    x.sum()
+    t = timed(lambda: x.sum(), 10)
     del x
-    return (4 << 30) / sorted(ts)[len(ts) // 2]
+    return (4 << 30) / t
+
+
+def gemm_rate():
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    a @ b
+    t = timed(lambda: a @ b, 10)
+    return 2 * 8192**3 / t
 
 
 def make_model(shape, path):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
-                      torch_dtype="bfloat16")
+    spec = SHAPES[shape]
+    cfg = LlamaConfig(**spec["cfg"], max_position_embeddings=8192, rms_norm_eps=1e-5)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        model = LlamaForCausalLM(cfg).to(spec["dtype"])
     model.eval()
     if not os.path.exists(os.path.join(path, "config.json")):
         model.save_pretrained(path, safe_serialization=True, max_shard_size="100GB")
     return cfg, model
 
 
-def bytes_per_token(cfg, ctx):
+def matmul_params(cfg):
     d, f, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
-    hd = cfg.head_dim
-    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    layer = d * (q + 2 * kv) + q * d + 3 * d * f
-    weights = 2 * (L * layer + V * d + d)  # BF16; the LM head (== embeddings when tied) read once
-    kv_bytes = 2 * L * 2 * kv * ctx  # F16 K and V of `ctx` positions
-    return weights + kv_bytes
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return L * (d * (q + 2 * kv) + q * d + 3 * d * f) + V * d
 
 
-def torch_peer(model, cfg, P, G):
+def bytes_per_token(cfg, depth, esize=2):
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    return esize * matmul_params(cfg) + 2 * cfg.num_hidden_layers * 2 * kv * depth  # F16 KV cache
+
+
+def torch_decode(model, cfg, G, static):
     from transformers import GenerationConfig
-    ids = torch.randint(0, cfg.vocab_size, (1, P), device="cuda")
-    gc = GenerationConfig(do_sample=False, cache_implementation="static", max_new_tokens=G, min_new_tokens=G,
-                          pad_token_id=0, eos_token_id=None)
+    ids = torch.randint(0, cfg.vocab_size, (1, 128), device="cuda")
+    gc = GenerationConfig(do_sample=False, max_new_tokens=G, min_new_tokens=G, pad_token_id=0, eos_token_id=None)
+    if static:
+        gc.cache_implementation = "static"
 
     def run(n):
         gc.max_new_tokens = gc.min_new_tokens = n
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
         with torch.no_grad():
             model.generate(ids, generation_config=gc)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
-    for _ in range(2):  # compile and warm up
+    for _ in range(2 if static else 1):  # compile / warm up
         run(G)
         run(1)
-    tg = sorted(run(G) for _ in range(3))[1]
-    t1 = sorted(run(1) for _ in range(3))[1]
+    return (G - 1) / (timed(lambda: run(G), 3) - timed(lambda: run(1), 3))
+
+
+def torch_prefill(model, cfg, P):
+    ids = torch.randint(0, cfg.vocab_size, (1, P), device="cuda")
     with torch.no_grad():
-        for _ in range(2):
-            model(ids)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(3):
-            model(ids)
-        torch.cuda.synchronize()
-        pp = 3 * P / (time.perf_counter() - t0)
-    return dict(tg_tps=(G - 1) / (tg - t1), pp_tps=pp, compiled=True)
+        model(ids)
+        return P / timed(lambda: model(ids), 5)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ultra", default="build/ultra")
-    ap.add_argument("--shapes", default="1b,8b")
+    ap.add_argument("--shapes", default="8b,1b,7b")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--depths", default="128,4096")
+    ap.add_argument("--parallel", default="1,8,32")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--dir", default="/tmp/ultra-cuda-bench")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
-    bw = read_bandwidth()
-    print(f"read bandwidth (torch sum over 4 GiB): {bw / 1e9:.0f} GB/s", flush=True)
-    rows = []
+    result = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), read_bw=read_bandwidth(),
+                  gemm_bf16=gemm_rate(), shapes={})
+    print(f"{result['gpu']}: read {result['read_bw'] / 1e12:.2f} TB/s, BF16 GEMM {result['gemm_bf16'] / 1e12:.0f} "
+          f"TFLOP/s", flush=True)
     for shape in args.shapes.split(","):
         path = os.path.join(args.dir, shape)
         os.makedirs(path, exist_ok=True)
         t0 = time.time()
         cfg, model = make_model(shape, path)
+        r = dict(mb_per_token={d: bytes_per_token(cfg, int(d)) / 1e6 for d in args.depths.split(",")})
         print(f"[{shape}] model ready in {time.time() - t0:.1f} s", flush=True)
-        p = torch_peer(model, cfg, args.prompt, args.gen)
-        print(f"[{shape}] pytorch {json.dumps(p)}", flush=True)
+        r["torch_eager_tg"] = torch_decode(model, cfg, 32, static=False)
+        r["torch_pp"] = torch_prefill(model, cfg, args.prompt)
+        print(f"[{shape}] PyTorch eager tg {r['torch_eager_tg']:.1f} tok/s, pp{args.prompt} {r['torch_pp']:.0f}",
+              flush=True)
+        if not args.no_torch_compile:
+            try:
+                r["torch_compiled_tg"] = torch_decode(model, cfg, args.gen, static=True)
+                print(f"[{shape}] PyTorch static cache + torch.compile tg {r['torch_compiled_tg']:.1f} tok/s",
+                      flush=True)
+            except Exception as e:  # report, do not hide
+                r["torch_compiled_error"] = repr(e)[:500]
+                print(f"[{shape}] PyTorch compiled failed: {r['torch_compiled_error']}", flush=True)
         del model
         torch.cuda.empty_cache()
-        r = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", str(args.prompt), "-n",
-                            str(args.gen), "-r", str(args.reps), "--json"], capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"[{shape}] ultra failed: {r.stderr[-2000:]}", flush=True)
-            continue
-        u = json.loads(r.stdout)
-        res = {x["test"]: x for x in u["results"]}
-        tg_u, pp_u = res[f"tg{args.gen}"]["tps_mean"], res[f"pp{args.prompt}"]["tps_mean"]
-        b = bytes_per_token(cfg, args.gen // 2)
-        row = dict(shape=shape, tg_ultra=tg_u, tg_torch=p["tg_tps"], tg_ratio=tg_u / p["tg_tps"], pp_ultra=pp_u,
-                   pp_torch=p["pp_tps"], pp_ratio=pp_u / p["pp_tps"], roofline_ultra=tg_u * b / bw,
-                   roofline_torch=p["tg_tps"] * b / bw, launch_us=u.get("launch_us_mean", 0), mb_per_token=b / 1e6)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    with open(os.path.join(args.out, "cuda_compare.json"), "w") as f:
-        json.dump(dict(read_bw=bw, rows=rows), f, indent=1)
-    print(f"\n| shape | MB/token | tg{args.gen} ultra | tg{args.gen} PyTorch | ratio | ultra % roofline |"
-          f" PyTorch % roofline | host launch us | pp{args.prompt} ultra | pp{args.prompt} PyTorch | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['shape']} | {r['mb_per_token']:.0f} | {r['tg_ultra']:.1f} | {r['tg_torch']:.1f} |"
-              f" {r['tg_ratio']:.2f}x | {100 * r['roofline_ultra']:.0f}% | {100 * r['roofline_torch']:.0f}% |"
-              f" {r['launch_us']:.2f} | {r['pp_ultra']:.0f} | {r['pp_torch']:.0f} | {r['pp_ratio']:.2f}x |")
+        t0 = time.time()
+        p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", str(args.prompt), "-n",
+                            str(args.gen), "-d", args.depths, "--parallel", args.parallel, "-r", str(args.reps),
+                            "--json"], capture_output=True, text=True)
+        if p.returncode != 0:
+            r["ultra_error"] = p.stderr[-2000:]
+            print(f"[{shape}] ultra failed: {p.stderr[-2000:]}", flush=True)
+        else:
+            u = json.loads(p.stdout)
+            r["ultra"] = {x["test"]: x["tps_mean"] for x in u["results"]}
+            r["launch_us"] = u.get("launch_us_mean", 0)
+            pp = r["ultra"][f"pp{args.prompt}"]
+            r["pp_tflops"] = pp * 2 * matmul_params(cfg) / 1e12
+            print(f"[{shape}] ultra ({time.time() - t0:.0f} s): {json.dumps(r['ultra'])}, launch "
+                  f"{r['launch_us']:.2f} us", flush=True)
+        result["shapes"][shape] = r
+        with open(os.path.join(args.out, "cuda_compare.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    G = args.gen
+    bw = result["read_bw"]
+    print(f"\n{result['gpu']}, {result['date']}: read bandwidth {bw / 1e12:.2f} TB/s, BF16 GEMM "
+          f"{result['gemm_bf16'] / 1e12:.0f} TFLOP/s")
+    print("| shape | test | ultra tok/s | % read roofline | PyTorch eager | PyTorch compiled | ultra / best PyTorch |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for shape, r in result["shapes"].items():
+        u = r.get("ultra", {})
+        best = max(r.get("torch_eager_tg", 0), r.get("torch_compiled_tg", 0))
+        for test, tps in u.items():
+            if test.startswith("pp"):
+                gemm = result["gemm_bf16"]
+                print(f"| {shape} | {test} | {tps:.0f} | {r['pp_tflops']:.0f} TFLOP/s = "
+                      f"{100 * r['pp_tflops'] * 1e12 / gemm:.0f}% of GEMM | | {r['torch_pp']:.0f} (eager) |"
+                      f" {tps / r['torch_pp']:.2f}x |")
+                continue
+            depth = test.split("@ d")[1].split()[0] if "@ d" in test else "0"
+            par = int(test.split(" x")[1]) if " x" in test else 1
+            b = bytes_per_token(SHAPES_CFG(shape), int(depth)) if par == 1 else None
+            roof = f"{100 * tps * b / bw:.0f}%" if b else ""
+            ref = f"{tps / best:.2f}x" if par == 1 and depth == "128" and best else ""
+            eager = f"{r.get('torch_eager_tg', 0):.1f}" if par == 1 and depth == "128" else ""
+            comp = f"{r.get('torch_compiled_tg', 0):.1f}" if par == 1 and depth == "128" else ""
+            print(f"| {shape} | {test} | {tps:.1f} | {roof} | {eager} | {comp} | {ref} |")
+        print(f"| {shape} | host launch per step | {r.get('launch_us', 0):.2f} us | | | | |")
+
+
+def SHAPES_CFG(shape):
+    from transformers import LlamaConfig
+    return LlamaConfig(**SHAPES[shape]["cfg"])
 
 
 if __name__ == "__main__":

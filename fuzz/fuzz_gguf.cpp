@@ -13,7 +13,8 @@ namespace {
 uint64_t touch(const ultra::gguf::Value& v) {
   uint64_t h = v.u ^ (uint64_t)v.i ^ v.s.size();
   if (v.type == ultra::gguf::ValueType::ARRAY) {
-    for (const auto& item : v.as_array().items) h += touch(item);
+    const ultra::gguf::Array& a = v.as_array();
+    for (size_t k = 0; k < a.size(); ++k) h += touch(a.at(k));
   }
   return h;
 }

@@ -1,16 +1,22 @@
 // The `ultra` executable end to end: --json and --dump-logits against the HF fixtures, bench output,
 // convert, and clear errors (non-zero exit, "error: ..." naming the problem) on bad input.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tmp_dir.h"
+
 using nlohmann::json;
+using ultra::test::TmpDir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -22,18 +28,28 @@ struct Out {
   std::string out, err;
 };
 
-// Runs `ultra ARGS`, capturing stdout and stderr (to a temp file).
+// Runs `ultra ARGS` (under `timeout`, so that a hang fails instead of blocking the suite), capturing stdout
+// and stderr (to a temp file). A missing binary is a failure, not a skip.
 Out ultra(const std::string& args) {
-  const fs::path err = fs::temp_directory_path() / "ultra_cli_stderr.txt";
-  const std::string cmd = std::string(ULTRA_ULTRA_BIN) + " " + args + " 2>" + err.string();
   Out o;
+  if (!fs::is_regular_file(ULTRA_ULTRA_BIN)) {
+    ADD_FAILURE() << "the ultra binary is missing: " << ULTRA_ULTRA_BIN;
+    return o;
+  }
+  const TmpDir tmp("ultra_cli");
+  const std::string err = tmp.file("stderr.txt");
+  const std::string cmd = "timeout 60 " + std::string(ULTRA_ULTRA_BIN) + " " + args + " 2>" + err;
   FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return o;
+  if (!p) {
+    ADD_FAILURE() << "popen failed: " << cmd;
+    return o;
+  }
   std::array<char, 4096> buf;
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
   const int st = pclose(p);
   o.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  EXPECT_NE(o.code, 124) << "timed out: ultra " << args;
   std::ifstream e(err);
   o.err.assign(std::istreambuf_iterator<char>(e), {});
   return o;
@@ -56,7 +72,8 @@ std::string ids_arg(const std::vector<int>& v) {
 TEST(Cli, RunJsonGreedyMatchesHf) {
   const json ref = reference("qwen2_bias");
   const auto prompt = ref["prompt"].get<std::vector<int>>();
-  const fs::path dump = fs::temp_directory_path() / "ultra_cli_logits.bin";
+  const TmpDir tmp("ultra_cli");
+  const fs::path dump = tmp.file("logits.bin");
   const Out o = ultra("run -m " + (kHf / "qwen2_bias").string() + " --prompt-ids " + ids_arg(prompt) +
                       " -n 32 --temp 0 --ignore-eos --json --dump-logits " + dump.string());
   ASSERT_EQ(o.code, 0) << o.err;
@@ -78,7 +95,6 @@ TEST(Cli, RunJsonGreedyMatchesHf) {
   double err = 0;
   for (int i = 0; i < V; ++i) err = std::max(err, (double)std::fabs(got[i] - want[i]));
   EXPECT_LT(err, 1e-4);
-  fs::remove(dump);
 }
 
 TEST(Cli, RunTextOutputHasTimings) {
@@ -103,7 +119,8 @@ TEST(Cli, BenchTable) {
 }
 
 TEST(Cli, ConvertThenRun) {
-  const fs::path out = fs::temp_directory_path() / "ultra_cli_convert.gguf";
+  const TmpDir tmp("ultra_cli");
+  const fs::path out = tmp.file("convert.gguf");
   const Out c =
       ultra("convert " + (kHf / "llama_tied_rope3").string() + " -o " + out.string() + " --outtype f16");
   ASSERT_EQ(c.code, 0) << c.err;
@@ -113,7 +130,6 @@ TEST(Cli, ConvertThenRun) {
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_EQ(json::parse(o.out)["generated_ids"].get<std::vector<int>>(),
             ref["greedy_f16w"].get<std::vector<int>>());
-  fs::remove(out);
 }
 
 void expect_error(const std::string& args, const std::string& phrase) {
@@ -132,14 +148,120 @@ TEST(Cli, BadInputGivesClearErrors) {
   expect_error("run -m " + m + " --prompt-ids 1,2,3,4,5,6,7,8 -c 4", "does not fit");
   expect_error("run -m " + m + " --prompt-ids 1 --top-p 1.5", "--top-p");
   expect_error("run -m " + m, "no prompt");
-  expect_error("convert " + m + " -o /tmp/x.gguf --outtype q4_9", "unknown output type");
+  const TmpDir tmp("ultra_cli");
+  expect_error("convert " + m + " -o " + tmp.file("x.gguf") + " --outtype q4_9", "unknown output type");
   const Out o = ultra("frobnicate");
   EXPECT_EQ(o.code, 2);
   // A file that is not a model.
-  const fs::path junk = fs::temp_directory_path() / "ultra_cli_junk.gguf";
+  const fs::path junk = tmp.file("junk.gguf");
   std::ofstream(junk) << "this is not a gguf file at all";
   expect_error("run -m " + junk.string() + " --prompt-ids 1", junk.string());
-  fs::remove(junk);
+}
+
+}  // namespace
+
+namespace {
+
+// Paths that are not regular files are refused before they are opened: a FIFO would block open() until
+// a writer appears (forever), a directory read as a text file gives empty input.
+TEST(Cli, NonRegularFilesAreRefused) {
+  const TmpDir tmp("ultra_cli");
+  const std::string fifo = tmp.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string m = (kHf / "llama_gqa").string();
+  const std::string vocab =
+      (fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "vocab" / "ggml-vocab-gpt-2.gguf").string();
+  expect_error("run -m " + fifo + " --prompt-ids 1", fifo + ": GGUF file is a FIFO, expected a regular file");
+  expect_error("tokenize -m " + fifo + " hello", "is a FIFO");
+  expect_error("tokenize -m " + vocab + " -f " + fifo, "is a FIFO");
+  expect_error("tokenize -m " + vocab + " -f " + tmp.path().string(), "is a directory");
+  expect_error("perplexity -m " + m + " -f " + fifo, "is a FIFO");
+  expect_error("perplexity -m " + m + " -f " + tmp.path().string(), "is a directory");
+
+  // An HF directory whose weights, or config, are a FIFO.
+  const fs::path hf = tmp.path() / "hf";
+  fs::create_directory(hf);
+  fs::copy_file(kHf / "llama_gqa" / "config.json", hf / "config.json");
+  ASSERT_EQ(mkfifo((hf / "model.safetensors").c_str(), 0600), 0);
+  expect_error("run -m " + hf.string() + " --prompt-ids 1", "model.safetensors: safetensors file is a FIFO");
+  fs::remove(hf / "config.json");
+  ASSERT_EQ(mkfifo((hf / "config.json").c_str(), 0600), 0);
+  expect_error("run -m " + hf.string() + " --prompt-ids 1", "config.json: config file is a FIFO");
+}
+
+}  // namespace
+
+namespace {
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// `convert -o` refuses, before any work, an output that is not a new path or a regular file, or that is
+// one of its inputs (by device and inode: hard links and shards included); nothing is left behind.
+TEST(Cli, ConvertRefusesUnsafeOutputs) {
+  const TmpDir tmp("ultra_cli");
+  const fs::path hf = tmp.path() / "hf";
+  fs::create_directory(hf);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kHf / "llama_gqa" / f, hf / f);
+  const std::string weights = file_bytes(hf / "model.safetensors");
+  const std::string conv = "convert " + hf.string() + " --outtype f32 -o ";
+
+  expect_error(conv + (hf / "model.safetensors").string(), "the output is the input file");
+  expect_error(conv + (hf / "config.json").string(), "the output is the input file");
+  fs::create_hard_link(hf / "model.safetensors", tmp.path() / "hardlink.gguf");
+  expect_error(conv + (tmp.path() / "hardlink.gguf").string(), "the output is the input file");
+  std::ofstream(tmp.path() / "target.gguf") << "keep";
+  fs::create_symlink(tmp.path() / "target.gguf", tmp.path() / "link.gguf");
+  expect_error(conv + (tmp.path() / "link.gguf").string(), "output exists and is a symbolic link");
+  expect_error(conv + tmp.path().string(), "output exists and is a directory");
+  ASSERT_EQ(mkfifo((tmp.path() / "fifo").c_str(), 0600), 0);
+  expect_error(conv + (tmp.path() / "fifo").string(), "output exists and is a FIFO");
+  expect_error(conv + (tmp.path() / "no" / "x.gguf").string(), "does not exist");
+
+  // A sharded checkpoint whose shard sits in a subdirectory: the shard is an input too.
+  const fs::path sh = tmp.path() / "sharded";
+  fs::create_directories(sh / "sub");
+  fs::copy_file(hf / "config.json", sh / "config.json");
+  fs::copy_file(hf / "model.safetensors", sh / "sub" / "part.safetensors");
+  {
+    const auto st = json::parse(file_bytes(hf / "model.safetensors").substr(8, [&] {
+      uint64_t n;
+      std::memcpy(&n, weights.data(), 8);
+      return (size_t)n;
+    }()));
+    json map = json::object();
+    for (const auto& [name, v] : st.items())
+      if (name != "__metadata__") map[name] = "sub/part.safetensors";
+    std::ofstream(sh / "model.safetensors.index.json") << json{{"weight_map", map}}.dump();
+  }
+  const std::string shard = file_bytes(sh / "sub" / "part.safetensors");
+  expect_error("convert " + sh.string() + " -o " + (sh / "sub" / "part.safetensors").string(),
+               "the output is the input file");
+
+  // Inputs untouched, the link still a link, and no temporary files anywhere.
+  EXPECT_EQ(file_bytes(hf / "model.safetensors"), weights);
+  EXPECT_EQ(file_bytes(sh / "sub" / "part.safetensors"), shard);
+  EXPECT_TRUE(fs::is_symlink(tmp.path() / "link.gguf"));
+  EXPECT_EQ(file_bytes(tmp.path() / "target.gguf"), "keep");
+  EXPECT_EQ(listing(tmp.path()),
+            (std::vector<std::string>{"fifo", "hardlink.gguf", "hf", "link.gguf", "sharded", "target.gguf"}));
+  EXPECT_EQ(listing(hf), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(listing(sh / "sub"), (std::vector<std::string>{"part.safetensors"}));
+
+  // A regular file is replaced (and the sharded checkpoint converts).
+  const Out ok = ultra("convert " + sh.string() + " -o " + (tmp.path() / "target.gguf").string());
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(file_bytes(tmp.path() / "target.gguf").substr(0, 4), "GGUF");
+  EXPECT_EQ(listing(tmp.path()).size(), 6u);
 }
 
 }  // namespace

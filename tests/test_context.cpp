@@ -13,8 +13,12 @@
 #include <random>
 #include <set>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "engine/model_impl.h"
 #include "sampling/sampler.h"
+#include "tmp_dir.h"
 #include "ultra/generate.h"
 
 using namespace ultra;
@@ -303,6 +307,45 @@ TEST(Context, NonFiniteLogitsAreAnError) {
   b.add(3, 2, 0, Output::sample);
   ctx.step(b);  // the sequence continues once the weights are sane
   EXPECT_EQ(ctx.seq_len(0), 3);
+}
+
+// generate() stops on every end-of-generation id the model declares (an HF eos_token_id list here), not
+// only the first.
+TEST(Context, GenerateStopsOnEveryEndOfGenerationId) {
+  const ultra::test::TmpDir tmp;
+  const fs::path d = tmp.path() / "eog";
+  fs::create_directories(d);
+  fs::copy_file(kFixture / "model.safetensors", d / "model.safetensors");
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(kFixture / "reference.json"));
+  const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
+  const auto greedy = ref["greedy"].get<std::vector<int32_t>>();  // HF's greedy continuation
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kFixture / "config.json"));
+  // The third greedy token is the second id of the list (the first id never comes up).
+  int32_t other = 0;
+  while (std::find(greedy.begin(), greedy.end(), other) != greedy.end()) ++other;
+  cfg["eos_token_id"] = {other, greedy[2]};
+  std::ofstream(d / "config.json") << cfg.dump();
+  const Model m = Model::load(d.string());
+  EXPECT_TRUE(m.is_eog(other));
+  EXPECT_TRUE(m.is_eog(greedy[2]));
+  Context ctx(m, {.n_ctx = 64, .n_threads = 1});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  std::vector<int32_t> got;
+  GenerateParams gp;
+  gp.n_predict = 10;
+  const GenerateResult r = generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
+    got.push_back(t);
+    return true;
+  });
+  EXPECT_TRUE(r.stopped_eog);
+  EXPECT_EQ(got, std::vector<int32_t>(greedy.begin(), greedy.begin() + 3));
+  gp.ignore_eos = true;
+  got.clear();
+  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
+    got.push_back(t);
+    return true;
+  });
+  EXPECT_EQ(got.size(), 10u);
 }
 
 // Ids of a padded embedding table that the tokenizer cannot decode are never sampled.

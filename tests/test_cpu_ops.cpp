@@ -84,9 +84,11 @@ double weight_value(const WeightView& w, int64_t r, int64_t c) {
   }
 }
 
-// Every matmul kernel set this CPU can run (AVX2 always; AVX-512 when present), so both are tested here.
+// Every matmul kernel set this CPU can run (scalar always, AVX2 and AVX-512 when present), so each is
+// tested here whatever the run-time choice.
 std::vector<const detail::MatmulKernels*> kernel_sets() {
-  std::vector<const detail::MatmulKernels*> k = {&detail::matmul_kernels_avx2()};
+  std::vector<const detail::MatmulKernels*> k = {&detail::matmul_kernels_scalar()};
+  if (detail::cpu_has_avx2()) k.push_back(&detail::matmul_kernels_avx2());
   if (detail::cpu_has_avx512()) k.push_back(&detail::matmul_kernels_avx512());
   return k;
 }

@@ -99,7 +99,7 @@ TEST(CudaBackend, FixturesMatchHfTransformers) {
         path = (fs::temp_directory_path() / fmt::format("ultra_cuda_{}_{}_{}.gguf", name, c.type, getpid()))
                    .string();
         ConvertOptions opt;
-        opt.out_type = parse_out_type(c.type);
+        opt.out_type = c.type;
         convert_hf_to_gguf((kHf / name).string(), path, opt);
       }
       const Model m = Model::load(path);
@@ -340,7 +340,7 @@ TEST(CudaBackend, ClearErrors) {
   // Q8_0 weights are not supported on the GPU yet: one clear line, no crash.
   const fs::path q8 = fs::temp_directory_path() / fmt::format("ultra_cuda_q8_{}.gguf", getpid());
   ConvertOptions opt;
-  opt.out_type = GgmlType::Q8_0;
+  opt.out_type = "q8_0";
   convert_hf_to_gguf((kHf / "llama_gqa").string(), q8.string(), opt);
   const Model m = Model::load(q8.string());
   try {

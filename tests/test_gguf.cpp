@@ -1,37 +1,61 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "tmp_dir.h"
 
 using namespace ultra;
 using namespace ultra::gguf;
 namespace fs = std::filesystem;
 
+// Counts the bytes requested through the global operator new (every std::vector / std::string), so that a
+// test can bound what parsing allocates. The nothrow and sized forms are replaced too, so that every new
+// pairs with the matching delete under AddressSanitizer.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+std::atomic<uint64_t> g_new_bytes{0};
+}
+void* operator new(std::size_t n) {
+  g_new_bytes.fetch_add(n, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  g_new_bytes.fetch_add(n, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+#pragma GCC diagnostic pop
+
 namespace {
 
 const char* kVocabDir = "../shared/data/vocab";
-const char* kFuzzFixtures = "tests/fixtures/fuzz/gguf";
+const std::string kFuzzFixtures = std::string(ULTRA_SOURCE_DIR) + "/tests/fixtures/fuzz/gguf";
 
-class TmpDir {
- public:
-  TmpDir() {
-    char tmpl[] = "/tmp/ultra_gguf_XXXXXX";
-    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TmpDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+// Unique directory per test (tmp_dir.h), named for this suite.
+struct TmpDir : ultra::test::TmpDir {
+  TmpDir() : ultra::test::TmpDir("ultra_gguf") {}
+  std::string path() const { return ultra::test::TmpDir::path().string(); }
 };
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
@@ -140,9 +164,9 @@ void expect_same_value(const Value& a, const Value& b, const std::string& ctx) {
       const Array& x = a.as_array();
       const Array& y = b.as_array();
       ASSERT_EQ(x.elem_type, y.elem_type) << ctx;
-      ASSERT_EQ(x.items.size(), y.items.size()) << ctx;
-      for (size_t k = 0; k < x.items.size(); ++k) {
-        expect_same_value(x.items[k], y.items[k], ctx + "[" + std::to_string(k) + "]");
+      ASSERT_EQ(x.size(), y.size()) << ctx;
+      for (size_t k = 0; k < x.size(); ++k) {
+        expect_same_value(x.at(k), y.at(k), ctx + "[" + std::to_string(k) + "]");
       }
       break;
     }
@@ -272,23 +296,34 @@ TEST(Gguf, RoundTripEveryValueTypeAndTensors) {
 
     const Array& strs = r.find("arr.str")->as_array();
     ASSERT_EQ(strs.elem_type, ValueType::STRING);
-    ASSERT_EQ(strs.items.size(), 3u);
-    EXPECT_EQ(strs.items[2].as_string(), "ccc");
+    ASSERT_EQ(strs.size(), 3u);
+    EXPECT_EQ(strs.string_at(1), "");
+    EXPECT_EQ(strs.string_at(2), "ccc");
+    EXPECT_EQ(strs.at(2).as_string(), "ccc");
     const Array& f32s = r.find("arr.f32")->as_array();
-    ASSERT_EQ(f32s.items.size(), 2u);
-    EXPECT_EQ(f32s.items[1].as_float(), -2.0);
+    ASSERT_EQ(f32s.size(), 2u);
+    EXPECT_EQ(f32s.float_at(1), -2.0);
+    EXPECT_EQ(f32s.at(1).type, ValueType::F32);
     const Array& i32s = r.find("arr.i32")->as_array();
-    ASSERT_EQ(i32s.items.size(), 3u);
-    EXPECT_EQ(i32s.items[0].as_int(), -1);
-    EXPECT_EQ(i32s.items[2].as_int(), 2147483647);
-    EXPECT_TRUE(r.find("arr.empty")->as_array().items.empty());
+    ASSERT_EQ(i32s.size(), 3u);
+    EXPECT_EQ(i32s.int_at(0), -1);
+    EXPECT_EQ(i32s.int_at(2), 2147483647);
+    EXPECT_EQ(i32s.at(2).type, ValueType::I32);
+    EXPECT_THROW(i32s.uint_at(0), Error);  // negative
+    EXPECT_THROW(i32s.string_at(0), Error);
+    EXPECT_THROW(i32s.at(3), Error);
+    const Array& bools = r.find("arr.bool")->as_array();
+    ASSERT_EQ(bools.size(), 2u);
+    EXPECT_TRUE(bools.at(0).as_bool());
+    EXPECT_FALSE(bools.at(1).as_bool());
+    EXPECT_TRUE(r.find("arr.empty")->as_array().empty());
     EXPECT_EQ(r.find("arr.empty")->as_array().elem_type, ValueType::U64);
     const Array& nested = r.find("arr.nested")->as_array();
     ASSERT_EQ(nested.elem_type, ValueType::ARRAY);
-    ASSERT_EQ(nested.items.size(), 3u);
-    EXPECT_EQ(nested.items[0].as_array().items[0].as_int(), -3);
-    EXPECT_EQ(nested.items[1].as_array().items[1].as_string(), "yz");
-    EXPECT_EQ(nested.items[2].as_array().items[0].as_array().elem_type, ValueType::U8);
+    ASSERT_EQ(nested.size(), 3u);
+    EXPECT_EQ(nested.array_at(0).as_array().int_at(0), -3);
+    EXPECT_EQ(nested.array_at(1).as_array().string_at(1), "yz");
+    EXPECT_EQ(nested.array_at(2).as_array().array_at(0).as_array().elem_type, ValueType::U8);
 
     ASSERT_EQ(r.tensors().size(), 3u);
     const TensorInfo* f32 = r.find_tensor("f32");
@@ -419,13 +454,53 @@ TEST(Gguf, WriterRejectsInvalidInput) {
              "is 64 bytes, more than llama.cpp's limit of 63");
   EXPECT_NO_THROW(w.add_tensor(std::string(63, 'n'), GgmlType::F32, {4}, data, 16));
   expect_msg([&] { w.write(dir.file("x.gguf"), 48); }, "alignment 48 is not a power of two");
-  expect_msg([&] { w.write(dir.file("no/such/dir/x.gguf")); }, "cannot create");
+  expect_msg([&] { w.write(dir.file("no/such/dir/x.gguf")); },
+             "directory " + dir.file("no/such/dir") + " does not exist");
+  expect_msg(
+      [&] {
+        Value::of_array(ValueType::U8, {Value::of_uint(ValueType::U8, 1), Value::of_string("x")});
+      },
+      "array of u8 holds a string element");
+  // A failed write leaves nothing behind, neither the file nor a temporary one.
   Writer bad;
-  bad.set_value("mixed",
-                Value::of_array(ValueType::U8, {Value::of_uint(ValueType::U8, 1), Value::of_string("x")}));
-  expect_msg([&] { bad.write(dir.file("bad.gguf")); }, "array of u8 holds a string element");
-  EXPECT_FALSE(fs::exists(dir.file("bad.gguf")));
-  EXPECT_FALSE(fs::exists(dir.file("bad.gguf.tmp")));
+  bad.add_tensor("p", GgmlType::F32, {4}, [](uint8_t*) { throw Error("producer failed"); });
+  expect_msg([&] { bad.write(dir.file("bad.gguf")); }, "producer failed");
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// The temporary file lives in the destination's directory under a unique name, and nothing but the result
+// is left there; an existing regular file is replaced, anything else at the destination is refused.
+TEST(Gguf, WriterTemporaryFile) {
+  TmpDir dir;
+  const std::string out = dir.file("out.gguf");
+  std::vector<std::string> seen;
+  Writer w;
+  w.add_tensor("p", GgmlType::F32, {4}, [&](uint8_t*) {
+    for (const auto& e : fs::directory_iterator(dir.path())) seen.push_back(e.path().filename().string());
+  });
+  std::ofstream(out) << "old";
+  w.write(out);
+  ASSERT_EQ(seen.size(), 2u);  // the old file and the temporary one
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen[0].rfind(".out.gguf.tmp.", 0), 0u) << seen[0];
+  EXPECT_EQ(seen[1], "out.gguf");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+  EXPECT_EQ(Reader::open(out).tensors().size(), 1u);
+  // Not a regular file: refused before anything is created.
+  fs::create_directory(dir.file("d"));
+  fs::create_symlink(out, dir.file("link.gguf"));
+  auto refuses = [&](const std::string& path, const std::string& phrase) {
+    try {
+      w.write(path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  };
+  refuses(dir.file("d"), "output exists and is a directory; refusing to replace it");
+  refuses(dir.file("link.gguf"), "output exists and is a symbolic link; refusing to replace it");
+  EXPECT_TRUE(fs::is_symlink(dir.file("link.gguf")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 3);
 }
 
 TEST(Gguf, ReadsRealVocabFiles) {
@@ -441,10 +516,10 @@ TEST(Gguf, ReadsRealVocabFiles) {
     ASSERT_TRUE(tokens);
     const Array& arr = tokens->as_array();
     EXPECT_EQ(arr.elem_type, ValueType::STRING);
-    EXPECT_GT(arr.items.size(), 1000u);
-    for (const Value& t : arr.items) ASSERT_EQ(t.type, ValueType::STRING);
+    EXPECT_GT(arr.size(), 1000u);
+    for (size_t k = 0; k < arr.size(); ++k) ASSERT_EQ(arr.at(k).type, ValueType::STRING);
     if (const Value* types = r.find("tokenizer.ggml.token_type")) {
-      EXPECT_EQ(types->as_array().items.size(), arr.items.size());
+      EXPECT_EQ(types->as_array().size(), arr.size());
     }
   }
 }
@@ -522,6 +597,70 @@ TEST(Gguf, RejectsBadKeyValues) {
   for (int k = 0; k < 40; ++k) deep.u32(9).u64(1);
   deep.u32(0).u64(0);
   expect_error(deep.b, "nested deeper than 16 levels");
+  expect_error(Bytes().header(3, 0, 1).str("k").u32(9).u32(7).u64(3).u8(1).u8(0).u8(2).b,
+               "value of key 'k' at offset 51 is a bool with invalid value 2");
+}
+
+// Counts whose per-entry memory is a few hundred bytes are limited (Reader::kMax*).
+TEST(Gguf, RejectsCountsAboveTheLimits) {
+  Bytes kvs;
+  kvs.header(3, 0, Reader::kMaxKeyValues + 1);
+  for (uint64_t k = 0; k <= Reader::kMaxKeyValues; ++k) kvs.str("").u32((uint32_t)ValueType::U8).u8(0);
+  expect_error(kvs.b, "header claims 65537 key/value pairs, more than the limit of 65536");
+  expect_error(Bytes().header(3, Reader::kMaxTensors + 1, 0).zeros(32 * (Reader::kMaxTensors + 1)).b,
+               "header claims 262145 tensors, more than the limit of 262144");
+  Bytes nested;
+  nested.header(3, 0, 1).str("k").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::ARRAY);
+  nested.u64(Reader::kMaxNestedArrays + 1);
+  for (uint64_t k = 0; k <= Reader::kMaxNestedArrays; ++k) nested.u32((uint32_t)ValueType::U8).u64(0);
+  expect_error(nested.b, "arrays of arrays hold more than 65536 elements in this file");
+}
+
+// Memory is proportional to the bytes of the file, not to element counts: a number array is a view of
+// the file, a string array 16 bytes per element (each element takes at least 8 bytes of file).
+TEST(Gguf, ArrayMemoryIsBoundedByTheFile) {
+  const uint64_t n = 4u << 20;
+  Bytes u8s;
+  u8s.header(3, 0, 1).str("u8s").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::U8).u64(n).zeros(n);
+  uint64_t before = g_new_bytes.load();
+  {
+    const Reader r = Reader::parse(u8s.b.data(), u8s.b.size(), "u8s.gguf");
+    EXPECT_LT(g_new_bytes.load() - before, 64u << 10);  // was ~88 bytes per element: 370 MB
+    const Array& a = r.find("u8s")->as_array();
+    ASSERT_EQ(a.size(), n);
+    EXPECT_EQ(a.uint_at(n - 1), 0u);
+    EXPECT_EQ(a.raw(), u8s.b.data() + 24 + 8 + 3 + 4 + 4 + 8);
+  }
+  const uint64_t m = 1u << 20;
+  Bytes strs;
+  strs.header(3, 0, 1).str("s").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::STRING).u64(m);
+  for (uint64_t k = 0; k < m; ++k) strs.str("");
+  before = g_new_bytes.load();
+  {
+    const Reader r = Reader::parse(strs.b.data(), strs.b.size(), "strs.gguf");
+    EXPECT_LE(g_new_bytes.load() - before, 16 * m + (64u << 10));
+    EXPECT_EQ(r.find("s")->as_array().size(), m);
+  }
+}
+
+TEST(Gguf, RejectsOverlappingTensors) {
+  expect_error(Bytes()
+                   .header(3, 2, 0)
+                   .tensor("a", {16}, GgmlType::F32, 0)
+                   .tensor("b", {8}, GgmlType::F32, 32)
+                   .pad(32)
+                   .zeros(64)
+                   .b,
+               "tensors 'a' [offset 0, 64 bytes] and 'b' [offset 32, 32 bytes] overlap");
+  // Adjacent tensors, and gaps between them, are fine.
+  const std::vector<uint8_t> ok = Bytes()
+                                      .header(3, 2, 0)
+                                      .tensor("a", {8}, GgmlType::F32, 64)
+                                      .tensor("b", {8}, GgmlType::F32, 0)
+                                      .pad(32)
+                                      .zeros(128)
+                                      .b;
+  EXPECT_NO_THROW(Reader::parse(ok.data(), ok.size(), "ok.gguf"));
 }
 
 TEST(Gguf, RejectsBadAlignment) {
@@ -581,8 +720,7 @@ TEST(Gguf, RejectsBadTensorInfos) {
 
 // Inputs the fuzzer once found interesting: each must parse or fail with ultra::Error.
 TEST(Gguf, FuzzRegressionInputs) {
-  if (!fs::is_directory(kFuzzFixtures))
-    GTEST_SKIP() << kFuzzFixtures << " not found (run from the repo root)";
+  ASSERT_TRUE(fs::is_directory(kFuzzFixtures)) << kFuzzFixtures << " not found";
   int n = 0;
   for (const auto& e : fs::directory_iterator(kFuzzFixtures)) {
     const std::vector<uint8_t> bytes = read_bytes(e.path().string());
@@ -590,50 +728,4 @@ TEST(Gguf, FuzzRegressionInputs) {
     ++n;
   }
   EXPECT_GT(n, 0);
-}
-
-// With ULTRA_FUZZ_SEED_DIR set, writes the fuzzer's seed corpus (small valid files) there.
-TEST(Gguf, WritesFuzzSeedsOnRequest) {
-  const char* out = std::getenv("ULTRA_FUZZ_SEED_DIR");
-  if (!out) return;
-  fs::create_directories(out);
-  const TestTensors tensors;
-  Writer w;
-  w.set_string("general.architecture", "llama");
-  w.set_u32("llama.block_count", 1);
-  w.set_f32("llama.rope.freq_base", 10000.0f);
-  w.set_bool("b", true);
-  w.set_array_string("tokenizer.ggml.tokens", {"<s>", "a"});
-  w.set_array_i32("tokenizer.ggml.token_type", {3, 1});
-  w.set_value("nested",
-              Value::of_array(ValueType::ARRAY,
-                              {Value::of_array(ValueType::U16, {Value::of_uint(ValueType::U16, 9)})}));
-  tensors.add_to(w);
-  w.write(std::string(out) + "/seed_tensors_a32.gguf");
-  w.write(std::string(out) + "/seed_tensors_a64.gguf", 64);
-  Writer kv_only;
-  kv_only.set_value("i64", Value::of_int(ValueType::I64, -1));
-  kv_only.set_value("f64", Value::of_float(ValueType::F64, 2.5));
-  kv_only.set_value("u8", Value::of_uint(ValueType::U8, 1));
-  kv_only.set_value("i8", Value::of_int(ValueType::I8, -1));
-  kv_only.set_value("i16", Value::of_int(ValueType::I16, -1));
-  kv_only.set_value("u64", Value::of_uint(ValueType::U64, 5));
-  kv_only.set_array_f32("scores", {0.5f, 1.0f});
-  kv_only.write(std::string(out) + "/seed_kv_only.gguf");
-  // A real vocabulary's key/values with every array cut to its first 200 entries (a few KB).
-  const auto files = vocab_files();
-  if (files.empty()) return;
-  const Reader vocab = Reader::open(files.front().string());
-  Writer mini;
-  for (const auto& [k, v] : vocab.metadata()) {
-    if (v.type != ValueType::ARRAY) {
-      mini.set_value(k, v);
-      continue;
-    }
-    const auto& items = v.as_array().items;
-    mini.set_value(
-        k, Value::of_array(v.as_array().elem_type,
-                           {items.begin(), items.begin() + (ptrdiff_t)std::min<size_t>(items.size(), 200)}));
-  }
-  mini.write(std::string(out) + "/seed_vocab_mini.gguf");
 }

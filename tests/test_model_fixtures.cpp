@@ -100,7 +100,7 @@ std::string convert_to(const std::string& name, const std::string& type) {
   const fs::path out = fs::temp_directory_path() /
                        ("ultra_fixture_" + name + "_" + type + "_" + std::to_string(getpid()) + ".gguf");
   ConvertOptions opt;
-  opt.out_type = parse_out_type(type);
+  opt.out_type = type;
   convert_hf_to_gguf((kRoot / name).string(), out.string(), opt);
   return out.string();
 }

@@ -2,13 +2,22 @@
 // hyper-parameters and truncated files all give an ultra::Error naming the file and the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "../fuzz/fuzz_harness.h"
 #include "core/error.h"
 #include "io/convert.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 #include "model/model.h"
+#include "tmp_dir.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -17,8 +26,10 @@ namespace {
 
 const fs::path kHf = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
 
+// Files and directories of this test binary live in one mkdtemp directory, removed at exit.
 fs::path tmp(const std::string& name) {
-  return fs::temp_directory_path() / ("ultra_model_load_" + name);
+  static const ultra::test::TmpDir dir("ultra_model_load");
+  return dir.path() / name;
 }
 
 void expect_error(const std::function<void()>& f, const std::string& phrase) {
@@ -51,7 +62,7 @@ class ModelLoad : public ::testing::Test {
   void SetUp() override {
     base_ = tmp("base.gguf");
     ConvertOptions opt;
-    opt.out_type = GgmlType::F32;
+    opt.out_type = "f32";
     convert_hf_to_gguf((kHf / "llama_gqa").string(), base_.string(), opt);
   }
   void TearDown() override { fs::remove(base_); }
@@ -99,6 +110,56 @@ TEST_F(ModelLoad, AbsurdHyperParameters) {
   fs::remove(p);
 }
 
+TEST_F(ModelLoad, TokenIdsAndHeadSizes) {
+  const auto p = tmp("ids.gguf");
+  rewrite(base_, p, "", [](gguf::Writer& w) {
+    w.set_u32("tokenizer.ggml.eos_token_id", 2);
+    w.set_u32("tokenizer.ggml.eot_token_id", 7);
+    w.set_i32("tokenizer.ggml.eom_token_id", -1);  // llama.cpp's "none"
+  });
+  auto m = load_model(p.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(m->hp.eos_id, 2);
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("tokenizer.ggml.eot_token_id", 320); });
+  expect_error([&] { load_model(p.string()); },
+               "tokenizer.ggml.eot_token_id = 320 is outside the vocabulary of 320 tokens");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("tokenizer.ggml.bos_token_id", 5000); });
+  expect_error([&] { load_model(p.string()); },
+               "tokenizer.ggml.bos_token_id = 5000 is outside the vocabulary");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("llama.attention.value_length", 8); });
+  expect_error([&] { load_model(p.string()); },
+               "llama.attention.value_length 8 differs from the key head dim 16");
+  rewrite(base_, p, "", [](gguf::Writer& w) {
+    w.set_value("llama.rope.freq_base", gguf::Value::of_float(gguf::ValueType::F64, 1e300));
+  });
+  expect_error([&] { load_model(p.string()); }, "key 'llama.rope.freq_base' = 1e+300 is not a finite float");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_f32("llama.attention.layer_norm_rms_epsilon", -1); });
+  expect_error([&] { load_model(p.string()); }, "invalid rms norm eps -1");
+  fs::remove(p);
+}
+
+// Every tensor must be used: leftover tensors mean the hyper-parameters do not describe the file.
+TEST_F(ModelLoad, UnusedTensors) {
+  const auto p = tmp("unused.gguf");
+  rewrite(base_, p, "", [](gguf::Writer& w) { w.set_u32("llama.block_count", 1); });
+  expect_error([&] { load_model(p.string()); },
+               p.string() +
+                   ": 9 tensors are not used by the model: 'blk.1.attn_k.weight', "
+                   "'blk.1.attn_norm.weight', 'blk.1.attn_output.weight', 'blk.1.attn_q.weight', "
+                   "'blk.1.attn_v.weight', 'blk.1.ffn_down.weight' and 3 more (llama.block_count = 1");
+  {
+    const gguf::Reader r = gguf::Reader::open(base_.string());
+    gguf::Writer w;
+    for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+    for (const auto& t : r.tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+    const float extra[4] = {};
+    w.add_tensor("blk.0.extra.weight", GgmlType::F32, {4}, extra, sizeof extra);
+    w.write(p.string());
+  }
+  expect_error([&] { load_model(p.string()); }, "1 tensor is not used by the model: 'blk.0.extra.weight'");
+  fs::remove(p);
+}
+
 TEST_F(ModelLoad, TruncatedFile) {
   const auto p = tmp("trunc.gguf");
   const auto size = fs::file_size(base_);
@@ -129,13 +190,230 @@ TEST(ModelLoadHf, UnsupportedArchitecture) {
 TEST(ModelLoadHf, BadConfig) {
   const fs::path d = hf_copy("cfg");
   std::ofstream(d / "config.json") << "{ not json";
-  expect_error([&] { load_model(d.string()); }, "not valid JSON");
+  expect_error([&] { load_model(d.string()); }, "invalid JSON");
   std::ofstream(d / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 320})";
   expect_error([&] { load_model(d.string()); }, "missing 'hidden_size'");
   std::ofstream(d / "config.json")
       << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": -5})";
   expect_error([&] { load_model(d.string()); }, "intermediate_size");
+  std::string deep = R"({"architectures": ["LlamaForCausalLM"], "x": )";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  std::ofstream(d / "config.json") << deep;
+  expect_error([&] { load_model(d.string()); }, "config.json: JSON nested deeper than 64 levels");
+  fs::remove_all(d);
+}
+
+// config.json values of the wrong type or outside their range are errors naming the key, not silently
+// ignored or (for floats beyond float range) converted with undefined behaviour.
+TEST(ModelLoadHf, ConfigValuesOutOfRange) {
+  const fs::path d = hf_copy("range");
+  std::ifstream in(kHf / "llama_gqa" / "config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  const std::string cfg = (d / "config.json").string();
+  auto with = [&](const char* key, const nlohmann::json& v) {
+    nlohmann::json j = base;
+    j[key] = v;
+    std::ofstream(d / "config.json") << j.dump(1);
+  };
+  auto err = [&](const std::string& phrase) { expect_error([&] { load_model(d.string()); }, phrase); };
+  with("eos_token_id", 320);
+  err(cfg + ": eos token id 320 is outside the vocabulary of 320 tokens");
+  with("eos_token_id", -1);
+  err(cfg + ": 'eos_token_id' holds -1, not a valid token id");
+  with("eos_token_id", nlohmann::json::array({2, 400}));
+  err("eos token id 400 is outside the vocabulary of 320 tokens");
+  with("eos_token_id", nlohmann::json::array({2, "x"}));
+  err("'eos_token_id' must be a token id or a list of token ids");
+  with("bos_token_id", 1000);
+  err("bos token id 1000 is outside the vocabulary of 320 tokens");
+  with("tie_word_embeddings", "false");
+  err(cfg + ": 'tie_word_embeddings' must be true or false, got \"false\"");
+  with("attention_bias", 0);
+  err("'attention_bias' must be true or false");
+  with("rms_norm_eps", 1e39);
+  err(cfg + ": 'rms_norm_eps' = 1e+39 is not a finite float");
+  with("rms_norm_eps", 1e-300);  // 0 as a float
+  err("invalid rms norm eps 0");
+  with("rms_norm_eps", -1e-5);
+  err("invalid rms norm eps");
+  with("rope_theta", -10000.0);
+  err("invalid rope theta -10000");
+  with("rope_theta", 1e300);
+  err("'rope_theta' = 1e+300 is not a finite float");
+  with("rope_theta", "10000");
+  err("'rope_theta' must be a number");
+  with("v_head_dim", 8);
+  err("v_head_dim 8 differs from the key head dim 16");
+  // A key given twice: the safetensors header's rule, in config.json too.
+  std::string text = base.dump(1);
+  text.insert(1, "\"hidden_size\": 32,");
+  std::ofstream(d / "config.json") << text;
+  err(cfg + ": JSON key 'hidden_size' appears twice in one object");
+  fs::remove_all(d);
+}
+
+// eos_token_id may be a list (as in Llama 3 configs); generation_config.json adds its own ids.
+TEST(ModelLoadHf, EosIdLists) {
+  const fs::path d = hf_copy("eos");
+  std::ifstream in(kHf / "llama_gqa" / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["eos_token_id"] = {2, 5};
+  std::ofstream(d / "config.json") << j.dump(1);
+  auto m = load_model(d.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(m->hp.eos_id, 2);
+  EXPECT_EQ(m->hp.bos_id, 1);
+  std::ofstream(d / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [5, 7, 2]})";
+  m = load_model(d.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{2, 5, 7}));
+  j.erase("eos_token_id");
+  j.erase("bos_token_id");
+  std::ofstream(d / "config.json") << j.dump(1);
+  std::ofstream(d / "generation_config.json") << R"({"bos_token_id": 3, "eos_token_id": 9})";
+  m = load_model(d.string());
+  EXPECT_EQ(m->hp.eos_ids, (std::vector<int32_t>{9}));
+  EXPECT_EQ(m->hp.eos_id, 9);
+  EXPECT_EQ(m->hp.bos_id, 3);
+  std::ofstream(d / "generation_config.json") << R"({"eos_token_id": [9, 320]})";
+  expect_error([&] { load_model(d.string()); }, "eos token id 320 is outside the vocabulary of 320 tokens");
+  fs::remove_all(d);
+}
+
+// A safetensors file (F32 tensors, packed in order) holding a fixture's tensors plus extra ones.
+void write_checkpoint(const fs::path& dir, const std::string& fixture,
+                      const std::vector<std::pair<std::string, std::vector<float>>>& extra,
+                      const std::vector<std::string>& drop = {}) {
+  const auto src = safetensors::File::open((kHf / fixture / "model.safetensors").string());
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  auto add = [&](const std::string& name, const std::string& dtype, const std::vector<uint64_t>& shape,
+                 const void* p, size_t n) {
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + n}}};
+    data.append((const char*)p, n);
+  };
+  for (const auto& t : src->tensors())
+    if (std::find(drop.begin(), drop.end(), t.name) == drop.end())
+      add(t.name, t.dtype, t.shape, t.data, t.n_bytes);
+  for (const auto& [name, v] : extra) add(name, "F32", {v.size()}, v.data(), v.size() * 4);
+  const std::string h = header.dump();
+  const uint64_t n = h.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write((const char*)&n, 8);
+  out << h << data;
+}
+
+TEST(ModelLoadHf, UnusedTensors) {
+  const fs::path d = hf_copy("unused");
+  std::ifstream in(kHf / "llama_gqa" / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["num_hidden_layers"] = 1;
+  std::ofstream(d / "config.json") << j.dump(1);
+  expect_error(
+      [&] { load_model(d.string()); },
+      d.string() + ": 9 tensors are not used by the model: 'model.layers.1.input_layernorm.weight', ");
+  expect_error([&] { load_model(d.string()); }, "(config.json: num_hidden_layers = 1, llama)");
+  fs::copy_file(kHf / "llama_gqa" / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
+  write_checkpoint(d, "llama_gqa", {{"model.layers.0.mlp.extra.weight", {1, 2}}});
+  expect_error([&] { load_model(d.string()); },
+               "1 tensor is not used by the model: 'model.layers.0.mlp.extra.weight'");
+  // Saved rotary inverse frequencies are recomputed from the config, not counted.
+  write_checkpoint(d, "llama_gqa", {{"model.layers.0.self_attn.rotary_emb.inv_freq", std::vector<float>(8)}});
+  EXPECT_NO_THROW(load_model(d.string()));
+  fs::remove_all(d);
+}
+
+// tie_word_embeddings with an lm_head.weight in the checkpoint: accepted only when it is the embedding.
+TEST(ModelLoadHf, TiedEmbeddingsWithLmHead) {
+  const fs::path d = tmp("hf_tied");
+  fs::remove_all(d);
+  fs::create_directories(d);
+  fs::copy_file(kHf / "llama_tied_rope3" / "config.json", d / "config.json");
+  const auto src = safetensors::File::open((kHf / "llama_tied_rope3" / "model.safetensors").string());
+  const safetensors::Tensor* embd = nullptr;
+  for (const auto& t : src->tensors())
+    if (t.name == "model.embed_tokens.weight") embd = &t;
+  ASSERT_TRUE(embd && embd->dtype == "F32");
+  std::vector<float> head(embd->n_bytes / 4);
+  std::memcpy(head.data(), embd->data, embd->n_bytes);
+  // write_checkpoint writes extras as 1-D: build [rows, cols] by hand through the header instead.
+  auto write_with_head = [&](const std::vector<float>& h) {
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const auto& t : src->tensors()) {
+      header[t.name] = {
+          {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.n_bytes}}};
+      data.append((const char*)t.data, t.n_bytes);
+    }
+    header["lm_head.weight"] = {{"dtype", "F32"},
+                                {"shape", embd->shape},
+                                {"data_offsets", {data.size(), data.size() + h.size() * 4}}};
+    data.append((const char*)h.data(), h.size() * 4);
+    const std::string hs = header.dump();
+    const uint64_t n = hs.size();
+    std::ofstream out(d / "model.safetensors", std::ios::binary);
+    out.write((const char*)&n, 8);
+    out << hs << data;
+  };
+  write_with_head(head);
+  EXPECT_NO_THROW(load_model(d.string()));
+  head[5] += 1.0f;
+  write_with_head(head);
+  expect_error([&] { load_model(d.string()); },
+               "tie_word_embeddings is true but the checkpoint's lm_head.weight (F32 [320, 64]) differs from "
+               "model.embed_tokens.weight (F32 [320, 64])");
+  fs::remove_all(d);
+}
+
+// A byte-level BPE tokenizer.json with fewer tokens than the embedding table has rows (320): the 256 byte
+// tokens, 2 merges ("h e", "he l"), an id left undefined (260) and a special token at id 261.
+std::string small_tokenizer_json() {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[std::string(tok::utf8::byte_to_unicode((uint8_t)b))] = b;
+  vocab["he"] = 256;
+  vocab["hel"] = 257;
+  vocab["\xc4\xa0w"] = 258;  // " w"
+  vocab["or"] = 259;
+  nlohmann::json j;
+  j["added_tokens"] = {{{"id", 261}, {"content", "<|end|>"}, {"special", true}}};
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "he l", "\xc4\xa0 w", "o r"}}};
+  return j.dump();
+}
+
+// convert pads the token list to the embedding rows with "[PAD{id}]" tokens of type UNUSED (llama.cpp's
+// convert_hf_to_gguf.py), filling undefined ids too, so that llama.cpp (which needs one token per row)
+// loads the file.
+TEST(ModelLoadHf, ConvertPadsTheTokenList) {
+  const fs::path d = hf_copy("pad");
+  std::ofstream(d / "tokenizer.json") << small_tokenizer_json();
+  const fs::path out = tmp("pad.gguf");
+  ConvertOptions opt;
+  opt.out_type = "f32";
+  convert_hf_to_gguf(d.string(), out.string(), opt);
+  const gguf::Reader r = gguf::Reader::open(out.string());
+  const gguf::Array& tokens = r.find("tokenizer.ggml.tokens")->as_array();
+  const gguf::Array& types = r.find("tokenizer.ggml.token_type")->as_array();
+  ASSERT_EQ(tokens.size(), 320u);  // = token_embd rows
+  ASSERT_EQ(types.size(), 320u);
+  EXPECT_EQ(r.find_tensor("token_embd.weight")->ne[1], 320u);
+  EXPECT_EQ(tokens.string_at(257), "hel");
+  EXPECT_EQ(tokens.string_at(260), "[PAD260]");
+  EXPECT_EQ(types.int_at(260), 5);  // UNUSED
+  EXPECT_EQ(tokens.string_at(261), "<|end|>");
+  EXPECT_EQ(types.int_at(261), 3);  // CONTROL
+  for (size_t i = 262; i < 320; ++i) {
+    EXPECT_EQ(tokens.string_at(i), "[PAD" + std::to_string(i) + "]");
+    EXPECT_EQ(types.int_at(i), 5);
+  }
+  // The padded file's tokenizer encodes as the tokenizer.json does, and never yields a padding token.
+  const tok::Tokenizer from_gguf = tok::Tokenizer::from_file(out.string());
+  const tok::Tokenizer from_json(tok::load_hf_json(small_tokenizer_json(), "", "tokenizer.json"));
+  EXPECT_EQ(from_gguf.n_vocab(), 320);
+  for (const char* text : {"hello world", "help<|end|>", "\xff\xfe h"})
+    EXPECT_EQ(from_gguf.encode(text, false, true), from_json.encode(text, false, true)) << text;
+  EXPECT_EQ(load_model(out.string())->hp.n_vocab, 320);
   fs::remove_all(d);
 }
 
@@ -155,3 +433,19 @@ TEST(ModelLoadHf, ShapeMismatchAndMissingFiles) {
 }
 
 }  // namespace
+
+// Inputs of the fuzz target fuzz_hf_config that once mattered, replayed through the same harness
+// (fuzz/fuzz_harness.h): each parses or fails with ultra::Error, nothing else.
+TEST(FuzzRegression, HfConfig) {
+  const fs::path dir = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "fuzz" / "hf_config";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir << " not found";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(ultra::fuzz::hf_config_one(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}

@@ -13,9 +13,11 @@
 #include <set>
 #include <sstream>
 
+#include "../fuzz/fuzz_harness.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/gguf.h"
+#include "tmp_dir.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -314,16 +316,10 @@ TEST(Vocab, InvalidVocabulariesGiveClearErrors) {
 
 namespace {
 
+// A unique directory (mkdtemp, tmp_dir.h), removed at scope exit; `path` as the tests here use it.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("ultra_tok_test_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  ultra::test::TmpDir dir{"ultra_tok"};
+  const fs::path& path = dir.path();
 };
 
 gguf::Writer base_gguf() {
@@ -368,6 +364,30 @@ TEST(Vocab, GgufVocabularyOnlyFile) {
   EXPECT_EQ(tok.encode("x<|end|>", false, true), (std::vector<int32_t>{'x', 257}));
   EXPECT_EQ(tok.encode("x<|end|>", false, false).size(), 8u);
   EXPECT_EQ(tok.decode(tok.encode("x<|end|>", false, true), true), "x");
+}
+
+// A token of type BYTE must be <0xHH> (std::stoi threw std::invalid_argument for "<0xZZ>"; found by
+// fuzz_gguf_vocab).
+TEST(Vocab, ByteTokensMustBeHex) {
+  Vocab v;
+  v.source = "bytes";
+  v.kind = ModelKind::Spm;
+  v.tokens = {"<unk>", "<s>", "</s>", "<0x41>", "<0xZZ>"};
+  v.types = {TokenType::Unknown, TokenType::Control, TokenType::Control, TokenType::Byte, TokenType::Byte};
+  try {
+    Tokenizer t(v);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("bytes: token 4 '<0xZZ>' has type byte but is not of the form <0xHH>"),
+        std::string::npos)
+        << e.what();
+  }
+  v.tokens[4] = "<0x4G>";
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v.tokens[4] = "<0x42>";
+  Tokenizer ok(v);
+  EXPECT_EQ(ok.token_to_piece(4), "B");
 }
 
 TEST(Vocab, GgufErrors) {
@@ -855,7 +875,7 @@ TEST(HfJson, UnsupportedOrBrokenFilesGiveErrors) {
     }
     return "";
   };
-  EXPECT_NE(err("{not json").find("invalid tokenizer JSON"), std::string::npos);
+  EXPECT_NE(err("{not json").find("bad.json: invalid JSON"), std::string::npos);
   EXPECT_NE(err(R"({"model": {"type": "Unigram", "vocab": []}})").find("'Unigram' is not supported"),
             std::string::npos);
   json j = hf_byte_level_json();
@@ -870,6 +890,40 @@ TEST(HfJson, UnsupportedOrBrokenFilesGiveErrors) {
   j = hf_byte_level_json();
   j["model"]["vocab"]["dup"] = 5;
   EXPECT_NE(err(j.dump()).find("id 5 is used by both"), std::string::npos);
+  // Ids that are not integers (a float beyond int64 was undefined behaviour in the conversion; found by
+  // fuzz_tokenizer_json), and a Strip decoder whose start is a huge float.
+  j = hf_byte_level_json();
+  j["model"]["vocab"]["zz"] = 3.3e28;
+  EXPECT_NE(err(j.dump()).find("the id of token 'zz' is 3.3e+28, expected an integer token id"),
+            std::string::npos)
+      << err(j.dump());
+  j = hf_byte_level_json();
+  j["added_tokens"][0]["id"] = -2;
+  EXPECT_NE(err(j.dump()).find("an added token's id = -2 is not a token id"), std::string::npos)
+      << err(j.dump());
+  j = hf_byte_level_json();
+  j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1e300}};
+  EXPECT_EQ(err(j.dump()), "");
+  // A key twice in one object (nlohmann alone would keep the last): an error, not a silent choice.
+  std::string text = hf_byte_level_json().dump();
+  const size_t at = text.find(R"("vocab":{)") + 9;
+  text.insert(at, R"("hello":0,)");
+  EXPECT_NE(err(text).find("bad.json: JSON key 'hello' appears twice in one object"), std::string::npos)
+      << err(text);
+  // Nesting beyond 64 levels, in tokenizer.json and in tokenizer_config.json.
+  j = hf_byte_level_json();
+  json deep = 1;
+  for (int i = 0; i < 70; ++i) deep = json::array({deep});
+  j["extra"] = deep;
+  EXPECT_NE(err(j.dump()).find("bad.json: JSON nested deeper than 64 levels"), std::string::npos);
+  try {
+    load_hf_json(hf_byte_level_json().dump(), json{{"x", deep}}.dump(), "t.json", "t_config.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t_config.json: JSON nested deeper than 64 levels"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -950,4 +1004,30 @@ TEST(Cli, TokenizePrintsIdsAndPieces) {
   std::vector<char*> argv;
   for (auto& a : none) argv.push_back(a.data());
   EXPECT_THROW(ultra::cli::cmd_tokenize((int)argv.size(), argv.data()), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Inputs of the fuzz targets fuzz_tokenizer_json and fuzz_gguf_vocab that once mattered, replayed through
+// the same harness (fuzz/fuzz_harness.h): each loads or fails with ultra::Error, nothing else.
+
+void replay_fuzz_inputs(const std::string& target, bool (*one)(const uint8_t*, size_t)) {
+  const fs::path dir = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "fuzz" / target;
+  ASSERT_TRUE(fs::is_directory(dir)) << dir << " not found";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(one(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}
+
+TEST(FuzzRegression, TokenizerJson) {
+  replay_fuzz_inputs("tokenizer_json", ultra::fuzz::tokenizer_json_one);
+}
+
+TEST(FuzzRegression, GgufVocab) {
+  replay_fuzz_inputs("gguf_vocab", ultra::fuzz::gguf_vocab_one);
 }

@@ -104,7 +104,7 @@ TEST(ZeroAlloc, DecodeLoopGgufQ8F16Kv) {
   const fs::path out =
       fs::temp_directory_path() / ("ultra_zero_alloc_q8_" + std::to_string(getpid()) + ".gguf");
   ConvertOptions opt;
-  opt.out_type = GgmlType::Q8_0;
+  opt.out_type = "q8_0";
   convert_hf_to_gguf(kFixture.string(), out.string(), opt);
   for (int threads : {1, 3}) {
     const long n = allocations_during_decode(out.string(), KvType::f16, threads);

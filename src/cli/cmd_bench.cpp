@@ -43,6 +43,7 @@ int cmd_bench(int argc, char** argv) {
   ModelFlags mf;
   mf.add(app);
   int n_prompt = 512, n_gen = 128, reps = 5;
+  std::vector<int> depths = {0}, parallels = {1};
   bool json = false;
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0: skip pp)")
       ->capture_default_str()
@@ -53,6 +54,14 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-r,--repetitions", reps, "timed repetitions")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  app.add_option("-d,--n-depth", depths,
+                 "tokens already in the context when tg starts (as llama-bench), e.g. 0,4096")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--parallel", parallels,
+                 "sequences decoding together in tg (aggregate tokens/s), e.g. 1,8,32")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
   app.add_flag("--json", json, "print a JSON object instead of the table");
   try {
     app.parse(argc, argv);
@@ -62,30 +71,44 @@ int cmd_bench(int argc, char** argv) {
   mf.resolve_model();
   const Model model = Model::load(mf.model);
   ContextParams cp = mf.context_params();
-  if (cp.n_ctx <= 0) cp.n_ctx = std::max(n_prompt, n_gen) + 1;
-  if (cp.n_batch > n_prompt && n_prompt > 0) cp.n_batch = n_prompt;
+  if (depths.empty()) depths = {0};
+  if (parallels.empty()) parallels = {1};
+  const int max_depth = *std::max_element(depths.begin(), depths.end());
+  const int max_par = *std::max_element(parallels.begin(), parallels.end());
+  if (cp.n_ctx <= 0) cp.n_ctx = std::max(n_prompt, max_depth + n_gen) + 1;
+  if (cp.n_batch > std::max(n_prompt, max_par) && n_prompt > 0) cp.n_batch = std::max(n_prompt, max_par);
+  cp.n_slots = max_par;
+  cp.n_outputs = max_par;
   Context ctx(model, cp);
   const int n_vocab = model.info().n_vocab;
-  std::vector<int32_t> ids(std::max(n_prompt, 1));
+  std::vector<int32_t> ids(std::max({n_prompt, max_depth, 1}));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);
   Batch batch(ctx.params().n_batch);
 
-  // pp: one output row (the last), as llama-bench. tg: one row per step, the next token drawn greedily
-  // inside the step and fed back with Batch::kSampled (the decode loop of generate(); on a GPU no logits
-  // leave the device).
-  ctx.set_sampling(0, SamplingParams::greedy());
+  // pp: one output row (the last), as llama-bench. tg: one row per sequence and step, the next token drawn
+  // greedily inside the step and fed back with Batch::kSampled (the decode loop of generate(); on a GPU no
+  // logits leave the device), after `depth` tokens of context (prefilled, not timed).
+  for (int s = 0; s < max_par; ++s) ctx.set_sampling(s, SamplingParams::greedy());
   auto run_pp = [&] {
     ctx.clear(0);
     const auto t0 = std::chrono::steady_clock::now();
     prefill(ctx, batch, 0, std::span(ids).first(n_prompt), Output::logits);
     return ms_since(t0);
   };
-  auto run_tg = [&] {
-    ctx.clear(0);
+  auto run_tg = [&](int depth, int parallel) {
+    for (int s = 0; s < parallel; ++s) {  // every sequence starts with ids[0, depth): crop when it is there
+      if (ctx.seq_len(s) >= depth) {
+        ctx.crop(s, depth);
+      } else {
+        ctx.clear(s);
+        if (depth > 0) prefill(ctx, batch, s, std::span(ids).first(depth));
+      }
+    }
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n_gen; ++i) {
       batch.clear();
-      batch.add(i == 0 ? 1 % n_vocab : Batch::kSampled, i, 0, Output::sample);
+      for (int s = 0; s < parallel; ++s)
+        batch.add(i == 0 ? (1 + s) % n_vocab : Batch::kSampled, depth + i, s, Output::sample);
       ctx.step(batch);
     }
     return ms_since(t0);
@@ -104,12 +127,17 @@ int cmd_bench(int argc, char** argv) {
     r.tps = stats(r.samples);
     rows.push_back(r);
   }
-  if (n_gen > 0) {
-    run_tg();
-    Row r{fmt::format("tg{}", n_gen), {}, {}};
-    for (int i = 0; i < reps; ++i) r.samples.push_back(1e3 * n_gen / run_tg());
-    r.tps = stats(r.samples);
-    rows.push_back(r);
+  for (int depth : n_gen > 0 ? depths : std::vector<int>{}) {
+    for (int parallel : parallels) {
+      run_tg(depth, parallel);
+      std::string test = fmt::format("tg{}", n_gen);
+      if (depth > 0) test += fmt::format(" @ d{}", depth);
+      if (parallel > 1) test += fmt::format(" x{}", parallel);
+      Row r{test, {}, {}};
+      for (int i = 0; i < reps; ++i) r.samples.push_back(1e3 * n_gen * parallel / run_tg(depth, parallel));
+      r.tps = stats(r.samples);
+      rows.push_back(r);
+    }
   }
 
   const std::string name = model_type_name(model.info());

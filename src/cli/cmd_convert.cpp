@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/convert.h"
+#include "ultra/convert.h"
 
 namespace ultra::cli {
 
@@ -22,7 +22,7 @@ int cmd_convert(int argc, char** argv) {
     return app.exit(e);
   }
   ConvertOptions opt;
-  opt.out_type = parse_out_type(type);
+  opt.out_type = type;
   opt.progress = [](int done, int total, const std::string& what) {
     fmt::print(stderr, "\r[{:3}/{:3}] {:<40}", done, total, what);
     if (done == total) fmt::print(stderr, "\n");

@@ -36,17 +36,6 @@ Output: "[k]PPL," running perplexity after each window on stderr, then
 --ids: FILE holds token ids separated by whitespace, commas or brackets (a JSON list works); they are used
   exactly as given (no BOS is added or substituted).)";
 
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail("{}: is a directory, expected a text file", path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open the input file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail("{}: read error", path);
-  return ss.str();
-}
-
 // Token ids separated by whitespace, commas or brackets ("1 2 3", "1,2,3", "[1, 2, 3]").
 std::vector<int32_t> parse_ids_file(const std::string& text, const std::string& path) {
   std::vector<int32_t> ids;
@@ -133,7 +122,7 @@ int cmd_perplexity(int argc, char** argv) {
     return app.exit(e);
   }
 
-  const std::string input = read_file(file);
+  const std::string input = read_text_file(file, "the input file");
   const auto t_load = std::chrono::steady_clock::now();
   if (model_path.empty()) model_path = bundled_model_path();
   if (model_path.empty()) fail("no model given (-m) and the bundled models/target.gguf was not found");

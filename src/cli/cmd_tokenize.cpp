@@ -14,20 +14,39 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "core/error.h"
-#include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
+#include "cli/common.h"
+#include "ultra/model.h"
 
 namespace ultra::cli {
 
 namespace {
+
+// Length of the well-formed UTF-8 sequence at p (1 to 4 bytes; Unicode 15, table 3-7), 0 if ill-formed.
+int utf8_len(const unsigned char* p, size_t n) {
+  const unsigned c = p[0];
+  int len = 0;
+  unsigned lo = 0x80, hi = 0xBF;  // bounds of the second byte
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2;
+  else if (c >= 0xE0 && c <= 0xEF)
+    len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4)
+    len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else
+    return 0;
+  if (n < (size_t)len || p[1] < lo || p[1] > hi) return 0;
+  for (int k = 2; k < len; ++k)
+    if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+  return len;
+}
 
 // A piece for display: valid UTF-8 as is, control characters and ill-formed bytes escaped.
 std::string printable(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
-    const int k = tok::utf8::classify(p, s.size() - i);
+    const int k = utf8_len(p, s.size() - i);
     if (k > 1) {
       out.append(s.data() + i, (size_t)k);
       i += (size_t)k;
@@ -54,18 +73,6 @@ std::string printable(std::string_view s) {
   return out;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ostringstream ss;
-  if (path == "-") {
-    ss << std::cin.rdbuf();
-    return ss.str();
-  }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 int cmd_tokenize(int argc, char** argv) {
@@ -87,9 +94,9 @@ int cmd_tokenize(int argc, char** argv) {
   }
   const bool has_text = app.count("text") > 0;
   if (has_text == !file.empty()) fail("give the text either as an argument or with -f FILE (exactly one)");
-  if (!file.empty()) text = read_text_file(file);
+  if (!file.empty()) text = read_text_file(file, "input text file");
 
-  const tok::Tokenizer tok = tok::Tokenizer::from_file(model);
+  const Tokenizer tok = Tokenizer::load(model);
   const std::vector<int32_t> ids = tok.encode(text, add_special, !no_parse_special);
   std::string out;
   if (ids_only) {

@@ -4,6 +4,9 @@
 
 #include <charconv>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 
 namespace ultra::cli {
 
@@ -82,6 +85,28 @@ std::vector<int32_t> parse_id_list(const std::string& s) {
       fail("invalid token id list '{}' (expected e.g. 1,2,3)", s);
   }
   return ids;
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+  namespace fs = std::filesystem;
+  std::ostringstream ss;
+  if (path == "-") {
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec) fail("{}: cannot open {}: {}", path, what, ec.message());
+  if (!fs::is_regular_file(st))
+    fail("{}: {} is {}, expected a regular file", path, what,
+         fs::is_directory(st) ? "a directory"
+         : fs::is_fifo(st)    ? "a FIFO"
+                              : "not a regular file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open {}", path, what);
+  ss << f.rdbuf();
+  if (f.bad()) fail("{}: read error", path);
+  return ss.str();
 }
 
 std::string human_bytes(double b) {

@@ -49,6 +49,10 @@ std::vector<int32_t> parse_id_list(const std::string& s);
 
 std::string human_bytes(double bytes);
 
+// The whole content of a text input ("-": standard input). Anything but a regular file (a directory, a
+// FIFO that would block, a device) is refused before it is opened: "<path>: <what> is a directory, ...".
+std::string read_text_file(const std::string& path, const char* what);
+
 inline double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -52,12 +52,15 @@ std::optional<TypeTraits> type_traits(GgmlType t);
 std::string_view type_name(GgmlType t);
 
 // Bytes of a row of n elements; n must be a multiple of block_elems (checked by the callers).
-inline uint64_t row_bytes(const TypeTraits& tt, uint64_t n) {
+static inline uint64_t row_bytes(const TypeTraits& tt, uint64_t n) {
   return n / tt.block_elems * tt.block_bytes;
 }
 
 // IEEE half <-> float, exact (round to nearest even), no hardware needed. The SIMD kernels use F16C.
-inline float fp16_to_fp32(uint16_t h) {
+// The inline functions of this header are static: files compiled with SIMD flags (*_avx2.cpp,
+// *_avx512.cpp) use them too, and a shared (external) inline copy could be the one the linker keeps for
+// every caller, executing AVX instructions on a CPU without them.
+static inline float fp16_to_fp32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
   uint32_t mant = h & 0x3ff;
@@ -84,7 +87,7 @@ inline float fp16_to_fp32(uint16_t h) {
   return f;
 }
 
-inline uint16_t fp32_to_fp16(float f) {
+static inline uint16_t fp32_to_fp16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
@@ -110,14 +113,14 @@ inline uint16_t fp32_to_fp16(float f) {
   return (uint16_t)(sign | (r >> 13));
 }
 
-inline float bf16_to_fp32(uint16_t h) {
+static inline float bf16_to_fp32(uint16_t h) {
   const uint32_t bits = (uint32_t)h << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
 }
 
-inline uint16_t fp32_to_bf16(float f) {
+static inline uint16_t fp32_to_bf16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);  // quiet nan

@@ -10,23 +10,13 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file.h"
 
 namespace ultra {
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail("{}: cannot stat: {}", path, std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", path);
-  }
-  size_ = (size_t)st.st_size;
+MappedFile::MappedFile(const std::string& path, const char* what) : path_(path) {
+  // Checks the type before opening: open() on a FIFO would block until a writer appears.
+  const int fd = open_regular_file(path, what, &size_);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -10,9 +10,10 @@ namespace ultra {
 class MappedFile {
  public:
   MappedFile() = default;
-  // Throws ultra::Error naming the path when the file cannot be opened or mapped.
+  // Throws ultra::Error naming the path when it is not a regular file (checked before opening, so a FIFO
+  // does not block) or cannot be opened or mapped; `what` names its role in messages.
   // An empty file maps to size 0 and data() == nullptr.
-  explicit MappedFile(const std::string& path);
+  explicit MappedFile(const std::string& path, const char* what = "file");
   ~MappedFile();
   MappedFile(MappedFile&& o) noexcept;
   MappedFile& operator=(MappedFile&& o) noexcept;

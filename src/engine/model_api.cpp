@@ -129,6 +129,7 @@ Model Model::load(const std::string& path) {
     if (id >= 0 && id < hp.n_vocab) im->eog.push_back(id);
   };
   add(hp.eos_id);
+  for (int32_t id : hp.eos_ids) add(id);
   if (im->tokenizer) {
     const tok::Tokenizer& t = im->tokenizer->impl().t;
     for (int32_t id : {t.eos(), t.eot(), t.eom()}) add(id);

@@ -1,5 +1,7 @@
 #include "io/convert.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "tokenizer/gguf_export.h"
 
@@ -102,13 +105,46 @@ struct Emitter {
   }
 };
 
+// Refuses an output that is one of the inputs (the same device and inode: the path itself, a hard link,
+// or a symlink to it), which the final rename would replace.
+void check_not_an_input(const std::string& out, const std::vector<std::string>& inputs) {
+  struct stat o {};
+  if (::stat(out.c_str(), &o) != 0) return;  // does not exist yet
+  for (const std::string& in : inputs) {
+    struct stat i {};
+    if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino)
+      fail("{}: the output is the input file {}; refusing to overwrite it", out, in);
+  }
+}
+
+// The regular files directly inside the model directory (config, tokenizer, index, weights).
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::error_code ec2;
+    if (e.is_regular_file(ec2)) files.push_back(e.path().string());
+  }
+  return files;
+}
+
 }  // namespace
 
 int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opt) {
-  const GgmlType t = opt.out_type;
+  const GgmlType t = parse_out_type(opt.out_type);
   if (t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::Q8_0)
     fail("unsupported output type {}", type_name(t));
+  // The output is checked before any work: it must be a new path or a regular file, and no input.
+  gguf::check_output_path(out_path);
+  check_not_an_input(out_path, files_in(hf_dir));
   auto m = load_hf_model(hf_dir);
+  {
+    std::vector<std::string> shards;  // the checkpoint's files, shards in subdirectories included
+    for (const auto& [name, t] : m->st->all()) shards.push_back(t.file);
+    std::sort(shards.begin(), shards.end());
+    shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+    check_not_an_input(out_path, shards);
+  }
   const HParams& hp = m->hp;
   const bool llama_layout = hp.arch != Arch::Qwen2;
   const std::string arch = llama_layout ? "llama" : "qwen2";
@@ -190,7 +226,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     if ((int)v.tokens.size() > hp.n_vocab)
       fail("{}: tokenizer has {} tokens but the model's vocabulary is {}", hf_dir, v.tokens.size(),
            hp.n_vocab);
-    tok::write_gguf_vocab(v, wr);
+    tok::write_gguf_vocab(v, wr, (size_t)hp.n_vocab);
   } else if (opt.warn) {
     opt.warn(fmt::format("{}: no tokenizer.json; the GGUF file will have no tokenizer", hf_dir));
   }

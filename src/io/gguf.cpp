@@ -1,12 +1,15 @@
 #include "io/gguf.h"
 
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -98,16 +101,25 @@ class Cursor {
     return v;
   }
 
-  // u64 length, then that many bytes (not NUL-terminated, not checked for UTF-8).
-  std::string read_string(std::string_view what) {
+  // u64 length, then that many bytes (not NUL-terminated, not checked for UTF-8), as a view of the buffer.
+  std::string_view read_string_view(std::string_view what) {
     const uint64_t n = read<uint64_t>(what);
     if (n > left()) {
       fail("{}: {} at offset {} has length {} but only {} bytes remain (file size {})", name_, what, pos_ - 8,
            n, left(), size_);
     }
-    std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
+    const std::string_view s(reinterpret_cast<const char*>(data_ + pos_), n);
     pos_ += n;
     return s;
+  }
+  std::string read_string(std::string_view what) { return std::string(read_string_view(what)); }
+
+  // The next n bytes (checked), skipped over.
+  const uint8_t* take(uint64_t n, std::string_view what) {
+    need(n, what);
+    const uint8_t* p = data_ + pos_;
+    pos_ += n;
+    return p;
   }
 
  private:
@@ -153,13 +165,22 @@ Header read_header(Cursor& c) {
     fail("{}: header claims {} tensor infos but only {} bytes follow (each needs at least {})", c.name(),
          h.n_tensors, c.left(), kMinTensorInfoBytes);
   }
+  if (h.n_kv > Reader::kMaxKeyValues) {
+    fail("{}: header claims {} key/value pairs, more than the limit of {}", c.name(), h.n_kv,
+         Reader::kMaxKeyValues);
+  }
+  if (h.n_tensors > Reader::kMaxTensors) {
+    fail("{}: header claims {} tensors, more than the limit of {}", c.name(), h.n_tensors,
+         Reader::kMaxTensors);
+  }
   return h;
 }
 
 // Value encodings: integers and floats as their little-endian bytes; bool as one byte 0 or 1;
 // string as u64 length + bytes; array as u32 element type, u64 count, then count values of that element type
 // (no per-element type tag; an element type of ARRAY means each element is itself a typed, counted array).
-Value read_value(Cursor& c, ValueType type, std::string_view what, int depth) {
+// nested_left: how many more elements of arrays of arrays the file may hold (Reader::kMaxNestedArrays).
+Value read_value(Cursor& c, ValueType type, std::string_view what, int depth, uint64_t& nested_left) {
   switch (type) {
     case ValueType::U8:
       return Value::of_uint(type, c.read<uint8_t>(what));
@@ -200,20 +221,44 @@ Value read_value(Cursor& c, ValueType type, std::string_view what, int depth) {
   }
   const auto elem_type = static_cast<ValueType>(elem);
   const uint64_t n = c.read<uint64_t>(what);
+  const uint64_t at = c.pos() - 8;
   if (n > c.left() / min_value_bytes(elem_type)) {
-    fail("{}: {} at offset {} claims {} {} elements but only {} bytes remain", c.name(), what, c.pos() - 8, n,
+    fail("{}: {} at offset {} claims {} {} elements but only {} bytes remain", c.name(), what, at, n,
          value_type_name(elem_type), c.left());
   }
+  if (const size_t sz = scalar_size(elem_type)) {  // numbers and bools: a view of the bytes
+    const uint8_t* p = c.take(n * sz, what);       // no overflow: n * sz <= bytes left
+    if (elem_type == ValueType::BOOL) {
+      for (uint64_t k = 0; k < n; ++k) {
+        if (p[k] > 1) {
+          fail("{}: {} at offset {} is a bool with invalid value {}", c.name(), what, c.pos() - n + k, p[k]);
+        }
+      }
+    }
+    return Value::of_array(Array::view_scalars(elem_type, p, n));
+  }
+  if (elem_type == ValueType::STRING) {
+    std::vector<std::string_view> strings;
+    strings.reserve(n);  // 16 bytes each, for at least 8 bytes of file each (n <= bytes left / 8)
+    for (uint64_t k = 0; k < n; ++k) strings.push_back(c.read_string_view(what));
+    return Value::of_array(Array::view_strings(std::move(strings)));
+  }
+  if (n > nested_left) {
+    fail("{}: {} at offset {}: arrays of arrays hold more than {} elements in this file", c.name(), what, at,
+         Reader::kMaxNestedArrays);
+  }
+  nested_left -= n;
   std::vector<Value> items;
-  items.reserve(n);  // bounded: n <= bytes left
-  for (uint64_t k = 0; k < n; ++k) items.push_back(read_value(c, elem_type, what, depth + 1));
-  return Value::of_array(elem_type, std::move(items));
+  items.reserve(n);  // bounded by kMaxNestedArrays
+  for (uint64_t k = 0; k < n; ++k) items.push_back(read_value(c, elem_type, what, depth + 1, nested_left));
+  return Value::of_array(Array::of_arrays(std::move(items)));
 }
 
 // Key/value pair: string key; u32 value type; value.
 void read_kvs(Cursor& c, uint64_t n_kv, std::vector<std::pair<std::string, Value>>& kv,
               std::unordered_map<std::string, size_t>& index) {
   kv.reserve(n_kv);  // bounded by read_header
+  uint64_t nested_left = Reader::kMaxNestedArrays;
   for (uint64_t k = 0; k < n_kv; ++k) {
     const uint64_t at = c.pos();
     std::string key = c.read_string(fmt::format("key #{}", k));
@@ -222,7 +267,7 @@ void read_kvs(Cursor& c, uint64_t n_kv, std::vector<std::pair<std::string, Value
     if (!is_known_value_type(type)) {
       fail("{}: key '{}' at offset {} has unknown value type {}", c.name(), key, at, type);
     }
-    Value v = read_value(c, static_cast<ValueType>(type), what, 0);
+    Value v = read_value(c, static_cast<ValueType>(type), what, 0, nested_left);
     if (!index.emplace(key, kv.size()).second) fail("{}: duplicate key '{}' at offset {}", c.name(), key, at);
     kv.emplace_back(std::move(key), std::move(v));
   }
@@ -315,6 +360,21 @@ void place_tensors(const std::string& name, const uint8_t* data, uint64_t size, 
     }
     t.data = data + data_start + t.offset;
   }
+  // No two tensors may share bytes (llama.cpp's writer packs them; a crafted file could alias weights).
+  std::vector<const TensorInfo*> by_offset;
+  by_offset.reserve(tensors.size());
+  for (const auto& t : tensors) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->n_bytes < b->n_bytes;
+  });
+  for (size_t k = 1; k < by_offset.size(); ++k) {
+    const TensorInfo& a = *by_offset[k - 1];
+    const TensorInfo& b = *by_offset[k];
+    if (b.offset < a.offset + a.n_bytes) {
+      fail("{}: tensors '{}' [offset {}, {} bytes] and '{}' [offset {}, {} bytes] overlap", name, a.name,
+           a.offset, a.n_bytes, b.name, b.offset, b.n_bytes);
+    }
+  }
 }
 
 // Names the writer accepts: unique, and shorter than llama.cpp's GGML_MAX_NAME (64 bytes with the NUL).
@@ -383,16 +443,17 @@ class Encoder {
         put_string(v.s);
         break;
       case ValueType::ARRAY: {
-        const ValueType elem = v.arr ? v.arr->elem_type : ValueType::U8;
-        put<uint32_t>((uint32_t)elem);
-        put<uint64_t>(v.arr ? v.arr->items.size() : 0);
-        if (!v.arr) break;
-        for (const Value& item : v.arr->items) {
-          if (item.type != elem) {
-            fail("gguf writer: key '{}': array of {} holds a {} element", key, value_type_name(elem),
-                 value_type_name(item.type));
-          }
-          put_value(key, item);
+        static const Array kEmpty;
+        const Array& a = v.arr ? *v.arr : kEmpty;
+        put<uint32_t>((uint32_t)a.elem_type);
+        put<uint64_t>(a.size());
+        if (a.empty()) break;
+        if (const size_t sz = scalar_size(a.elem_type)) {
+          bytes.insert(bytes.end(), a.raw(), a.raw() + a.size() * sz);
+        } else if (a.elem_type == ValueType::STRING) {
+          for (size_t k = 0; k < a.size(); ++k) put_string(a.string_at(k));
+        } else {
+          for (size_t k = 0; k < a.size(); ++k) put_value(key, a.array_at(k));
         }
         break;
       }
@@ -403,17 +464,39 @@ class Encoder {
   void pad_to(uint64_t alignment) { bytes.resize(align_up(bytes.size(), alignment), 0); }
 };
 
-// Output file that is removed unless committed (renamed over the destination).
+// Output file written under a unique temporary name in the destination's directory (so that the final
+// rename stays within one file system and two writers never share it) and renamed over the destination by
+// commit(); removed on every other path (an exception from a producer, a failed write or rename).
 class TmpFile {
  public:
-  TmpFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) fail("{}: cannot create: {}", tmp_, std::strerror(errno));
+  explicit TmpFile(const std::string& path) : path_(path) {
+    check_output_path(path);
+    const std::filesystem::path p(path);
+    const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+    tmp_ = (dir / ("." + p.filename().string() + ".tmp.XXXXXX")).string();
+    const int fd = ::mkstemp(tmp_.data());
+    if (fd < 0) fail("{}: cannot create a temporary file {}: {}", path, tmp_, std::strerror(errno));
+    created_ = true;
+    // mkstemp creates the file 0600; give it the mode a plain create would (0666 minus the umask).
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    f_ = ::fdopen(fd, "wb");
+    if (!f_) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp_.c_str());
+      created_ = false;
+      fail("{}: cannot open {}: {}", path, tmp_, std::strerror(e));
+    }
   }
   ~TmpFile() {
     if (f_) std::fclose(f_);
-    if (!committed_) std::remove(tmp_.c_str());
+    if (created_ && !committed_) ::unlink(tmp_.c_str());
   }
+  TmpFile(const TmpFile&) = delete;
+  TmpFile& operator=(const TmpFile&) = delete;
+
   void write(const void* p, uint64_t n) {
     if (n > 0 && std::fwrite(p, 1, n, f_) != n) fail("{}: write failed: {}", tmp_, std::strerror(errno));
   }
@@ -433,6 +516,9 @@ class TmpFile {
       fail("{}: write failed: {}", tmp_, std::strerror(e));
     }
     if (std::fclose(f) != 0) fail("{}: close failed: {}", tmp_, std::strerror(errno));
+    // The destination may have changed since the constructor's check; rename() replaces a regular file
+    // or a symlink itself (never what a link points to) and fails on a directory.
+    check_output_path(path_);
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
       fail("{}: cannot rename {} to it: {}", path_, tmp_, std::strerror(errno));
     }
@@ -442,10 +528,34 @@ class TmpFile {
  private:
   std::string path_, tmp_;
   FILE* f_ = nullptr;
+  bool created_ = false;
   bool committed_ = false;
 };
 
 }  // namespace
+
+void check_output_path(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) fail("{}: cannot use as output: {}", path, std::strerror(errno));
+    // A new file: its directory must exist.
+    const std::filesystem::path p(path);
+    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+    struct stat d {};
+    if (::stat(dir.c_str(), &d) != 0 || !S_ISDIR(d.st_mode))
+      fail("{}: cannot create the output: directory {} does not exist", path, dir);
+    return;
+  }
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  fail("{}: output exists and is {}; refusing to replace it (give a new path or a regular file)", path, kind);
+}
 
 std::string_view value_type_name(ValueType t) {
   switch (t) {
@@ -513,13 +623,234 @@ Value Value::of_string(std::string v) {
   return x;
 }
 
-Value Value::of_array(ValueType elem_type, std::vector<Value> items) {
+Value Value::of_array(ValueType elem_type, const std::vector<Value>& items) {
+  return of_array(Array::of_values(elem_type, items));
+}
+
+Value Value::of_array(Array a) {
   Value x;
   x.type = ValueType::ARRAY;
-  x.arr = std::make_shared<Array>();
-  x.arr->elem_type = elem_type;
-  x.arr->items = std::move(items);
+  x.arr = std::make_shared<Array>(std::move(a));
   return x;
+}
+
+size_t scalar_size(ValueType t) {
+  switch (t) {
+    case ValueType::STRING:
+    case ValueType::ARRAY:
+      return 0;
+    default:
+      return (size_t)min_value_bytes(t);
+  }
+}
+
+namespace {
+
+// The number or bool of type t stored little-endian at p.
+Value scalar_at(ValueType t, const uint8_t* p) {
+  auto get = [p]<typename T>(T) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  switch (t) {
+    case ValueType::U8:
+      return Value::of_uint(t, get(uint8_t{}));
+    case ValueType::U16:
+      return Value::of_uint(t, get(uint16_t{}));
+    case ValueType::U32:
+      return Value::of_uint(t, get(uint32_t{}));
+    case ValueType::U64:
+      return Value::of_uint(t, get(uint64_t{}));
+    case ValueType::I8:
+      return Value::of_int(t, get(int8_t{}));
+    case ValueType::I16:
+      return Value::of_int(t, get(int16_t{}));
+    case ValueType::I32:
+      return Value::of_int(t, get(int32_t{}));
+    case ValueType::I64:
+      return Value::of_int(t, get(int64_t{}));
+    case ValueType::F32:
+      return Value::of_float(t, get(float{}));
+    case ValueType::F64:
+      return Value::of_float(t, get(double{}));
+    case ValueType::BOOL:
+      return Value::of_bool(*p != 0);
+    default:
+      wrong_type("a number", t);
+  }
+}
+
+// Appends the little-endian bytes of a number or bool value of type t.
+void put_scalar(std::vector<uint8_t>& out, ValueType t, const Value& v) {
+  auto put = [&out]<typename T>(T x) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&x);
+    out.insert(out.end(), p, p + sizeof x);
+  };
+  switch (t) {
+    case ValueType::U8:
+      return put((uint8_t)v.u);
+    case ValueType::U16:
+      return put((uint16_t)v.u);
+    case ValueType::U32:
+      return put((uint32_t)v.u);
+    case ValueType::U64:
+      return put(v.u);
+    case ValueType::I8:
+      return put((int8_t)v.i);
+    case ValueType::I16:
+      return put((int16_t)v.i);
+    case ValueType::I32:
+      return put((int32_t)v.i);
+    case ValueType::I64:
+      return put(v.i);
+    case ValueType::F32:
+      return put((float)v.f);
+    case ValueType::F64:
+      return put(v.f);
+    case ValueType::BOOL:
+      return put((uint8_t)(v.u != 0 ? 1 : 0));
+    default:
+      wrong_type("a number", t);
+  }
+}
+
+}  // namespace
+
+Value Array::at(size_t i) const {
+  if (i >= n_) fail("GGUF array index {} out of range (size {})", i, n_);
+  if (const size_t sz = scalar_size(elem_type)) return scalar_at(elem_type, raw_ + i * sz);
+  if (elem_type == ValueType::STRING) return Value::of_string(std::string(strings_[i]));
+  return arrays_[i];
+}
+
+int64_t Array::int_at(size_t i) const {
+  return at(i).as_int();
+}
+uint64_t Array::uint_at(size_t i) const {
+  return at(i).as_uint();
+}
+double Array::float_at(size_t i) const {
+  return at(i).as_float();
+}
+
+std::string_view Array::string_at(size_t i) const {
+  if (elem_type != ValueType::STRING) wrong_type("string", elem_type);
+  if (i >= n_) fail("GGUF array index {} out of range (size {})", i, n_);
+  return strings_[i];
+}
+
+const Value& Array::array_at(size_t i) const {
+  if (elem_type != ValueType::ARRAY) wrong_type("array", elem_type);
+  if (i >= n_) fail("GGUF array index {} out of range (size {})", i, n_);
+  return arrays_[i];
+}
+
+Array Array::of_values(ValueType elem_type, const std::vector<Value>& items) {
+  for (const Value& item : items) {
+    if (item.type != elem_type) {
+      fail("GGUF array of {} holds a {} element", value_type_name(elem_type), value_type_name(item.type));
+    }
+  }
+  if (scalar_size(elem_type)) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>();
+    bytes->reserve(items.size() * scalar_size(elem_type));
+    for (const Value& item : items) put_scalar(*bytes, elem_type, item);
+    Array a = view_scalars(elem_type, bytes->data(), items.size());
+    a.storage_ = std::move(bytes);
+    return a;
+  }
+  if (elem_type == ValueType::STRING) {
+    std::vector<std::string> v;
+    v.reserve(items.size());
+    for (const Value& item : items) v.push_back(item.s);
+    return of_strings(v);
+  }
+  return of_arrays(items);
+}
+
+Array Array::of_strings(const std::vector<std::string>& v) {
+  // One buffer holding every string back to back; the views point into it.
+  size_t total = 0;
+  for (const auto& x : v) total += x.size();
+  auto blob = std::make_shared<std::string>();
+  blob->reserve(total);
+  for (const auto& x : v) blob->append(x);
+  std::vector<std::string_view> views;
+  views.reserve(v.size());
+  size_t at = 0;
+  for (const auto& x : v) {
+    views.emplace_back(blob->data() + at, x.size());
+    at += x.size();
+  }
+  Array a = view_strings(std::move(views));
+  a.storage_ = std::move(blob);
+  return a;
+}
+
+Array Array::of_f32(const std::vector<float>& v) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(v.size() * 4);
+  if (!v.empty()) std::memcpy(bytes->data(), v.data(), bytes->size());
+  Array a = view_scalars(ValueType::F32, bytes->data(), v.size());
+  a.storage_ = std::move(bytes);
+  return a;
+}
+
+Array Array::of_i32(const std::vector<int32_t>& v) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(v.size() * 4);
+  if (!v.empty()) std::memcpy(bytes->data(), v.data(), bytes->size());
+  Array a = view_scalars(ValueType::I32, bytes->data(), v.size());
+  a.storage_ = std::move(bytes);
+  return a;
+}
+
+Array Array::view_scalars(ValueType elem_type, const uint8_t* p, size_t n) {
+  if (!scalar_size(elem_type))
+    fail("GGUF array of {} is not an array of numbers", value_type_name(elem_type));
+  Array a;
+  a.elem_type = elem_type;
+  a.n_ = n;
+  a.raw_ = n > 0 ? p : nullptr;
+  return a;
+}
+
+Array Array::view_strings(std::vector<std::string_view> v) {
+  Array a;
+  a.elem_type = ValueType::STRING;
+  a.n_ = v.size();
+  a.strings_ = std::move(v);
+  return a;
+}
+
+Array Array::of_arrays(std::vector<Value> v) {
+  for (const Value& item : v) {
+    if (item.type != ValueType::ARRAY) {
+      fail("GGUF array of {} holds a {} element", value_type_name(ValueType::ARRAY),
+           value_type_name(item.type));
+    }
+  }
+  Array a;
+  a.elem_type = ValueType::ARRAY;
+  a.n_ = v.size();
+  a.arrays_ = std::move(v);
+  return a;
+}
+
+Array Array::owned_copy() const {
+  if (const size_t sz = scalar_size(elem_type)) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(raw_, raw_ + n_ * sz);
+    Array a = view_scalars(elem_type, bytes->data(), n_);
+    a.storage_ = std::move(bytes);
+    return a;
+  }
+  if (elem_type == ValueType::STRING) {
+    std::vector<std::string> v(strings_.begin(), strings_.end());
+    return of_strings(v);
+  }
+  std::vector<Value> items;
+  items.reserve(n_);
+  for (const Value& item : arrays_) items.push_back(Value::of_array(item.as_array().owned_copy()));
+  return of_arrays(std::move(items));
 }
 
 int64_t Value::as_int() const {
@@ -568,13 +899,13 @@ const std::string& Value::as_string() const {
 }
 
 const Array& Value::as_array() const {
-  static const Array kEmpty;
+  static const Array kEmpty;  // an ARRAY value without storage: an empty u8 array
   if (type != ValueType::ARRAY) wrong_type("array", type);
   return arr ? *arr : kEmpty;
 }
 
 Reader Reader::open(const std::string& path) {
-  MappedFile file(path);
+  MappedFile file(path, "GGUF file");
   Reader r = parse(file.data(), file.size(), path);
   r.file_ = std::move(file);  // the mapping (and so every TensorInfo::data) stays where it is
   return r;
@@ -672,13 +1003,18 @@ double Reader::get_float(std::string_view key) const {
 }
 
 void Writer::set_value(const std::string& key, const Value& v) {
+  // Arrays read by a Reader view its buffer: keep a copy of our own.
+  put_kv(key, v.type == ValueType::ARRAY && v.arr ? Value::of_array(v.arr->owned_copy()) : v);
+}
+
+void Writer::put_kv(const std::string& key, Value v) {
   for (auto& [k, old] : kv_) {
     if (k == key) {
-      old = v;
+      old = std::move(v);
       return;
     }
   }
-  kv_.emplace_back(key, v);
+  kv_.emplace_back(key, std::move(v));
 }
 
 void Writer::set_u32(const std::string& key, uint32_t v) {
@@ -701,24 +1037,15 @@ void Writer::set_string(const std::string& key, const std::string& v) {
 }
 
 void Writer::set_array_string(const std::string& key, const std::vector<std::string>& v) {
-  std::vector<Value> items;
-  items.reserve(v.size());
-  for (const auto& x : v) items.push_back(Value::of_string(x));
-  set_value(key, Value::of_array(ValueType::STRING, std::move(items)));
+  put_kv(key, Value::of_array(Array::of_strings(v)));
 }
 
 void Writer::set_array_f32(const std::string& key, const std::vector<float>& v) {
-  std::vector<Value> items;
-  items.reserve(v.size());
-  for (float x : v) items.push_back(Value::of_float(ValueType::F32, x));
-  set_value(key, Value::of_array(ValueType::F32, std::move(items)));
+  put_kv(key, Value::of_array(Array::of_f32(v)));
 }
 
 void Writer::set_array_i32(const std::string& key, const std::vector<int32_t>& v) {
-  std::vector<Value> items;
-  items.reserve(v.size());
-  for (int32_t x : v) items.push_back(Value::of_int(ValueType::I32, x));
-  set_value(key, Value::of_array(ValueType::I32, std::move(items)));
+  put_kv(key, Value::of_array(Array::of_i32(v)));
 }
 
 void Writer::add_tensor(const std::string& name, GgmlType type, std::vector<uint64_t> ne, const void* data,

@@ -38,11 +38,56 @@ enum class ValueType : uint32_t {
 std::string_view value_type_name(ValueType t);
 
 struct Value;
-// Arrays hold one element type; strings arrays (tokenizer.ggml.tokens) are the big ones.
-struct Array {
+
+// An array value (one element type). Its memory is proportional to its size in the file, whatever the
+// content:
+//  - numbers and bools stay as their little-endian bytes: a view into the parsed buffer, no copy;
+//  - strings are one std::string_view (16 bytes) per element into the parsed buffer, for at least 8 bytes
+//    of file per element (the u64 length): at most 2 bytes of memory per byte of file;
+//  - arrays of arrays hold one Value per element; a file may hold at most Reader::kMaxNestedArrays of them
+//    (llama.cpp rejects arrays of arrays altogether).
+// Views into a parsed buffer are valid while the Reader (Reader::open) or the caller's buffer
+// (Reader::parse) is. Arrays built in memory (the of_* builders) own the same representation; copies
+// share it.
+class Array {
+ public:
   ValueType elem_type = ValueType::U8;
-  std::vector<Value> items;
+
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  // Element i < size() as a Value (numbers and strings copied out, nested arrays shared).
+  Value at(size_t i) const;
+  // Element i without building a Value; the conversions and errors of Value::as_int etc.
+  int64_t int_at(size_t i) const;
+  uint64_t uint_at(size_t i) const;
+  double float_at(size_t i) const;
+  std::string_view string_at(size_t i) const;  // elem_type STRING, else ultra::Error
+  const Value& array_at(size_t i) const;       // elem_type ARRAY, else ultra::Error
+  // Numbers and bools: the size() * element-size little-endian bytes (nullptr when empty, and for strings
+  // and arrays).
+  const uint8_t* raw() const { return raw_; }
+  // Builders, owning their storage. of_values throws ultra::Error for an element of another type.
+  static Array of_values(ValueType elem_type, const std::vector<Value>& items);
+  static Array of_strings(const std::vector<std::string>& v);
+  static Array of_f32(const std::vector<float>& v);
+  static Array of_i32(const std::vector<int32_t>& v);
+  // Views over a parsed buffer (the Reader): n numbers or bools at p (bools must be 0 or 1), or strings.
+  static Array view_scalars(ValueType elem_type, const uint8_t* p, size_t n);
+  static Array view_strings(std::vector<std::string_view> v);
+  static Array of_arrays(std::vector<Value> v);  // elements of type ARRAY
+  // A deep copy that owns all its storage (so that it outlives the buffer a Reader parsed).
+  Array owned_copy() const;
+
+ private:
+  size_t n_ = 0;
+  const uint8_t* raw_ = nullptr;           // numbers and bools
+  std::vector<std::string_view> strings_;  // strings
+  std::vector<Value> arrays_;              // arrays of arrays
+  std::shared_ptr<const void> storage_;    // owned bytes behind raw_ / strings_ (null for views)
 };
+
+// Bytes of one element of a number or bool type; 0 for STRING and ARRAY.
+size_t scalar_size(ValueType t);
 
 struct Value {
   ValueType type = ValueType::U8;
@@ -60,7 +105,9 @@ struct Value {
   static Value of_float(ValueType t, double v);
   static Value of_bool(bool v);
   static Value of_string(std::string v);
-  static Value of_array(ValueType elem_type, std::vector<Value> items);
+  // Throws ultra::Error when an item's type is not elem_type.
+  static Value of_array(ValueType elem_type, const std::vector<Value>& items);
+  static Value of_array(Array a);
 
   // Numeric view of any integer/bool/float value (throws ultra::Error for strings/arrays).
   int64_t as_int() const;
@@ -83,13 +130,21 @@ struct TensorInfo {
 
 class Reader {
  public:
-  // Maps and fully validates the file: magic, version (2 or 3), counts vs file size, every key and string
-  // length inside the file, every value type, general.alignment (power of two, non-zero), every tensor
-  // (n_dims <= 4, no zero/overflowing dims, known type, ne[0] multiple of the block size, n_bytes without
-  // overflow, offset aligned, data inside the file, no duplicate names). Throws ultra::Error naming the file
-  // and the problem.
+  // Limits on counts whose memory cost per entry is a few hundred bytes (far above any real file: ~50
+  // key/values, a few thousand tensors, no nested arrays), so that metadata memory stays bounded.
+  static constexpr uint64_t kMaxKeyValues = 1 << 16;
+  static constexpr uint64_t kMaxTensors = 1 << 18;
+  static constexpr uint64_t kMaxNestedArrays = 1 << 16;  // elements of arrays of arrays, whole file
+
+  // Maps and fully validates the file: magic, version (2 or 3), counts vs file size and the limits above,
+  // every key and string length inside the file, every value type, general.alignment (power of two,
+  // non-zero), every tensor (n_dims <= 4, no zero/overflowing dims, known type, ne[0] multiple of the block
+  // size, n_bytes without overflow, offset aligned, data inside the file, no duplicate names, no two
+  // tensors' data overlapping). Throws ultra::Error naming the file and the problem.
+  // Memory: proportional to the metadata bytes (see Array), never to element counts.
   static Reader open(const std::string& path);
-  // Same, over a caller-owned buffer (used by the fuzzer and tests); `name` is used in messages.
+  // Same, over a caller-owned buffer (used by the fuzzer and tests); `name` is used in messages. Arrays and
+  // tensor data point into the buffer, which must outlive the Reader.
   static Reader parse(const uint8_t* data, size_t size, const std::string& name);
 
   uint32_t version() const { return version_; }
@@ -122,6 +177,10 @@ class Reader {
   std::unordered_map<std::string, size_t> tensor_index_;
 };
 
+// Throws ultra::Error unless path is absent or a regular file: an output never replaces a directory, a
+// symlink, a device node or a FIFO. (A new path's directory must exist; the writer then fails to create.)
+void check_output_path(const std::string& path);
+
 // Writes GGUF v3. Tensor data is copied from caller memory at write() time (or produced by a callback so
 // a converter can stream tensor by tensor without holding them all). Tensor offsets are packed in order, as
 // llama.cpp requires; tensor names are limited to 63 bytes (llama.cpp's limit). Arrays of arrays are valid
@@ -137,7 +196,9 @@ class Writer {
   void set_array_string(const std::string& key, const std::vector<std::string>& v);
   void set_array_f32(const std::string& key, const std::vector<float>& v);
   void set_array_i32(const std::string& key, const std::vector<int32_t>& v);
-  void set_value(const std::string& key, const Value& v);  // any type, arrays included
+  // Any type, arrays included. Arrays are copied into storage the Writer owns, so a Value taken from a
+  // Reader may be set and the Reader closed before write().
+  void set_value(const std::string& key, const Value& v);
 
   // ne in ggml order. `data` must stay valid until write(); n_bytes must match ne and type.
   void add_tensor(const std::string& name, GgmlType type, std::vector<uint64_t> ne, const void* data,
@@ -147,7 +208,9 @@ class Writer {
   using Producer = std::function<void(uint8_t* dst)>;
   void add_tensor(const std::string& name, GgmlType type, std::vector<uint64_t> ne, Producer produce);
 
-  // Writes atomically (to path.tmp, then rename). Throws ultra::Error on I/O failure.
+  // Writes atomically: to a uniquely named temporary file in path's directory, renamed over path at the
+  // end and removed on any failure. path must be new or a regular file (check_output_path). Throws
+  // ultra::Error on I/O failure.
   // `alignment` (a power of two) wins over any general.alignment set before; it is written as
   // general.alignment (u32) when it is not the default 32.
   void write(const std::string& path, uint64_t alignment = 32) const;
@@ -161,6 +224,8 @@ class Writer {
     uint64_t n_bytes;
     Producer produce;  // set instead of data by the streaming add_tensor
   };
+  void put_kv(const std::string& key, Value v);  // replaces in place, or appends
+
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;
 };

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <unordered_set>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace ultra::safetensors {
 
@@ -43,35 +43,6 @@ const DtypeInfo* find_dtype(std::string_view name) {
     if (d.name == name) return &d;
   }
   return nullptr;
-}
-
-// JSON text -> json, failing with ultra::Error (naming `name`) on invalid JSON and on a key repeated within
-// one object (nlohmann would silently keep the last one).
-json parse_json(const char* text, size_t size, const std::string& name) {
-  std::vector<std::unordered_set<std::string>> keys;  // one set per open object
-  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        auto& key = parsed.get_ref<const std::string&>();
-        if (!keys.back().insert(key).second) fail("{}: JSON key '{}' appears twice in one object", name, key);
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, text + size, on_event);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", name, e.what());
-  }
 }
 
 // A JSON integer >= 0 (nlohmann keeps positive literals as unsigned, negative ones as signed, others as
@@ -155,25 +126,41 @@ Tensor parse_entry(const std::string& file, const std::string& tname, const json
   return t;
 }
 
-// Sorts by data offset and rejects tensors whose byte ranges intersect.
-void check_overlaps(const std::string& file, std::vector<Tensor>& tensors, const uint8_t* section) {
+// The reference implementation's rule: sorted by offset, the tensors cover the data section exactly, each
+// starting where the previous one ends (zero-size tensors included), the last ending at the end of the
+// file. A gap or an overlap means a broken writer or a header length that is off (which would shift every
+// tensor), so both are errors naming the bytes and the tensors.
+void check_coverage(const std::string& file, std::vector<Tensor>& tensors, const uint8_t* section,
+                    uint64_t section_size, uint64_t header_len) {
   std::sort(tensors.begin(), tensors.end(), [](const Tensor& a, const Tensor& b) {
     return a.data != b.data ? a.data < b.data : a.n_bytes < b.n_bytes;
   });
-  const Tensor* furthest = nullptr;  // the tensor ending furthest so far
+  uint64_t start = 0;            // where the next tensor must begin
+  const Tensor* prev = nullptr;  // the tensor that ends at `start`
   for (const Tensor& t : tensors) {
-    if (furthest && t.data < furthest->data + furthest->n_bytes && t.n_bytes > 0) {
-      fail("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", file, furthest->name,
-           furthest->data - section, furthest->data + furthest->n_bytes - section, t.name, t.data - section,
-           t.data + t.n_bytes - section);
+    const uint64_t begin = (uint64_t)(t.data - section), end = begin + t.n_bytes;
+    if (begin < start) {
+      fail("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", file, prev->name, start - prev->n_bytes,
+           start, t.name, begin, end);
     }
-    if (!furthest || t.data + t.n_bytes > furthest->data + furthest->n_bytes) furthest = &t;
+    if (begin > start) {
+      fail("{}: bytes [{}, {}) of the data section belong to no tensor (before '{}' [{}, {}])", file, start,
+           begin, t.name, begin, end);
+    }
+    start = end;
+    prev = &t;
+  }
+  if (start != section_size) {
+    fail(
+        "{}: bytes [{}, {}) at the end of the data section ({} bytes after the header of {}) belong to no "
+        "tensor",
+        file, start, section_size, section_size, header_len);
   }
 }
 
 std::vector<Tensor> parse_tensors(const uint8_t* data, size_t size, const std::string& name) {
   const uint64_t header_len = read_header_length(data, size, name);
-  const json header = parse_json(reinterpret_cast<const char*>(data) + 8, header_len, name);
+  const json header = parse_json(std::string_view(reinterpret_cast<const char*>(data) + 8, header_len), name);
   if (!header.is_object()) fail("{}: header is not a JSON object (got {})", name, header.type_name());
   const uint8_t* section = data + 8 + header_len;
   const uint64_t section_size = size - 8 - header_len;
@@ -183,7 +170,7 @@ std::vector<Tensor> parse_tensors(const uint8_t* data, size_t size, const std::s
     if (key == "__metadata__") continue;
     tensors.push_back(parse_entry(name, key, entry, section, section_size));
   }
-  check_overlaps(name, tensors, section);
+  check_coverage(name, tensors, section, section_size, header_len);
   return tensors;
 }
 
@@ -206,7 +193,7 @@ bool file_exists(const fs::path& p) {
 
 std::unique_ptr<File> File::open(const std::string& path) {
   auto f = std::make_unique<File>();
-  f->map_ = MappedFile(path);
+  f->map_ = MappedFile(path, "safetensors file");
   f->tensors_ = parse_tensors(f->map_.data(), f->map_.size(), path);
   return f;
 }
@@ -226,9 +213,9 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
   std::vector<std::pair<std::string, std::string>> listed;  // (tensor, shard) from weight_map
   if (file_exists(index_path)) {
     const std::string index_name = index_path.string();
-    const MappedFile index_file(index_name);
-    const json index =
-        parse_json(reinterpret_cast<const char*>(index_file.data()), index_file.size(), index_name);
+    const MappedFile index_file(index_name, "index file");
+    const json index = parse_json(
+        std::string_view(reinterpret_cast<const char*>(index_file.data()), index_file.size()), index_name);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       fail("{}: no \"weight_map\" object", index_name);
     }

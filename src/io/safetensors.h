@@ -28,7 +28,9 @@ struct Tensor {
 
 // One .safetensors file, validated: header length inside the file and sane (< 100 MB), valid JSON object,
 // every entry with a known dtype string, shape product * dtype size == end - begin without overflow,
-// offsets inside the data section, no overlaps. Throws ultra::Error naming the file and the tensor.
+// offsets inside the data section, and the tensors covering the data section exactly (no gap, no overlap,
+// nothing after the last one: the reference implementation's rule). Throws ultra::Error naming the file and
+// the tensor.
 class File {
  public:
   static std::unique_ptr<File> open(const std::string& path);

@@ -1,11 +1,14 @@
 #include "model/hparams.h"
 
+#include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
+#include "core/json.h"
 
 namespace ultra {
 
@@ -34,11 +37,22 @@ void HParams::validate(const std::string& source) const {
   check(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024, "head dim", head_dim);
   check(ffn_dim > 0 && ffn_dim < kMax, "ffn size", ffn_dim);
   check(train_ctx > 0, "context length", train_ctx);
-  if (!(rms_eps > 0 && rms_eps < 1)) fail("{}: invalid rms norm eps {}", source, rms_eps);
-  if (!(rope_theta > 0 && std::isfinite(rope_theta))) fail("{}: invalid rope theta {}", source, rope_theta);
+  if (bos_id < -1 || bos_id >= n_vocab)
+    fail("{}: bos token id {} is outside the vocabulary of {} tokens", source, bos_id, n_vocab);
+  for (int32_t id : eos_ids) {
+    if (id < 0 || id >= n_vocab)
+      fail("{}: eos token id {} is outside the vocabulary of {} tokens", source, id, n_vocab);
+  }
+  if (eos_id != (eos_ids.empty() ? -1 : eos_ids[0]))
+    fail("{}: eos id {} is not the first of the eos ids", source, eos_id);
+  if (!(rms_eps > 0 && rms_eps < 1))
+    fail("{}: invalid rms norm eps {} (expected 0 < eps < 1)", source, rms_eps);
+  if (!(rope_theta > 0 && std::isfinite(rope_theta)))
+    fail("{}: invalid rope theta {} (expected a finite base > 0)", source, rope_theta);
   if (rope_scaling.type == "llama3") {
     if (!(rope_scaling.factor > 0 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
-          rope_scaling.low_freq_factor > 0 && rope_scaling.original_max_position_embeddings > 0))
+          rope_scaling.low_freq_factor > 0 && rope_scaling.original_max_position_embeddings > 0 &&
+          std::isfinite(rope_scaling.factor) && std::isfinite(rope_scaling.high_freq_factor)))
       fail("{}: invalid llama3 rope_scaling parameters", source);
   } else if (rope_scaling.type != "default") {
     fail("{}: unsupported rope scaling type '{}' (supported: default, llama3)", source, rope_scaling.type);
@@ -90,19 +104,44 @@ int get_int(const json& j, const char* key, const std::string& path, int fallbac
   return (int)v;
 }
 
-double get_num(const json& j, const char* key, const std::string& path, double fallback) {
+// A float hyper-parameter: a JSON number that is finite and representable as a float (converting a larger
+// double to float is undefined behaviour). Range checks of the value itself are HParams::validate's.
+float get_num(const json& j, const char* key, const std::string& path, double fallback) {
   auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number()) fail("{}: '{}' must be a number", path, key);
-  return it->get<double>();
+  if (it == j.end() || it->is_null()) return (float)fallback;
+  if (!it->is_number()) fail("{}: '{}' must be a number, got {}", path, key, it->dump());
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
+    fail("{}: '{}' = {} is not a finite float", path, key, it->dump());
+  return (float)v;
 }
 
-int32_t first_id(const json& j, const char* key) {
+// true/false, or the fallback when absent or null; anything else is an error (a string "true" is not a
+// bool).
+bool get_bool(const json& j, const char* key, const std::string& path, bool fallback) {
   auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return -1;
-  if (it->is_number_integer()) return it->get<int32_t>();
-  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int32_t>();
-  return -1;
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) fail("{}: '{}' must be true or false, got {}", path, key, it->dump());
+  return it->get<bool>();
+}
+
+// A token id, or a list of them (HF allows "eos_token_id": [a, b]); appended to ids. Range checks against the
+// vocabulary are HParams::validate's.
+void get_ids(const json& j, const char* key, const std::string& path, std::vector<int32_t>& ids) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  auto one = [&](const json& v) {
+    if (!v.is_number_integer())
+      fail("{}: '{}' must be a token id or a list of token ids, got {}", path, key, it->dump());
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id > INT32_MAX) fail("{}: '{}' holds {}, not a valid token id", path, key, v.dump());
+    if (std::find(ids.begin(), ids.end(), (int32_t)id) == ids.end()) ids.push_back((int32_t)id);
+  };
+  if (it->is_array()) {
+    for (const json& v : *it) one(v);
+  } else {
+    one(*it);
+  }
 }
 
 void parse_rope(const json& r, HParams& hp, const std::string& path) {
@@ -113,11 +152,11 @@ void parse_rope(const json& r, HParams& hp, const std::string& path) {
   else if (r.contains("type") && r["type"].is_string())
     type = r["type"].get<std::string>();
   hp.rope_scaling.type = type;
-  if (r.contains("rope_theta")) hp.rope_theta = (float)get_num(r, "rope_theta", path, hp.rope_theta);
+  if (r.contains("rope_theta")) hp.rope_theta = get_num(r, "rope_theta", path, hp.rope_theta);
   if (type == "llama3") {
-    hp.rope_scaling.factor = (float)get_num(r, "factor", path, 8.0);
-    hp.rope_scaling.low_freq_factor = (float)get_num(r, "low_freq_factor", path, 1.0);
-    hp.rope_scaling.high_freq_factor = (float)get_num(r, "high_freq_factor", path, 4.0);
+    hp.rope_scaling.factor = get_num(r, "factor", path, 8.0);
+    hp.rope_scaling.low_freq_factor = get_num(r, "low_freq_factor", path, 1.0);
+    hp.rope_scaling.high_freq_factor = get_num(r, "high_freq_factor", path, 4.0);
     hp.rope_scaling.original_max_position_embeddings =
         get_int(r, "original_max_position_embeddings", path, 8192, false);
   }
@@ -126,13 +165,23 @@ void parse_rope(const json& r, HParams& hp, const std::string& path) {
 }  // namespace
 
 HParams parse_hf_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) fail("{}: cannot open", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail("{}: not valid JSON", path);
+  namespace fs = std::filesystem;
+  const std::string text = read_file(path, "config file");
+  const fs::path gen = fs::path(path).parent_path() / "generation_config.json";
+  std::error_code ec;
+  if (!fs::exists(gen, ec)) return parse_hf_config_json(text, path);
+  return parse_hf_config_json(text, path, read_file(gen.string(), "generation config"), gen.string());
+}
+
+HParams parse_hf_config_json(std::string_view text, const std::string& path,
+                             std::string_view generation_config, const std::string& generation_path) {
+  const json j = parse_json(text, path);
   if (!j.is_object()) fail("{}: expected a JSON object", path);
+  json gen = json::object();
+  if (!generation_config.empty()) {
+    gen = parse_json(generation_config, generation_path);
+    if (!gen.is_object()) fail("{}: expected a JSON object", generation_path);
+  }
 
   HParams hp;
   std::string archs;
@@ -158,22 +207,32 @@ HParams parse_hf_config(const std::string& path) {
   hp.n_kv_heads = get_int(j, "num_key_value_heads", path, hp.n_heads, false);
   hp.ffn_dim = get_int(j, "intermediate_size", path);
   hp.head_dim = get_int(j, "head_dim", path, hp.n_heads > 0 ? hp.dim / hp.n_heads : 0, false);
-  hp.rms_eps = (float)get_num(j, "rms_norm_eps", path, 1e-6);
-  hp.rope_theta = (float)get_num(j, "rope_theta", path, 10000.0);
+  hp.rms_eps = get_num(j, "rms_norm_eps", path, 1e-6);
+  hp.rope_theta = get_num(j, "rope_theta", path, 10000.0);
   hp.train_ctx = get_int(j, "max_position_embeddings", path, 2048, false);
   // Llama, Mistral and Qwen2 configs default to untied embeddings.
-  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
-    hp.tie_embeddings = j["tie_word_embeddings"].get<bool>();
-  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
-  hp.qkv_bias = hp.arch == Arch::Qwen2 || flag("attention_bias");
-  if (flag("mlp_bias")) fail("{}: mlp_bias = true is not supported", path);
+  hp.tie_embeddings = get_bool(j, "tie_word_embeddings", path, false);
+  hp.qkv_bias = hp.arch == Arch::Qwen2 || get_bool(j, "attention_bias", path, false);
+  if (get_bool(j, "mlp_bias", path, false)) fail("{}: mlp_bias = true is not supported", path);
+  // A value head size other than the key head size (DeepSeek-style v_head_dim) is not supported.
+  if (const int v_dim = get_int(j, "v_head_dim", path, -1, false); v_dim >= 0 && v_dim != hp.head_dim)
+    fail("{}: v_head_dim {} differs from the key head dim {}; only equal sizes are supported", path, v_dim,
+         hp.head_dim);
   // transformers 4: rope_scaling at the top level; transformers 5: rope_parameters (with rope_theta inside)
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null())
     parse_rope(j["rope_parameters"], hp, path);
   else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     parse_rope(j["rope_scaling"], hp, path);
-  hp.bos_id = first_id(j, "bos_token_id");
-  hp.eos_id = first_id(j, "eos_token_id");
+  // Special ids: config.json's first, then generation_config.json's (which transformers' generate() uses);
+  // every eos id of either ends generation.
+  std::vector<int32_t> bos;
+  get_ids(j, "bos_token_id", path, bos);
+  if (bos.size() > 1) fail("{}: 'bos_token_id' must be a single token id", path);
+  if (bos.empty()) get_ids(gen, "bos_token_id", generation_path, bos);
+  hp.bos_id = bos.empty() ? -1 : bos[0];
+  get_ids(j, "eos_token_id", path, hp.eos_ids);
+  get_ids(gen, "eos_token_id", generation_path, hp.eos_ids);
+  hp.eos_id = hp.eos_ids.empty() ? -1 : hp.eos_ids[0];
   hp.rope_interleaved = false;
   hp.validate(path);
   if (hp.n_heads * hp.head_dim <= 0) fail("{}: invalid head layout", path);

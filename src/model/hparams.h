@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ultra {
@@ -37,6 +38,9 @@ struct HParams {
   // converter and ours); false: rotate-half RoPE (HF checkpoints, GGUF qwen2).
   bool rope_interleaved = false;
   int32_t bos_id = -1, eos_id = -1;
+  // Every token id that ends generation (eos_id first when set): config.json / generation_config.json
+  // eos_token_id (an id or a list of ids), GGUF tokenizer.ggml.eos/eot/eom_token_id. All < n_vocab.
+  std::vector<int32_t> eos_ids;
 
   // Checks the numbers are positive, consistent and of sane size; throws ultra::Error naming `source`.
   void validate(const std::string& source) const;
@@ -45,7 +49,14 @@ struct HParams {
 };
 
 // Parses an HF config.json (transformers 4 form with rope_theta/rope_scaling at the top level, and the
-// transformers 5 form with rope_parameters). Throws ultra::Error naming the file.
+// transformers 5 form with rope_parameters), and the generation_config.json beside it when present (its
+// bos/eos token ids). Throws ultra::Error naming the file: invalid or deeply nested JSON, a repeated key,
+// a value of the wrong type (a non-boolean tie_word_embeddings), a float that is not finite, a token id
+// outside the vocabulary, hyper-parameters that fail validate().
 HParams parse_hf_config(const std::string& path);
+// The same from JSON text; path and generation_path name the texts in messages.
+HParams parse_hf_config_json(std::string_view config_json, const std::string& path,
+                             std::string_view generation_config_json = {},
+                             const std::string& generation_path = "generation_config.json");
 
 }  // namespace ultra

@@ -2,24 +2,51 @@
 // token_embd, blk.N.attn_q ..., output_norm, output (absent when tied), optional rope_freqs (Llama-3
 // rope scaling factors). Arch "llama" files have Q/K rows permuted for interleaved-pair RoPE; "qwen2"
 // files keep HF's rotate-half layout.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "model/loader_util.h"
 #include "model/model.h"
 
 namespace ultra {
+
+std::string unused_tensors_message(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  constexpr size_t kShown = 6;
+  std::string r =
+      fmt::format("{} tensor{} not used by the model:", names.size(), names.size() == 1 ? " is" : "s are");
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) r += fmt::format("{} '{}'", i ? "," : "", names[i]);
+  if (names.size() > kShown) r += fmt::format(" and {} more", names.size() - kShown);
+  return r;
+}
 
 namespace {
 
 struct GgufLoader {
   ModelData& m;
   const gguf::Reader& r;
+  std::unordered_set<std::string> used;  // tensors the model took
 
   const gguf::TensorInfo& get(const std::string& name) {
     const auto* t = r.find_tensor(name);
     if (!t) fail("{}: missing tensor '{}'", r.path(), name);
+    used.insert(name);
     return *t;
+  }
+
+  // Every tensor of the file must be used (llama.cpp refuses a count mismatch too): a leftover one means
+  // the hyper-parameters do not describe the file (block_count 7 on an 8-layer file would otherwise run a
+  // truncated model).
+  void check_all_used(const std::string& hint) const {
+    std::vector<std::string> unused;
+    for (const auto& t : r.tensors())
+      if (!used.count(t.name)) unused.push_back(t.name);
+    if (!unused.empty()) fail("{}: {} ({})", r.path(), unused_tensors_message(unused), hint);
   }
 
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
@@ -44,6 +71,28 @@ struct GgufLoader {
     return v;
   }
 
+  // A float key, finite and representable as a float (a larger double would convert with undefined
+  // behaviour); range checks of the value are HParams::validate's.
+  float key_float(const std::string& key, double fallback) {
+    const double v = r.get_float_opt(key).value_or(fallback);
+    if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
+      fail("{}: key '{}' = {} is not a finite float", r.path(), key, v);
+    return (float)v;
+  }
+
+  // A token id key: absent, or -1 / 0xFFFFFFFF (llama.cpp's "none"), gives -1; an id >= n_vocab is an error.
+  int32_t token_id(const std::string& key, int n_vocab) {
+    const gguf::Value* v = r.find(key);
+    if (!v) return -1;
+    if (v->type == gguf::ValueType::STRING || v->type == gguf::ValueType::ARRAY)
+      fail("{}: key '{}' has type {}, expected a token id", r.path(), key, gguf::value_type_name(v->type));
+    const int64_t id = v->as_int();
+    if (id == -1 || id == 0xFFFFFFFF) return -1;
+    if (id < 0 || id >= n_vocab)
+      fail("{}: {} = {} is outside the vocabulary of {} tokens", r.path(), key, id, n_vocab);
+    return (int32_t)id;
+  }
+
   int key_int(const std::string& key, std::optional<int> fallback = std::nullopt) {
     auto v = r.get_uint_opt(key);
     if (!v) {
@@ -63,7 +112,7 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   m->format = "gguf";
   m->gguf = std::make_shared<gguf::Reader>(gguf::Reader::open(path));
   const gguf::Reader& r = *m->gguf;
-  GgufLoader L{*m, r};
+  GgufLoader L{*m, r, {}};
 
   const std::string arch = r.get_string("general.architecture");
   HParams& hp = m->hp;
@@ -84,13 +133,16 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   hp.n_heads = L.key_int(a + "attention.head_count");
   hp.n_kv_heads = L.key_int(a + "attention.head_count_kv", hp.n_heads);
   hp.head_dim = L.key_int(a + "attention.key_length", hp.n_heads > 0 ? hp.dim / hp.n_heads : 0);
+  if (const int v_dim = L.key_int(a + "attention.value_length", hp.head_dim); v_dim != hp.head_dim)
+    fail("{}: {}attention.value_length {} differs from the key head dim {}; only equal sizes are supported",
+         path, a, v_dim, hp.head_dim);
   const int n_rot = L.key_int(a + "rope.dimension_count", hp.head_dim);
   if (n_rot != hp.head_dim)
     fail("{}: partial rotary embeddings (n_rot {} != head dim {}) are not supported", path, n_rot,
          hp.head_dim);
   hp.train_ctx = L.key_int(a + "context_length", 2048);
-  hp.rms_eps = (float)r.get_float_opt(a + "attention.layer_norm_rms_epsilon").value_or(1e-5);
-  hp.rope_theta = (float)r.get_float_opt(a + "rope.freq_base").value_or(10000.0);
+  hp.rms_eps = L.key_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
+  hp.rope_theta = L.key_float(a + "rope.freq_base", 10000.0);
   if (auto st = r.get_string_opt(a + "rope.scaling.type"); st && *st != "none")
     fail("{}: unsupported rope scaling type '{}'", path, *st);
 
@@ -100,8 +152,14 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   hp.n_vocab = (int)embd.ne[1];
   if (auto v = r.get_uint_opt(a + "vocab_size"); v && *v != (uint64_t)hp.n_vocab)
     fail("{}: {}vocab_size = {} but token_embd has {} rows", path, a, *v, hp.n_vocab);
-  hp.bos_id = (int32_t)r.get_uint_opt("tokenizer.ggml.bos_token_id").value_or((uint64_t)-1);
-  hp.eos_id = (int32_t)r.get_uint_opt("tokenizer.ggml.eos_token_id").value_or((uint64_t)-1);
+  hp.bos_id = L.token_id("tokenizer.ggml.bos_token_id", hp.n_vocab);
+  for (const char* key :
+       {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    const int32_t id = L.token_id(key, hp.n_vocab);
+    if (id >= 0 && std::find(hp.eos_ids.begin(), hp.eos_ids.end(), id) == hp.eos_ids.end())
+      hp.eos_ids.push_back(id);
+  }
+  hp.eos_id = hp.eos_ids.empty() ? -1 : hp.eos_ids[0];
   hp.tie_embeddings = r.find_tensor("output.weight") == nullptr;
   hp.validate(path);
 
@@ -134,6 +192,7 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
       m->rope_inv_freq[i] /= f[i];
     }
   }
+  L.check_all_used(fmt::format("{}block_count = {}, arch {}", a, hp.n_layers, arch));
   return m;
 }
 

@@ -3,9 +3,11 @@
 // lm_head.weight (absent when tied). Q/K are in HF's rotate-half layout.
 #include <cstring>
 #include <filesystem>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/loader_util.h"
 #include "model/model.h"
 
 namespace ultra {
@@ -16,10 +18,12 @@ struct HfLoader {
   ModelData& m;
   const safetensors::Checkpoint& ck;
   std::string dir;
+  std::unordered_set<std::string> used;  // tensors the model took
 
   const safetensors::Tensor& get(const std::string& name) {
     const auto* t = ck.find(name);
     if (!t) fail("{}: missing tensor '{}'", dir, name);
+    used.insert(name);
     if (!t->type_supported)
       fail("{}: tensor '{}' has dtype {}, supported: F32, F16, BF16", t->file, name, t->dtype);
     return *t;
@@ -43,7 +47,34 @@ struct HfLoader {
     if (!v) fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
     return v;
   }
+
+  // Every tensor of the checkpoint must be used: a leftover one means config.json does not describe the
+  // weights (num_hidden_layers 2 on a 3-layer checkpoint would otherwise run a truncated model). Rotary
+  // inverse-frequency buffers that old checkpoints saved (*.rotary_emb.inv_freq) are recomputed from the
+  // config, as transformers and llama.cpp's converter do, and are not counted.
+  void check_all_used(const std::string& hint) const {
+    std::vector<std::string> unused;
+    for (const auto& [name, t] : ck.all()) {
+      const bool inv_freq =
+          name.size() >= 20 && name.compare(name.size() - 20, 20, ".rotary_emb.inv_freq") == 0;
+      if (!used.count(name) && !inv_freq) unused.push_back(name);
+    }
+    if (!unused.empty()) fail("{}: {} ({})", dir, unused_tensors_message(unused), hint);
+  }
 };
+
+// With tie_word_embeddings, transformers replaces lm_head.weight by model.embed_tokens.weight after
+// loading. A checkpoint that still carries lm_head.weight is accepted only when it is the same tensor
+// (same dtype, shape and bytes); a different one means the config and the weights disagree.
+void check_tied_lm_head(const safetensors::Tensor& head, const safetensors::Tensor& embd,
+                        const std::string& dir) {
+  if (head.dtype != embd.dtype || head.shape != embd.shape || head.n_bytes != embd.n_bytes ||
+      std::memcmp(head.data, embd.data, head.n_bytes) != 0)
+    fail(
+        "{}: tie_word_embeddings is true but the checkpoint's lm_head.weight ({} {}) differs from "
+        "model.embed_tokens.weight ({} {})",
+        dir, head.dtype, shape_string(head.shape), embd.dtype, shape_string(embd.shape));
+}
 
 }  // namespace
 
@@ -57,16 +88,19 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
   m->hp = parse_hf_config(cfg);
   m->st = std::make_shared<safetensors::Checkpoint>(safetensors::Checkpoint::open_dir(dir));
   const HParams& hp = m->hp;
-  HfLoader L{*m, *m->st, dir};
+  HfLoader L{*m, *m->st, dir, {}};
   const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
 
   m->tok_embd = L.matrix("model.embed_tokens.weight", hp.n_vocab, hp.dim);
   m->output_norm = L.vec("model.norm.weight", hp.dim);
-  if (!hp.tie_embeddings && m->st->find("lm_head.weight")) {
+  if (!hp.tie_embeddings) {
     m->output = L.matrix("lm_head.weight", hp.n_vocab, hp.dim);
   } else {
-    if (!hp.tie_embeddings) fail("{}: missing tensor 'lm_head.weight'", dir);
     m->output = m->tok_embd;
+    if (const auto* head = m->st->find("lm_head.weight")) {
+      check_tied_lm_head(*head, L.get("model.embed_tokens.weight"), dir);
+      L.used.insert("lm_head.weight");
+    }
   }
   m->layers.resize(hp.n_layers);
   for (int il = 0; il < hp.n_layers; ++il) {
@@ -88,6 +122,7 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
     l.w_down = L.matrix(p + "mlp.down_proj.weight", hp.dim, hp.ffn_dim);
   }
   m->rope_inv_freq = hp.rope_inv_freq();
+  L.check_all_used(fmt::format("config.json: num_hidden_layers = {}, {}", hp.n_layers, arch_name(hp.arch)));
   return m;
 }
 

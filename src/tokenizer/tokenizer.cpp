@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -267,7 +268,11 @@ Tokenizer::Impl::Impl(Vocab vocab) : v(std::move(vocab)) {
     special_flag[i] = type == TokenType::Control || type == TokenType::Unknown;
     if (type == TokenType::Control || type == TokenType::Unknown || type == TokenType::UserDefined) {
       p = t;
-    } else if (type == TokenType::Byte && t.size() == 6 && t.compare(0, 3, "<0x") == 0) {
+    } else if (type == TokenType::Byte) {
+      // A byte-fallback token must be <0xHH>: its piece is that byte.
+      auto hex = [](char ch) { return std::isxdigit((unsigned char)ch) != 0; };
+      if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !hex(t[3]) || !hex(t[4]))
+        fail("{}: token {} '{}' has type byte but is not of the form <0xHH>", src, i, t);
       p.assign(1, (char)std::stoi(t.substr(3, 2), nullptr, 16));
     } else if (v.kind == ModelKind::Bpe && v.byte_level) {
       // Undo the byte mapping; a token with a character outside the map is kept as is (HF's ByteLevel

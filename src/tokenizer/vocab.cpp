@@ -1,5 +1,7 @@
 #include "tokenizer/vocab.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -8,6 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
+#include "core/json.h"
 #include "io/gguf.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
@@ -88,9 +92,8 @@ const gguf::Array& gguf_array(const gguf::Reader& r, const char* key, size_t n_e
   if (x->type != gguf::ValueType::ARRAY)
     fail("{}: key '{}' has type {}, expected an array", r.path(), key, gguf::value_type_name(x->type));
   const gguf::Array& a = x->as_array();
-  if (n_expected != (size_t)-1 && a.items.size() != n_expected)
-    fail("{}: key '{}' has {} entries but the vocabulary has {} tokens", r.path(), key, a.items.size(),
-         n_expected);
+  if (n_expected != (size_t)-1 && a.size() != n_expected)
+    fail("{}: key '{}' has {} entries but the vocabulary has {} tokens", r.path(), key, a.size(), n_expected);
   return a;
 }
 
@@ -116,11 +119,13 @@ Vocab load_gguf(const gguf::Reader& r) {
   if (toks.elem_type != gguf::ValueType::STRING)
     fail("{}: tokenizer.ggml.tokens holds {}, expected strings", v.source,
          gguf::value_type_name(toks.elem_type));
-  const size_t n = toks.items.size();
+  const size_t n = toks.size();
   if (n == 0) fail("{}: tokenizer.ggml.tokens is empty", v.source);
-  if (n > (size_t)INT32_MAX) fail("{}: {} tokens is too many", v.source, n);
+  // Each token costs ~32 bytes (+ its text beyond 15 bytes) here and a few times that in the Tokenizer,
+  // for at least 8 bytes of file: the limit keeps a crafted file of empty strings from costing gigabytes.
+  if (n > kMaxVocab) fail("{}: {} tokens, more than the limit of {}", v.source, n, kMaxVocab);
   v.tokens.reserve(n);
-  for (const auto& t : toks.items) v.tokens.push_back(t.as_string());
+  for (size_t i = 0; i < n; ++i) v.tokens.emplace_back(toks.string_at(i));
 
   if (r.find("tokenizer.ggml.scores")) {
     const gguf::Array& a = gguf_array(r, "tokenizer.ggml.scores", n);
@@ -128,7 +133,7 @@ Vocab load_gguf(const gguf::Reader& r) {
       fail("{}: tokenizer.ggml.scores holds {}, expected numbers", v.source,
            gguf::value_type_name(a.elem_type));
     v.scores.reserve(n);
-    for (const auto& x : a.items) v.scores.push_back((float)x.as_float());
+    for (size_t i = 0; i < n; ++i) v.scores.push_back((float)a.float_at(i));
   }
   if (r.find("tokenizer.ggml.token_type")) {
     const gguf::Array& a = gguf_array(r, "tokenizer.ggml.token_type", n);
@@ -137,7 +142,7 @@ Vocab load_gguf(const gguf::Reader& r) {
            gguf::value_type_name(a.elem_type));
     v.types.reserve(n);
     for (size_t i = 0; i < n; ++i) {
-      const int64_t t = a.items[i].as_int();
+      const int64_t t = a.int_at(i);
       if (t < 0 || t > 6) fail("{}: token {} '{}' has type {}, expected 0..6", v.source, i, v.tokens[i], t);
       v.types.push_back((TokenType)t);
     }
@@ -150,9 +155,10 @@ Vocab load_gguf(const gguf::Reader& r) {
     if (a.elem_type != gguf::ValueType::STRING)
       fail("{}: tokenizer.ggml.merges holds {}, expected strings", v.source,
            gguf::value_type_name(a.elem_type));
-    v.merges.reserve(a.items.size());
-    for (size_t i = 0; i < a.items.size(); ++i) {
-      const std::string& m = a.items[i].as_string();
+    if (a.size() > kMaxVocab) fail("{}: {} merges, more than the limit of {}", v.source, a.size(), kMaxVocab);
+    v.merges.reserve(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string_view m = a.string_at(i);
       const size_t sp = m.find(' ', 1);
       if (sp == std::string::npos)
         fail("{}: merge #{} '{}' is not two tokens separated by a space", v.source, i, m);
@@ -234,6 +240,23 @@ SplitBehavior parse_behavior(const HfCtx& c, const json& j) {
   if (b == "MergedWithNext") return SplitBehavior::MergedWithNext;
   if (b == "Contiguous") return SplitBehavior::Contiguous;
   fail("{}: unknown split behavior '{}'", c.source, b);
+}
+
+// A token id in tokenizer JSON: an integer in [0, kMaxVocab). Anything else (a float, a string, a huge or
+// negative number) is an error, never a conversion (nlohmann's get<int>() of 1e30 is undefined behaviour).
+// `what` names the value in messages ("the id of token" + key when given).
+int32_t json_token_id(const json& v, const std::string& source, std::string_view what,
+                      std::string_view key = {}) {
+  const bool in_range =
+      v.is_number_integer() &&
+      (v.is_number_unsigned() ? v.get<uint64_t>() < kMaxVocab
+                              : v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t)kMaxVocab);
+  if (!in_range) {
+    const std::string name = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
+    if (!v.is_number_integer()) fail("{}: {} is {}, expected an integer token id", source, name, v.dump());
+    fail("{}: {} = {} is not a token id (0 to {})", source, name, v.dump(), kMaxVocab - 1);
+  }
+  return (int32_t)v.get<int64_t>();
 }
 
 std::string str_or(const json& j, const char* key, const std::string& dflt) {
@@ -342,8 +365,10 @@ void parse_decoder(HfCtx& c, const json& j) {
   } else if (type == "ByteLevel") {
     c.saw_byte_level = true;
   } else if (type == "Strip") {
-    if (str_or(j, "content", " ") == " " && j.value("start", 0) >= 1)
-      c.v.leading_space = LeadingSpace::StripOne;
+    auto start = j.find("start");
+    const bool from_start = start != j.end() && start->is_number_integer() &&
+                            (start->is_number_unsigned() || start->get<int64_t>() >= 1);
+    if (str_or(j, "content", " ") == " " && from_start) c.v.leading_space = LeadingSpace::StripOne;
   } else if (type == "Metaspace") {
     std::string scheme = str_or(j, "prepend_scheme", "");
     if (scheme.empty()) scheme = bool_or(j, "add_prefix_space", true) ? "always" : "never";
@@ -370,7 +395,7 @@ void parse_post_processor(HfCtx& c, const json& j) {
       const std::string name = item.at("SpecialToken").at("id").get<std::string>();
       const json& st = j.value("special_tokens", json::object());
       if (st.contains(name) && !st[name].value("ids", json::array()).empty())
-        return st[name]["ids"][0].get<int32_t>();
+        return json_token_id(st[name]["ids"][0], c.source, "post_processor special token id");
       return find_token(v, name);
     };
     if (!single.empty() && single.front().contains("SpecialToken")) {
@@ -383,8 +408,8 @@ void parse_post_processor(HfCtx& c, const json& j) {
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     v.add_bos = v.add_eos = true;
-    if (v.bos < 0) v.bos = j.at("cls").at(1).get<int32_t>();
-    if (v.eos < 0) v.eos = j.at("sep").at(1).get<int32_t>();
+    if (v.bos < 0) v.bos = json_token_id(j.at("cls").at(1), c.source, "post_processor cls id");
+    if (v.eos < 0) v.eos = json_token_id(j.at("sep").at(1), c.source, "post_processor sep id");
   }
 }
 
@@ -394,24 +419,17 @@ std::string token_content(const json& j) {
   return {};
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
-Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source) {
+Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source,
+                   const std::string& config_source) {
   Vocab v;
   v.source = source;
   v.pre = "hf";
   v.byte_level = false;
   HfCtx c{source, v};
   try {
-    const json j = json::parse(tokenizer_json);
+    const json j = parse_json(tokenizer_json, source);
     const json& model = j.at("model");
     const std::string type = str_or(model, "type", model.contains("merges") ? "BPE" : "");
     if (type != "BPE") fail("{}: model type '{}' is not supported (only BPE)", source, type);
@@ -424,30 +442,27 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
     const json& vocab = model.at("vocab");
     if (!vocab.is_object()) fail("{}: model.vocab is not an object", source);
     int64_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int64_t id = it.value().get<int64_t>();
-      if (id < 0 || id >= INT32_MAX) fail("{}: token '{}' has id {} out of range", source, it.key(), id);
-      max_id = std::max(max_id, id);
-    }
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      max_id = std::max<int64_t>(max_id, json_token_id(it.value(), source, "the id of token", it.key()));
     const json added = j.value("added_tokens", json::array());
-    for (const auto& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
+    if (!added.is_array()) fail("{}: added_tokens is not an array", source);
+    for (const auto& a : added)
+      max_id = std::max<int64_t>(max_id, json_token_id(a.at("id"), source, "an added token's id"));
     if (max_id < 0) fail("{}: empty vocabulary", source);
-    if (max_id > 16 * 1024 * 1024) fail("{}: token id {} is implausibly large", source, max_id);
     const size_t n = (size_t)max_id + 1;
     v.tokens.assign(n, std::string());
     v.types.assign(n, TokenType::Unused);
     v.attrs.assign(n, 0);
     std::vector<uint8_t> seen(n, 0);
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const size_t id = it.value().get<size_t>();
+      const size_t id = (size_t)it.value().get<int64_t>();  // checked above
       if (seen[id]) fail("{}: id {} is used by both '{}' and '{}'", source, id, v.tokens[id], it.key());
       seen[id] = 1;
       v.tokens[id] = it.key();
       v.types[id] = TokenType::Normal;
     }
     for (const auto& a : added) {
-      const int64_t id = a.at("id").get<int64_t>();
-      if (id < 0) fail("{}: added token with negative id {}", source, id);
+      const int64_t id = a.at("id").get<int64_t>();  // checked above
       const std::string content = a.at("content").get<std::string>();
       if (seen[id] && v.tokens[id] != content)
         fail("{}: added token '{}' has id {}, which the vocabulary gives to '{}'", source, content, id,
@@ -498,7 +513,7 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
     parse_post_processor(c, j.value("post_processor", json()));
 
     if (!config_json.empty()) {
-      const json cfg = json::parse(config_json);
+      const json cfg = parse_json(config_json, config_source.empty() ? source : config_source);
       auto set_id = [&](const char* key, int32_t& id) {
         if (!cfg.contains(key)) return;
         const std::string t = token_content(cfg[key]);
@@ -526,9 +541,9 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
 }
 
 Vocab load_hf(const std::string& tokenizer_json_path, const std::string& config_path) {
-  const std::string tj = read_file(tokenizer_json_path);
-  const std::string cj = config_path.empty() ? std::string() : read_file(config_path);
-  return load_hf_json(tj, cj, tokenizer_json_path);
+  const std::string tj = read_file(tokenizer_json_path, "tokenizer file");
+  const std::string cj = config_path.empty() ? std::string() : read_file(config_path, "tokenizer config");
+  return load_hf_json(tj, cj, tokenizer_json_path, config_path);
 }
 
 Vocab load_vocab(const std::string& path) {
@@ -540,11 +555,11 @@ Vocab load_vocab(const std::string& path) {
     const fs::path cfg = fs::path(path) / "tokenizer_config.json";
     return load_hf(tj.string(), fs::exists(cfg, ec) ? cfg.string() : "");
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
   char magic[4] = {};
-  f.read(magic, 4);
-  if (f.gcount() == 4 && std::string_view(magic, 4) == "GGUF") return load_gguf_file(path);
+  const int fd = open_regular_file(path, "tokenizer file", nullptr);
+  const ssize_t got = ::read(fd, magic, 4);
+  ::close(fd);
+  if (got == 4 && std::string_view(magic, 4) == "GGUF") return load_gguf_file(path);
   const fs::path cfg = fs::path(path).parent_path() / "tokenizer_config.json";
   return load_hf(path, fs::exists(cfg, ec) ? cfg.string() : "");
 }

@@ -3,6 +3,7 @@
 // encoder from it; the loaders only translate formats, so an in-memory Vocab works the same way.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,6 +16,10 @@ class Reader;
 }
 
 namespace ultra::tok {
+
+// Most tokens (and merges) a vocabulary may have: far above real ones (~260k), and the model loaders' limit
+// on n_vocab; it bounds what a crafted file can make the loaders allocate.
+constexpr size_t kMaxVocab = (size_t)1 << 22;
 
 // GGUF tokenizer.ggml.token_type values (llama.cpp numbering).
 enum class TokenType : uint8_t {
@@ -120,8 +125,10 @@ Vocab load_gguf_file(const std::string& path);
 // bos/eos/pad/unk tokens and add_bos_token/add_eos_token. Unsupported normalizers, pre-tokenizers or models
 // throw ultra::Error.
 Vocab load_hf(const std::string& tokenizer_json_path, const std::string& config_path = "");
-// Same from JSON text (source names it in messages).
-Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source);
+// Same from JSON text (source and config_source name them in messages; config_source defaults to source).
+// Both texts are parsed with core/json.h's parse_json: bounded nesting depth, no repeated keys.
+Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json, const std::string& source,
+                   const std::string& config_source = "");
 
 // Loads by path: a .gguf file, a tokenizer.json (its sibling tokenizer_config.json is used when present), or
 // a directory holding tokenizer.json.

@@ -1,10 +1,39 @@
 // Private details shared by the CPU kernel files (not part of the ops.h interface).
+//
+// Instruction sets. Only the files named *_avx2.cpp and *_avx512.cpp are compiled with SIMD flags
+// (CMakeLists.txt: ULTRA_AVX2_ISA = -mavx2 -mfma -mf16c; ULTRA_AVX512_ISA = those plus -mavx512f
+// -mavx512bw -mavx512vl -mavx512dq); everything else is built for baseline x86-64, so the binary starts on
+// any x86-64 CPU. The public kernels in ops.h choose at run time (active_isa()) between the SIMD code and
+// the scalar references. Code compiled with different -m flags must never be shared through an inline
+// function or template with external linkage (the linker keeps one copy, perhaps the AVX-512 one, for all
+// callers): the SIMD files keep their helpers in anonymous namespaces (or static), instantiate the shared
+// matmul driver (matmul_driver.h) only with types from their anonymous namespace, and call no inline
+// function of a shared header (core/dtype.h's conversions are static inline for that reason).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/views.h"
+
 namespace ultra::cpu::detail {
+
+enum class Isa : uint8_t {
+  Scalar,  // the *_ref kernels (and scalar versions of the threaded ones)
+  Avx2,    // AVX2 + FMA + F16C
+  Avx512,  // the AVX2 set plus AVX-512 F/BW/VL/DQ (matmul only; the other ops use their AVX2 code)
+};
+const char* isa_name(Isa isa);
+// Whether this CPU (and the OS, which must save the wider registers) supports exactly the features the
+// files of that level are compiled with. Checked with CPUID/XGETBV, cached.
+bool cpu_supports(Isa isa);
+// The level the kernels use: the best supported one, lowered by ULTRA_NO_SIMD=1 (scalar) or
+// ULTRA_NO_AVX512=1 (AVX2 at most). Read once, on first use.
+Isa active_isa();
+// (Inline helpers in this header are static: each file, whatever its flags, keeps its own copy.)
+static inline bool use_avx2() {
+  return active_isa() != Isa::Scalar;
+}
 
 // Everything a matmul range kernel needs. y[t * rows + r] for t < n_tokens, r in [r0, r1).
 struct MatmulArgs {
@@ -24,15 +53,43 @@ struct MatmulKernels {
   const char* name;
 };
 
-// Defined in matmul.cpp (AVX2+FMA+F16C) and matmul_avx512.cpp (AVX-512 F/BW/VL/DQ).
+// Scalar (matmul_ref's arithmetic on a row range, matmul.cpp), AVX2+FMA+F16C (matmul_avx2.cpp) and AVX-512
+// (matmul_avx512.cpp). Call the SIMD ones only when cpu_supports() their level.
+const MatmulKernels& matmul_kernels_scalar();
 const MatmulKernels& matmul_kernels_avx2();
 const MatmulKernels& matmul_kernels_avx512();
-// The kernels chosen for this machine (checked once, cached; ULTRA_NO_AVX512=1 forces AVX2).
+// The kernels of active_isa().
 const MatmulKernels& matmul_kernels();
-// Whether this CPU can run matmul_kernels_avx512().
+// Whether this CPU can run matmul_kernels_avx2() / matmul_kernels_avx512().
+bool cpu_has_avx2();
 bool cpu_has_avx512();
 // Tests/benchmarks: make matmul() use k (nullptr: back to matmul_kernels()). Not thread-safe w.r.t. running
 // matmuls; call between them.
 void set_matmul_kernels_override(const MatmulKernels* k);
+
+// ---- AVX2 bodies of the other ops (norm_avx2.cpp, attention_avx2.cpp), same contracts as in ops.h ----
+void rmsnorm_avx2(const float* x, const float* weight, int n_rows, int n, float eps, float* out);
+void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out);
+// n floats -> n halves (round to nearest even), and back.
+void f32_to_f16_row_avx2(const float* x, uint16_t* out, int64_t n);
+void f16_to_f32_row_avx2(const uint16_t* x, float* out, int64_t n);
+
+// One thread's share of attention(): (token, head) pairs ith, ith + nth, ... (attention.cpp's scalar
+// version, attention_avx2.cpp's SIMD one).
+struct AttentionArgs {
+  const KvLayerView* kv;
+  const float* q;
+  int n_tokens, n_heads;
+  const int32_t* pos;
+  const int32_t* slot;
+  float scale;
+  float* out;
+  float* scratch;  // per thread: attention_scratch_stride(max_ctx) floats
+};
+void attention_thread_scalar(const AttentionArgs& a, int ith, int nth);
+void attention_thread_avx2(const AttentionArgs& a, int ith, int nth);
+static constexpr size_t attention_scratch_stride(int max_ctx) {
+  return ((size_t)max_ctx + 15) / 16 * 16;
+}
 
 }  // namespace ultra::cpu::detail

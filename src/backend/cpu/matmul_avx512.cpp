@@ -1,6 +1,7 @@
-// AVX-512 (F, BW, VL, DQ, VNNI) matmul kernels; only reached through matmul_kernels() after a run-time
-// check of the CPU. Same structure as the AVX2 kernels in matmul.cpp: R rows x T tokens of accumulators,
-// 16 floats per step, masked loads for the column tail; Q8_0 weights are dequantised in registers (16 int8
+// AVX-512 (F, BW, VL, DQ, on top of AVX2+FMA+F16C) matmul kernels, compiled with ULTRA_AVX512_ISA; only
+// reached through matmul_kernels() after the run-time check of exactly those features (isa.cpp). The driver
+// (matmul_driver.h) is the AVX2 kernels' one; the tiles are wider: R rows x T tokens of accumulators, 16
+// floats per step, masked loads for the column tail; Q8_0 weights are dequantised in registers (16 int8
 // -> int32 -> f32, times the block's f16 scale: exact in f32) and FMA'd against the f32 activations, like
 // the float types (see matmul.cpp).
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves, which trips these
@@ -9,9 +10,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <type_traits>
+#include <cstdint>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/matmul_driver.h"
 #include "core/dtype.h"
 
 namespace ultra::cpu::detail {
@@ -101,7 +103,7 @@ inline float dot_row_f(const uint8_t* w, const float* x, int64_t cols) {
 // Block b of a row, weights 16h .. 16h+15: sign-extended to int32, converted, times the block's scale d
 // (exact in f32). Own tile/row loops (rather than a loader for tile_f/dot_row_f) so that the scale is
 // converted once per block and the block addresses are plain pointer steps.
-struct LoadQ8 {};  // tag for range_f
+struct LoadQ8 {};  // tag: Q8_0 has its own tile/row loops
 
 inline __m512 q8_scale(const BlockQ8_0& b) {
   return _mm512_set1_ps(_cvtsh_ss(b.d));
@@ -164,73 +166,35 @@ inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-// Row tile kernels by weight type.
-template <class L, int R, int T>
-inline void tile(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
-                 const float* bias) {
-  if constexpr (std::is_same_v<L, LoadQ8>)
-    tile_q8<R, T>(w, rb, x, cols, y, ldy, bias);
-  else
-    tile_f<L, R, T>(w, rb, x, cols, y, ldy, bias);
-}
-
-template <class L>
-void decode_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float s;
-    if constexpr (std::is_same_v<L, LoadQ8>)
-      s = dot_row_q8(a.w + r * a.row_bytes, a.x, a.cols);
-    else
-      s = dot_row_f<L>(a.w + r * a.row_bytes, a.x, a.cols);
-    a.y[r] = a.bias ? s + a.bias[r] : s;
+struct Avx512 {
+  using F32 = LoadF32;
+  using F16 = LoadF16;
+  using BF16 = LoadBF16;
+  using Q8 = LoadQ8;
+  static constexpr int kR = 4, kT = 4;  // 16 accumulators + 4 weight + 1 activation register of 32
+  template <class L, int R, int T>
+  static void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                     const float* bias) {
+    detail::tile_f<L, R, T>(w, rb, x, cols, y, ldy, bias);
   }
-}
-
-inline int token_chunk(int64_t x_bytes_per_token, int tile) {
-  int64_t n = (256 * 1024) / (x_bytes_per_token > 0 ? x_bytes_per_token : 1);
-  n = n / tile * tile;
-  return (int)(n < tile ? tile : n);
-}
-
-template <class L, int R, int T>
-inline void tokens_f(const MatmulArgs& a, const uint8_t* w, int64_t r, int t0, int t1) {
-  const float* bias = a.bias ? a.bias + r : nullptr;
-  int t = t0;
-  for (; t + T <= t1; t += T)
-    tile<L, R, T>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
-  switch (t1 - t) {
-    case 3:
-      tile<L, R, 3>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
-      break;
-    case 2:
-      tile<L, R, 2>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
-      break;
-    case 1:
-      tile<L, R, 1>(w, a.row_bytes, a.x + t * a.cols, a.cols, a.y + t * a.rows + r, a.rows, bias);
-      break;
-    default:
-      break;
+  template <int R, int T>
+  static void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                      const float* bias) {
+    detail::tile_q8<R, T>(w, rb, x, cols, y, ldy, bias);
   }
-}
-
-template <class L>
-void range_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  if (a.n_tokens == 1) return decode_f<L>(a, r0, r1);
-  constexpr int kR = 4, kT = 4;  // 16 accumulators + 4 weight + 1 activation register of 32
-  const int chunk = token_chunk(a.cols * 4, kT);
-  for (int tc = 0; tc < a.n_tokens; tc += chunk) {
-    const int tc1 = tc + chunk < a.n_tokens ? tc + chunk : a.n_tokens;
-    int64_t r = r0;
-    for (; r + kR <= r1; r += kR) tokens_f<L, kR, kT>(a, a.w + r * a.row_bytes, r, tc, tc1);
-    for (; r < r1; ++r) tokens_f<L, 1, kT>(a, a.w + r * a.row_bytes, r, tc, tc1);
+  template <class L>
+  static float dot_row_f(const uint8_t* w, const float* x, int64_t cols) {
+    return detail::dot_row_f<L>(w, x, cols);
   }
-}
+  static float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
+    return detail::dot_row_q8(w, x, cols);
+  }
+};
 
 }  // namespace
 
 const MatmulKernels& matmul_kernels_avx512() {
-  static const MatmulKernels k{range_f<LoadF32>, range_f<LoadF16>, range_f<LoadBF16>, range_f<LoadQ8>,
-                               "avx512"};
+  static constexpr MatmulKernels k = driver::kernels<Avx512>("avx512");
   return k;
 }
 

@@ -1,6 +1,7 @@
 // CPU kernels of the forward pass. Every op has a plain scalar reference (`*_ref`, used by the tests as
-// the oracle) and a fast path (AVX2+FMA+F16C baseline, AVX-512 chosen at run time where present).
-// Kernels take their outputs and scratch from the caller and never allocate.
+// the oracle) and a fast path (AVX2+FMA+F16C, AVX-512 for matmul) chosen at run time: on a CPU without
+// AVX2, or with ULTRA_NO_SIMD=1, the public kernels below run the scalar code (ULTRA_NO_AVX512=1 stops at
+// AVX2). Kernels take their outputs and scratch from the caller and never allocate.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +12,9 @@
 #include "core/views.h"
 
 namespace ultra::cpu {
+
+// The instruction set the kernels run: "avx512", "avx2" or "scalar" (fixed at the first kernel call).
+const char* kernel_isa();
 
 // y[t, r] = sum_c W[r, c] * x[t, c] (+ bias[r]) for t < n_tokens.
 //   x: [n_tokens, cols] f32, y: [n_tokens, rows] f32, bias: [rows] f32 or nullptr.

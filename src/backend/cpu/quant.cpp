@@ -1,12 +1,11 @@
 // quantize_row_q8_0 (bit-exact with llama.cpp's quantize_row_q8_0_ref) and dequant_row.
-#include <immintrin.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
 
 namespace ultra::cpu {
@@ -32,10 +31,8 @@ void dequant_row(const WeightView& w, int64_t r, float* out) {
       return;
     case GgmlType::F16: {
       const uint16_t* p = (const uint16_t*)row;
-      int64_t c = 0;
-      for (; c + 8 <= n; c += 8)
-        _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + c))));
-      for (; c < n; ++c) out[c] = fp16_to_fp32(p[c]);
+      if (detail::use_avx2()) return detail::f16_to_f32_row_avx2(p, out, n);
+      for (int64_t c = 0; c < n; ++c) out[c] = fp16_to_fp32(p[c]);
       return;
     }
     case GgmlType::BF16: {

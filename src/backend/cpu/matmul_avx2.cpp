@@ -1,0 +1,182 @@
+// AVX2+FMA+F16C matmul kernels (compiled with ULTRA_AVX2_ISA; reached through matmul_kernels() only after
+// the run-time check). The driver (matmul_driver.h) walks the rows and tokens; this file supplies the
+// register tiles. See matmul.cpp for the structure and the Q8_0 arithmetic.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/matmul_driver.h"
+#include "core/dtype.h"
+
+namespace ultra::cpu::detail {
+
+namespace {
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Loaders: 8 weights -> 8 floats, plus a scalar for tails.
+struct LoadF32 {
+  using E = float;
+  static __m256 load8(const E* p) { return _mm256_loadu_ps(p); }
+  static float scalar(E v) { return v; }
+};
+struct LoadF16 {
+  using E = uint16_t;
+  static __m256 load8(const E* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+  static float scalar(E v) { return _cvtsh_ss(v); }
+};
+struct LoadBF16 {
+  using E = uint16_t;
+  static __m256 load8(const E* p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+  static float scalar(E v) { return bf16_to_fp32(v); }
+};
+struct LoadQ8 {};  // tag: Q8_0 has its own tile/row loops
+
+// y[t * ldy + j] = W[j, :] . x[t, :] (+ bias[j]) for j < R, t < T.
+template <class L, int R, int T>
+inline void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                   const float* bias) {
+  using E = typename L::E;
+  __m256 acc[R][T];
+  const E* wr[R];
+  for (int j = 0; j < R; ++j) {
+    wr[j] = (const E*)(w + j * rb);
+    for (int t = 0; t < T; ++t) acc[j][t] = _mm256_setzero_ps();
+  }
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    __m256 wv[R];
+    for (int j = 0; j < R; ++j) wv[j] = L::load8(wr[j] + c);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * cols + c);
+      for (int j = 0; j < R; ++j) acc[j][t] = _mm256_fmadd_ps(wv[j], xv, acc[j][t]);
+    }
+  }
+  for (int j = 0; j < R; ++j) {
+    for (int t = 0; t < T; ++t) {
+      float s = hsum8(acc[j][t]);
+      for (int64_t k = c; k < cols; ++k) s += L::scalar(wr[j][k]) * x[t * cols + k];
+      y[t * ldy + j] = bias ? s + bias[j] : s;
+    }
+  }
+}
+
+// Decode: one row, four accumulators to cover the FMA latency.
+template <class L>
+inline float dot_row_f(const uint8_t* wb, const float* x, int64_t cols) {
+  using E = typename L::E;
+  const E* w = (const E*)wb;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t c = 0;
+  for (; c + 32 <= cols; c += 32) {
+    a0 = _mm256_fmadd_ps(L::load8(w + c), _mm256_loadu_ps(x + c), a0);
+    a1 = _mm256_fmadd_ps(L::load8(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+    a2 = _mm256_fmadd_ps(L::load8(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+    a3 = _mm256_fmadd_ps(L::load8(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+  }
+  for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(L::load8(w + c), _mm256_loadu_ps(x + c), a0);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; c < cols; ++c) s += L::scalar(w[c]) * x[c];
+  return s;
+}
+
+// ---- Q8_0 (cols % 32 == 0) ----
+// Block b of a row, weights 8k .. 8k+7: sign-extended to int32, converted, times the block's scale d (exact
+// in f32). Own tile/row loops (rather than a loader for tile_f/dot_row_f) so that the scale is converted
+// once per block and the block addresses are plain pointer steps.
+inline __m256 q8_scale(const BlockQ8_0& b) {
+  return _mm256_set1_ps(_cvtsh_ss(b.d));
+}
+inline __m256 q8_part(const BlockQ8_0& b, int k, __m256 d) {
+  const __m128i q = _mm_loadl_epi64((const __m128i*)(b.qs + 8 * k));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+}
+
+template <int R, int T>
+inline void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                    const float* bias) {
+  __m256 acc[R][T];
+  const BlockQ8_0* wr[R];
+  for (int j = 0; j < R; ++j) {
+    wr[j] = (const BlockQ8_0*)(w + j * rb);
+    for (int t = 0; t < T; ++t) acc[j][t] = _mm256_setzero_ps();
+  }
+  const int64_t nb = cols / kQ8_0Block;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 d[R];
+    for (int j = 0; j < R; ++j) d[j] = q8_scale(wr[j][b]);
+    for (int k = 0; k < 4; ++k) {
+      __m256 wv[R];
+      for (int j = 0; j < R; ++j) wv[j] = q8_part(wr[j][b], k, d[j]);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_loadu_ps(x + t * cols + b * kQ8_0Block + 8 * k);
+        for (int j = 0; j < R; ++j) acc[j][t] = _mm256_fmadd_ps(wv[j], xv, acc[j][t]);
+      }
+    }
+  }
+  for (int j = 0; j < R; ++j) {
+    for (int t = 0; t < T; ++t) {
+      const float s = hsum8(acc[j][t]);
+      y[t * ldy + j] = bias ? s + bias[j] : s;
+    }
+  }
+}
+
+// Decode: one block per step on four accumulators, one sequential stream (as dot_row_f).
+inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
+  const BlockQ8_0* b = (const BlockQ8_0*)w;
+  const int64_t nb = cols / kQ8_0Block;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float* xi = x + i * kQ8_0Block;
+    const __m256 d = q8_scale(b[i]);
+    a0 = _mm256_fmadd_ps(q8_part(b[i], 0, d), _mm256_loadu_ps(xi), a0);
+    a1 = _mm256_fmadd_ps(q8_part(b[i], 1, d), _mm256_loadu_ps(xi + 8), a1);
+    a2 = _mm256_fmadd_ps(q8_part(b[i], 2, d), _mm256_loadu_ps(xi + 16), a2);
+    a3 = _mm256_fmadd_ps(q8_part(b[i], 3, d), _mm256_loadu_ps(xi + 24), a3);
+  }
+  return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+struct Avx2 {
+  using F32 = LoadF32;
+  using F16 = LoadF16;
+  using BF16 = LoadBF16;
+  using Q8 = LoadQ8;
+  static constexpr int kR = 2, kT = 4;  // 8 accumulators + 2 weight + 1 activation register of 16
+  template <class L, int R, int T>
+  static void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                     const float* bias) {
+    detail::tile_f<L, R, T>(w, rb, x, cols, y, ldy, bias);
+  }
+  template <int R, int T>
+  static void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
+                      const float* bias) {
+    detail::tile_q8<R, T>(w, rb, x, cols, y, ldy, bias);
+  }
+  template <class L>
+  static float dot_row_f(const uint8_t* w, const float* x, int64_t cols) {
+    return detail::dot_row_f<L>(w, x, cols);
+  }
+  static float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
+    return detail::dot_row_q8(w, x, cols);
+  }
+};
+
+}  // namespace
+
+const MatmulKernels& matmul_kernels_avx2() {
+  static constexpr MatmulKernels k = driver::kernels<Avx2>("avx2");
+  return k;
+}
+
+}  // namespace ultra::cpu::detail

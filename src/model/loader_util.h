@@ -1,0 +1,13 @@
+// Helpers shared by the two model loaders (load_gguf.cpp, load_hf.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ultra {
+
+// "N tensors are not used by the model: 'a', 'b', ... and K more" (sorted), for the loaders' check that
+// every tensor of a file is used.
+std::string unused_tensors_message(std::vector<std::string> names);
+
+}  // namespace ultra
