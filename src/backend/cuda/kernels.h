@@ -33,6 +33,20 @@ struct DeviceInfo {
 };
 cudaError_t query_device(int device, DeviceInfo* out);
 
+// ---- Launch mode ---------------------------------------------------------------------------------------
+//
+// The sampler's two kernels and gemv's split-K kernel (the choice for tall BF16 matrices at small n, see
+// gemv) are launched with programmatic dependent launch (Hopper): such a kernel may start while the
+// previous kernel of its stream is still running, and waits (griddepcontrol.wait) for that kernel's
+// completion before it reads any data a kernel may have written and before it writes anything; in between
+// it only issues its first weight loads (gemv), so its start-up and the weight stream overlap the previous
+// kernel's tail. The one assumption: gemv weights (WeightView::data) are not written by kernels of the same
+// stream (they are loaded once, by copies). Works inside graph capture. The attention kernels can use it
+// too but do not by default (measured slower). On by default; set_programmatic_launch(false) launches all
+// of them the ordinary way (process-wide, for launches made afterwards).
+void set_programmatic_launch(bool enabled);
+bool programmatic_launch();
+
 // ---- Elementwise and row ops ---------------------------------------------------------------------------
 
 // x[i, :] = row tokens[i] of tok_embd (F32 / F16 / BF16 [vocab, dim]); a token outside [0, vocab) gives a
@@ -110,11 +124,16 @@ enum class GemvPath {
   simt,         // the plain fallback (any shape and alignment; slow for n > 4)
 };
 
-// Decode / small batch, 1 <= n <= kGemvMaxRows: streams every weight once for all n rows.
-// Tensor-core path: mma.sync m16n8k8 TF32 with the weights exact in TF32 (F16 / BF16) and x split into
-// hi + lo TF32 parts (two products; F32 weights are split as well: three), so the result carries f32
-// accuracy (~1e-6 relative) at tensor-core throughput. Weights read with 16-byte streaming loads; each
-// block owns 16 or 32 rows and its 8 warps split the columns.
+// Decode / small batch, 1 <= n <= kGemvMaxRows: streams every weight once for all n rows, f32 accuracy
+// (~1e-6 relative) at tensor-core throughput, weights read with 16-byte streaming loads. Two tensor-core
+// kernels, chosen by shape (docs/CUDA.md has the measurements):
+//  * column-split (most shapes): mma.sync m16n8k8 TF32 with the weights exact in TF32 (F16 / BF16) and x
+//    split into hi + lo TF32 parts (two products; F32 weights split as well: three); each block owns 16 or
+//    32 rows and its 8 warps split the columns.
+//  * split-K (BF16, >= 8192 rows and n <= 4, or >= 65536 rows and 9 <= n <= 16): blocks of 128 rows x a
+//    column slice, clusters of up to 8 blocks add their partial sums in fixed order through distributed
+//    shared memory; x staged once per block in three BF16 parts (m16n8k16 BF16 MMAs on the raw weights);
+//    programmatic dependent launch (see set_programmatic_launch). Deterministic like the other.
 cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  const float* x,       // [n, cols]
                  int n,
