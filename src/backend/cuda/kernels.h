@@ -182,11 +182,12 @@ class CudaMatmul {
 // kv head h / (n_heads / n_kv_heads). Rows with seq[t] < 0 (or pos[t] < 0) are padding: zero output.
 // Rows with pos[t] >= max_ctx attend the whole slot.
 // One block handles one row, one kv head, up to 8 query heads of its group and one chunk of positions:
-// K and V are read once per (row, kv head) when the group is <= 8 (QK^T on tensor cores as in gemv, f32
-// accurate; softmax and P.V in f32). The positions [0, pos[t]] are split into n_splits chunks (at least 64
-// positions each; blocks whose chunk is empty exit at once); with n_splits > 1 each block writes a
-// partial (max, sum, unnormalised output) to the workspace and a second kernel combines them
-// (flash-decoding). n_splits is fixed by the plan, so one captured graph serves every context length.
+// K and V are read once per (row, kv head) when the group is <= 8, each 64-position tile of K and V by two
+// bulk copies into shared memory, two tiles in flight (QK^T on tensor cores as in gemv, f32 accurate;
+// softmax and P.V in f32). The positions [0, pos[t]] are split into n_splits chunks (whole 64-position
+// tiles; blocks whose chunk is empty exit at once); with n_splits > 1 each block writes a partial (max,
+// sum, unnormalised output) to the workspace and a second kernel combines them (flash-decoding). n_splits
+// is fixed by the plan, so one captured graph serves every context length.
 // Prefill rows (n up to a few hundred, any positions) are correct but read K/V once per row.
 // head_dim % 8 == 0, head_dim <= 256.
 struct AttentionPlan {
@@ -195,8 +196,9 @@ struct AttentionPlan {
   int n_splits = 1;
   size_t workspace_bytes = 0;  // for max_rows rows
 };
-// n_splits from the SM count, the rows and max_ctx (about 4 blocks per SM for max_rows rows, each split
-// at least 256 positions of a full context); force_splits > 0 overrides it.
+// n_splits from the SM count, the rows and max_ctx (one wave of blocks for max_rows rows: 3 per SM for
+// head_dim 128 F16; each split at least one 64-position tile of a full context, at most 256 splits);
+// force_splits > 0 overrides it.
 AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
                              int force_splits = 0);
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
