@@ -213,7 +213,9 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
 
 // ---- Sampler ------------------------------------------------------------------------------------------
 //
-// One block per output row, one fused kernel. The function computed (the CPU implements the same one):
+// Two kernels (greedy and top_k rows: a per-segment pass over many blocks, then one block per row that
+// merges and finishes; other rows: the second kernel alone). The function computed (the CPU implements the
+// same one):
 //  a. A NaN or Inf among logits[0, n_sample) sets error = 1; the row then gets token 0, logprob NaN.
 //  b. Penalties, for each distinct token t of the window hist[0, n_hist) seen c times (tokens outside
 //     [0, n_sample) ignored): l_t = (l_t <= 0 ? l_t * repeat_penalty : l_t / repeat_penalty)
@@ -232,11 +234,15 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
 // CUDA's expf (<= 2 ulp): a decision can differ from the CPU's only when a compared quantity is within
 // ~1e-6 relative of its threshold.
 //
-// Paths (cost for V = 128256 on one SM; a pass reads the row's logits once):
-//  * greedy: one pass (argmax, top-n, online log-sum-exp).
-//  * 1 <= top_k <= 1024 (top_k < n_sample): one pass keeps the top_k candidates in shared memory
-//    (threshold filter + radix-select compaction), then everything else is O(top_k) in shared memory.
-//  * all tokens (top_k <= 0, >= n_sample, or > 1024): a pass for the max and top-n, a counting pass of
+// Paths (a pass reads the row's logits once):
+//  * greedy: the row is split into up to 64 segments of <= 8192 tokens (one 256-thread block each; fewer
+//    when many rows share one wave of blocks): argmax candidates, top-n and a log-sum-exp partial per
+//    segment; one block per row merges them. 17.6 us for one row of V = 128256 on an H200.
+//  * 1 <= top_k <= 1024 (top_k < n_sample): the same segments keep their top_k candidates (radix select
+//    in shared memory, at most 16384 candidates per row in all); the merge compacts them to the top_k and
+//    everything else is O(top_k) in shared memory. 24.8 us for one row.
+//  * all tokens (top_k <= 0, >= n_sample, or > 1024), one block of 1024 threads per row, on one SM: a
+//    pass for the max and top-n, a counting pass of
 //    the min-p survivors (exact test, with the logit prefilter l >= l_max + T log(min_p) - margin); if at
 //    most 8192 survive they are collected and finished as above (3 passes). Otherwise each of the
 //    count-based top-k cut, the top-p cut and the draw is a threshold search over the vocabulary by
@@ -276,6 +282,7 @@ struct SamplerPlan {
   int max_hist = 0;
   size_t workspace_bytes = 0;
   size_t smem_bytes = 0;
+  int part_slots = 0;  // blocks of the per-segment pass the device holds at once (sizes its grid)
 };
 // Sets the kernel's shared-memory limit (call before capture). Fails when the device cannot give one
 // block the shared memory that the vocabulary needs (about 80 KB + vocab / 8 bytes).
