@@ -9,9 +9,12 @@
 //              512, 4096, 32768: K + V bytes / time, rotating over slots for the same reason.
 //   sampler    V = 128256: greedy, top_k = 40 (+ top_p 0.95, min_p 0.05) and top_k = 0 top_p = 0.9,
 //              microseconds per launch for 1 row and for 32 rows.
-// Times: CUDA events around graph replays (median of 7 trials). Prints a table; --out DIR also writes
-// DIR/bench_cuda_kernels.txt.
-//   bench_cuda_kernels [--out DIR] [--quick]
+// Times: CUDA events around graph replays (median of 7 trials, 5 with --sweep). Prints a table; --out DIR
+// also writes DIR/bench_cuda_kernels.txt.
+// --sweep adds columns: gemv variants (no PDL, the 2026-11 kernel, TF32 instead of BF16x3, other block
+// shapes and split counts; see src/backend/cuda/tuning.h), attention and sampler without PDL. --only SECTION
+// (read, gemv, attention, sampler; repeatable) runs those sections only (the read ceiling always runs).
+//   bench_cuda_kernels [--out DIR] [--quick] [--sweep] [--only SECTION]...
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 #include "core/dtype.h"
 
 using namespace ultra;
@@ -36,6 +40,11 @@ namespace {
 
 FILE* g_log = nullptr;
 bool g_quick = false;
+bool g_sweep = false;  // --sweep: gemv variants, attention / sampler with and without PDL
+std::vector<std::string> g_only;
+bool section(const char* name) {
+  return g_only.empty() || std::find(g_only.begin(), g_only.end(), name) != g_only.end();
+}
 std::vector<std::string> g_summary;
 
 void out(const char* fmt, ...) {
@@ -97,8 +106,29 @@ __global__ void read_kernel(const uint4* p, size_t n16, uint32_t* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;  // practically never: keeps the loads alive
 }
 
+// The read kernel with programmatic dependent launch: the next launch may start once every block runs.
+__global__ void read_kernel_pdl(const uint4* p, size_t n16, uint32_t* sink) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  uint32_t acc = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    const uint4 a = detail::ld_stream16(p + i), b = detail::ld_stream16(p + i + stride);
+    const uint4 c = detail::ld_stream16(p + i + 2 * stride), d = detail::ld_stream16(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 a = detail::ld_stream16(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 // Median time (ms) of one call of `body`, captured `per_graph` times into a graph and replayed.
 double time_graph(cudaStream_t st, int per_graph, const std::function<void(int)>& body, int reps = 5) {
+  const int trials = g_sweep ? 5 : 7;  // the sweep measures many variants: fewer repetitions
+  if (g_sweep) reps = std::min(reps, 3);
   body(0);  // direct warm-up: module loading and host-side plans happen outside the capture
   CK(cudaStreamSynchronize(st));
   cudaGraph_t g;
@@ -113,7 +143,7 @@ double time_graph(cudaStream_t st, int per_graph, const std::function<void(int)>
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   std::vector<double> t;
-  for (int trial = 0; trial < 7; ++trial) {
+  for (int trial = 0; trial < trials; ++trial) {
     CK(cudaEventRecord(e0, st));
     for (int r = 0; r < reps; ++r) CK(cudaGraphLaunch(ge, st));
     CK(cudaEventRecord(e1, st));
@@ -155,10 +185,45 @@ double bench_read(cudaStream_t st) {
       cgbs);
   g_summary.push_back(std::string("read ceiling ") + std::to_string((int)best) + " GB/s, D2D copy " +
                       std::to_string((int)cgbs) + " GB/s (read+write)");
+  if (g_sweep) {  // the same read as a chain of 32 launches over gemv-sized buffers (rotating past the L2)
+    for (size_t mb : {32, 112}) {
+      const size_t b = mb << 20;
+      const int copies = (int)std::max<size_t>(2, (4 * g_dev.l2_bytes + b - 1) / b);
+      if ((size_t)copies * b > bytes) continue;
+      for (int pdl = 0; pdl < 2; ++pdl) {
+        const int blocks = g_dev.n_sms * 8;
+        const double ms = time_graph(st, 32, [&](int i) {
+          const uint4* p = reinterpret_cast<const uint4*>(buf + (size_t)(i % copies) * b);
+          if (!pdl) {
+            read_kernel<<<blocks, 256, 0, st>>>(p, b / 16, sink);
+          } else {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(blocks);
+            cfg.blockDim = dim3(256);
+            cfg.stream = st;
+            cudaLaunchAttribute at;
+            at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at.val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+            CK(cudaLaunchKernelEx(&cfg, read_kernel_pdl, p, b / 16, sink));
+          }
+        });
+        out("  read chain %3zu MB x 32 launches%s: %.2f us, %.0f GB/s (%.1f%%)\n", mb,
+            pdl ? " (PDL, overlapping)" : "", ms * 1e3, b / ms / 1e6, 100.0 * b / ms / 1e6 / best);
+      }
+    }
+  }
   CK(cudaFree(buf));
   CK(cudaFree(sink));
   return best;
 }
+
+struct GemvVariant {
+  const char* name;
+  tuning::GemvTuning t;
+  bool pdl;
+};
 
 void bench_gemv(cudaStream_t st, double ceiling) {
   struct S {
@@ -170,7 +235,33 @@ void bench_gemv(cudaStream_t st, double ceiling) {
                                  {"ffn down 4096x14336", 4096, 14336},
                                  {"lm_head 128256x4096", 128256, 4096}};
   const std::vector<int> ns = g_quick ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 2, 4, 8, 16, 32};
-  out("\n  gemv (BF16 weights, f32 activations)        n   us/call    GB/s   of read ceiling\n");
+  std::vector<GemvVariant> vs = {{"auto", {}, true}};
+  if (g_sweep) {
+    tuning::GemvTuning t;
+    vs.push_back({"no-PDL", t, false});
+    t.kernel = 1;
+    vs.push_back({"colsplit", t, false});
+    t.kernel = 2;
+    vs.push_back({"splitK", t, true});
+    t.pf_steps = 0;
+    vs.push_back({"sK-pf0", t, true});
+    t = {};
+    t.kernel = 2, t.config = 1;
+    vs.push_back({"sK-ring8", t, true});
+    t.pf_steps = 0;
+    vs.push_back({"sK-r8-pf0", t, true});
+    t.pf_steps = -1;
+    vs.push_back({"sK-r8-noPDL", t, false});
+    t = {};
+    t.kernel = 2, t.mma = 1;
+    vs.push_back({"sK-tf32", t, true});
+    t = {};
+    t.kernel = 2, t.config = 2;
+    vs.push_back({"sK-4w32r", t, true});
+  }
+  out("\n  gemv (BF16 weights, f32 activations): us/call (%% of read ceiling)");
+  for (auto& v : vs) out(" | %s", v.name);
+  out("\n");
   for (const S& s : shapes) {
     const size_t wbytes = (size_t)s.rows * s.cols * 2;
     const size_t span = 4 * g_dev.l2_bytes;
@@ -184,18 +275,26 @@ void bench_gemv(cudaStream_t st, double ceiling) {
     float* y = dalloc<float>((size_t)32 * s.rows);
     fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
     for (int n : ns) {
-      const double ms = time_graph(st, 32, [&](int i) {
-        WeightView wv{GgmlType::BF16, w[i % copies], s.rows, s.cols, (size_t)s.cols * 2};
-        CK(gemv(wv, x, n, y, nullptr, false, st));
-      });
-      const double bytes = (double)wbytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
-      const double gbs = bytes / ms / 1e6;
-      out("  %-40s %3d %9.2f %7.0f   %5.1f%%\n", s.name, n, ms * 1e3, gbs, 100.0 * gbs / ceiling);
-      if (n == 1 || n == 32)
-        g_summary.push_back(std::string("gemv ") + s.name + " n=" + std::to_string(n) + ": " +
-                            std::to_string((int)gbs) +
-                            " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");
+      out("  %-22s n=%-2d", s.name, n);
+      for (size_t vi = 0; vi < vs.size(); ++vi) {
+        tuning::set_gemv_tuning(vs[vi].t);
+        set_programmatic_launch(vs[vi].pdl);
+        const double ms = time_graph(st, 32, [&](int i) {
+          WeightView wv{GgmlType::BF16, w[i % copies], s.rows, s.cols, (size_t)s.cols * 2};
+          CK(gemv(wv, x, n, y, nullptr, false, st));
+        });
+        const double bytes = (double)wbytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
+        const double gbs = bytes / ms / 1e6;
+        out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
+        if (vi == 0 && (n == 1 || n == 8 || n == 32))
+          g_summary.push_back(std::string("gemv ") + s.name + " n=" + std::to_string(n) + ": " +
+                              std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
+                              " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");
+      }
+      out("\n");
     }
+    tuning::set_gemv_tuning({});
+    set_programmatic_launch(true);
     for (auto p : w) CK(cudaFree(p));
     CK(cudaFree(x));
     CK(cudaFree(y));
@@ -204,7 +303,9 @@ void bench_gemv(cudaStream_t st, double ceiling) {
 
 void bench_attention(cudaStream_t st, double ceiling) {
   const int n_heads = 32, n_kv = 8, hd = 128;
-  out("\n  attention (F16 cache, 32 heads, 8 kv heads, hd 128)  ctx  rows splits  us/call   GB/s  of read\n");
+  out("\n  attention (F16 cache, 32 heads, 8 kv heads, hd 128)  ctx  rows splits  us/call   GB/s  of "
+      "read%s\n",
+      g_sweep ? "  | variants: us/call" : "");
   for (int ctx : {512, 4096, 32768}) {
     for (int rows : {1, 8}) {
       const size_t slot_bytes = (size_t)n_kv * ctx * hd * 2 * 2;  // K + V
@@ -228,14 +329,49 @@ void bench_attention(cudaStream_t st, double ceiling) {
       int32_t* dseq = dalloc<int32_t>(seq.size());
       CK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(dseq, seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
-      const double ms = time_graph(st, 32, [&](int i) {
+      auto body = [&](int i) {
         const int gi = i % groups;
         CK(attention(plan, kv, q, rows, dpos + gi * rows, dseq + gi * rows, 0.088f, o, ws, st));
-      });
+      };
+      const double ms = time_graph(st, 32, body);
       const double bytes = (double)rows * slot_bytes;
       const double gbs = bytes / ms / 1e6;
-      out("  %-50s %6d %4d %6d %8.2f %6.0f  %5.1f%%\n", "", ctx, rows, plan.n_splits, ms * 1e3, gbs,
+      out("  %-50s %6d %4d %6d %8.2f %6.0f  %5.1f%%", "", ctx, rows, plan.n_splits, ms * 1e3, gbs,
           100.0 * gbs / ceiling);
+      if (g_sweep) {
+        tuning::set_attention_pdl(true);
+        out("  | PDL %8.2f", time_graph(st, 32, body) * 1e3);
+        tuning::set_attention_pdl(false);
+        for (int stage : {1, 2}) {
+          tuning::set_attention_stage(stage);
+          out("  | %s %7.2f", stage == 1 ? "split-kernel" : "combine", time_graph(st, 32, body) * 1e3);
+        }
+        tuning::set_attention_stage(0);
+        {  // one K/V tile in flight per block, more blocks per SM (the plan follows)
+          tuning::set_attention_stages(1);
+          const AttentionPlan p1 = plan_attention(g_dev, kv, n_heads, rows);
+          uint8_t* ws1 = dalloc<uint8_t>(p1.workspace_bytes + 256);
+          const double ms1 = time_graph(st, 32, [&](int i) {
+            const int gi = i % groups;
+            CK(attention(p1, kv, q, rows, dpos + gi * rows, dseq + gi * rows, 0.088f, o, ws1, st));
+          });
+          out("  | 1 stage (%d splits) %7.2f", p1.n_splits, ms1 * 1e3);
+          CK(cudaFree(ws1));
+          tuning::set_attention_stages(0);
+        }
+        for (int fs : {rows * 8 * 4 <= 1024 ? 128 : 16, rows * 8 * 4 <= 1024 ? 256 : 32}) {
+          if (fs > ctx / 64) continue;
+          const AttentionPlan p2 = plan_attention(g_dev, kv, n_heads, rows, fs);
+          uint8_t* ws2 = dalloc<uint8_t>(p2.workspace_bytes + 256);
+          const double ms2 = time_graph(st, 32, [&](int i) {
+            const int gi = i % groups;
+            CK(attention(p2, kv, q, rows, dpos + gi * rows, dseq + gi * rows, 0.088f, o, ws2, st));
+          });
+          out("  | %d splits %7.2f", fs, ms2 * 1e3);
+          CK(cudaFree(ws2));
+        }
+      }
+      out("\n");
       g_summary.push_back("attention ctx=" + std::to_string(ctx) + " rows=" + std::to_string(rows) + ": " +
                           std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
                           " GB/s");
@@ -278,7 +414,8 @@ void bench_sampler(cudaStream_t st) {
                      {"top_k=40 + repeat penalty (64)", 0.8f, 40, 0.95f, 0.05f, 1.1f},
                      {"top_k=0 top_p=0.9", 1.0f, 0, 0.9f, 0.0f, 1.0f},
                      {"top_k=0 top_p=0.9 T=3 (flat)", 3.0f, 0, 0.9f, 0.0f, 1.0f}};
-  out("\n  sampler V=128256                              us/launch (1 row)   us/launch (32 rows)\n");
+  out("\n  sampler V=128256                              us/launch (1 row)   us/launch (32 rows)%s\n",
+      g_sweep ? "  | no-PDL 1 row, 32 rows" : "");
   for (const C& c : cases) {
     std::vector<SamplerRow> rows(max_rows);
     for (int r = 0; r < max_rows; ++r) {
@@ -293,7 +430,22 @@ void bench_sampler(cudaStream_t st) {
     for (int n : {1, max_rows}) {
       t[i++] = time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3;
     }
-    out("  %-44s %10.1f %20.1f\n", c.name, t[0], t[1]);
+    out("  %-44s %10.1f %20.1f", c.name, t[0], t[1]);
+    if (g_sweep) {
+      set_programmatic_launch(false);
+      for (int n : {1, max_rows})
+        out("  | %6.1f",
+            time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3);
+      set_programmatic_launch(true);
+      for (int stage : {1, 2}) {
+        tuning::set_sampler_stage(stage);
+        for (int n : {1, max_rows})
+          out("  | %s %6.1f", stage == 1 ? "segments" : "merge",
+              time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3);
+      }
+      tuning::set_sampler_stage(0);
+    }
+    out("\n");
     g_summary.push_back(std::string("sampler ") + c.name + ": " + std::to_string(t[0]).substr(0, 6) +
                         " us (1 row), " + std::to_string(t[1]).substr(0, 6) + " us (32 rows)");
   }
@@ -312,8 +464,12 @@ int main(int argc, char** argv) {
       out_dir = argv[++i];
     else if (a == "--quick")
       g_quick = true;
+    else if (a == "--sweep")
+      g_sweep = true;
+    else if (a == "--only" && i + 1 < argc)
+      g_only.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--out DIR] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--out DIR] [--quick] [--sweep] [--only SECTION]...\n", argv[0]);
       return 2;
     }
   }
@@ -339,9 +495,9 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   out("\nceilings\n");
   const double ceiling = bench_read(st);
-  bench_gemv(st, ceiling);
-  bench_attention(st, ceiling);
-  bench_sampler(st);
+  if (section("gemv")) bench_gemv(st, ceiling);
+  if (section("attention")) bench_attention(st, ceiling);
+  if (section("sampler")) bench_sampler(st);
   out("\nsummary\n");
   for (const auto& s : g_summary) out("  %s\n", s.c_str());
   CK(cudaStreamDestroy(st));

@@ -2,7 +2,7 @@
 # Builds and runs the CUDA kernel test program and benchmark on a GPU machine (Hopper), from the repo root;
 # prints a short summary table last.
 #
-#   tools/gpu_suite.sh [--nvcc | --cmake] [--build-dir DIR] [--out DIR] [--quick] [--no-bench] [--seed N]
+#   tools/gpu_suite.sh [--nvcc | --cmake] [--build-dir DIR] [--out DIR] [--quick] [--no-bench] [--sweep] [--seed N]
 #
 #   --nvcc       (default) compile src/backend/cuda/*.cu and the two programs with nvcc alone: needs only the
 #                CUDA toolkit (nvcc, cuBLASLt), not the Debian packages of the rest of the repo
@@ -12,6 +12,7 @@
 #   --out DIR    logs and result files (default: $OUT when set, else /tmp/ultra-gpu-suite)
 #   --quick      fewer shapes in the test and the benchmark
 #   --no-bench   run the test only
+#   --sweep      benchmark variants too (bench_cuda_kernels --sweep: gemv kernels and knobs, PDL on / off)
 # Exit status: the test program's (0 pass, 1 failure, 77 no device), or 2 when the build failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ mode=nvcc
 build_dir=""
 out_dir="${OUT:-/tmp/ultra-gpu-suite}"
 quick=()
+sweep=()
 bench=1
 seed=1234
 while [ $# -gt 0 ]; do
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --out) out_dir="$2"; shift ;;
     --quick) quick=(--quick) ;;
     --no-bench) bench=0 ;;
+    --sweep) sweep=(--sweep) ;;
     --seed) seed="$2"; shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -116,8 +119,8 @@ tail -1 "$out_dir/test.log"
 
 bench_rc=skipped
 if [ $bench = 1 ] && [ $test_rc -ne 77 ]; then
-  log "benchmark: $bench_bin ${quick[*]}"
-  "$bench_bin" --out "$out_dir" "${quick[@]}" > "$out_dir/bench.log" 2>&1
+  log "benchmark: $bench_bin ${quick[*]} ${sweep[*]}"
+  "$bench_bin" --out "$out_dir" "${quick[@]}" "${sweep[@]}" > "$out_dir/bench.log" 2>&1
   bench_rc=$?
   sed -n '/^ceilings/,/^summary/p' "$out_dir/bench.log"
 fi

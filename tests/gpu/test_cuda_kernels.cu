@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 #include "core/dtype.h"
 #include "sampling/philox.h"
 
@@ -1007,6 +1008,58 @@ int main(int argc, char** argv) {
         }
     test_gemv(GgmlType::BF16, 70, 264, 5, true, false, GemvPath::tensor_core, 16);  // padded rows
     test_gemv(GgmlType::F16, 4096, 4096, 1, false, true, GemvPath::tensor_core);
+    // the automatic choice for tall BF16 matrices: the split-K kernel (ring 8 for n <= 4; no L2 prefetch
+    // for 9 <= n <= 16 on >= 65536 rows)
+    for (int n : {1, 4}) test_gemv(GgmlType::BF16, 8192 + 37, 1024, n, n == 1, n == 4, GemvPath::automatic);
+    test_gemv(GgmlType::BF16, 65536 + 5, 256, 12, true, true, GemvPath::automatic);
+    // every variant of the split-K kernel the benchmark can select (tuning.h): MMA flavour x block shape x
+    // split-K, and a tiny shared-memory budget that stages x in many sub-slices
+    for (int mma : {1, 2})
+      for (int cfg = 0; cfg < tuning::gemv_config_count(); ++cfg)
+        for (int ks : {0, 1, 2, 8})
+          for (int budget : {0, 4096}) {
+            if (g_quick && (ks == 2 || budget != 0)) continue;
+            tuning::GemvTuning t;
+            t.kernel = 2, t.mma = mma, t.config = cfg, t.splits = ks, t.smem_budget = budget;
+            tuning::set_gemv_tuning(t);
+            const std::string v = fmt("[mma %d cfg %d ks %d budget %d]", mma, cfg, ks, budget);
+            out("     variant %s\n", v.c_str());
+            for (int n : {1, 9, 32}) {
+              test_gemv(GgmlType::BF16, 130, 4096, n, n != 9, n == 9, GemvPath::tensor_core);
+              test_gemv(GgmlType::BF16, 257, 1000, n, false, false, GemvPath::tensor_core);
+            }
+          }
+    for (int trig : {1, 2}) {  // trigger at the start / after the loads; without the L2 prefetch
+      tuning::GemvTuning t;
+      t.kernel = 2, t.trigger = trig, t.pf_steps = trig == 1 ? -1 : 0;
+      tuning::set_gemv_tuning(t);
+      for (int n : {1, 8, 17}) test_gemv(GgmlType::BF16, 1000, 4096, n, true, n == 8, GemvPath::automatic);
+    }
+    tuning::set_gemv_tuning({});
+    tuning::GemvTuning old;
+    old.kernel = 1;
+    tuning::set_gemv_tuning(old);
+    for (int n : {1, 9, 32}) test_gemv(GgmlType::BF16, 257, 1024, n, true, false, GemvPath::tensor_core);
+    tuning::set_gemv_tuning({});
+    // the split-K kernel (and F16 / F32 weights through it) launched the ordinary way
+    set_programmatic_launch(false);
+    {
+      tuning::GemvTuning t;
+      t.kernel = 2;
+      tuning::set_gemv_tuning(t);
+      for (GgmlType ty : {GgmlType::BF16, GgmlType::F16, GgmlType::F32})
+        test_gemv(ty, 1000, 4096, 8, true, true, GemvPath::automatic);
+      tuning::set_gemv_tuning({});
+    }
+    set_programmatic_launch(true);
+    {  // F16 / F32 weights through the split-K kernel, with programmatic launch
+      tuning::GemvTuning t;
+      t.kernel = 2;
+      tuning::set_gemv_tuning(t);
+      for (GgmlType ty : {GgmlType::F16, GgmlType::F32})
+        for (int n : {1, 9, 32}) test_gemv(ty, 257, 1000, n, n == 9, n == 1, GemvPath::automatic);
+      tuning::set_gemv_tuning({});
+    }
   }
   if (enabled("matmul")) {
     Dev<uint8_t> ws(CudaMatmul::workspace_bytes(300, 4096));
@@ -1031,6 +1084,17 @@ int main(int argc, char** argv) {
       test_attention({t, 128, 8, 1, {4096}, {0}, 1});                   // one split over 4097 positions
       test_attention({t, 64, 8, 8, {4096, 700}, {1, 2}, 7});            // forced 7 splits
     }
+    // with programmatic dependent launch
+    tuning::set_attention_pdl(true);
+    for (GgmlType t : types) test_attention({t, 128, 32, 8, {4096, 700, 12}, {1, 2, 0}, 0});
+    tuning::set_attention_pdl(false);
+    // one K/V tile in flight per block (the plan's split count follows)
+    tuning::set_attention_stages(1);
+    for (GgmlType t : types) {
+      test_attention({t, 128, 8, 2, {16, 999, 5, 300}, {0, 1, -1, 2}, 0});
+      test_attention({t, 80, 24, 2, {1000, 33, 2000}, {1, 0, 2}, 0});
+    }
+    tuning::set_attention_stages(0);
     // prefill rows: 100 consecutive positions of one sequence (plus one padding row)
     std::vector<int32_t> pos, seq;
     for (int i = 0; i < 100; ++i) pos.push_back(400 + i), seq.push_back(1);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/dtype.h"
 
@@ -106,6 +107,14 @@ struct Chunk8 {
       w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
     }
   }
+  __device__ __forceinline__ void load_shared(const void* p) {  // p: 16-byte aligned shared memory
+    const uint4 a = *static_cast<const uint4*>(p);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    if constexpr (kWords == 8) {
+      const uint4 b = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p) + 16);
+      w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    }
+  }
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int i = 0; i < kWords; ++i) w[i] = 0;
@@ -128,6 +137,142 @@ struct Chunk8 {
     return (e & 1) ? p.y : p.x;
   }
 };
+
+// ---- BF16 tensor-core MMA
+// ----------------------------------------------------------------------------------
+//
+// mma.sync m16n8k16 .bf16 with f32 accumulation, fragments per lane (g = lane / 4, t = lane % 4), each
+// register a pair of bf16 (lower k in the low half):
+//   A: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
+//   B: b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];  C as for the TF32 MMA.
+// As there, the k order is free: lane t of a row uses the 32-bit words of its own 16-byte chunk (word 2s for
+// k = 2t, 2t+1 and word 2s+1 for k = 2t+8, 2t+9 of the s-th MMA), and the B side the same words of x.
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two f32 as a bf16 pair (round to nearest even): lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float bf16_lo(uint32_t w) {
+  return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float bf16_hi(uint32_t w) {
+  return __uint_as_float(w & 0xffff0000u);
+}
+
+// (v0, v1) = h + m + l in three bf16 pairs: each residual is exact in f32, so h + m + l equals v to
+// ~2^-24 relative (bf16 keeps f32's exponent range).
+__device__ __forceinline__ void split_bf16x3(float v0, float v1, uint32_t& h, uint32_t& m, uint32_t& l) {
+  h = pack_bf16x2(v0, v1);
+  const float r0 = __fsub_rn(v0, bf16_lo(h)), r1 = __fsub_rn(v1, bf16_hi(h));
+  m = pack_bf16x2(r0, r1);
+  l = pack_bf16x2(__fsub_rn(r0, bf16_lo(m)), __fsub_rn(r1, bf16_hi(m)));
+}
+
+// ---- Programmatic dependent launch (Hopper)
+// ----------------------------------------------------------------
+//
+// Kernels launched by launch_ex() may start while the previous kernel of the stream is still running. Each
+// such kernel calls pdl_wait() (griddepcontrol.wait: returns once the previous grid has completed and its
+// writes are visible) in every block before it reads anything an earlier kernel may have written and before
+// it writes anything, and pdl_trigger() as soon as its own blocks are all running, so that the next kernel
+// can be scheduled into the SMs this one leaves idle. Both are no-ops for a kernel launched without the
+// attribute. Data written by earlier kernels is read after the wait with L2-coherent loads (ld.global.cg or
+// the bulk copy engine), never through the non-coherent path.
+
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+bool pdl_enabled();  // set_programmatic_launch() (kernels.h); defined in gemv.cu
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when pdl
+// and pdl_enabled(), and with cluster_x > 1 as clusters of cluster_x blocks along x.
+template <class... KArgs, class... Args>
+cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      int cluster_x, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int na = 0;
+  if (pdl && pdl_enabled()) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  if (cluster_x > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = (unsigned)cluster_x;
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = na;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// ---- Bulk copies into shared memory (cp.async.bulk, completing on an mbarrier)
+// ------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (before the block barrier that publishes them).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Orders this thread's earlier generic-proxy accesses to shared memory before later async-proxy ones.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// bytes (multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Requests bytes (multiple of 16) at global src (16-byte aligned) into L2; no completion to wait for.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 
 // ---- Reductions ------------------------------------------------------------------------------------------
 

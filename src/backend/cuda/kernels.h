@@ -33,6 +33,20 @@ struct DeviceInfo {
 };
 cudaError_t query_device(int device, DeviceInfo* out);
 
+// ---- Launch mode ---------------------------------------------------------------------------------------
+//
+// The sampler's two kernels and gemv's split-K kernel (the choice for tall BF16 matrices at small n, see
+// gemv) are launched with programmatic dependent launch (Hopper): such a kernel may start while the
+// previous kernel of its stream is still running, and waits (griddepcontrol.wait) for that kernel's
+// completion before it reads any data a kernel may have written and before it writes anything; in between
+// it only issues its first weight loads (gemv), so its start-up and the weight stream overlap the previous
+// kernel's tail. The one assumption: gemv weights (WeightView::data) are not written by kernels of the same
+// stream (they are loaded once, by copies). Works inside graph capture. The attention kernels can use it
+// too but do not by default (measured slower). On by default; set_programmatic_launch(false) launches all
+// of them the ordinary way (process-wide, for launches made afterwards).
+void set_programmatic_launch(bool enabled);
+bool programmatic_launch();
+
 // ---- Elementwise and row ops ---------------------------------------------------------------------------
 
 // x[i, :] = row tokens[i] of tok_embd (F32 / F16 / BF16 [vocab, dim]); a token outside [0, vocab) gives a
@@ -110,11 +124,16 @@ enum class GemvPath {
   simt,         // the plain fallback (any shape and alignment; slow for n > 4)
 };
 
-// Decode / small batch, 1 <= n <= kGemvMaxRows: streams every weight once for all n rows.
-// Tensor-core path: mma.sync m16n8k8 TF32 with the weights exact in TF32 (F16 / BF16) and x split into
-// hi + lo TF32 parts (two products; F32 weights are split as well: three), so the result carries f32
-// accuracy (~1e-6 relative) at tensor-core throughput. Weights read with 16-byte streaming loads; each
-// block owns 16 or 32 rows and its 8 warps split the columns.
+// Decode / small batch, 1 <= n <= kGemvMaxRows: streams every weight once for all n rows, f32 accuracy
+// (~1e-6 relative) at tensor-core throughput, weights read with 16-byte streaming loads. Two tensor-core
+// kernels, chosen by shape (docs/CUDA.md has the measurements):
+//  * column-split (most shapes): mma.sync m16n8k8 TF32 with the weights exact in TF32 (F16 / BF16) and x
+//    split into hi + lo TF32 parts (two products; F32 weights split as well: three); each block owns 16 or
+//    32 rows and its 8 warps split the columns.
+//  * split-K (BF16, >= 8192 rows and n <= 4, or >= 65536 rows and 9 <= n <= 16): blocks of 128 rows x a
+//    column slice, clusters of up to 8 blocks add their partial sums in fixed order through distributed
+//    shared memory; x staged once per block in three BF16 parts (m16n8k16 BF16 MMAs on the raw weights);
+//    programmatic dependent launch (see set_programmatic_launch). Deterministic like the other.
 cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  const float* x,       // [n, cols]
                  int n,
@@ -163,11 +182,12 @@ class CudaMatmul {
 // kv head h / (n_heads / n_kv_heads). Rows with seq[t] < 0 (or pos[t] < 0) are padding: zero output.
 // Rows with pos[t] >= max_ctx attend the whole slot.
 // One block handles one row, one kv head, up to 8 query heads of its group and one chunk of positions:
-// K and V are read once per (row, kv head) when the group is <= 8 (QK^T on tensor cores as in gemv, f32
-// accurate; softmax and P.V in f32). The positions [0, pos[t]] are split into n_splits chunks (at least 64
-// positions each; blocks whose chunk is empty exit at once); with n_splits > 1 each block writes a
-// partial (max, sum, unnormalised output) to the workspace and a second kernel combines them
-// (flash-decoding). n_splits is fixed by the plan, so one captured graph serves every context length.
+// K and V are read once per (row, kv head) when the group is <= 8, each 64-position tile of K and V by two
+// bulk copies into shared memory, two tiles in flight (QK^T on tensor cores as in gemv, f32 accurate;
+// softmax and P.V in f32). The positions [0, pos[t]] are split into n_splits chunks (whole 64-position
+// tiles; blocks whose chunk is empty exit at once); with n_splits > 1 each block writes a partial (max,
+// sum, unnormalised output) to the workspace and a second kernel combines them (flash-decoding). n_splits
+// is fixed by the plan, so one captured graph serves every context length.
 // Prefill rows (n up to a few hundred, any positions) are correct but read K/V once per row.
 // head_dim % 8 == 0, head_dim <= 256.
 struct AttentionPlan {
@@ -176,8 +196,9 @@ struct AttentionPlan {
   int n_splits = 1;
   size_t workspace_bytes = 0;  // for max_rows rows
 };
-// n_splits from the SM count, the rows and max_ctx (about 4 blocks per SM for max_rows rows, each split
-// at least 256 positions of a full context); force_splits > 0 overrides it.
+// n_splits from the SM count, the rows and max_ctx (one wave of blocks for max_rows rows: 3 per SM for
+// head_dim 128 F16; each split at least one 64-position tile of a full context, at most 256 splits);
+// force_splits > 0 overrides it.
 AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
                              int force_splits = 0);
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
@@ -192,7 +213,9 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
 
 // ---- Sampler ------------------------------------------------------------------------------------------
 //
-// One block per output row, one fused kernel. The function computed (the CPU implements the same one):
+// Two kernels (greedy and top_k rows: a per-segment pass over many blocks, then one block per row that
+// merges and finishes; other rows: the second kernel alone). The function computed (the CPU implements the
+// same one):
 //  a. A NaN or Inf among logits[0, n_sample) sets error = 1; the row then gets token 0, logprob NaN.
 //  b. Penalties, for each distinct token t of the window hist[0, n_hist) seen c times (tokens outside
 //     [0, n_sample) ignored): l_t = (l_t <= 0 ? l_t * repeat_penalty : l_t / repeat_penalty)
@@ -211,11 +234,15 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
 // CUDA's expf (<= 2 ulp): a decision can differ from the CPU's only when a compared quantity is within
 // ~1e-6 relative of its threshold.
 //
-// Paths (cost for V = 128256 on one SM; a pass reads the row's logits once):
-//  * greedy: one pass (argmax, top-n, online log-sum-exp).
-//  * 1 <= top_k <= 1024 (top_k < n_sample): one pass keeps the top_k candidates in shared memory
-//    (threshold filter + radix-select compaction), then everything else is O(top_k) in shared memory.
-//  * all tokens (top_k <= 0, >= n_sample, or > 1024): a pass for the max and top-n, a counting pass of
+// Paths (a pass reads the row's logits once):
+//  * greedy: the row is split into up to 64 segments of <= 8192 tokens (one 256-thread block each; fewer
+//    when many rows share one wave of blocks): argmax candidates, top-n and a log-sum-exp partial per
+//    segment; one block per row merges them. 17.6 us for one row of V = 128256 on an H200.
+//  * 1 <= top_k <= 1024 (top_k < n_sample): the same segments keep their top_k candidates (radix select
+//    in shared memory, at most 16384 candidates per row in all); the merge compacts them to the top_k and
+//    everything else is O(top_k) in shared memory. 24.8 us for one row.
+//  * all tokens (top_k <= 0, >= n_sample, or > 1024), one block of 1024 threads per row, on one SM: a
+//    pass for the max and top-n, a counting pass of
 //    the min-p survivors (exact test, with the logit prefilter l >= l_max + T log(min_p) - margin); if at
 //    most 8192 survive they are collected and finished as above (3 passes). Otherwise each of the
 //    count-based top-k cut, the top-p cut and the draw is a threshold search over the vocabulary by
@@ -255,6 +282,7 @@ struct SamplerPlan {
   int max_hist = 0;
   size_t workspace_bytes = 0;
   size_t smem_bytes = 0;
+  int part_slots = 0;  // blocks of the per-segment pass the device holds at once (sizes its grid)
 };
 // Sets the kernel's shared-memory limit (call before capture). Fails when the device cannot give one
 // block the shared memory that the vocabulary needs (about 80 KB + vocab / 8 bytes).

@@ -1,13 +1,20 @@
-// Fused token sampler: one block of 1024 threads per output row (the function is specified in kernels.h).
+// Token sampler, two kernels per launch (the function is specified in kernels.h):
+//  * sampler_part_kernel: greedy and top_k <= 1024 rows only. Each row's vocabulary is split into segments
+//    (one block of 256 threads each, as many as one wave of blocks over all rows allows, at most 64 per
+//    row and at most 16384 / K): NaN / Inf check, the segment's penalties, its K best keys (radix select
+//    in shared memory) and, for greedy, its log-sum-exp partial (max, sum of expf(l - max) in double).
+//  * sampler_kernel, one block of 1024 threads per row: merges the segments' candidates (greedy, top_k) and
+//    finishes in shared memory, or runs the all-tokens path over the vocabulary itself.
+// Both use programmatic dependent launch (they wait before reading anything).
 //
 // Candidates are 64-bit keys (order-preserving bits of the penalised logit << 32 | ~id): one unsigned
 // compare orders them by (logit desc, id asc), and the id comes back from the key.
 //
-// Pass 1 (every path) streams the row once: NaN / Inf check, penalties (tokens of the window are marked in
-// a shared-memory bitmap and stand in the stream through their precomputed override values), and a
-// threshold filter that keeps the K best keys in a shared buffer: a key enters when it is >= the current
-// threshold; whenever the buffer may overflow, a block-wide radix select finds the K-th key, the buffer is
-// compacted to the K best and the threshold raised to it. Greedy also accumulates an online log-sum-exp.
+// Candidate streams (the segments' keys, or pass 1 of the all-tokens path over the row: NaN / Inf check,
+// penalties (tokens of the window are marked in a shared-memory bitmap and stand in the stream through
+// their precomputed override values)) go through a threshold filter that keeps the K best keys in a shared
+// buffer: a key enters when it is >= the current threshold; whenever the buffer may overflow, a block-wide
+// radix select finds the K-th key, the buffer is compacted to the K best and the threshold raised to it.
 // The sorted (bitonic) K best then either finish the row in shared memory (greedy, top_k <= 1024) or seed
 // the all-tokens path (see kernels.h and docs/CUDA.md for its passes).
 //
@@ -18,6 +25,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 #include "sampling/philox.h"
 
 namespace ultra::cuda {
@@ -39,9 +47,20 @@ constexpr double kFxOne = 17592186044416.0;  // 2^44: fixed-point unit of bucket
 
 static_assert(kCompactAt >= kMaxK, "a compaction must leave room for a sub-step");
 
+// Pass 1 of the greedy and top_k <= 1024 rows runs over many blocks per row (sampler_part_kernel): block b
+// of a row takes a segment of at most kSegCap tokens and keeps its K best keys (K = top_k, or n_probs for
+// greedy, at least 1) plus the partial log-sum-exp (greedy); the row's block of sampler_kernel merges them.
+constexpr int kPThreads = 256;
+constexpr int kSegCap = 8192;         // tokens per segment (their keys fill 64 KB of shared memory)
+constexpr int kPartBlocksMin = 64;    // segments per row when K allows (plan: at least vocab / kSegCap)
+constexpr int kMaxPartBlocks = 1024;  // vocabularies up to 8M tokens
+constexpr unsigned kCandCap = 16384;  // candidates per row that the merge takes in one buffer's worth
+
 struct Smem {
-  u64 buf[kBuf];    // candidates
-  u64 keep[kMaxK];  // compaction output
+  u64 buf[kBuf];                  // candidates
+  unsigned pcnt[kMaxPartBlocks];  // candidates per segment (greedy / top_k rows)
+  double pterm[kMaxPartBlocks];   // greedy: the segments' log-sum-exp terms
+  u64 keep[kMaxK];                // compaction output
   u64 top[kSamplerMaxProbs];
   unsigned hist_cnt[256];
   u64 hist_fx[256];
@@ -121,7 +140,8 @@ __device__ __forceinline__ int append(Smem& s, u64 key, bool ok) {
 }
 
 // Adds (1, w) to bucket d for the lanes with ok (warp-uniform call): one atomic per distinct bucket.
-__device__ __forceinline__ void hist_add(Smem& s, int d, bool ok, u64 w, bool with_mass) {
+template <bool with_mass, class S>
+__device__ __forceinline__ void hist_add(S& s, int d, bool ok, u64 w) {
   unsigned todo = __ballot_sync(kFullMask, ok);
   const int lane = threadIdx.x & 31;
   while (todo) {
@@ -129,7 +149,7 @@ __device__ __forceinline__ void hist_add(Smem& s, int d, bool ok, u64 w, bool wi
     const int dl = __shfl_sync(kFullMask, d, leader);
     const bool mine = ok && d == dl;
     const unsigned mm = __ballot_sync(kFullMask, mine);
-    if (with_mass) {
+    if constexpr (with_mass) {
       const u64 ws = warp_sum<u64>(mine ? w : 0ull);
       if (lane == leader) atomicAdd(&s.hist_fx[dl], ws);
     }
@@ -140,6 +160,10 @@ __device__ __forceinline__ void hist_add(Smem& s, int d, bool ok, u64 w, bool wi
 
 __device__ __forceinline__ void hist_clear(Smem& s) {
   for (int i = threadIdx.x; i < 256; i += kThreads) s.hist_cnt[i] = 0, s.hist_fx[i] = 0;
+}
+template <class S>
+__device__ __forceinline__ void hist_clear_cnt(S& s) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist_cnt[i] = 0;
 }
 
 // Exclusive prefix sum over the block in a fixed order; total returned through *total.
@@ -187,7 +211,7 @@ __device__ __forceinline__ void for_each_elem(const RowCtx& r, F&& f) {
     for (int e = 0; e < E; ++e) {
       const int id = base + e * kThreads + (int)threadIdx.x;
       ok[e] = id < r.n;
-      v[e] = ok[e] ? __ldg(r.logits + id) : 0.0f;
+      v[e] = ok[e] ? __ldcg(r.logits + id) : 0.0f;
     }
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -203,21 +227,21 @@ __device__ __forceinline__ void for_each_elem(const RowCtx& r, F&& f) {
   }
 }
 
-// ---- radix select over s.buf[0, cnt): a key L such that exactly k entries are >= L (1 <= k <= cnt; keys
-// distinct). Early exit when the bucket holding the k-th key is kept whole.
-__device__ u64 radix_kth(Smem& s, unsigned cnt, unsigned k) {
+// ---- radix select over keys[0, cnt) (shared memory): a key L such that exactly k entries are >= L
+// (1 <= k <= cnt; keys distinct). Early exit when the bucket holding the k-th key is kept whole. S: shared
+// state with hist_cnt[256], sel_digit, sel_cnt, sel_above_cnt; any block size (a multiple of 32).
+template <class S>
+__device__ u64 radix_kth(S& s, const u64* keys, unsigned cnt, unsigned k) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   u64 prefix = 0;
   unsigned need = k;
   for (int shift = 56; shift >= 0; shift -= 8) {
-    hist_clear(s);
+    hist_clear_cnt(s);
     __syncthreads();
     const u64 hm = hi_mask(shift);
-    for (unsigned base = 0; base < cnt; base += kThreads) {
-      const unsigned i = base + threadIdx.x;
-      const u64 key = i < cnt ? s.buf[i] : 0ull;
-      const bool ok = i < cnt && (key & hm) == prefix;
-      hist_add(s, (int)((key >> shift) & 255), ok, 0, false);
+    for (unsigned i = threadIdx.x; i < cnt; i += blockDim.x) {  // shared-memory atomics: no warp-wide rounds
+      const u64 key = keys[i];
+      if ((key & hm) == prefix) atomicAdd(&s.hist_cnt[(key >> shift) & 255], 1u);
     }
     __syncthreads();
     if (warp == 0) {  // the digit whose bucket holds the need-th largest, counting from the top
@@ -253,7 +277,7 @@ __device__ u64 radix_kth(Smem& s, unsigned cnt, unsigned k) {
 __device__ void compact(Smem& s, unsigned k) {
   const unsigned cnt = s.count;
   if (cnt <= k) return;
-  const u64 lo = radix_kth(s, cnt, k);
+  const u64 lo = radix_kth(s, s.buf, cnt, k);
   if (threadIdx.x == 0) s.kcount = 0;
   __syncthreads();
   const int lane = threadIdx.x & 31;
@@ -479,7 +503,7 @@ __device__ Cross cross_search(Smem& s, const RowCtx& r, const Kept& kept, W weig
       const bool in = ok && (key & hm) == prefix && kept(v, key);
       u64 w = 0;
       if (!kCount && in) w = (u64)llrint((double)weight(v) * kFxOne);
-      hist_add(s, (int)((key >> shift) & 255), in, w, !kCount);
+      hist_add<!kCount>(s, (int)((key >> shift) & 255), in, w);
     });
     __syncthreads();
     if (warp == 0) {
@@ -586,6 +610,14 @@ __device__ Cross cross_search(Smem& s, const RowCtx& r, const Kept& kept, W weig
   return Cross{false, 0, 0.0, 0};
 }
 
+struct PartMeta {  // one per (row, segment)
+  unsigned count;  // candidates written
+  int bad;         // a NaN / Inf logit in the segment
+  float m;         // greedy: largest (penalised) logit of the segment
+  float pad;
+  double s;  // greedy: sum of expf(l - m) over the segment
+};
+
 struct SampArgs {
   const float* logits;
   int64_t ld;
@@ -594,10 +626,252 @@ struct SampArgs {
   SamplerOutputs out;
   uint8_t* ws;
   int vocab, max_hist;
+  int part_blocks;      // row stride of part_meta (the most segments a row can have)
+  int seg_max;          // segments per row at most in this launch (grid.x of sampler_part_kernel)
+  int part_cap;         // candidate keys per row
+  u64* part_keys;       // [rows][part_cap]
+  PartMeta* part_meta;  // [rows][part_blocks]
 };
 
+// The row's parameters, read after pdl_wait through L2.
+__device__ __forceinline__ SamplerRow load_row(const SamplerRow* p) {
+  static_assert(sizeof(SamplerRow) % 8 == 0, "SamplerRow is read as 8-byte words");
+  u64 w[sizeof(SamplerRow) / 8];
+#pragma unroll
+  for (int i = 0; i < (int)(sizeof(SamplerRow) / 8); ++i) w[i] = __ldcg(reinterpret_cast<const u64*>(p) + i);
+  SamplerRow r;
+  memcpy(&r, w, sizeof r);
+  return r;
+}
+
+struct RowMode {
+  bool greedy, fast;  // fast: 1 <= top_k <= 1024, top_k < n_sample
+  int n_probs;        // clamped to [0, kSamplerMaxProbs]
+  unsigned K;         // candidates kept by pass 1
+};
+__device__ __forceinline__ RowMode row_mode(const SamplerRow& p, int n) {
+  RowMode m;
+  m.greedy = !(p.temperature > 0.0f);
+  m.fast = !m.greedy && p.top_k >= 1 && p.top_k <= kMaxK && p.top_k < n;
+  m.n_probs = p.n_probs < 0 ? 0 : (p.n_probs > kSamplerMaxProbs ? kSamplerMaxProbs : p.n_probs);
+  m.K = m.fast ? (unsigned)p.top_k : (unsigned)(m.n_probs > 1 ? m.n_probs : 1);
+  return m;
+}
+// Segments of a greedy / top_k row: at most seg_max (the launch's grid: one wave of segment blocks over
+// all rows, at most kPartBlocksMin per row) and at most kCandCap / K (the merge's buffer), never fewer than
+// segments of kSegCap tokens need. Block b owns tokens [b seg, (b + 1) seg) and writes its candidates at
+// part_keys[row][b K ...]; the plan sizes part_cap for the worst K.
+__device__ __forceinline__ int part_segments(const SampArgs& a, unsigned K) {
+  const int lo = (a.n_sample + kSegCap - 1) / kSegCap;
+  const int by_k = (int)(kCandCap / K);
+  int nb = by_k < a.seg_max ? by_k : a.seg_max;
+  return nb > lo ? nb : lo;
+}
+
+__device__ __forceinline__ bool has_penalties(const SamplerRow& p) {
+  return p.n_hist > 0 && p.hist &&
+         (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+}
+
+struct PSmem {
+  u64 keys[kSegCap];
+  unsigned hist_cnt[256];
+  u64 red_k[kPThreads / 32];
+  double red_d[kPThreads / 32];
+  unsigned count;
+  int sel_digit;
+  unsigned sel_cnt, sel_above_cnt;
+};
+
+// Pass 1 of a greedy / top_k row over one segment: NaN / Inf check, the segment's penalties (the counters
+// of its tokens are this block's alone), its K best keys and (greedy) its log-sum-exp partial.
+__global__ void __launch_bounds__(kPThreads) sampler_part_kernel(SampArgs a) {
+  extern __shared__ u64 psmem_raw[];
+  PSmem& s = *reinterpret_cast<PSmem*>(psmem_raw);
+  pdl_trigger();
+  pdl_wait();
+  const int row = blockIdx.y, b = blockIdx.x, tid = threadIdx.x;
+  const SamplerRow p = load_row(a.rows + row);
+  if (p.logits_row < 0) return;
+  const int n = a.n_sample;
+  const RowMode md = row_mode(p, n);
+  if (!md.greedy && !md.fast) return;  // all-tokens rows: sampler_kernel does everything
+  const int nb = part_segments(a, md.K);
+  if (b >= nb) return;
+  const int seg = (n + nb - 1) / nb;
+  const int s0 = b * seg;
+  const int s1 = s0 + seg < n ? s0 + seg : n;
+  const int cnt = s1 > s0 ? s1 - s0 : 0;
+  PartMeta* meta = a.part_meta + (size_t)row * a.part_blocks + b;
+  u64* out = a.part_keys + (size_t)row * a.part_cap + (size_t)b * md.K;
+  const float* lg = a.logits + (int64_t)p.logits_row * a.ld;
+
+  bool bad = false;
+  constexpr int E = 8;
+  for (int i0 = 0; i0 < cnt; i0 += kPThreads * E) {
+    float v[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = i0 + e * kPThreads + tid;
+      v[e] = i < cnt ? __ldcg(lg + s0 + i) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = i0 + e * kPThreads + tid;
+      if (i < cnt) {
+        if (!isfinite(v[e])) bad = true;
+        s.keys[i] = make_key(v[e], s0 + i);
+      }
+    }
+  }
+  if (has_penalties(p) && cnt > 0) {
+    uint32_t* counts =
+        reinterpret_cast<uint32_t*>(a.ws + (size_t)row * ((size_t)a.vocab + 2 * (size_t)a.max_hist) * 4);
+    const int nh = p.n_hist < a.max_hist ? p.n_hist : a.max_hist;
+    for (int i = tid; i < nh; i += kPThreads) {
+      const int t = __ldcg(p.hist + i);
+      if (t >= s0 && t < s1) atomicAdd(&counts[t], 1u);
+    }
+    __syncthreads();
+    for (int i = tid; i < nh; i += kPThreads) {
+      const int t = __ldcg(p.hist + i);
+      if (t < s0 || t >= s1) continue;
+      const unsigned c = atomicExch(&counts[t], 0u);
+      if (c == 0) continue;  // another thread owns this token
+      s.keys[t - s0] = make_key(penalise(__ldcg(lg + t), c, p), t);
+    }
+  }
+  bad = __syncthreads_or(bad);
+  if (bad || cnt == 0) {
+    if (tid == 0) *meta = PartMeta{0u, bad ? 1 : 0, -INFINITY, 0.0f, 0.0};
+    return;
+  }
+  // the segment's best key
+  u64 mx = 0;
+  for (int i = tid; i < cnt; i += kPThreads) mx = s.keys[i] > mx ? s.keys[i] : mx;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u64 y = __shfl_xor_sync(kFullMask, mx, o);
+    mx = y > mx ? y : mx;
+  }
+  if ((tid & 31) == 0) s.red_k[tid >> 5] = mx;
+  __syncthreads();
+  mx = s.red_k[0];
+  for (int w = 1; w < kPThreads / 32; ++w) mx = s.red_k[w] > mx ? s.red_k[w] : mx;
+  float m_b = -INFINITY;
+  double s_b = 0.0;
+  if (md.greedy) {
+    m_b = key_val(mx);
+    double loc = 0.0;
+    for (int i = tid; i < cnt; i += kPThreads) loc += (double)expf(key_val(s.keys[i]) - m_b);
+    s_b = block_sum(loc, s.red_d);
+  }
+  unsigned kb;
+  if ((unsigned)cnt <= md.K) {
+    for (int i = tid; i < cnt; i += kPThreads) out[i] = s.keys[i];
+    kb = (unsigned)cnt;
+  } else if (md.K == 1) {
+    if (tid == 0) out[0] = mx;
+    kb = 1;
+  } else {
+    const u64 lo = radix_kth(s, s.keys, (unsigned)cnt, md.K);
+    if (tid == 0) s.count = 0;
+    __syncthreads();
+    const int lane = tid & 31;
+    for (int base = 0; base < cnt; base += kPThreads) {
+      const int i = base + tid;
+      const u64 key = i < cnt ? s.keys[i] : 0ull;
+      const bool ok = i < cnt && key >= lo;
+      const unsigned m = __ballot_sync(kFullMask, ok);
+      if (m) {
+        const int leader = __ffs(m) - 1;
+        unsigned at = 0;
+        if (lane == leader) at = atomicAdd(&s.count, (unsigned)__popc(m));
+        at = __shfl_sync(kFullMask, at, leader);
+        if (ok) out[at + __popc(m & lanemask_lt())] = key;
+      }
+    }
+    kb = md.K;
+  }
+  if (tid == 0) *meta = PartMeta{kb, 0, m_b, 0.0f, s_b};
+}
+
+// Greedy and top_k <= 1024 rows: merge the segments' candidates (sampler_part_kernel) and finish.
+__device__ void sample_row_merged(const SampArgs& a, int row, const SamplerRow& p, const RowMode& md, Smem& s,
+                                  const OutPtrs& o) {
+  const int nb = part_segments(a, md.K);
+  const PartMeta* meta = a.part_meta + (size_t)row * a.part_blocks;
+  int bad = 0;
+  for (int b = threadIdx.x; b < nb; b += kThreads) {
+    bad |= __ldcg(&meta[b].bad);
+    s.pcnt[b] = __ldcg(&meta[b].count);
+  }
+  if (threadIdx.x == 0) s.count = 0, s.thr = 0;
+  if (__syncthreads_or(bad)) {
+    write_simple(o, 0, __int_as_float(0x7fc00000), 1);
+    return;
+  }
+  const u64* keys = a.part_keys + (size_t)row * a.part_cap;
+  const unsigned K = md.K;
+  const unsigned total = (unsigned)nb * K;
+  constexpr int E = 2 * kSub;
+  for (unsigned base = 0; base < total; base += kThreads * E) {
+    u64 kv[E];
+    bool ok[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const unsigned i = base + e * kThreads + threadIdx.x;
+      const unsigned b = i / K;
+      ok[e] = i < total && i - b * K < s.pcnt[b];
+      kv[e] = ok[e] ? __ldcg(keys + i) : 0ull;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int my_max = -1;
+#pragma unroll
+      for (int e = half * kSub; e < half * kSub + kSub; ++e) {
+        const int slot = append(s, kv[e], ok[e] && kv[e] >= s.thr);
+        if (slot > my_max) my_max = slot;
+      }
+      if (__syncthreads_or(my_max >= kCompactAt)) compact(s, K);
+    }
+  }
+  __syncthreads();
+  compact(s, K);
+  const unsigned m0 = s.count;  // >= 1
+  sort_desc(s, m0);
+  if (md.greedy) {
+    const float M = key_val(s.buf[0]);
+    for (int b = threadIdx.x; b < nb; b += kThreads)
+      s.pterm[b] = s.pcnt[b] ? __ldcg(&meta[b].s) * exp((double)__ldcg(&meta[b].m) - (double)M) : 0.0;
+    __syncthreads();
+    if (threadIdx.x == 0) {  // in segment order
+      double S = 0.0;
+      for (int b = 0; b < nb; ++b) S += s.pterm[b];
+      s.d0 = S;
+    }
+    __syncthreads();
+    const double log_sum = log(s.d0);
+    auto lp_of = [&](int j) {
+      const float l = key_val(s.buf[j]);
+      const double d = l == M ? 0.0 : (double)l - (double)M;
+      return (float)(d - log_sum);
+    };
+    if (threadIdx.x == 0) {
+      *o.token = key_id(s.buf[0]);
+      *o.logprob = (float)(0.0 - log_sum);
+      *o.error = 0;
+    }
+    write_top(
+        o, md.n_probs < (int)m0 ? md.n_probs : (int)m0, [&](int j) { return s.buf[j]; }, lp_of);
+    return;
+  }
+  const RowCtx r{nullptr, a.n_sample, nullptr, nullptr, nullptr, 0, p};
+  finish(s, r, (int)m0, true, md.n_probs, o);
+}
+
 __device__ void sample_row(const SampArgs& a, int row, Smem& s, uint32_t* bitmap) {
-  const SamplerRow p = a.rows[row];
+  const SamplerRow p = load_row(a.rows + row);
   OutPtrs o{a.out.token + row, a.out.logprob + row,
             a.out.top_token ? a.out.top_token + (int64_t)row * kSamplerMaxProbs : nullptr,
             a.out.top_logprob ? a.out.top_logprob + (int64_t)row * kSamplerMaxProbs : nullptr,
@@ -607,6 +881,11 @@ __device__ void sample_row(const SampArgs& a, int row, Smem& s, uint32_t* bitmap
     return;
   }
   const int n = a.n_sample;
+  const RowMode md = row_mode(p, n);
+  if (md.greedy || md.fast) {
+    sample_row_merged(a, row, p, md, s, o);
+    return;
+  }
   uint32_t* counts =
       reinterpret_cast<uint32_t*>(a.ws + (size_t)row * ((size_t)a.vocab + 2 * (size_t)a.max_hist) * 4);
   int32_t* ovr_tok = reinterpret_cast<int32_t*>(counts + a.vocab);
@@ -624,45 +903,33 @@ __device__ void sample_row(const SampArgs& a, int row, Smem& s, uint32_t* bitmap
   if (pen) {
     const int nh = p.n_hist < a.max_hist ? p.n_hist : a.max_hist;
     for (int i = threadIdx.x; i < nh; i += kThreads) {
-      const int t = p.hist[i];
+      const int t = __ldcg(p.hist + i);
       if (t >= 0 && t < n) atomicAdd(&counts[t], 1u);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < nh; i += kThreads) {
-      const int t = p.hist[i];
+      const int t = __ldcg(p.hist + i);
       if (t < 0 || t >= n) continue;
       const unsigned c = atomicExch(&counts[t], 0u);
       if (c == 0) continue;  // another thread owns this token
       const int k = atomicAdd(&s.n_ovr, 1);
       ovr_tok[k] = t;
-      ovr_val[k] = penalise(r.logits[t], c, p);
+      ovr_val[k] = penalise(__ldcg(r.logits + t), c, p);
       atomicOr(&bitmap[t >> 5], 1u << (t & 31));
     }
     __syncthreads();
     r.n_ovr = s.n_ovr;
   }
 
-  // ---- pass 1
-  const bool greedy = !(p.temperature > 0.0f);
-  const bool fast = !greedy && p.top_k >= 1 && p.top_k <= kMaxK && p.top_k < n;
-  const int n_probs = p.n_probs < 0 ? 0 : (p.n_probs > kSamplerMaxProbs ? kSamplerMaxProbs : p.n_probs);
-  const unsigned K = fast ? (unsigned)p.top_k : (unsigned)(n_probs > 1 ? n_probs : 1);
+  // ---- pass 1: the max and the n_probs best keys
+  const int n_probs = md.n_probs;
+  const unsigned K = md.K;
   bool bad = false;
-  float m_t = -INFINITY;  // greedy: online log-sum-exp of this thread's candidates
-  double s_t = 0.0;
   {
     auto consider = [&](float v, int id, bool ok, int& my_max) {
       const u64 key = make_key(v, id);
       const int slot = append(s, key, ok && key >= s.thr);
       if (slot > my_max) my_max = slot;
-      if (greedy && ok) {
-        if (v > m_t) {
-          s_t = s_t * (double)expf(m_t - v) + 1.0;
-          m_t = v;
-        } else {
-          s_t += (double)expf(v - m_t);
-        }
-      }
     };
     constexpr int E = 2 * kSub;
     for (int base = 0; base < n; base += kThreads * E) {
@@ -670,7 +937,7 @@ __device__ void sample_row(const SampArgs& a, int row, Smem& s, uint32_t* bitmap
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const int id = base + e * kThreads + (int)threadIdx.x;
-        v[e] = id < n ? __ldg(r.logits + id) : 0.0f;
+        v[e] = id < n ? __ldcg(r.logits + id) : 0.0f;
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -704,29 +971,6 @@ __device__ void sample_row(const SampArgs& a, int row, Smem& s, uint32_t* bitmap
   compact(s, K);
   const unsigned m0 = s.count;  // >= 1
   sort_desc(s, m0);
-
-  if (greedy) {
-    const float M = key_val(s.buf[0]);
-    const double part = m_t == -INFINITY ? 0.0 : s_t * exp((double)m_t - (double)M);
-    const double log_sum = log(block_sum_d(s, part));
-    auto lp_of = [&](int j) {
-      const float l = key_val(s.buf[j]);
-      const double d = l == M ? 0.0 : (double)l - (double)M;
-      return (float)(d - log_sum);
-    };
-    if (threadIdx.x == 0) {
-      *o.token = key_id(s.buf[0]);
-      *o.logprob = (float)(0.0 - log_sum);
-      *o.error = 0;
-    }
-    write_top(
-        o, n_probs < (int)m0 ? n_probs : (int)m0, [&](int j) { return s.buf[j]; }, lp_of);
-    return;
-  }
-  if (fast) {
-    finish(s, r, (int)m0, true, n_probs, o);
-    return;
-  }
 
   // ---- all tokens (top_k <= 0, >= n_sample or > kMaxK)
   const int n_top0 = n_probs < (int)m0 ? n_probs : (int)m0;
@@ -822,6 +1066,8 @@ __global__ void __launch_bounds__(kThreads, 1) sampler_kernel(SampArgs a) {
   extern __shared__ u64 smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(smem_raw + (sizeof(Smem) + 7) / 8);
+  pdl_trigger();
+  pdl_wait();
   sample_row(a, blockIdx.x, s, bitmap);
 }
 
@@ -829,7 +1075,35 @@ size_t smem_bytes_for(int vocab) {
   return (sizeof(Smem) + 7) / 8 * 8 + ((size_t)vocab + 31) / 32 * 4;
 }
 
+size_t round256(size_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+// Workspace: [rows][vocab + 2 max_hist] u32 (counters, override list), then the segments' candidate keys
+// [rows][part_cap] u64 and their PartMeta [rows][part_blocks].
+struct WsLayout {
+  int part_blocks, part_cap;
+  size_t keys_off, meta_off, total;
+  WsLayout(int max_rows, int vocab, int max_hist) {
+    const int lo = (vocab + kSegCap - 1) / kSegCap;
+    part_blocks = lo > kPartBlocksMin ? lo : kPartBlocksMin;
+    // segments x K <= max(kCandCap, lo x kMaxK) for every K (see part_segments)
+    const size_t cap = (size_t)lo * kMaxK > kCandCap ? (size_t)lo * kMaxK : kCandCap;
+    part_cap = (int)cap;
+    keys_off = round256((size_t)max_rows * ((size_t)vocab + 2 * (size_t)max_hist) * 4);
+    meta_off = round256(keys_off + (size_t)max_rows * cap * sizeof(u64));
+    total = round256(meta_off + (size_t)max_rows * part_blocks * sizeof(PartMeta));
+  }
+};
+
 }  // namespace
+
+namespace tuning {
+int g_sampler_stage = 0;
+void set_sampler_stage(int stage) {
+  g_sampler_stage = stage;
+}
+}  // namespace tuning
 
 cudaError_t plan_sampler(const DeviceInfo& dev, int max_rows, int vocab, int max_hist, SamplerPlan* plan) {
   if (max_rows < 1 || vocab < 1 || max_hist < 0 || max_hist > kSamplerMaxHistory)
@@ -846,8 +1120,22 @@ cudaError_t plan_sampler(const DeviceInfo& dev, int max_rows, int vocab, int max
   plan->max_rows = max_rows;
   plan->vocab = vocab;
   plan->max_hist = max_hist;
+  if (cudaError_t e = cudaFuncSetAttribute(sampler_part_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)sizeof(PSmem));
+      e != cudaSuccess)
+    return e;
+  const WsLayout ws(max_rows, vocab, max_hist);
+  if (ws.part_blocks > kMaxPartBlocks) return cudaErrorInvalidValue;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sampler_part_kernel, kPThreads, sizeof(PSmem)) !=
+          cudaSuccess ||
+      per_sm < 1) {
+    cudaGetLastError();
+    per_sm = 1;
+  }
+  plan->part_slots = per_sm * (dev.n_sms > 0 ? dev.n_sms : 132);
   plan->smem_bytes = smem;
-  plan->workspace_bytes = (size_t)max_rows * ((size_t)vocab + 2 * (size_t)max_hist) * 4;
+  plan->workspace_bytes = ws.total;
   return cudaSuccess;
 }
 
@@ -864,9 +1152,30 @@ cudaError_t sample(const SamplerPlan& plan, const float* logits, int64_t ld, int
       (!out.top_token != !out.top_logprob))
     return cudaErrorInvalidValue;
   if (n_rows == 0) return cudaSuccess;
-  const SampArgs a{logits,     ld,           n_sample, rows, out, static_cast<uint8_t*>(workspace),
-                   plan.vocab, plan.max_hist};
-  sampler_kernel<<<n_rows, kThreads, plan.smem_bytes, stream>>>(a);
+  const WsLayout ws(plan.max_rows, plan.vocab, plan.max_hist);
+  uint8_t* w = static_cast<uint8_t*>(workspace);
+  SampArgs a{logits, ld, n_sample, rows, out, w, plan.vocab, plan.max_hist};
+  a.part_blocks = ws.part_blocks;
+  a.part_cap = ws.part_cap;
+  {  // one wave of segment blocks over the rows, within [segments of kSegCap tokens, part_blocks]
+    const int lo = (n_sample + kSegCap - 1) / kSegCap;
+    const int wave = (plan.part_slots > 0 ? plan.part_slots : 396) / n_rows;
+    int sm = wave < kPartBlocksMin ? wave : kPartBlocksMin;
+    if (sm < lo) sm = lo;
+    a.seg_max = sm < ws.part_blocks ? sm : ws.part_blocks;
+  }
+  a.part_keys = reinterpret_cast<u64*>(w + ws.keys_off);
+  a.part_meta = reinterpret_cast<PartMeta*>(w + ws.meta_off);
+  if (tuning::g_sampler_stage != 2)
+    if (cudaError_t e = launch_ex(sampler_part_kernel, dim3(a.seg_max, n_rows), dim3(kPThreads),
+                                  sizeof(PSmem), stream, 1, true, a);
+        e != cudaSuccess)
+      return e;
+  if (tuning::g_sampler_stage != 1)
+    if (cudaError_t e =
+            launch_ex(sampler_kernel, dim3(n_rows), dim3(kThreads), plan.smem_bytes, stream, 1, true, a);
+        e != cudaSuccess)
+      return e;
   return cudaGetLastError();
 }
 

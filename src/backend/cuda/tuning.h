@@ -1,0 +1,33 @@
+// Process-wide overrides of the kernels' automatic choices, for the benchmark and the tests only (not part
+// of the launcher API the engine uses; not thread-safe: set them before launching).
+#pragma once
+
+namespace ultra::cuda::tuning {
+
+struct GemvTuning {
+  int kernel = 0;       // 0 automatic; 1 the column-split kernel (no PDL); 2 the split-K kernel (PDL)
+  int mma = 0;          // 0 automatic; 1 TF32 hi + lo; 2 BF16 x three parts (BF16 weights only)
+  int config = -1;      // -1 automatic; else an index below gemv_config_count() (BF16 weights only)
+  int splits = 0;       // 0 automatic; else the split-K cluster size 1, 2, 4 or 8
+  int smem_budget = 0;  // bytes of shared memory for the staged activations; 0 automatic
+  int pf_steps = -1;    // 32-column steps kept requested into L2 ahead of the register ring; -1 automatic
+  int trigger = 0;  // programmatic launch of the next kernel: 0 automatic, 1 at the start, 2 after the loads
+};
+void set_gemv_tuning(const GemvTuning& t);
+int gemv_config_count();
+const char* gemv_config_name(int config);
+
+// Which of a two-kernel op's launches run (for timing the parts; results are garbage unless 0):
+// 0 both, 1 the first only (attention: the split kernel; sampler: the per-segment pass), 2 the second only.
+void set_attention_stage(int stage);
+void set_sampler_stage(int stage);
+extern int g_attention_stage, g_sampler_stage;
+// Attention: at most this many K/V tiles in flight per block (0: automatic); the plan sizes its split count
+// from the resulting blocks per SM, so call it before plan_attention.
+void set_attention_stages(int stages);
+extern int g_attention_stages;
+// Attention: launch its two kernels with programmatic dependent launch (off by default: measured slower).
+void set_attention_pdl(bool on);
+extern bool g_attention_pdl;
+
+}  // namespace ultra::cuda::tuning
