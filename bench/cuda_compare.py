@@ -126,6 +126,9 @@ def main():
     ap.add_argument("--parallel", default="1,8,32")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--no-torch", action="store_true", help="ultra only")
+    ap.add_argument("--profile", action="store_true",
+                    help="also run ultra's decode op by op with ULTRA_CUDA_PROFILE=1 and print where time goes")
     ap.add_argument("--dir", default="/tmp/ultra-cuda-bench")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
@@ -140,11 +143,12 @@ def main():
         cfg, model = make_model(shape, path)
         r = dict(mb_per_token={d: bytes_per_token(cfg, int(d)) / 1e6 for d in args.depths.split(",")})
         print(f"[{shape}] model ready in {time.time() - t0:.1f} s", flush=True)
-        r["torch_eager_tg"] = torch_decode(model, cfg, 32, static=False)
-        r["torch_pp"] = torch_prefill(model, cfg, args.prompt)
-        print(f"[{shape}] PyTorch eager tg {r['torch_eager_tg']:.1f} tok/s, pp{args.prompt} {r['torch_pp']:.0f}",
-              flush=True)
-        if not args.no_torch_compile:
+        if not args.no_torch:
+            r["torch_eager_tg"] = torch_decode(model, cfg, 32, static=False)
+            r["torch_pp"] = torch_prefill(model, cfg, args.prompt)
+            print(f"[{shape}] PyTorch eager tg {r['torch_eager_tg']:.1f} tok/s, pp{args.prompt} "
+                  f"{r['torch_pp']:.0f}", flush=True)
+        if not args.no_torch and not args.no_torch_compile:
             try:
                 r["torch_compiled_tg"] = torch_decode(model, cfg, args.gen, static=True)
                 print(f"[{shape}] PyTorch static cache + torch.compile tg {r['torch_compiled_tg']:.1f} tok/s",
@@ -169,6 +173,11 @@ def main():
             r["pp_tflops"] = pp * 2 * matmul_params(cfg) / 1e12
             print(f"[{shape}] ultra ({time.time() - t0:.0f} s): {json.dumps(r['ultra'])}, launch "
                   f"{r['launch_us']:.2f} us", flush=True)
+        if args.profile:
+            p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n", "32", "-d", "128",
+                                "-r", "1"], capture_output=True, text=True, env={**os.environ, "ULTRA_CUDA_PROFILE": "1"})
+            r["profile"] = p.stderr[-4000:]
+            print(f"[{shape}] decode profile (d128):\n{p.stderr[-4000:]}", flush=True)
         result["shapes"][shape] = r
         with open(os.path.join(args.out, "cuda_compare.json"), "w") as f:
             json.dump(result, f, indent=1)
@@ -185,9 +194,10 @@ def main():
         for test, tps in u.items():
             if test.startswith("pp"):
                 gemm = result["gemm_bf16"]
+                tpp = r.get("torch_pp", 0)
                 print(f"| {shape} | {test} | {tps:.0f} | {r['pp_tflops']:.0f} TFLOP/s = "
-                      f"{100 * r['pp_tflops'] * 1e12 / gemm:.0f}% of GEMM | | {r['torch_pp']:.0f} (eager) |"
-                      f" {tps / r['torch_pp']:.2f}x |")
+                      f"{100 * r['pp_tflops'] * 1e12 / gemm:.0f}% of GEMM | | {tpp:.0f} (eager) |"
+                      f" {tps / tpp if tpp else 0:.2f}x |")
                 continue
             depth = test.split("@ d")[1].split()[0] if "@ d" in test else "0"
             par = int(test.split(" x")[1]) if " x" in test else 1

@@ -1,7 +1,8 @@
 // Counts every host allocation of the process (malloc, calloc, realloc, aligned_alloc, posix_memalign,
-// memalign, free; operator new/delete call them) on every thread while g_counting is set, by replacing the
-// C allocator's entry points. Include in exactly one file of a test executable. Under AddressSanitizer the
-// allocator belongs to ASan: ULTRA_COUNT_ALLOCS is 0 and nothing is replaced.
+// memalign, free; operator new/delete call them) while g_counting is set, by replacing the C allocator's
+// entry points: on every thread (g_allocs), and on the threads that asked (g_allocs_mine). Include in exactly
+// one file of a test executable. Under AddressSanitizer the allocator belongs to ASan: ULTRA_COUNT_ALLOCS is
+// 0 and nothing is replaced.
 #pragma once
 
 #include <atomic>
@@ -21,9 +22,17 @@
 
 namespace {
 inline std::atomic<bool> g_counting{false};
-inline std::atomic<long> g_allocs{0};
+inline std::atomic<long> g_allocs{0};       // on every thread
+inline std::atomic<long> g_allocs_mine{0};  // on threads that called count_this_thread()
+inline thread_local bool t_mine = false;
+inline void count_this_thread() {
+  t_mine = true;
+}
 inline void count() {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (g_counting.load(std::memory_order_relaxed)) {
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    if (t_mine) g_allocs_mine.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 }  // namespace
 

@@ -7,7 +7,8 @@
 # The GPU machine is bare (no Debian packages): build here and carry the binaries, e.g.
 #   mkdir -p .devbin .devlibs && cp build/{ultra,test_cuda_backend,test_cuda_kernels,bench_cuda_kernels} .devbin/
 #   cp /lib/x86_64-linux-gnu/libfmt.so.9 /lib/x86_64-linux-gnu/libpcre2-8.so.0 .devlibs/
-# then run `tools/gpu_run_all.sh` with .devbin and .devlibs carried.
+#   mkdir -p .devpack && tar cf - .devbin .devlibs | xz -9 > .devpack/bin.tar.xz   # 32 MB -> 2 MB
+# then, with .devpack carried: `tar xJf .devpack/bin.tar.xz && tools/gpu_run_all.sh`.
 #
 #   tools/gpu_run_all.sh [--bin DIR] [--quick] [--no-kernels] [--no-bench] [--shapes 1b,8b]
 set -uo pipefail
@@ -46,7 +47,7 @@ echo "== 2. engine on the CUDA backend"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if [ "$bench" = 1 ]; then
   echo "== 3. ultra vs PyTorch"
-  PYTHONUNBUFFERED=1 python3 bench/cuda_compare.py --ultra "$bin/ultra" --shapes "$shapes" --out "$out" 2>&1 |
+  PYTHONUNBUFFERED=1 python3 bench/cuda_compare.py --ultra "$bin/ultra" --shapes "$shapes" --profile --out "$out" 2>&1 |
     tee "$out/cuda_compare.log" || status=1
 fi
 echo "== summary"

@@ -18,18 +18,17 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = w.layers[il];
     ops.rmsnorm(b.x, l.attn_norm, n, dim, hp.rms_eps, b.xb);
-    ops.matmul(l.wq, b.xb, n, b.q, l.bq, false);
-    ops.matmul(l.wk, b.xb, n, b.k, l.bk, false);
-    ops.matmul(l.wv, b.xb, n, b.v, l.bv, false);
-    ops.rope(b.q, hp.n_heads, b.k, hp.n_kv_heads, n, hp.head_dim, rows.pos, hp.rope_interleaved);
-    ops.kv_write(il, b.k, b.v, n, rows.pos, rows.seq);
-    ops.attention(il, b.q, n, hp.n_heads, rows.pos, rows.seq, scale, b.att);
+    float *q = b.q, *k = b.k, *v = b.v;
+    ops.qkv(il, l, b.xb, n, q, k, v);
+    ops.rope(q, hp.n_heads, k, hp.n_kv_heads, n, hp.head_dim, rows.pos, hp.rope_interleaved);
+    ops.kv_write(il, k, v, n, rows.pos, rows.seq);
+    ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, b.att);
     ops.matmul(l.wo, b.att, n, b.x, nullptr, true);
 
     ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
-    ops.matmul(l.w_gate, b.xb, n, b.hb, nullptr, false);
-    ops.matmul(l.w_up, b.xb, n, b.hb2, nullptr, false);
-    ops.silu_mul(b.hb, b.hb2, (int64_t)n * hp.ffn_dim, b.hb2);
+    float *gate = b.hb, *up = b.hb2;
+    ops.gate_up(il, l, b.xb, n, gate, up);
+    ops.silu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
     ops.matmul(l.w_down, b.hb2, n, b.x, nullptr, true);
   }
   if (rows.n_out == 0) return;

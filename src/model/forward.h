@@ -55,6 +55,19 @@ class ForwardOps {
   virtual void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                          float scale, float* out) = 0;
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // The q, k, v projections (+ biases) of layer il. q, k, v come in pointing at the step buffers; a backend
+  // may instead compute them with one fused matrix [Wq; Wk; Wv] into memory of its own and point them there
+  // ([n, dim] rows each, contiguous per projection). The default: three matmuls into the step buffers.
+  virtual void qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) {
+    matmul(l.wq, x, n, q, l.bq, false);
+    matmul(l.wk, x, n, k, l.bk, false);
+    matmul(l.wv, x, n, v, l.bv, false);
+  }
+  // The gate and up projections of layer il, the same way ([W_gate; W_up] when fused).
+  virtual void gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) {
+    matmul(l.w_gate, x, n, gate, nullptr, false);
+    matmul(l.w_up, x, n, up, nullptr, false);
+  }
   // out[r] = x[rows[r]] for r < n_rows, rows of dim floats.
   virtual void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) = 0;
 };

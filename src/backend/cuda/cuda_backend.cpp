@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -155,6 +156,8 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   b_.hb2 = f(nb * hp.ffn_dim, "activations");
   b_.out_x = f((size_t)n_out_cap_ * hp.dim, "activations");
   b_.logits = f((size_t)n_out_cap_ * hp.n_vocab, "logits");
+  qkv1_ = f(q_dim + 2 * kv_dim, "activations");
+  gu1_ = f(2 * (size_t)hp.ffn_dim, "activations");
   token_log_ = mem_.alloc_n<int32_t>((size_t)p_.n_slots * p_.n_ctx, "token log");
   check(cudaMemsetAsync(token_log_, 0, (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t), stream_), "clear");
 
@@ -192,11 +195,21 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   d_in_ = static_cast<uint8_t*>(mem_.alloc(lay_.in_bytes, "step inputs"));
   d_out_ = static_cast<uint8_t*>(mem_.alloc(lay_.out_bytes, "step results"));
   logits_ready_.assign(n_out_cap_, 0);
+  if (const char* e = std::getenv("ULTRA_CUDA_PROFILE"); e && *e && *e != '0') {
+    prof_.on = true;
+    prof_.ev.resize(2 * kMaxOps);
+    prof_.name.resize(kMaxOps);
+    for (cudaEvent_t& ev : prof_.ev) check(cudaEventCreate(&ev), "event creation");
+  }
   check(cudaStreamSynchronize(stream_), "initialisation");
 }
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  if (prof_.on) {
+    print_profile();
+    for (cudaEvent_t ev : prof_.ev) cudaEventDestroy(ev);
+  }
   for (cudaGraphExec_t g : graphs_)
     if (g) cudaGraphExecDestroy(g);
   if (h_in_) cudaFreeHost(h_in_);
@@ -205,58 +218,103 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-// Weights: every matrix in its own type (F32 / F16 / BF16), norms and biases as f32, in one allocation;
-// a matrix used twice (tied embeddings) is uploaded once.
+// Weights: every matrix in its own type (F32 / F16 / BF16), norms and biases as f32, in one allocation; a
+// matrix used twice (tied embeddings) is uploaded once. Each layer's Wq, Wk, Wv are placed back to back,
+// as are W_gate and W_up, and the biases bq, bk, bv (zeros for a missing one): one view then covers the
+// fused matrix [Wq; Wk; Wv] or [W_gate; W_up] for the single-row step, while the separate views (row
+// ranges of it) serve the others. No weight is stored twice.
 void CudaBackend::upload_weights() {
   const HParams& hp = m_.hp;
-  std::vector<const WeightView*> mats = {&m_.tok_embd, &m_.output};
-  for (const LayerWeights& l : m_.layers)
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) mats.push_back(w);
-  std::vector<std::pair<const float*, size_t>> vecs = {{m_.output_norm, (size_t)hp.dim},
-                                                       {m_.rope_inv_freq.data(), (size_t)hp.head_dim / 2}};
-  for (const LayerWeights& l : m_.layers) {
-    vecs.push_back({l.attn_norm, (size_t)hp.dim});
-    vecs.push_back({l.ffn_norm, (size_t)hp.dim});
-    vecs.push_back({l.bq, (size_t)hp.n_heads * hp.head_dim});
-    vecs.push_back({l.bk, (size_t)hp.n_kv_heads * hp.head_dim});
-    vecs.push_back({l.bv, (size_t)hp.n_kv_heads * hp.head_dim});
-  }
-  std::unordered_map<const void*, size_t> offset;  // host data -> offset in the device block
-  size_t total = 0;
-  for (const WeightView* w : mats) {
-    if (w->type != GgmlType::F32 && w->type != GgmlType::F16 && w->type != GgmlType::BF16)
+  struct Part {
+    const void* src;  // null: zeros
+    size_t bytes;
+  };
+  std::vector<std::vector<Part>> blocks;
+  std::unordered_map<const void*, bool> seen;
+  auto mat = [&](const WeightView& w) -> Part {
+    if (w.type != GgmlType::F32 && w.type != GgmlType::F16 && w.type != GgmlType::BF16)
       fail(
           "CUDA backend: {} weights are not supported yet (use F32, F16 or BF16 weights, or the CPU backend)",
-          type_name(w->type));
-    if (offset.emplace(w->data, total).second) total = align_up(total + w->row_bytes * w->rows);
+          type_name(w.type));
+    return {w.data, w.row_bytes * (size_t)w.rows};
+  };
+  auto add = [&](std::vector<Part> parts) {
+    std::vector<Part> keep;
+    for (const Part& p : parts)
+      if (!p.src || seen.emplace(p.src, true).second) keep.push_back(p);
+    if (!keep.empty()) blocks.push_back(keep);
+  };
+  // Matrices that can share one view: same type, columns and row size, 16-byte rows.
+  auto fusable = [](std::initializer_list<const WeightView*> ws) {
+    const WeightView& a = **ws.begin();
+    for (const WeightView* w : ws)
+      if (w->type != a.type || w->cols != a.cols || w->row_bytes != a.row_bytes || w->row_bytes % 16)
+        return false;
+    return true;
+  };
+  add({mat(m_.tok_embd)});
+  add({mat(m_.output)});
+  const size_t q_dim = (size_t)hp.n_heads * hp.head_dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
+  std::vector<bool> fuse_qkv, fuse_gu;
+  for (const LayerWeights& l : m_.layers) {
+    fuse_qkv.push_back(fusable({&l.wq, &l.wk, &l.wv}));
+    fuse_gu.push_back(fusable({&l.w_gate, &l.w_up}));
+    if (fuse_qkv.back()) {
+      add({mat(l.wq), mat(l.wk), mat(l.wv)});
+    } else {
+      add({mat(l.wq)});
+      add({mat(l.wk)});
+      add({mat(l.wv)});
+    }
+    add({mat(l.wo)});
+    if (fuse_gu.back()) {
+      add({mat(l.w_gate), mat(l.w_up)});
+    } else {
+      add({mat(l.w_gate)});
+      add({mat(l.w_up)});
+    }
+    add({mat(l.w_down)});
+    add({{l.attn_norm, hp.dim * sizeof(float)}});
+    add({{l.ffn_norm, hp.dim * sizeof(float)}});
+    if (l.bq || l.bk || l.bv)
+      add({{l.bq, q_dim * sizeof(float)}, {l.bk, kv_dim * sizeof(float)}, {l.bv, kv_dim * sizeof(float)}});
   }
-  for (const auto& [p, n] : vecs)
-    if (p && offset.emplace(p, total).second) total = align_up(total + n * sizeof(float));
+  add({{m_.output_norm, hp.dim * sizeof(float)}});
+  add({{m_.rope_inv_freq.data(), hp.head_dim / 2 * sizeof(float)}});
+
+  size_t total = 0;
+  for (const auto& b : blocks) {
+    for (const Part& p : b) total += p.bytes;
+    total = align_up(total);
+  }
   uint8_t* base = static_cast<uint8_t*>(mem_.alloc(total, "weights"));
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unordered_map<const void*, bool> done;
-  for (const WeightView* w : mats)
-    if (done.emplace(w->data, true).second)
-      check(cudaMemcpy(base + offset[w->data], w->data, w->row_bytes * w->rows, cudaMemcpyHostToDevice),
-            "weight upload");
-  for (const auto& [p, n] : vecs)
-    if (p && done.emplace(p, true).second)
-      check(cudaMemcpy(base + offset[p], p, n * sizeof(float), cudaMemcpyHostToDevice), "weight upload");
-  (void)ms_since(t0);
+  std::unordered_map<const void*, uint8_t*> dev;  // host data -> its device copy
+  size_t at = 0;
+  for (const auto& b : blocks) {
+    for (const Part& p : b) {
+      if (p.src) {
+        check(cudaMemcpy(base + at, p.src, p.bytes, cudaMemcpyHostToDevice), "weight upload");
+        dev[p.src] = base + at;
+      } else {
+        check(cudaMemset(base + at, 0, p.bytes), "weight upload");
+      }
+      at += p.bytes;
+    }
+    at = align_up(at);
+  }
 
   auto dev_mat = [&](const WeightView& w) {
     WeightView d = w;
-    d.data = base + offset[w.data];
+    d.data = dev.at(w.data);
     return d;
   };
-  auto dev_vec = [&](const float* p) {
-    return p ? reinterpret_cast<const float*>(base + offset[p]) : nullptr;
-  };
+  auto dev_vec = [&](const float* p) { return p ? reinterpret_cast<const float*>(dev.at(p)) : nullptr; };
   w_.tok_embd = dev_mat(m_.tok_embd);
   w_.output = dev_mat(m_.output);
   w_.output_norm = dev_vec(m_.output_norm);
   rope_inv_freq_ = const_cast<float*>(dev_vec(m_.rope_inv_freq.data()));
-  for (const LayerWeights& l : m_.layers) {
+  for (size_t il = 0; il < m_.layers.size(); ++il) {
+    const LayerWeights& l = m_.layers[il];
     LayerWeights d = l;
     d.wq = dev_mat(l.wq);
     d.wk = dev_mat(l.wk);
@@ -271,6 +329,18 @@ void CudaBackend::upload_weights() {
     d.bk = dev_vec(l.bk);
     d.bv = dev_vec(l.bv);
     w_.layers.push_back(d);
+    Fused f;
+    if (fuse_qkv[il]) {
+      f.qkv = d.wq;
+      f.qkv.rows = l.wq.rows + l.wk.rows + l.wv.rows;
+      // The bias block starts at bq when it exists, else at the zeros placed for it.
+      if (l.bq || l.bk || l.bv) f.qkv_bias = l.bq ? d.bq : l.bk ? d.bk - q_dim : d.bv - q_dim - kv_dim;
+    }
+    if (fuse_gu[il]) {
+      f.gate_up = d.w_gate;
+      f.gate_up.rows = l.w_gate.rows + l.w_up.rows;
+    }
+    fused_.push_back(f);
   }
 }
 
@@ -289,11 +359,15 @@ int CudaBackend::n_graphs() const {
 }
 
 void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan) {
+  prof_begin("input upload");
   check(cudaMemcpyAsync(d_in_, h_in_, lay_.in_bytes, cudaMemcpyHostToDevice, stream_), "input upload");
+  prof_end();
   const int32_t* tok = reinterpret_cast<const int32_t*>(d_in_ + lay_.tok);
   const int32_t* pos = reinterpret_cast<const int32_t*>(d_in_ + lay_.pos);
   const int32_t* seq = reinterpret_cast<const int32_t*>(d_in_ + lay_.seq);
+  prof_begin("token log");
   check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, pos, seq, n, stream_), "token log");
+  prof_end();
   StepRows rows;
   rows.n = n;
   rows.token = tok;
@@ -377,6 +451,9 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
   }
   std::fill(logits_ready_.begin(), logits_ready_.end(), 0);
 
+  if (prof_.on) bi = -1;  // every step runs directly, op by op
+  prof_.recording = prof_.on && n == 1;
+  prof_.n_ops = 0;
   if (bi >= 0 && graphs_[bi]) {
     const auto tl = std::chrono::steady_clock::now();
     check(cudaGraphLaunch(graphs_[bi], stream_), "graph launch");
@@ -409,6 +486,25 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
   }
   check(cudaStreamSynchronize(stream_), "step");
   stats.forward_ms += ms_since(t0);  // sampling included: it runs inside the step on the device
+  if (prof_.recording && prof_.n_ops > 0) {
+    for (int i = 0; i < prof_.n_ops; ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, prof_.ev[2 * i], prof_.ev[2 * i + 1]);
+      size_t k = 0;
+      while (k < prof_.total_us.size() && std::strcmp(prof_.total_us[k].first, prof_.name[i]) != 0) ++k;
+      if (k == prof_.total_us.size()) {  // the first steps allocate the table; profiling only
+        prof_.total_us.push_back({prof_.name[i], 0.0});
+        prof_.calls.push_back(0);
+      }
+      prof_.total_us[k].second += 1e3 * ms;
+      ++prof_.calls[k];
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, prof_.ev[0], prof_.ev[2 * prof_.n_ops - 1]);
+    prof_.gpu_us += 1e3 * ms;
+    prof_.wall_us += 1e3 * ms_since(t0);
+    ++prof_.steps;
+  }
 
   const int32_t* r_tok = reinterpret_cast<const int32_t*>(h_out_ + lay_.token);
   const float* r_lp = reinterpret_cast<const float*>(h_out_ + lay_.logprob);
@@ -446,33 +542,110 @@ const float* CudaBackend::logits(int k) {
 // ---- ForwardOps: the kernels of kernels.h on the backend's stream ----
 
 void CudaBackend::embed(const WeightView& table, const int32_t* tokens, int n, float* x) {
+  prof_begin("embed");
   check(cuda::embed(table, tokens, n, x, stream_), "embed");
+  prof_end();
 }
 void CudaBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) {
+  prof_begin("rmsnorm");
   check(cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_), "rmsnorm");
+  prof_end();
 }
 void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
                          bool accumulate) {
+  if (prof_.recording) {  // name the matrix by its shape
+    const HParams& hp = m_.hp;
+    const int64_t q = (int64_t)hp.n_heads * hp.head_dim, kv = (int64_t)hp.n_kv_heads * hp.head_dim;
+    prof_begin(w.rows == hp.n_vocab              ? "matmul lm_head"
+               : w.rows == q && w.cols == hp.dim ? "matmul q"
+               : w.rows == kv                    ? "matmul k, v"
+               : w.cols == q                     ? "matmul o (+ residual)"
+               : w.rows == hp.ffn_dim            ? "matmul gate, up"
+               : w.cols == hp.ffn_dim            ? "matmul down (+ residual)"
+                                                 : "matmul other");
+  }
   check(mm_.matmul(w, x, n, y, bias, accumulate, stream_), "matmul");
+  prof_end();
 }
 void CudaBackend::rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
                        const int32_t* pos, bool interleaved) {
+  prof_begin("rope");
   check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, rope_inv_freq_, interleaved, stream_),
         "rope");
+  prof_end();
 }
 void CudaBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                            const int32_t* seq) {
+  prof_begin("kv_write");
   check(cuda::kv_write(kv_[il], k, v, n, pos, seq, stream_), "kv_write");
+  prof_end();
 }
 void CudaBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos,
                             const int32_t* seq, float scale, float* out) {
+  prof_begin("attention");
   check(cuda::attention(*cur_plan_, kv_[il], q, n, pos, seq, scale, out, attn_ws_, stream_), "attention");
+  prof_end();
+}
+void CudaBackend::qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) {
+  const Fused& f = fused_[il];
+  if (n != 1 || !f.qkv.data) return ForwardOps::qkv(il, l, x, n, q, k, v);
+  prof_begin("matmul qkv (fused)");
+  check(mm_.matmul(f.qkv, x, 1, qkv1_, f.qkv_bias, false, stream_), "matmul");
+  prof_end();
+  q = qkv1_;
+  k = q + l.wq.rows;
+  v = k + l.wk.rows;
+}
+void CudaBackend::gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) {
+  const Fused& f = fused_[il];
+  if (n != 1 || !f.gate_up.data) return ForwardOps::gate_up(il, l, x, n, gate, up);
+  prof_begin("matmul gate_up (fused)");
+  check(mm_.matmul(f.gate_up, x, 1, gu1_, nullptr, false, stream_), "matmul");
+  prof_end();
+  gate = gu1_;
+  up = gu1_ + l.w_gate.rows;
 }
 void CudaBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  prof_begin("silu_mul");
   check(cuda::silu_mul(gate, up, n, out, stream_), "silu_mul");
+  prof_end();
 }
 void CudaBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {
+  prof_begin("gather_rows");
   check(cuda::gather_rows(x, rows, n_rows, dim, out, stream_), "gather_rows");
+  prof_end();
+}
+
+// ---- profiling (ULTRA_CUDA_PROFILE) ----
+
+void CudaBackend::prof_begin(const char* op) {
+  if (!prof_.recording || prof_.n_ops >= kMaxOps) return;
+  prof_.name[prof_.n_ops] = op;
+  cudaEventRecord(prof_.ev[2 * prof_.n_ops], stream_);
+}
+
+void CudaBackend::prof_end() {
+  if (!prof_.recording || prof_.n_ops >= kMaxOps) return;
+  cudaEventRecord(prof_.ev[2 * prof_.n_ops + 1], stream_);
+  ++prof_.n_ops;
+}
+
+void CudaBackend::print_profile() const {
+  if (prof_.steps == 0) return;
+  const double n = prof_.steps;
+  fmt::print(stderr, "\nCUDA profile: {} single-row steps, run op by op (no graph), events around every op\n",
+             prof_.steps);
+  fmt::print(stderr, "{:<26} {:>10} {:>12} {:>8}\n", "op", "calls/step", "us/step", "share");
+  double sum = 0;
+  for (const auto& t : prof_.total_us) sum += t.second;
+  for (size_t k = 0; k < prof_.total_us.size(); ++k)
+    fmt::print(stderr, "{:<26} {:>10.1f} {:>12.1f} {:>7.1f}%\n", prof_.total_us[k].first, prof_.calls[k] / n,
+               prof_.total_us[k].second / n, 100 * prof_.total_us[k].second / sum);
+  fmt::print(stderr, "{:<26} {:>10} {:>12.1f}\n", "sum of ops", "", sum / n);
+  fmt::print(stderr, "{:<26} {:>10} {:>12.1f}   (first op start to last op end: gaps between ops included)\n",
+             "GPU time per step", "", prof_.gpu_us / n);
+  fmt::print(stderr, "{:<26} {:>10} {:>12.1f}   (host: staging, launches, synchronisation, results)\n",
+             "wall time per step", "", prof_.wall_us / n);
 }
 
 }  // namespace ultra

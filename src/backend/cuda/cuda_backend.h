@@ -79,6 +79,8 @@ class CudaBackend final : public Backend, private ForwardOps {
   void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                  float scale, float* out) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) override;
+  void gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) override;
   void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
 
   void check(cudaError_t e, const char* what) const;
@@ -96,7 +98,15 @@ class CudaBackend final : public Backend, private ForwardOps {
   cuda::DeviceInfo dev_;
   cudaStream_t stream_ = nullptr;
   DeviceAllocator mem_;
-  WeightTable w_;                   // views of the device copies
+  WeightTable w_;                     // views of the device copies
+  struct Fused {                      // per layer, for single-row steps (null data: not fusable)
+    WeightView qkv;                   // [q_dim + 2 kv_dim, dim] = [Wq; Wk; Wv]
+    const float* qkv_bias = nullptr;  // [q_dim + 2 kv_dim] or null
+    WeightView gate_up;               // [2 ffn_dim, dim] = [W_gate; W_up]
+  };
+  std::vector<Fused> fused_;
+  float* qkv1_ = nullptr;           // [q_dim + 2 kv_dim] the fused projection of one row
+  float* gu1_ = nullptr;            // [2 ffn_dim]
   float* rope_inv_freq_ = nullptr;  // [head_dim / 2]
   std::vector<KvLayerView> kv_;     // [n_layers]
   size_t kv_bytes_ = 0;
@@ -121,6 +131,25 @@ class CudaBackend final : public Backend, private ForwardOps {
   uint8_t* d_out_ = nullptr;
   float* h_logits_ = nullptr;          // [n_out_cap, n_vocab] pinned, filled on demand
   std::vector<uint8_t> logits_ready_;  // [n_out_cap]
+
+  // ULTRA_CUDA_PROFILE=1: no graphs; every op of a single-row step is timed with events and a table of
+  // microseconds per op and step is printed when the backend is destroyed (where decode time goes, and
+  // the GPU's idle time between steps).
+  struct Profile {
+    bool on = false;
+    std::vector<cudaEvent_t> ev;                           // [2 * kMaxOps]
+    std::vector<const char*> name;                         // [kMaxOps] op of each event pair
+    int n_ops = 0;                                         // in the current step
+    bool recording = false;                                // the current step is a single-row step
+    std::vector<std::pair<const char*, double>> total_us;  // per op name
+    std::vector<int> calls;
+    int steps = 0;
+    double gpu_us = 0, wall_us = 0;
+  } prof_;
+  static constexpr int kMaxOps = 1024;
+  void prof_begin(const char* op);
+  void prof_end();
+  void print_profile() const;
 
   std::array<cudaGraphExec_t, kBuckets.size() + 1> graphs_{};
   std::array<int, kBuckets.size() + 1> graph_nodes_{};
