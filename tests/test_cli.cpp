@@ -164,6 +164,25 @@ namespace {
 
 // Paths that are not regular files are refused before they are opened: a FIFO would block open() until
 // a writer appears (forever), a directory read as a text file gives empty input.
+// --device cuda / llama.cpp's -ngl: on a machine without a GPU (CI) a clear error naming CUDA; with one, it
+// runs. -ngl 0 is the CPU.
+TEST(Cli, DeviceFlags) {
+  const std::string m = (kHf / "llama_gqa").string();
+  for (const char* flag : {"--device cuda", "-ngl 99"}) {
+    const Out o = ultra(std::string("run -m ") + m + " --prompt-ids 1,2 -n 2 " + flag);
+    EXPECT_LT(o.code, 128) << "crashed: " << flag;
+    if (o.code != 0) EXPECT_NE(o.err.find("CUDA"), std::string::npos) << o.err;
+  }
+  const Out cpu = ultra("run -m " + m + " --prompt-ids 1,2 -n 2 -ngl 0");
+  EXPECT_EQ(cpu.code, 0) << cpu.err;
+  EXPECT_NE(cpu.err.find("backend: CPU"), std::string::npos) << cpu.err;
+  const Out tpu = ultra("run -m " + m + " --prompt-ids 1 --device tpu");  // the flag parser's own message
+  EXPECT_NE(tpu.code, 0);
+  EXPECT_NE(tpu.err.find("--device: tpu not in {cpu,cuda}"), std::string::npos) << tpu.err;
+  expect_error("run -m " + m + " --prompt-ids 1 --kv-type bf16",
+               "bf16 KV cache is supported on the CUDA backend only");
+}
+
 TEST(Cli, NonRegularFilesAreRefused) {
   const TmpDir tmp("ultra_cli");
   const std::string fifo = tmp.file("fifo");

@@ -46,6 +46,11 @@ void add_device_flags(CLI::App& app, std::string& device, std::string& kv_type) 
   app.add_option("--device", device, "where the model runs: cpu or cuda")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  // llama.cpp's flag: any layer on the GPU means the whole model there (ultra does not split a model).
+  app.add_option_function<int>(
+         "--n-gpu-layers", [&device](int n) { device = n > 0 ? "cuda" : "cpu"; },
+         "llama.cpp compatibility (also -ngl): > 0 is --device cuda (all layers), 0 is --device cpu")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--kv-type", kv_type,
                  "KV cache element type: f32, f16 or bf16 (default: f32 on cpu, f16 on cuda)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));

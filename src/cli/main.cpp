@@ -5,9 +5,10 @@
 #include <cstring>
 #include <exception>
 #include <string_view>
+#include <utility>
 
 #include "cli/commands.h"
-#include "core/error.h"
+#include "ultra/error.h"
 
 namespace {
 
@@ -24,6 +25,9 @@ const Command kCommands[] = {
     {"tokenize", ultra::cli::cmd_tokenize, "print the token ids and pieces of a text"},
     {"perplexity", ultra::cli::cmd_perplexity, "perplexity of a text file (llama.cpp-style)"},
 };
+
+// llama.cpp's multi-letter single-dash flags, which the flag parser takes only in their long form.
+const std::pair<const char*, const char*> kAliases[] = {{"-ngl", "--n-gpu-layers"}};
 
 void usage(FILE* f) {
   std::fprintf(f, "usage: ultra COMMAND [options]\n\ncommands:\n");
@@ -43,6 +47,9 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
+  for (int i = 2; i < argc; ++i)
+    for (const auto& [from, to] : kAliases)
+      if (std::strcmp(argv[i], from) == 0) argv[i] = const_cast<char*>(to);
   for (const auto& c : kCommands) {
     if (cmd == c.name) {
       try {
