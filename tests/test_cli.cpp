@@ -148,6 +148,9 @@ TEST(Cli, BadInputGivesClearErrors) {
   expect_error("run -m " + m + " --prompt-ids 1,2,3,4,5,6,7,8 -c 4", "does not fit");
   expect_error("run -m " + m + " --prompt-ids 1 --top-p 1.5", "--top-p");
   expect_error("run -m " + m, "no prompt");
+  expect_error("run -m '' --prompt-ids 1", "-m: the model path is empty");
+  expect_error("run -m " + m + " --prompt-ids 1 --mem-limit 12Q", "--mem-limit '12Q'");
+  expect_error("run -m " + m + " --prompt-ids 1 --mem-limit 4K", "the limit (--mem-limit) is");
   const TmpDir tmp("ultra_cli");
   expect_error("convert " + m + " -o " + tmp.file("x.gguf") + " --outtype q4_9", "unknown output type");
   const Out o = ultra("frobnicate");

@@ -17,8 +17,10 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/model_impl.h"
+#include "greedy_util.h"
 #include "sampling/sampler.h"
 #include "tmp_dir.h"
+#include "ultra/convert.h"
 #include "ultra/generate.h"
 
 using namespace ultra;
@@ -58,16 +60,7 @@ std::vector<std::vector<float>> alone_logits(const Model& m, const std::vector<i
 
 std::vector<int32_t> greedy_alone(const Model& m, const std::vector<int32_t>& prompt, int n) {
   Context ctx(m, {.n_ctx = 256, .n_threads = 2});
-  ctx.set_sampling(0, SamplingParams::greedy());
-  std::vector<int32_t> got;
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.ignore_eos = true;
-  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
-    got.push_back(t);
-    return true;
-  });
-  return got;
+  return testing_util::greedy_tokens(ctx, prompt, n);
 }
 
 // Four sequences in one step: A is in the middle of its prefill (50 tokens already in, a chunk of 100
@@ -346,6 +339,66 @@ TEST(Context, GenerateStopsOnEveryEndOfGenerationId) {
     return true;
   });
   EXPECT_EQ(got.size(), 10u);
+}
+
+// The footprint is checked before anything is allocated: a context that does not fit in the memory
+// available (or the given limit) is one clear error; threads past the CPUs available are capped, and a
+// context longer than the training context is a warning.
+TEST(Context, MemoryThreadsAndContextLengthAreChecked) {
+  const Model m = Model::load(kFixture.string());
+  try {
+    Context ctx(m, {.n_ctx = 1 << 24, .n_slots = 64});  // 2 * 2 layers * 64 slots * 2^24 * 32 floats: 1 TiB
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("of memory is available"), std::string::npos) << e.what();
+  }
+  try {
+    Context ctx(m, {.n_ctx = 64, .mem_limit = 1024});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the limit (--mem-limit) is"), std::string::npos) << e.what();
+  }
+  Context ok(m, {.n_ctx = 64, .mem_limit = (size_t)1 << 30});
+  EXPECT_LE(ok.footprint().kv + ok.footprint().scratch, (size_t)1 << 30);
+  Context many(m, {.n_ctx = 64, .n_threads = 1000});
+  EXPECT_LT(many.params().n_threads, 1000);
+  ASSERT_FALSE(many.warnings().empty());
+  EXPECT_NE(many.warnings()[0].find("CPUs"), std::string::npos) << many.warnings()[0];
+  Context longer(m, {.n_ctx = m.info().train_ctx * 2});
+  ASSERT_FALSE(longer.warnings().empty());
+  EXPECT_NE(longer.warnings().back().find("trained with"), std::string::npos);
+}
+
+// Sliding-window attention is not implemented: a context longer than the window is refused (it would be
+// wrong past the window), the default context is capped at the window, and convert keeps the window.
+TEST(Context, SlidingWindowLimitsTheContext) {
+  const fs::path kMistral = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "mistral";
+  const ultra::test::TmpDir tmp;
+  const fs::path d = tmp.path() / "swa";
+  fs::create_directories(d);
+  fs::copy_file(kMistral / "model.safetensors", d / "model.safetensors");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kMistral / "config.json"));
+  cfg["sliding_window"] = 12;
+  std::ofstream(d / "config.json") << cfg.dump();
+  const Model m = Model::load(d.string());
+  Context capped(m, {});
+  EXPECT_EQ(capped.params().n_ctx, 12);
+  EXPECT_FALSE(capped.warnings().empty());
+  try {
+    Context ctx(m, {.n_ctx = 13});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding-window attention over 12 tokens"), std::string::npos)
+        << e.what();
+  }
+  const std::string gguf = tmp.file("swa.gguf");
+  convert_hf_to_gguf(d.string(), gguf);
+  try {
+    Context ctx(Model::load(gguf), {.n_ctx = 13});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("over 12 tokens"), std::string::npos) << e.what();
+  }
 }
 
 // Ids of a padded embedding table that the tokenizer cannot decode are never sampled.

@@ -21,6 +21,7 @@
 
 #include "alloc_counter.h"
 #include "backend/cuda/cuda_backend.h"
+#include "greedy_util.h"
 #include "io/convert.h"
 #include "ultra/generate.h"
 #include "ultra/perplexity.h"
@@ -67,18 +68,7 @@ ContextParams gpu(int n_ctx, int n_batch = 64, int n_outputs = 64, KvType kv = K
   return p;
 }
 
-std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, int n) {
-  ctx.set_sampling(0, SamplingParams::greedy());
-  std::vector<int32_t> got;
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.ignore_eos = true;
-  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
-    got.push_back(t);
-    return true;
-  });
-  return got;
-}
+using testing_util::greedy_tokens;
 
 // Each HF fixture, from safetensors (F32) and converted to GGUF BF16 and F16: every prompt position in one
 // step (a 16-row graph), then token by token (the 1-row graph), then 32 greedy tokens.
@@ -130,7 +120,8 @@ TEST(CudaBackend, FixturesMatchHfTransformers) {
       EXPECT_LT(prefill, 1e-4) << name << " " << c.type;
       EXPECT_LT(decode, 1e-4) << name << " " << c.type;
       EXPECT_GT(ctx.stats().n_graph_launches, 0);
-      EXPECT_EQ(greedy(ctx, prompt, 32), ref[c.greedy].get<std::vector<int32_t>>()) << name << " " << c.type;
+      EXPECT_EQ(greedy_tokens(ctx, prompt, 32), ref[c.greedy].get<std::vector<int32_t>>())
+          << name << " " << c.type;
       if (std::string(c.type) != "f32") fs::remove(path);
     }
   }
@@ -144,7 +135,7 @@ TEST(CudaBackend, BundledModelMatchesPyTorch) {
   {
     Context ctx(m, gpu(256));
     const auto prompt = rep["greedy"]["prompt_ids"].get<std::vector<int32_t>>();
-    const auto got = greedy(ctx, prompt, 64);
+    const auto got = greedy_tokens(ctx, prompt, 64);
     EXPECT_EQ(got, rep["f16w"]["greedy_ids"].get<std::vector<int32_t>>());
     EXPECT_GE(ctx.stats().n_graph_launches, 60);
     // Host dispatch: the time of the graph launch call of each decode step (median of 64).
@@ -236,7 +227,7 @@ TEST(CudaBackend, MixedBatchMatchesCpu) {
   for (int s = 0; s < 4; ++s) {
     Context cpu(m, {.n_ctx = 256});
     const std::vector<int32_t> full(seqs[s].begin(), seqs[s].begin() + (s == 0 ? 150 : hist[s] + 1));
-    EXPECT_EQ(got[s], greedy(cpu, full, 13)) << "sequence " << s;
+    EXPECT_EQ(got[s], greedy_tokens(cpu, full, 13)) << "sequence " << s;
   }
 }
 

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ultra/model.h"
@@ -48,7 +49,11 @@ struct ContextParams {
   int n_batch = 512;  // most rows in one step
   int n_outputs = 0;  // most rows with an output in one step (0: n_slots)
   KvType kv_type = KvType::f32;
-  int n_threads = 0;  // CPU threads (0: all cores)
+  int n_threads = 0;  // CPU threads (0: all the CPUs this process may use; more are capped with a warning)
+  // CPU backend: most bytes the KV cache and scratch may take (0: the memory the system has available,
+  // MemAvailable). The footprint is computed first and a context that does not fit is refused with one line
+  // naming the sizes, before anything is allocated.
+  size_t mem_limit = 0;
 };
 
 // Memory a context holds, in bytes.
@@ -127,6 +132,9 @@ class Context {
   const char* backend_name() const;
   // Ids at or above this are never sampled (the tokenizer's size when it is smaller than the embeddings).
   int n_sample_vocab() const;
+  // What creating the context adjusted or wants the user to know (threads capped to the CPUs available, a
+  // context longer than the model was trained for, ...), one message each.
+  std::span<const std::string> warnings() const;
 
   // --- sequences: seq in [0, n_slots) ---
   int seq_len(int seq) const;

@@ -80,6 +80,7 @@ int cmd_bench(int argc, char** argv) {
   cp.n_slots = max_par;
   cp.n_outputs = max_par;
   Context ctx(model, cp);
+  print_warnings(ctx);
   const int n_vocab = model.info().n_vocab;
   std::vector<int32_t> ids(std::max({n_prompt, max_depth, 1}));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);

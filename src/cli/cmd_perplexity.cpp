@@ -139,7 +139,7 @@ int cmd_perplexity(int argc, char** argv) {
   }
   const double tok_ms = ms_since(t_tok);
   const int64_t n_tok = (int64_t)tt.ids.size();
-  if (n_tok < 2) fail("{}: {} token(s); perplexity needs at least 2", file, n_tok);
+  if (n_tok < 2) fail("{}: perplexity needs at least 2 tokens, got {}", file, n_tok);
 
   PerplexityParams pp;
   pp.mode = all_positions ? PerplexityParams::Mode::AllPositions : PerplexityParams::Mode::SecondHalf;
@@ -159,6 +159,7 @@ int cmd_perplexity(int argc, char** argv) {
   cp.n_threads = threads;
   apply_device_flags(device, kv_type, cp);
   Context ctx(model, cp);
+  print_warnings(ctx);
 
   const int W = pp.n_window;
   int64_t n_win = n_tok / W;

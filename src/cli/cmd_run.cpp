@@ -95,6 +95,7 @@ int cmd_run(int argc, char** argv) {
            n_ids);
 
   Context ctx(model, F.model.context_params());
+  print_warnings(ctx);
   ctx.set_sampling(0, F.sp);
   const double load_ms = ms_since(t_load);
   const Footprint fp = ctx.footprint();

@@ -27,14 +27,17 @@ std::string bundled_model_path() {
 }
 
 void ModelFlags::resolve_model() {
+  if (model_opt && model_opt->count() > 0 && model.empty()) fail("-m: the model path is empty");
   if (!model.empty()) return;
   model = bundled_model_path();
   if (model.empty()) fail("no model given (-m) and the bundled models/target.gguf was not found");
 }
 
 void ModelFlags::add(CLI::App& app) {
-  app.add_option("-m,--model", model,
-                 "model: a GGUF file or an HF model directory (default: the bundled model)");
+  model_opt = app.add_option("-m,--model", model,
+                             "model: a GGUF file or an HF model directory (default: the bundled model)");
+  app.add_option("--mem-limit", mem_limit,
+                 "most memory the KV cache and scratch may take, e.g. 8G (default: the memory available)");
   app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("-c,--ctx-size", ctx, "context size in tokens (default: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
@@ -71,8 +74,28 @@ ContextParams ModelFlags::context_params() const {
   p.n_ctx = ctx;
   p.n_batch = batch;
   p.n_threads = threads;
+  if (!mem_limit.empty()) p.mem_limit = parse_bytes(mem_limit, "--mem-limit");
   apply_device_flags(device, kv_type, p);
   return p;
+}
+
+size_t parse_bytes(const std::string& s, const char* flag) {
+  size_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  const std::string_view unit(end, s.data() + s.size() - end);
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  if (unit == "K" || unit == "KiB") shift = 10;
+  if (unit == "M" || unit == "MiB") shift = 20;
+  if (unit == "G" || unit == "GiB") shift = 30;
+  if (unit == "T" || unit == "TiB") shift = 40;
+  if (ec != std::errc() || shift < 0 || v == 0 || v > (SIZE_MAX >> shift))
+    fail("{} '{}': expected a positive size such as 8G, 512M or 1048576", flag, s);
+  return v << shift;
+}
+
+void print_warnings(const Context& ctx) {
+  for (const std::string& w : ctx.warnings()) fmt::print(stderr, "warning: {}\n", w);
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s) {

@@ -26,6 +26,8 @@ struct ModelFlags {
   int ctx = 0;
   int batch = 512;
   std::string device = "cpu";
+  std::string mem_limit;  // "" : the memory available; else bytes with an optional K/M/G/T suffix
+  CLI::Option* model_opt = nullptr;
   std::string kv_type;  // "" : the device's default
 
   // -m is optional: without it the bundled model (models/target.gguf) is used, see resolve_model().
@@ -35,6 +37,12 @@ struct ModelFlags {
   ContextParams context_params() const;
   std::string kv_type_name() const;  // the KV type in use
 };
+
+// "8G", "512M", "1048576" -> bytes (K/M/G/T: powers of 1024); throws ultra::Error otherwise.
+size_t parse_bytes(const std::string& s, const char* flag);
+
+// Prints the context's warnings to stderr as "warning: ...".
+void print_warnings(const Context& ctx);
 
 // --device cpu|cuda and --kv-type f32|f16|bf16 (default: f32 on the CPU, f16 on CUDA).
 void add_device_flags(CLI::App& app, std::string& device, std::string& kv_type);

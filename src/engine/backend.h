@@ -45,6 +45,8 @@ class Backend {
 
 // params: resolved (no zeros left); n_sample: ids below it are sampled.
 std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParams& params, int n_sample);
+// The footprint make_cpu_backend would allocate (computed without allocating; equals footprint() after).
+Footprint plan_cpu_backend(const ModelData& m, const ContextParams& params);
 // Only in builds with ULTRA_HAVE_CUDA (src/backend/cuda/cuda_backend.cpp).
 std::unique_ptr<Backend> make_cuda_backend(const ModelData& m, const ContextParams& params, int n_sample);
 

@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "core/buffer.h"
@@ -48,11 +50,49 @@ int available_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-ContextParams resolve(const ModelData& m, ContextParams p) {
-  if (p.n_ctx <= 0) p.n_ctx = std::min(m.hp.train_ctx, 4096);
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+size_t mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  size_t kb = 0;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+std::string bytes_str(size_t b) {
+  return b >= ((size_t)1 << 30) ? fmt::format("{:.2f} GiB", b / 1073741824.0)
+                                : fmt::format("{:.2f} MiB", b / 1048576.0);
+}
+
+ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::string>& warnings) {
+  const HParams& hp = m.hp;
+  const bool ctx_default = p.n_ctx <= 0;
+  if (ctx_default) p.n_ctx = std::min(hp.train_ctx, 4096);
+  if (hp.sliding_window > 0 && p.n_ctx > hp.sliding_window) {
+    // Sliding-window attention is not implemented: a longer context would be silently wrong past the window.
+    if (!ctx_default)
+      fail(
+          "context: {} uses sliding-window attention over {} tokens, which is not implemented yet: a context "
+          "of {} tokens would give wrong output past position {}; use a context of at most {} tokens",
+          m.path, hp.sliding_window, p.n_ctx, hp.sliding_window, hp.sliding_window);
+    p.n_ctx = hp.sliding_window;
+    warnings.push_back(fmt::format("context limited to the model's sliding window of {} tokens", p.n_ctx));
+  }
+  if (p.n_ctx > hp.train_ctx)
+    warnings.push_back(
+        fmt::format("n_ctx {} is larger than the {} tokens the model was trained with; output past "
+                    "them may degrade",
+                    p.n_ctx, hp.train_ctx));
   if (p.n_slots <= 0) fail("context: n_slots must be >= 1 (got {})", p.n_slots);
   if (p.n_batch <= 0) fail("context: n_batch must be >= 1 (got {})", p.n_batch);
-  if (p.n_threads <= 0) p.n_threads = available_cpus();
+  const int cpus = available_cpus();
+  if (p.n_threads <= 0) p.n_threads = cpus;
+  if (p.n_threads > cpus && p.backend == BackendKind::cpu) {
+    warnings.push_back(fmt::format("{} threads asked for, but this process may use {} CPUs: using {}",
+                                   p.n_threads, cpus, cpus));
+    p.n_threads = cpus;
+  }
   if (p.n_outputs <= 0) p.n_outputs = p.n_slots;
   p.n_outputs = std::min(p.n_outputs, p.n_batch);  // a step outputs at most one row per row
   if (p.n_ctx > (1 << 24)) fail("context: n_ctx {} is too large", p.n_ctx);
@@ -68,11 +108,28 @@ ContextParams resolve(const ModelData& m, ContextParams p) {
   return p;
 }
 
+// The CPU backend's KV cache and scratch are anonymous memory: refuse before allocating what does not fit.
+// (Weights are the mapped file, reclaimable page cache, counted in MemAvailable already.)
+void check_memory(const ModelData& m, const ContextParams& p, size_t engine_bytes) {
+  const Footprint f = plan_cpu_backend(m, p);
+  const size_t need = f.kv + f.scratch + engine_bytes;
+  const size_t avail = p.mem_limit ? p.mem_limit : mem_available();
+  if (avail && need > avail)
+    fail(
+        "context: the KV cache ({}: {} tokens x {} slots) and scratch ({}) need {}, but {}; lower the "
+        "context "
+        "(-c), the batch (-b) or the slots",
+        bytes_str(f.kv), p.n_ctx, p.n_slots, bytes_str(f.scratch + engine_bytes), bytes_str(need),
+        p.mem_limit ? fmt::format("the limit (--mem-limit) is {}", bytes_str(avail))
+                    : fmt::format("{} of memory is available", bytes_str(avail)));
+}
+
 }  // namespace
 
 struct Context::Impl {
   Model model;
   const ModelData& m;
+  std::vector<std::string> warnings;  // before p: resolve() fills it
   ContextParams p;
   int n_sample;
   std::unique_ptr<Backend> be;
@@ -96,9 +153,12 @@ struct Context::Impl {
   StepStats stats;
 
   Impl(const Model& model_, const ContextParams& params)
-      : model(model_), m(*model_.impl().data), p(resolve(m, params)) {
+      : model(model_), m(*model_.impl().data), p(resolve(m, params, warnings)) {
     const Tokenizer* t = model.tokenizer();
     n_sample = t ? std::min(t->n_vocab(), m.hp.n_vocab) : m.hp.n_vocab;
+    // The engine's own per-context memory: each sequence's tokens and the step's host arrays.
+    const size_t engine_bytes = ((size_t)p.n_slots * p.n_ctx + 6 * (size_t)p.n_batch) * sizeof(int32_t);
+    if (p.backend == BackendKind::cpu) check_memory(m, p, engine_bytes);
 #if defined(ULTRA_HAVE_CUDA)
     if (p.backend == BackendKind::cuda) be = make_cuda_backend(m, p, n_sample);
 #endif
@@ -236,6 +296,9 @@ Footprint Context::footprint() const {
   f.scratch += im.tokens.bytes() + im.tok.bytes() * 5 + im.out_row.bytes() + im.next_pos.bytes() +
                im.top.bytes() + im.jobs.size() * (sizeof(SampleJob) + sizeof(SampleResult));
   return f;
+}
+std::span<const std::string> Context::warnings() const {
+  return impl_->warnings;
 }
 const char* Context::backend_name() const {
   return impl_->be->name();

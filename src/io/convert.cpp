@@ -156,6 +156,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   wr.set_u32("general.quantization_version", 2);
   const std::string a = arch + ".";
   wr.set_u32(a + "context_length", hp.train_ctx);
+  if (hp.sliding_window > 0) wr.set_u32(a + "attention.sliding_window", hp.sliding_window);
   wr.set_u32(a + "embedding_length", hp.dim);
   wr.set_u32(a + "block_count", hp.n_layers);
   wr.set_u32(a + "feed_forward_length", hp.ffn_dim);

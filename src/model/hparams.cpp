@@ -210,6 +210,9 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
   hp.rms_eps = get_num(j, "rms_norm_eps", path, 1e-6);
   hp.rope_theta = get_num(j, "rope_theta", path, 10000.0);
   hp.train_ctx = get_int(j, "max_position_embeddings", path, 2048, false);
+  // Qwen2 configs carry a sliding_window that applies only with use_sliding_window: true.
+  if (hp.arch != Arch::Qwen2 || get_bool(j, "use_sliding_window", path, false))
+    hp.sliding_window = get_int(j, "sliding_window", path, 0, false);
   // Llama, Mistral and Qwen2 configs default to untied embeddings.
   hp.tie_embeddings = get_bool(j, "tie_word_embeddings", path, false);
   hp.qkv_bias = hp.arch == Arch::Qwen2 || get_bool(j, "attention_bias", path, false);

@@ -32,6 +32,9 @@ struct HParams {
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   int train_ctx = 2048;  // max_position_embeddings / context_length
+  // Sliding-window attention (Mistral v0.1): each token attends the last sliding_window positions; 0: none.
+  // Not implemented: a context holds at most this many tokens, which keeps the output exact.
+  int sliding_window = 0;
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
   // true: Q/K rows are permuted for interleaved-pair RoPE (GGUF files of arch "llama" written by llama.cpp's

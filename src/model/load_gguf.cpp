@@ -141,6 +141,7 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     fail("{}: partial rotary embeddings (n_rot {} != head dim {}) are not supported", path, n_rot,
          hp.head_dim);
   hp.train_ctx = L.key_int(a + "context_length", 2048);
+  hp.sliding_window = L.key_int(a + "attention.sliding_window", 0);
   hp.rms_eps = L.key_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
   hp.rope_theta = L.key_float(a + "rope.freq_base", 10000.0);
   if (auto st = r.get_string_opt(a + "rope.scaling.type"); st && *st != "none")

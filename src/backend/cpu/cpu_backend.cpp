@@ -27,6 +27,34 @@ size_t mm_scratch(const ModelData& m, const ContextParams& p) {
   return s;
 }
 
+// Floats of every step buffer: one place for the allocation and the footprint computed before it.
+struct BufferSizes {
+  size_t x, xb, q, k, v, att, hb, hb2, acc, out_x, logits, mm, attn;
+  size_t total() const { return x + xb + q + k + v + att + hb + hb2 + acc + out_x + logits + mm + attn; }
+};
+
+BufferSizes buffer_sizes(const ModelData& m, const ContextParams& p) {
+  const HParams& hp = m.hp;
+  const size_t nb = p.n_batch, q_dim = (size_t)hp.n_heads * hp.head_dim,
+               kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
+  return {nb * hp.dim,
+          nb * std::max<size_t>(hp.dim, q_dim),
+          nb * q_dim,
+          nb * kv_dim,
+          nb * kv_dim,
+          nb * q_dim,
+          nb * hp.ffn_dim,
+          nb * hp.ffn_dim,
+          nb * hp.dim,
+          (size_t)p.n_outputs * hp.dim,
+          (size_t)p.n_outputs * hp.n_vocab,
+          mm_scratch(m, p),
+          cpu::attention_scratch_floats(p.n_ctx, p.n_threads)};
+}
+
+// Per thread: candidates (8 bytes), probabilities and penalty counts (4 each), the distinct list (<= 4).
+constexpr size_t kSamplerBytesPerToken = 20;
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -37,40 +65,39 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParam
   return std::make_unique<CpuBackend>(m, params, n_sample);
 }
 
+Footprint plan_cpu_backend(const ModelData& m, const ContextParams& p) {
+  Footprint f;
+  f.weights = m.weight_bytes;
+  f.kv = KvCache::bytes_for(kv_params(m, p));
+  f.scratch =
+      buffer_sizes(m, p).total() * sizeof(float) + (size_t)p.n_threads * m.hp.n_vocab * kSamplerBytesPerToken;
+  return f;
+}
+
 CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int n_sample)
     : m_(model), p_(params), n_sample_(n_sample), pool_(p_.n_threads), kv_(kv_params(model, p_)) {
-  const HParams& hp = m_.hp;
-  const size_t nb = p_.n_batch, q_dim = (size_t)hp.n_heads * hp.head_dim,
-               kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
-  x_ = Buffer<float>(nb * hp.dim);
-  xb_ = Buffer<float>(nb * std::max<size_t>(hp.dim, q_dim));
-  q_ = Buffer<float>(nb * q_dim);
-  k_ = Buffer<float>(nb * kv_dim);
-  v_ = Buffer<float>(nb * kv_dim);
-  att_ = Buffer<float>(nb * q_dim);
-  hb_ = Buffer<float>(nb * hp.ffn_dim);
-  hb2_ = Buffer<float>(nb * hp.ffn_dim);
-  acc_ = Buffer<float>(nb * hp.dim);
-  out_x_ = Buffer<float>((size_t)p_.n_outputs * hp.dim);
-  logits_ = Buffer<float>((size_t)p_.n_outputs * hp.n_vocab);
-  mm_scratch_ = Buffer<float>(mm_scratch(m_, p_));
-  attn_scratch_ = Buffer<float>(cpu::attention_scratch_floats(p_.n_ctx, p_.n_threads));
+  const BufferSizes s = buffer_sizes(m_, p_);
+  x_ = Buffer<float>(s.x);
+  xb_ = Buffer<float>(s.xb);
+  q_ = Buffer<float>(s.q);
+  k_ = Buffer<float>(s.k);
+  v_ = Buffer<float>(s.v);
+  att_ = Buffer<float>(s.att);
+  hb_ = Buffer<float>(s.hb);
+  hb2_ = Buffer<float>(s.hb2);
+  acc_ = Buffer<float>(s.acc);
+  out_x_ = Buffer<float>(s.out_x);
+  logits_ = Buffer<float>(s.logits);
+  mm_scratch_ = Buffer<float>(s.mm);
+  attn_scratch_ = Buffer<float>(s.attn);
   for (int i = 0; i < p_.n_threads; ++i)
-    sampler_scratch_.push_back(std::make_unique<SamplerScratch>(hp.n_vocab));
+    sampler_scratch_.push_back(std::make_unique<SamplerScratch>(m_.hp.n_vocab));
   b_ = {x_.data(),   xb_.data(), q_.data(),   k_.data(),     v_.data(),
         att_.data(), hb_.data(), hb2_.data(), out_x_.data(), logits_.data()};
 }
 
 Footprint CpuBackend::footprint() const {
-  Footprint f;
-  f.weights = m_.weight_bytes;
-  f.kv = kv_.bytes();
-  for (size_t b :
-       {x_.bytes(), xb_.bytes(), q_.bytes(), k_.bytes(), v_.bytes(), att_.bytes(), hb_.bytes(), hb2_.bytes(),
-        acc_.bytes(), out_x_.bytes(), logits_.bytes(), mm_scratch_.bytes(), attn_scratch_.bytes()})
-    f.scratch += b;
-  f.scratch += sampler_scratch_.size() * (size_t)m_.hp.n_vocab * 16;  // candidates, probabilities, counts
-  return f;
+  return plan_cpu_backend(m_, p_);
 }
 
 void CpuBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,

@@ -160,18 +160,8 @@ cudaError_t CudaMatmul::matmul(const WeightView& w, const float* x, int n, float
   if (n < 1) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (n <= kGemvMaxRows) return gemv(w, x, n, y, bias, accumulate, stream);
   if (!impl_ || w.rows <= 0 || w.cols <= 0 || !w.data) return cudaErrorInvalidValue;
-  int64_t esize;
-  switch (w.type) {
-    case GgmlType::F32:
-      esize = 4;
-      break;
-    case GgmlType::F16:
-    case GgmlType::BF16:
-      esize = 2;
-      break;
-    default:  // TODO(q8_0): dequantise a tile to BF16 in the workspace, then the same GEMM
-      return cudaErrorInvalidValue;
-  }
+  const int64_t esize = dense_elem_bytes(w.type);
+  if (esize == 0) return cudaErrorInvalidValue;
   if ((int64_t)w.row_bytes % esize != 0 || (int64_t)w.row_bytes < w.cols * esize)
     return cudaErrorInvalidValue;
   const int64_t ld = (int64_t)w.row_bytes / esize;

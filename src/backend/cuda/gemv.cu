@@ -775,18 +775,8 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
                  cudaStream_t stream, GemvPath path) {
   if (n < 1 || n > kGemvMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !x || !y)
     return cudaErrorInvalidValue;
-  int64_t esize;
-  switch (w.type) {
-    case GgmlType::F32:
-      esize = 4;
-      break;
-    case GgmlType::F16:
-    case GgmlType::BF16:
-      esize = 2;
-      break;
-    default:  // TODO(q8_0): a Chunk loader for 34-byte blocks (scale * int8) in both paths.
-      return cudaErrorInvalidValue;
-  }
+  const int64_t esize = dense_elem_bytes(w.type);
+  if (esize == 0) return cudaErrorInvalidValue;
   if ((int64_t)w.row_bytes < w.cols * esize || w.rows > (int64_t)0x7fffffff * 16)
     return cudaErrorInvalidValue;
   const bool tc_ok = w.cols % 8 == 0 && aligned16(w.data) && w.row_bytes % 16 == 0 && aligned16(x);
