@@ -167,6 +167,36 @@ namespace {
 
 // Paths that are not regular files are refused before they are opened: a FIFO would block open() until
 // a writer appears (forever), a directory read as a text file gives empty input.
+// Speculative decoding from the command line: the bundled pair (--speculative) and -md with prompt
+// lookup give plain greedy's tokens, and the timing block reports the rounds.
+TEST(Cli, RunSpeculative) {
+  const std::string plain = "run -p ROMEO: -n 40 --temp 0 --json";
+  const Out ref = ultra(plain);
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  const auto want = json::parse(ref.out)["generated_ids"].get<std::vector<int>>();
+  const std::string draft = (fs::path(ULTRA_SOURCE_DIR) / "models" / "draft.gguf").string();
+  for (const std::string& flags :
+       std::vector<std::string>{"--speculative", "--speculative --draft-max 3 --draft-p-min 0.5",
+                                "-md " + draft + " --lookup 2 --draft-max 6", "--lookup 1"}) {
+    const Out o = ultra(plain + " " + flags);
+    ASSERT_EQ(o.code, 0) << flags << ": " << o.err;
+    const json j = json::parse(o.out);
+    EXPECT_EQ(j["generated_ids"].get<std::vector<int>>(), want) << flags;
+    EXPECT_GT(j["speculative"]["rounds"].get<int>(), 0) << flags;
+  }
+  const Out text = ultra("run -p ROMEO: -n 40 --temp 0.8 -s 3 --speculative");
+  ASSERT_EQ(text.code, 0) << text.err;
+  for (const char* needle : {"acceptance rate", "accepted per round", "tokens per target pass", "draft: "})
+    EXPECT_NE(text.err.find(needle), std::string::npos) << needle << "\n" << text.err;
+  const std::string m = (kHf / "llama_gqa").string();
+  expect_error("run --speculative -p x --dump-logits /dev/null", "--dump-logits is not available");
+  expect_error("run -p x --draft-max 4", "--draft-max needs a draft");
+  expect_error("run -p x -md " + m, "its vocabulary has 320 tokens, the target's 4096");
+  const Out k0 = ultra("run -p x --speculative --draft-max 0");  // the flag parser's own message
+  EXPECT_NE(k0.code, 0);
+  EXPECT_NE(k0.err.find("--draft-max: Value 0 not in range 1 to 64"), std::string::npos) << k0.err;
+}
+
 // --device cuda / llama.cpp's -ngl: on a machine without a GPU (CI) a clear error naming CUDA; with one, it
 // runs. -ngl 0 is the CPU.
 TEST(Cli, DeviceFlags) {
@@ -174,7 +204,9 @@ TEST(Cli, DeviceFlags) {
   for (const char* flag : {"--device cuda", "-ngl 99"}) {
     const Out o = ultra(std::string("run -m ") + m + " --prompt-ids 1,2 -n 2 " + flag);
     EXPECT_LT(o.code, 128) << "crashed: " << flag;
-    if (o.code != 0) EXPECT_NE(o.err.find("CUDA"), std::string::npos) << o.err;
+    if (o.code != 0) {
+      EXPECT_NE(o.err.find("CUDA"), std::string::npos) << o.err;
+    }
   }
   const Out cpu = ultra("run -m " + m + " --prompt-ids 1,2 -n 2 -ngl 0");
   EXPECT_EQ(cpu.code, 0) << cpu.err;

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "chi2_util.h"
 #include "sampling/philox.h"
 #include "sampling/sampler.h"
 
@@ -138,20 +139,8 @@ RefDist reference(const std::vector<float>& logits, const SamplingParams& sp) {
 }
 
 // 0.999 quantile of chi-square with k degrees of freedom (Wilson-Hilferty).
-double chi2_quantile_999(int k) {
-  const double z = 3.090232306167813;  // standard normal 0.999 quantile
-  const double a = 2.0 / (9.0 * k);
-  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
-
-double chi2_statistic(const std::vector<long>& observed, const std::vector<double>& p, long n) {
-  double s = 0.0;
-  for (size_t j = 0; j < p.size(); ++j) {
-    const double e = p[j] * (double)n;
-    s += (observed[j] - e) * (observed[j] - e) / e;
-  }
-  return s;
-}
+using testing_util::chi2_quantile_999;
+using testing_util::chi2_statistic;
 
 int32_t ref_argmax(const std::vector<float>& l) {
   int32_t best = 0;

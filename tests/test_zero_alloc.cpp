@@ -17,6 +17,7 @@
 
 #include "io/convert.h"
 #include "ultra/generate.h"
+#include "ultra/speculative.h"
 
 #include "alloc_counter.h"
 
@@ -163,6 +164,53 @@ TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
       "[zero-alloc] mixed batch (20-row prefill chunk + 3 sampled decodes): %ld allocations in 32 steps\n",
       g_allocs.load());
   EXPECT_EQ(g_allocs.load(), 0);
+}
+
+// Speculative rounds (a draft model and prompt lookup, sampled, penalties on): nothing is allocated from the
+// first delivered token to the last, across rounds with accepted drafts, rejections and bonus tokens.
+TEST(ZeroAlloc, SpeculativeRounds) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  const Model m = Model::load(kFixture.string());
+  const Model dm = Model::load((kFixture.parent_path() / "mistral").string());  // the same vocabulary
+  for (int lookup : {0, 2}) {
+    Context target(m, {.n_ctx = 128, .n_batch = 16, .n_outputs = 16, .n_threads = 2});
+    Context draft(dm, {.n_ctx = 128, .n_threads = 1});
+    SamplingParams sp = full_chain();
+    sp.top_k = 3;  // few candidates, so that some random-weight drafts are kept
+    target.set_sampling(0, sp);
+    const int32_t prompt[] = {1, 17, 42, 99, 7, 123, 5, 64, 17, 42};
+    SpeculativeParams spp;
+    spp.n_draft = 4;
+    spp.lookup_ngram = lookup;
+    GenerateParams gp;
+    gp.ignore_eos = true;
+    int n_delivered = 0, last = 0;
+    auto on_token = [&](int32_t, Context&, int) {
+      ++n_delivered;
+      g_counting = n_delivered < last;
+      return true;
+    };
+    gp.n_predict = 16;
+    generate_speculative(target, &draft, prompt, gp, spp, on_token);  // warm-up
+    g_counting = false;
+    n_delivered = 0;
+    g_allocs = 0;
+    gp.n_predict = last = 80;
+    SpeculativeStats st;
+    generate_speculative(target, &draft, prompt, gp, spp, on_token, &st);
+    g_counting = false;
+    EXPECT_EQ(n_delivered, 80);
+    std::printf(
+        "[zero-alloc] speculative, K=4, lookup %d: %ld allocations over %lld rounds (%lld of %lld drafts "
+        "kept)\n",
+        lookup, g_allocs.load(), (long long)st.rounds, (long long)st.accepted, (long long)st.drafted);
+    EXPECT_GT(st.rounds, 10);
+    EXPECT_GT(st.accepted, 0);
+    EXPECT_LT(st.accepted, st.drafted);
+    EXPECT_EQ(g_allocs.load(), 0);
+  }
 }
 
 }  // namespace

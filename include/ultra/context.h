@@ -162,7 +162,8 @@ class Context {
 
   const StepStats& stats() const;
 
-  struct Impl;
+  struct Impl;  // internal (src/engine); tests reach it through src/engine/testing.h
+  Impl& impl() { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;

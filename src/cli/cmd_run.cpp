@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "ultra/generate.h"
+#include "ultra/speculative.h"
 
 namespace ultra::cli {
 
@@ -24,17 +26,41 @@ struct RunFlags {
   bool json = false;
   bool ignore_eos = false;
   std::string dump_logits;
+  // Speculative decoding.
+  std::string model_draft;
+  bool speculative = false;  // the bundled draft
+  SpeculativeParams spec;
+  bool speculating() const { return !model_draft.empty() || speculative || spec.lookup_ngram > 0; }
 };
 
-void print_timings(FILE* f, double load_ms, const GenerateResult& t) {
+void print_speculative(FILE* f, const SpeculativeParams& sp, const SpeculativeStats& s,
+                       const GenerateResult& t, bool draft) {
+  const std::string how = draft && sp.lookup_ngram > 0
+                              ? fmt::format("draft model + lookup {}", sp.lookup_ngram)
+                          : draft ? std::string("draft model")
+                                  : fmt::format("lookup {}", sp.lookup_ngram);
+  fmt::print(f, "{:>18} = K {} ({}{}), {} rounds + {} plain steps\n", "speculative", sp.n_draft, how,
+             sp.p_min > 0 ? fmt::format(", p-min {:.2f}", sp.p_min) : "", s.rounds, s.plain_steps);
+  fmt::print(f, "{:>18} = {:.1f}% ({} of {} drafted tokens; {} from lookup)\n", "acceptance rate",
+             100.0 * s.acceptance(), s.accepted, s.drafted, s.from_lookup);
+  fmt::print(f, "{:>18} = {:.2f} accepted per round, {:.2f} tokens per target pass\n", "per round",
+             s.rounds ? (double)s.accepted / (double)s.rounds : 0.0,
+             t.n_eval ? (double)(t.n_generated - 1) / t.n_eval : 0.0);
+  fmt::print(f, "{:>18} = {:10.2f} ms target, {:10.2f} ms draft\n", "round time", s.verify_ms, s.draft_ms);
+}
+
+void print_timings(FILE* f, double load_ms, const GenerateResult& t, bool speculative) {
   auto line = [&](const char* what, double ms, int n, const char* unit) {
     fmt::print(f, "{:>18} = {:10.2f} ms / {:5} {} ({:8.2f} ms per token, {:8.2f} tokens per second)\n", what,
                ms, n, unit, n ? ms / n : 0.0, ms > 0 ? 1e3 * n / ms : 0.0);
   };
   fmt::print(f, "\n{:>18} = {:10.2f} ms\n", "load time", load_ms);
   line("prompt eval time", t.prompt_ms, t.n_prompt, "tokens");
-  line("eval time", t.eval_ms, t.n_eval, "runs  ");
-  line("sampling time", t.sample_ms, t.n_sample, "runs  ");
+  if (speculative)  // tokens after the first, which the prompt's last row gave
+    line("eval time", t.eval_ms, std::max(0, t.n_generated - 1), "tokens");
+  else
+    line("eval time", t.eval_ms, t.n_eval, "runs  ");
+  if (!speculative) line("sampling time", t.sample_ms, t.n_sample, "runs  ");
 }
 
 }  // namespace
@@ -63,6 +89,24 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--dump-logits", F.dump_logits,
                  "write the logits each generated token was drawn from (the last prompt position first) as "
                  "raw little-endian float32 rows of n_vocab");
+  app.add_option("--model-draft", F.model_draft,
+                 "-md: draft model for speculative decoding (the same vocabulary as the target)");
+  app.add_flag("--speculative", F.speculative,
+               "speculative decoding with the bundled draft model (models/draft.gguf)");
+  app.add_option("--draft-max,--draft", F.spec.n_draft, "most tokens drafted per round (K)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--draft-min", F.spec.n_draft_min, "a shorter draft is not verified: one plain step instead")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  app.add_option("--draft-p-min", F.spec.p_min,
+                 "adaptive draft length: stop drafting when the draft's top probability is below this")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--lookup", F.spec.lookup_ngram,
+                 "prompt-lookup drafts: continue the last N tokens' earlier occurrence (0: off)")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -75,6 +119,16 @@ int cmd_run(int argc, char** argv) {
     F.sp.seed = (uint64_t)F.seed;
   F.sp.validate();
   if (!F.prompt.empty() && !F.prompt_ids.empty()) fail("give either -p or --prompt-ids, not both");
+  if (!F.speculating())
+    for (const char* flag : {"--draft-max", "--draft-min", "--draft-p-min"})
+      if (app.count(flag)) fail("{} needs a draft: -md MODEL, --speculative or --lookup N", flag);
+  if (!F.model_draft.empty() && F.speculative) fail("give either -md or --speculative, not both");
+  if (F.speculating() && !F.dump_logits.empty())
+    fail("--dump-logits is not available with speculative decoding (its tokens come in rounds)");
+  if (F.speculative) {
+    F.model_draft = bundled_model_path("draft.gguf");
+    if (F.model_draft.empty()) fail("--speculative: the bundled models/draft.gguf was not found");
+  }
 
   const auto t_load = std::chrono::steady_clock::now();
   const Model model = Model::load(F.model.model);
@@ -94,9 +148,25 @@ int cmd_run(int argc, char** argv) {
       fail("prompt token id {} is out of range (the {} has {} tokens)", id, tokenizer ? "tokenizer" : "model",
            n_ids);
 
-  Context ctx(model, F.model.context_params());
+  ContextParams cp = F.model.context_params();
+  if (F.speculating()) {  // K + 1 rows per verification, every one an output
+    cp.n_batch = std::max(cp.n_batch, F.spec.n_draft + 1);
+    cp.n_outputs = std::max(cp.n_outputs, F.spec.n_draft + 1);
+  }
+  Context ctx(model, cp);
   print_warnings(ctx);
   ctx.set_sampling(0, F.sp);
+  std::optional<Model> draft_model;
+  std::optional<Context> draft;
+  if (!F.model_draft.empty()) {
+    draft_model.emplace(Model::load(F.model_draft));
+    check_draft_compatible(model, *draft_model);
+    ContextParams dp = F.model.context_params();
+    dp.n_ctx = ctx.params().n_ctx;
+    dp.n_outputs = 1;
+    draft.emplace(*draft_model, dp);
+    print_warnings(*draft);
+  }
   const double load_ms = ms_since(t_load);
   const Footprint fp = ctx.footprint();
   if (!F.json) {
@@ -106,6 +176,12 @@ int cmd_run(int argc, char** argv) {
                human_bytes(fp.weights), human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots,
                F.model.kv_type_name(), human_bytes(fp.scratch));
     fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_name(), ctx.params().n_threads);
+    if (draft) {
+      const ModelInfo& di = draft_model->info();
+      fmt::print(stderr, "draft: {} ({}, {} layers, dim {}), weights {}, KV cache {}\n", di.path, di.arch,
+                 di.n_layers, di.dim, human_bytes(draft->footprint().weights),
+                 human_bytes(draft->footprint().kv));
+    }
   }
 
   FILE* dump = nullptr;
@@ -145,11 +221,15 @@ int cmd_run(int argc, char** argv) {
     return true;
   };
   GenerateResult t;
+  SpeculativeStats spec_stats;
   if (F.n_predict > 0) {
     GenerateParams gp;
     gp.n_predict = F.n_predict;
     gp.ignore_eos = F.ignore_eos;
-    t = generate(ctx, prompt, gp, on_token);
+    if (F.speculating())
+      t = generate_speculative(ctx, draft ? &*draft : nullptr, prompt, gp, F.spec, on_token, &spec_stats);
+    else
+      t = generate(ctx, prompt, gp, on_token);
   } else {  // prefill only
     const auto t0 = std::chrono::steady_clock::now();
     Batch batch(ctx.params().n_batch);
@@ -174,13 +254,21 @@ int cmd_run(int argc, char** argv) {
                     {"sample_ms", t.sample_ms},
                     {"prompt_tps", t.prompt_ms > 0 ? 1e3 * t.n_prompt / t.prompt_ms : 0.0},
                     {"eval_tps", t.eval_ms > 0 ? 1e3 * t.n_eval / t.eval_ms : 0.0}};
+    if (F.speculating())
+      j["speculative"] = {{"draft_max", F.spec.n_draft},           {"rounds", spec_stats.rounds},
+                          {"drafted", spec_stats.drafted},         {"accepted", spec_stats.accepted},
+                          {"from_lookup", spec_stats.from_lookup}, {"plain_steps", spec_stats.plain_steps},
+                          {"acceptance", spec_stats.acceptance()}, {"draft_ms", spec_stats.draft_ms},
+                          {"verify_ms", spec_stats.verify_ms}};
     j["context_full"] = t.context_full;
     j["stop"] = t.stopped_eog ? "eog" : t.context_full ? "context_full" : "length";
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("\n");
     if (t.context_full) fmt::print(stderr, "\ncontext full ({} tokens): stopped\n", ctx.params().n_ctx);
-    print_timings(stderr, load_ms, t);
+    print_timings(stderr, load_ms, t, F.speculating());
+    if (F.speculating() && F.n_predict > 0)
+      print_speculative(stderr, F.spec, spec_stats, t, draft.has_value());
   }
   return 0;
 }

@@ -10,17 +10,16 @@
 
 namespace ultra::cli {
 
-std::string bundled_model_path() {
+std::string bundled_model_path(const char* name) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   std::vector<fs::path> candidates;
   if (!ec) {
-    candidates.push_back(exe.parent_path().parent_path() / "models" / "target.gguf");  // build/ultra
-    candidates.push_back(exe.parent_path().parent_path() / "share" / "ultra" / "models" /
-                         "target.gguf");  // bin/
+    candidates.push_back(exe.parent_path().parent_path() / "models" / name);  // build/ultra
+    candidates.push_back(exe.parent_path().parent_path() / "share" / "ultra" / "models" / name);  // bin/
   }
-  candidates.push_back(fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf");
+  candidates.push_back(fs::path(ULTRA_SOURCE_DIR) / "models" / name);
   for (const auto& c : candidates)
     if (fs::is_regular_file(c, ec)) return c.string();
   return "";

@@ -48,9 +48,10 @@ void print_warnings(const Context& ctx);
 void add_device_flags(CLI::App& app, std::string& device, std::string& kv_type);
 void apply_device_flags(const std::string& device, const std::string& kv_type, ContextParams& p);
 
-// The bundled default model: models/target.gguf next to the executable's parent directory (build/ultra ->
-// models/target.gguf), else in the source tree this binary was built from; "" when neither exists.
-std::string bundled_model_path();
+// A bundled model (target.gguf, the default model; draft.gguf, its draft): models/NAME next to the
+// executable's parent directory (build/ultra -> models/NAME), else in the installed share/ultra/models, else
+// in the source tree this binary was built from; "" when none exists.
+std::string bundled_model_path(const char* name = "target.gguf");
 
 // "1,2,3" -> {1,2,3}; throws ultra::Error on anything else.
 std::vector<int32_t> parse_id_list(const std::string& s);

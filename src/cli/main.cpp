@@ -27,7 +27,7 @@ const Command kCommands[] = {
 };
 
 // llama.cpp's multi-letter single-dash flags, which the flag parser takes only in their long form.
-const std::pair<const char*, const char*> kAliases[] = {{"-ngl", "--n-gpu-layers"}};
+const std::pair<const char*, const char*> kAliases[] = {{"-ngl", "--n-gpu-layers"}, {"-md", "--model-draft"}};
 
 void usage(FILE* f) {
   std::fprintf(f, "usage: ultra COMMAND [options]\n\ncommands:\n");

@@ -41,6 +41,9 @@ class Backend {
 
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;
+  // Tests only: fills positions [from, max_ctx) of slot seq in every layer's K and V with NaN, so that a
+  // read of any position past a sequence's length shows in its outputs.
+  virtual void poison_kv(int seq, int from) = 0;
 };
 
 // params: resolved (no zeros left); n_sample: ids below it are sampled.

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "engine/backend.h"
 #include "engine/model_impl.h"
+#include "engine/testing.h"
 
 namespace ultra {
 
@@ -321,6 +322,12 @@ void Context::crop(int seq, int n) {
     fail("crop: sequence {} holds {} tokens, cannot keep {}", seq, impl_->len[seq], n);
   if (n < impl_->len[seq]) impl_->last_sampled[seq] = -1;
   impl_->len[seq] = n;
+}
+
+void testing::poison_kv_past_length(Context& ctx, int seq) {
+  Context::Impl& c = ctx.impl();
+  c.check_seq(seq, "poison_kv_past_length");
+  c.be->poison_kv(seq, c.len[seq]);
 }
 
 void Context::set_sampling(int seq, const SamplingParams& p) {

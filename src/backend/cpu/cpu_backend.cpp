@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 namespace ultra {
 
@@ -94,6 +95,19 @@ CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int 
     sampler_scratch_.push_back(std::make_unique<SamplerScratch>(m_.hp.n_vocab));
   b_ = {x_.data(),   xb_.data(), q_.data(),   k_.data(),     v_.data(),
         att_.data(), hb_.data(), hb2_.data(), out_x_.data(), logits_.data()};
+}
+
+void CpuBackend::poison_kv(int seq, int from) {
+  // All-ones bytes are a NaN in F32 and F16.
+  for (int il = 0; il < m_.hp.n_layers; ++il) {
+    const KvLayerView v = kv_.layer(il);
+    const size_t elem = v.type == GgmlType::F32 ? 4 : 2, row = (size_t)v.head_dim * elem;
+    for (int h = 0; h < v.n_kv_heads; ++h) {
+      const size_t at = (((size_t)seq * v.n_kv_heads + h) * v.max_ctx + from) * row;
+      std::memset((uint8_t*)v.k + at, 0xFF, (size_t)(v.max_ctx - from) * row);
+      std::memset((uint8_t*)v.v + at, 0xFF, (size_t)(v.max_ctx - from) * row);
+    }
+  }
 }
 
 Footprint CpuBackend::footprint() const {

@@ -25,6 +25,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
             StepStats& stats) override;
   const float* logits(int k) override { return logits_.data() + (size_t)k * m_.hp.n_vocab; }
+  void poison_kv(int seq, int from) override;
 
   KvCache& kv() { return kv_; }
   ThreadPool& pool() { return pool_; }

@@ -344,6 +344,21 @@ void CudaBackend::upload_weights() {
   }
 }
 
+void CudaBackend::poison_kv(int seq, int from) {
+  // All-ones bytes are a NaN in F32, F16 and BF16.
+  for (const KvLayerView& v : kv_) {
+    const size_t elem = v.type == GgmlType::F32 ? 4 : 2, row = (size_t)v.head_dim * elem;
+    for (int h = 0; h < v.n_kv_heads; ++h) {
+      const size_t at = (((size_t)seq * v.n_kv_heads + h) * v.max_ctx + from) * row;
+      check(cudaMemsetAsync((uint8_t*)v.k + at, 0xFF, (size_t)(v.max_ctx - from) * row, stream_),
+            "KV poison");
+      check(cudaMemsetAsync((uint8_t*)v.v + at, 0xFF, (size_t)(v.max_ctx - from) * row, stream_),
+            "KV poison");
+    }
+  }
+  check(cudaStreamSynchronize(stream_), "KV poison");
+}
+
 Footprint CudaBackend::footprint() const {
   Footprint f;
   f.weights = m_.weight_bytes;

@@ -59,6 +59,7 @@ class CudaBackend final : public Backend, private ForwardOps {
   void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
             StepStats& stats) override;
   const float* logits(int k) override;
+  void poison_kv(int seq, int from) override;
 
   // For tests and benchmarks.
   int n_graphs() const;

@@ -1,0 +1,283 @@
+// Speculative decoding on top of Context::step (include/ultra/speculative.h). The distributions p (target)
+// and q (draft) come from the sampler's own filtered distribution (sampling/sampler.h), computed on the
+// host from each row's logits with the sequence's settings and penalty window, so that the draws and the
+// acceptance test follow exactly the function plain sampling uses: a greedy sampler's distribution is the
+// argmax with probability 1, which makes the same acceptance rule keep exactly the target's greedy tokens.
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/model_impl.h"
+#include "sampling/philox.h"
+#include "sampling/sampler.h"
+#include "ultra/speculative.h"
+
+namespace ultra {
+
+namespace {
+
+// The draft's proposals are drawn with another key than the target's draws at the same positions.
+constexpr uint64_t kDraftSeedMix = 0x9E3779B97F4A7C15ull;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A filtered distribution: the kept ids best first and their probabilities (normalised).
+struct Dist {
+  std::vector<int32_t> ids;  // [n_vocab]
+  std::vector<float> probs;  // [n_vocab]
+  int n = 0;
+  explicit Dist(int n_vocab) : ids(n_vocab), probs(n_vocab) {}
+};
+
+// The sampler's draw: the first kept j with u * total < cumulative p (double), else the last non-zero one.
+int32_t draw(const int32_t* ids, const float* p, int n, double u) {
+  double total = 0;
+  for (int j = 0; j < n; ++j) total += p[j];
+  const double target = u * total;
+  double cum = 0;
+  for (int j = 0; j < n; ++j) {
+    cum += p[j];
+    if (target < cum) return ids[j];
+  }
+  int j = n - 1;
+  while (j > 0 && p[j] == 0.0f) --j;
+  return ids[j];
+}
+
+// The continuation of the most recent earlier occurrence of the last `ngram` tokens of h, at most k tokens.
+int lookup(std::span<const int32_t> h, int ngram, int k, int32_t* out) {
+  const int len = (int)h.size();
+  if (ngram <= 0 || len <= ngram) return 0;
+  const int32_t* tail = h.data() + len - ngram;
+  for (int j = len - ngram - 1; j >= 0; --j) {
+    if (!std::equal(tail, tail + ngram, h.data() + j)) continue;
+    int n = 0;
+    for (int i = j + ngram; i < len && n < k; ++i) out[n++] = h[i];
+    return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void check_draft_compatible(const Model& target, const Model& draft) {
+  const ModelInfo &t = target.info(), &d = draft.info();
+  if (t.n_vocab != d.n_vocab)
+    fail("draft model {}: its vocabulary has {} tokens, the target's {}", d.path, d.n_vocab, t.n_vocab);
+  const Tokenizer *tt = target.tokenizer(), *dt = draft.tokenizer();
+  if (!tt || !dt) return;
+  if (tt->n_vocab() != dt->n_vocab())
+    fail("draft model {}: its tokenizer has {} tokens, the target's {}", d.path, dt->n_vocab(),
+         tt->n_vocab());
+  for (int32_t id = 0; id < tt->n_vocab(); ++id)
+    if (tt->token_to_piece(id) != dt->token_to_piece(id))
+      fail("draft model {}: token {} is '{}' there and '{}' in the target: the vocabularies differ", d.path,
+           id, dt->token_to_piece(id), tt->token_to_piece(id));
+}
+
+GenerateResult generate_speculative(Context& target, Context* draft, std::span<const int32_t> prompt,
+                                    const GenerateParams& gp, const SpeculativeParams& sp,
+                                    const OnToken& on_token, SpeculativeStats* stats_out) {
+  using clock = std::chrono::steady_clock;
+  if (!draft && sp.lookup_ngram <= 0)
+    fail("speculative decoding needs a draft model or prompt lookup (lookup_ngram > 0)");
+  if (sp.n_draft < 1 || sp.n_draft > 64)
+    fail("speculative: n_draft = {} is out of range [1, 64]", sp.n_draft);
+  if (prompt.empty()) fail("generate: the prompt is empty (at least one token is needed)");
+  const int seq = gp.seq, dseq = sp.draft_seq;
+  const int n_ctx = target.params().n_ctx;
+  if ((int64_t)prompt.size() >= n_ctx)
+    fail("generate: the prompt of {} tokens does not fit in the context of {} tokens (raise n_ctx)",
+         prompt.size(), n_ctx);
+  if (draft) {
+    check_draft_compatible(target.model(), draft->model());
+    if (draft->params().n_ctx < n_ctx)
+      fail("speculative: the draft's context ({} tokens) is shorter than the target's ({})",
+           draft->params().n_ctx, n_ctx);
+  }
+  // One more row than drafted tokens must fit in a target step; the target must return them all.
+  const int K = std::min({sp.n_draft, target.params().n_batch - 1, target.params().n_outputs - 1});
+  if (K < 1)
+    fail(
+        "speculative: the target context needs n_batch and n_outputs of at least 2 (K + 1 rows); it has {} "
+        "and {}",
+        target.params().n_batch, target.params().n_outputs);
+
+  const SamplingParams& tp = target.sampling(seq);
+  SamplingParams dp = tp;  // the draft samples with the same settings and its own key
+  dp.seed ^= kDraftSeedMix;
+  const int V = target.model().info().n_vocab;
+  const int n_sample = target.n_sample_vocab();
+  SamplerScratch scratch(V);
+  Dist p(V);
+  std::vector<Dist> q;  // [K] the draft's distribution of each proposal
+  if (draft) q.assign(K, Dist(V));
+  std::vector<float> q_dense(V, 0.0f), p_dense(V, 0.0f);
+  std::vector<int32_t> drafts(K), history;
+  std::vector<uint8_t> from_model(K);
+  history.reserve(n_ctx);
+  Batch batch(std::max(K + 1, std::min(target.params().n_batch, (int)prompt.size())));
+  Batch dbatch(draft ? draft->params().n_batch : 1);
+
+  SpeculativeStats st;
+  GenerateResult r;
+  auto target_dist = [&](int row, int pos) {  // p for the token after position pos (row of the last step)
+    const auto toks = target.seq_tokens(seq).first(pos + 1);
+    p.n = sample_distribution(tp, target.logits(row).data(), n_sample, penalty_window(tp, toks), scratch,
+                              p.ids.data(), p.probs.data());
+  };
+
+  // Prompt: both contexts, the target's last row gives the first token.
+  auto t0 = clock::now();
+  target.clear(seq);
+  int row = prefill(target, batch, seq, prompt, Output::logits);
+  target_dist(row, (int)prompt.size() - 1);
+  int32_t cur = draw(p.ids.data(), p.probs.data(), p.n,
+                     philox_uniform(tp.seed, (int64_t)prompt.size(), DrawStream::token));
+  if (draft) {
+    draft->clear(dseq);
+    prefill(*draft, dbatch, dseq, prompt);
+  }
+  r.prompt_ms = ms_since(t0);
+  r.n_prompt = (int)prompt.size();
+
+  // Delivers a token; false when generation ends.
+  auto emit = [&](int32_t t) {
+    ++r.n_generated;
+    if (on_token && !on_token(t, target, -1)) {
+      r.stopped_by_caller = true;
+      return false;
+    }
+    if (!gp.ignore_eos && target.model().is_eog(t)) {
+      r.stopped_eog = true;
+      return false;
+    }
+    return r.n_generated < gp.n_predict;
+  };
+  if (gp.n_predict <= 0 || !emit(cur)) {
+    if (stats_out) *stats_out = st;
+    return r;
+  }
+
+  while (true) {
+    const int n = target.seq_len(seq);  // cur goes to position n
+    if (n >= n_ctx) {
+      r.context_full = true;
+      break;
+    }
+    // At most the tokens still wanted (a round's bonus token past them is not delivered) and the room left
+    // in the context.
+    const int k_max = std::min({K, gp.n_predict - r.n_generated, n_ctx - n - 1});
+    int k = 0;
+    // 1. Draft: prompt lookup first, else the draft model.
+    if (k_max > 0 && sp.lookup_ngram > 0) {
+      const auto toks = target.seq_tokens(seq);
+      history.assign(toks.begin(), toks.end());
+      history.push_back(cur);
+      k = lookup(history, sp.lookup_ngram, k_max, drafts.data());
+      std::fill(from_model.begin(), from_model.begin() + k, 0);
+      st.from_lookup += k;
+    }
+    if (k == 0 && k_max > 0 && draft) {
+      t0 = clock::now();
+      // The draft catches up with the target's tokens and cur, then proposes one token per step.
+      const auto toks = target.seq_tokens(seq);
+      for (int have = draft->seq_len(dseq); have < n;) {
+        const int m = std::min(n - have, dbatch.capacity());
+        dbatch.clear();
+        dbatch.add_sequence(toks.subspan(have, m), have, dseq);
+        draft->step(dbatch);
+        have += m;
+      }
+      dbatch.clear();
+      dbatch.add(cur, n, dseq, Output::logits);
+      draft->step(dbatch);
+      for (int i = 0; i < k_max; ++i) {
+        const int pos = n + i;  // the draft's last row is the token at pos; it proposes pos + 1
+        Dist& qi = q[i];
+        qi.n = sample_distribution(dp, draft->logits(0).data(), n_sample,
+                                   penalty_window(dp, draft->seq_tokens(dseq)), scratch, qi.ids.data(),
+                                   qi.probs.data());
+        if (sp.p_min > 0 && qi.probs[0] < sp.p_min) break;  // adaptive: the draft is unsure
+        drafts[i] =
+            draw(qi.ids.data(), qi.probs.data(), qi.n, philox_uniform(dp.seed, pos + 1, DrawStream::token));
+        from_model[i] = 1;
+        k = i + 1;
+        if (i + 1 == k_max) break;
+        dbatch.clear();
+        dbatch.add(drafts[i], pos + 1, dseq, Output::logits);
+        draft->step(dbatch);
+      }
+      st.draft_ms += ms_since(t0);
+    }
+    if (k < sp.n_draft_min) k = 0;  // too short to be worth a verification: one plain step
+
+    // 2. Verify: cur and the k drafts in one target step, every row an output.
+    t0 = clock::now();
+    batch.clear();
+    batch.add(cur, n, seq, Output::logits);
+    for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, Output::logits);
+    target.step(batch);
+    st.verify_ms += ms_since(t0);
+    ++r.n_eval;
+    if (k > 0) {
+      ++st.rounds;
+      st.drafted += k;
+    } else {
+      ++st.plain_steps;
+    }
+
+    // 3. Accept the longest prefix the rejection test keeps, then the correction or bonus token.
+    int a = 0;
+    int32_t next = -1;
+    for (; a <= k; ++a) {
+      const int pos = n + a;  // row a scored the token at pos: p is for pos + 1
+      target_dist(a, pos);
+      if (a == k) {  // all drafts kept (or none drafted): the target's own token
+        next = draw(p.ids.data(), p.probs.data(), p.n, philox_uniform(tp.seed, pos + 1, DrawStream::token));
+        break;
+      }
+      const int32_t x = drafts[a];
+      for (int j = 0; j < p.n; ++j) p_dense[p.ids[j]] = p.probs[j];
+      double qx = 1.0;  // prompt lookup: a point mass
+      if (from_model[a]) {
+        const Dist& qa = q[a];
+        for (int j = 0; j < qa.n; ++j) q_dense[qa.ids[j]] = qa.probs[j];
+        qx = q_dense[x];
+      }
+      const double px = p_dense[x];
+      const bool keep = qx > 0 && philox_uniform(tp.seed, pos + 1, DrawStream::accept) * qx < px;
+      if (!keep) {
+        // The residual max(0, p - q) over p's support (q is a point mass on x for a lookup draft).
+        for (int j = 0; j < p.n; ++j) {
+          const int32_t id = p.ids[j];
+          const double qv = from_model[a] ? q_dense[id] : (id == x ? 1.0 : 0.0);
+          p.probs[j] = (float)std::max(0.0, (double)p.probs[j] - qv);
+        }
+        next =
+            draw(p.ids.data(), p.probs.data(), p.n, philox_uniform(tp.seed, pos + 1, DrawStream::residual));
+      }
+      for (int j = 0; j < p.n; ++j) p_dense[p.ids[j]] = 0.0f;
+      if (from_model[a])
+        for (int j = 0; j < q[a].n; ++j) q_dense[q[a].ids[j]] = 0.0f;
+      if (!keep) break;
+    }
+    st.accepted += a;
+
+    // 4. Roll back: the target keeps cur and the accepted drafts; the draft at most as much.
+    target.crop(seq, n + 1 + a);
+    if (draft) draft->crop(dseq, std::min(draft->seq_len(dseq), n + 1 + a));
+    bool go = true;
+    for (int i = 0; i < a && go; ++i) go = emit(drafts[i]);
+    if (!go || !emit(next)) break;
+    cur = next;
+  }
+  r.eval_ms = st.verify_ms + st.draft_ms;
+  if (stats_out) *stats_out = st;
+  return r;
+}
+
+}  // namespace ultra
