@@ -21,10 +21,14 @@
 
 #include "alloc_counter.h"
 #include "backend/cuda/cuda_backend.h"
+#include "chi2_util.h"
+#include "engine/testing.h"
 #include "greedy_util.h"
 #include "io/convert.h"
+#include "sampling/sampler.h"
 #include "ultra/generate.h"
 #include "ultra/perplexity.h"
+#include "ultra/speculative.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -34,6 +38,7 @@ namespace {
 const fs::path kRoot = ULTRA_SOURCE_DIR;
 const fs::path kHf = kRoot / "tests" / "fixtures" / "hf";
 const fs::path kBundled = kRoot / "models" / "target.gguf";
+const fs::path kBundledDraft = kRoot / "models" / "draft.gguf";
 
 std::vector<float> load_floats(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -262,6 +267,89 @@ TEST(CudaBackend, SeededSamplingMatchesCpu) {
     EXPECT_NEAR(lp_gpu[i], lp_cpu[i], 1e-3) << i;
 }
 
+// The device sampler's distribution: 32 sequences per step, each with its own seed, all at the same prompt,
+// sampled inside the step (the full chain: penalties, top-k, temperature, softmax, min-p, top-p); the
+// counts of 32768 draws against the exact filtered distribution that the CPU sampling function computes
+// from the same logits (chi-square, categories with expected count >= 5, the rest pooled). Power: a
+// sampler that drops min-p, or applies the temperature after top-p, moves several categories by far more
+// than their standard deviation (e.g. a 1% mass shift over 32768 draws is ~330 draws).
+TEST(CudaBackend, DeviceSamplerFollowsTheExactDistribution) {
+  const Model m = Model::load(kBundled.string());
+  const int S = 32, V = m.info().n_vocab;
+  Context ctx(m, gpu(64, 256, 32, KvType::f32, S));
+  const std::vector<int32_t> prompt = m.tokenizer()->encode("ROMEO:\nWhat say", true, false);
+  const int n = (int)prompt.size();
+  struct Config {
+    const char* name;
+    SamplingParams sp;
+  };
+  SamplingParams full;
+  full.temperature = 0.8f;
+  full.top_k = 40;
+  full.top_p = 0.9f;
+  full.min_p = 0.02f;
+  full.repeat_penalty = 1.3f;  // the prompt's tokens are penalised
+  SamplingParams wide;         // no top-k: the whole vocabulary goes through top-p
+  wide.temperature = 1.2f;
+  wide.top_k = 0;
+  wide.top_p = 0.98f;
+  wide.min_p = 0.0f;
+  for (const Config& c : {Config{"full chain", full}, Config{"top-p 0.98 over all", wide}}) {
+    const long N = 32768;
+    std::vector<long> count(V, 0);
+    std::vector<double> exact;
+    Batch b(256);
+    for (long done = 0; done < N; done += S) {
+      b.clear();
+      for (int s = 0; s < S; ++s) {
+        SamplingParams sp = c.sp;
+        sp.seed = 12345 + (uint64_t)(done + s);
+        ctx.set_sampling(s, sp);
+        ctx.clear(s);
+        b.add_sequence(prompt, 0, s, Output::sample);
+      }
+      ctx.step(b);
+      for (int s = 0; s < S; ++s) ++count[ctx.sampled(s * n + n - 1)];
+      if (exact.empty()) {  // every sequence has the same logits: the exact distribution from the first
+        SamplerScratch scratch(V);
+        std::vector<int32_t> ids(V);
+        std::vector<float> probs(V);
+        const int k = sample_distribution(c.sp, ctx.logits(n - 1).data(), ctx.n_sample_vocab(),
+                                          penalty_window(c.sp, prompt), scratch, ids.data(), probs.data());
+        exact.assign(V, 0.0);
+        for (int j = 0; j < k; ++j) exact[ids[j]] = probs[j];
+      }
+    }
+    std::vector<long> obs;
+    std::vector<double> exp;
+    long rest_obs = 0, outside = 0;
+    double rest_p = 0;
+    for (int x = 0; x < V; ++x) {
+      if (exact[x] == 0) outside += count[x];
+      if (exact[x] * N >= 5) {
+        obs.push_back(count[x]);
+        exp.push_back(exact[x]);
+      } else {
+        rest_obs += count[x];
+        rest_p += exact[x];
+      }
+    }
+    if (rest_p > 0) {
+      obs.push_back(rest_obs);
+      exp.push_back(rest_p);
+    }
+    const double chi2 = testing_util::chi2_statistic(obs, exp, N);
+    const double crit = testing_util::chi2_quantile_999((int)obs.size() - 1);
+    std::printf(
+        "[cuda sampler] %-22s %ld draws, %zu categories: chi2 %.1f (0.999 quantile %.1f); %ld draws "
+        "outside the support\n",
+        c.name, N, obs.size(), chi2, crit, outside);
+    EXPECT_EQ(outside, 0) << c.name;
+    EXPECT_LT(chi2, crit) << c.name;
+    EXPECT_GT(obs.size(), 10u) << c.name;  // a distribution with some spread, not a near point mass
+  }
+}
+
 // Zero allocation on the GPU: after warm-up (every graph slot used once and captured), 64 steps of three
 // sequences decoding with in-step sampling, every 16th of them beside a prefill chunk that fills the batch
 // (the n_batch-row graph), make no host allocation, no device allocation, and leave the device's free
@@ -330,6 +418,96 @@ TEST(CudaBackend, ZeroAllocationPerStep) {
   g_counting = false;
   std::printf("[cuda zero-alloc] a direct 40-row step (not captured): %ld host allocations\n",
               g_allocs.load());
+}
+
+// Speculative decoding with both models on the GPU (the verification is a K+1-row graph bucket): greedy
+// output identical to plain greedy decoding on the same backend for K in {1, 2, 4, 8}, with the draft
+// model, prompt lookup and both; positions past the crop, poisoned with NaN after every round, are never
+// read (sampled, penalties on); and no host (stepping thread) or device allocation across the rounds.
+TEST(CudaBackend, Speculative) {
+  const Model tm = Model::load(kBundled.string()), dm = Model::load(kBundledDraft.string());
+  Context target(tm, gpu(512, 64, 16)), draft(dm, gpu(512, 64, 1));
+  const char* prompts[] = {"ROMEO:", "KING RICHARD III:\nNow is the winter", "First Citizen:\nWe are"};
+  auto run = [&](const std::vector<int32_t>& prompt, const SamplingParams& sp, int n, int K, bool use_draft,
+                 int lookup, bool poison, SpeculativeStats* st) {
+    target.set_sampling(0, sp);
+    SpeculativeParams spp;
+    spp.n_draft = K;
+    spp.lookup_ngram = lookup;
+    GenerateParams gp;
+    gp.n_predict = n;
+    gp.ignore_eos = true;
+    std::vector<int32_t> got;
+    got.reserve(n);
+    generate_speculative(
+        target, use_draft ? &draft : nullptr, prompt, gp, spp,
+        [&](int32_t t, Context& c, int) {
+          got.push_back(t);
+          if (poison) {
+            ultra::testing::poison_kv_past_length(c, 0);
+            ultra::testing::poison_kv_past_length(draft, 0);
+          }
+          return true;
+        },
+        st);
+    return got;
+  };
+  int n_cases = 0, n_same = 0;
+  for (const char* text : prompts) {
+    const auto prompt = tm.tokenizer()->encode(text, true, false);
+    target.set_sampling(0, SamplingParams::greedy());
+    const auto want = greedy_tokens(target, prompt, 96);
+    for (int K : {1, 2, 4, 8})
+      for (int mode = 0; mode < 3; ++mode) {  // draft, lookup, both
+        SpeculativeStats st;
+        const auto got =
+            run(prompt, SamplingParams::greedy(), 96, K, mode != 1, mode == 0 ? 0 : 2, false, &st);
+        ++n_cases;
+        n_same += got == want;
+        EXPECT_EQ(got, want) << text << " K=" << K << " mode " << mode;
+      }
+  }
+  std::printf("[cuda speculative] greedy: %d of %d (prompt, K, draft kind) cases identical to plain greedy\n",
+              n_same, n_cases);
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.top_k = 40;
+  sp.repeat_penalty = 1.1f;
+  sp.seed = 7;
+  const auto prompt = tm.tokenizer()->encode(prompts[0], true, false);
+  SpeculativeStats st;
+  const auto clean = run(prompt, sp, 128, 4, true, 2, false, &st);
+  const auto poisoned = run(prompt, sp, 128, 4, true, 2, true, &st);
+  EXPECT_EQ(poisoned, clean);
+  EXPECT_GT(st.drafted - st.accepted, 5);
+  // Allocations across the rounds of a second run (the first one captured the graphs it needed).
+  const long dev0 = DeviceAllocator::total_calls();
+  count_this_thread();
+  g_allocs = g_allocs_mine = 0;
+  int delivered = 0;
+  target.set_sampling(0, sp);
+  SpeculativeParams spp;
+  spp.n_draft = 4;
+  GenerateParams gp;
+  gp.n_predict = 128;
+  gp.ignore_eos = true;
+  generate_speculative(
+      target, &draft, prompt, gp, spp,
+      [&](int32_t, Context&, int) {
+        g_counting = ++delivered < 128;
+        return true;
+      },
+      &st);
+  g_counting = false;
+  std::printf(
+      "[cuda speculative] %lld rounds (%lld of %lld drafts kept): host allocations %ld on the stepping "
+      "thread, device %ld\n",
+      (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, g_allocs_mine.load(),
+      DeviceAllocator::total_calls() - dev0);
+#if ULTRA_COUNT_ALLOCS
+  EXPECT_EQ(g_allocs_mine.load(), 0);
+#endif
+  EXPECT_EQ(DeviceAllocator::total_calls(), dev0);
 }
 
 TEST(CudaBackend, ClearErrors) {

@@ -95,10 +95,12 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
                                         true, false);
       const auto want = plain(tm, g, prompt, 40);
       for (int K : {1, 2, 4, 8}) {
-        for (int mode = 0; mode < 3; ++mode) {  // draft model, prompt lookup, both
+        for (int mode = 0; mode < 4; ++mode) {  // draft model, prompt lookup, both, adaptive draft
           SpeculativeParams spp;
           spp.n_draft = K;
-          spp.lookup_ngram = mode == 0 ? 0 : 2;
+          spp.lookup_ngram = mode == 1 || mode == 2 ? 2 : 0;
+          spp.p_min = mode == 3 ? 0.2f : 0.0f;
+          spp.n_draft_min = mode == 3 ? 2 : 0;
           SpeculativeStats st;
           const auto got = speculative(target, mode == 1 ? nullptr : &draft, g, prompt, 40, spp, &st);
           EXPECT_EQ(got, want) << pr.target << " prompt " << s << " K " << K << " mode " << mode;

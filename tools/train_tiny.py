@@ -70,6 +70,22 @@ def log(*a):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default="../shared/data/corpus/tinyshakespeare.txt", help="training text (UTF-8)")
+    p.add_argument("--extra-data", action="append", default=[],
+                   help="more training text (UTF-8; repeatable): used for training only, never for validation "
+                        "or the tokenizer")
+    p.add_argument("--extra-fraction", type=float, default=0.5,
+                   help="with --extra-data: the fraction of each batch's windows drawn from the extra text")
+    p.add_argument("--target-shape", default="384,8,6,2,1024", help="hidden,layers,heads,kv_heads,mlp")
+    p.add_argument("--draft-shape", default="128,4,4,2,384", help="hidden,layers,heads,kv_heads,mlp")
+    p.add_argument("--draft-distill", type=float, default=0.0,
+                   help="> 0: the draft's loss is (1 - A) * cross-entropy + A * KL(target || draft) on the same "
+                        "windows (the trained target as teacher), which raises its agreement with the target")
+    p.add_argument("--target-distill", type=float, default=0.0,
+                   help="> 0: born-again target: after the target is trained, a second one of the same shape is "
+                        "trained with (1 - A) * cross-entropy + A * KL(first || second) and replaces it")
+    p.add_argument("--draft-distill-alt", type=float, default=-1.0,
+                   help=">= 0: also train a second draft with this distillation weight, saved to OUT_DRAFT_alt "
+                        "and reported as draft_alt (to compare two drafts in one run)")
     p.add_argument("--out-target", default="models/hf/target")
     p.add_argument("--out-draft", default="models/hf/draft")
     p.add_argument("--report", default="models/hf/train_report.json")
@@ -289,7 +305,8 @@ def greedy(model, prompt_ids, n, device):
     return out, margin
 
 
-def train_model(name, cfg, train_ids, val_windows, seconds, steps, epochs, lr, dropout, seed, device):
+def train_model(name, cfg, train_ids, val_windows, seconds, steps, epochs, lr, dropout, seed, device,
+                extra_ids=None, teacher=None, distill=0.0):
     log(f"{name}: building")
     seed_all(seed)
     model = LlamaForCausalLM(cfg).to(device=device, dtype=torch.float32)
@@ -308,12 +325,18 @@ def train_model(name, cfg, train_ids, val_windows, seconds, steps, epochs, lr, d
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     ctx, bs = args.ctx, args.batch_size
-    n_train = train_ids.numel()
+    n_train = train_ids.numel() + (extra_ids.numel() if extra_ids is not None else 0)
     offsets = torch.arange(ctx + 1, device=device)
+    n_extra = round(bs * args.extra_fraction) if extra_ids is not None else 0
+
+    def windows(ids, n):
+        starts = torch.randint(0, ids.numel() - ctx - 1, (n,), generator=gen).to(device)
+        return ids[starts.unsqueeze(1) + offsets]
 
     def batch():
-        starts = torch.randint(0, n_train - ctx - 1, (bs,), generator=gen).to(device)
-        xy = train_ids[starts.unsqueeze(1) + offsets]
+        xy = windows(train_ids, bs - n_extra)
+        if n_extra:
+            xy = torch.cat([xy, windows(extra_ids, n_extra)])
         return xy[:, :-1], xy[:, 1:]
 
     def val_loss():
@@ -372,6 +395,13 @@ def train_model(name, cfg, train_ids, val_windows, seconds, steps, epochs, lr, d
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(input_ids=x, use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        if teacher is not None and distill > 0:
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                t_logits = teacher(input_ids=x, use_cache=False).logits
+            kl = F.kl_div(F.log_softmax(logits.float(), -1).reshape(-1, logits.shape[-1]),
+                          F.log_softmax(t_logits.float(), -1).reshape(-1, logits.shape[-1]),
+                          log_target=True, reduction="batchmean")
+            loss = (1.0 - distill) * loss + distill * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -417,6 +447,8 @@ def train_model(name, cfg, train_ids, val_windows, seconds, steps, epochs, lr, d
         "n_params_non_embedding": n_non_emb,
         "lr": lr,
         "dropout": dropout,
+        "distill": distill if teacher is not None else 0.0,
+        "extra_fraction": args.extra_fraction if extra_ids is not None else 0.0,
         "batch_size": bs,
         "steps_planned": total,
         "steps_limited_by": limited_by,
@@ -464,24 +496,50 @@ def main():
 
     ctx = args.ctx
     train_ids = torch.tensor(train_ids_list, dtype=torch.long, device=device)
+    extra_ids, extra_info = None, []
+    for path in args.extra_data:
+        etext, esha = load_text(path)
+        eids = encode(tok, etext)
+        extra_info.append({"path": path, "sha256": esha, "n_chars": len(etext), "n_tokens": len(eids)})
+        log(f"extra training text: {path}: {len(etext):,} characters, {len(eids):,} tokens")
+        e = torch.tensor(eids, dtype=torch.long, device=device)
+        extra_ids = e if extra_ids is None else torch.cat([extra_ids, e])
     n_val_win = len(val_ids) // ctx
     val_windows = torch.tensor(val_ids[:n_val_win * ctx], dtype=torch.long, device=device).view(n_val_win, ctx)
     log(f"validation: {n_val_win} windows of {ctx} tokens ({len(val_ids) - n_val_win * ctx} tail tokens dropped)")
 
-    target_cfg = make_config(vocab, 384, 8, 6, 2, 1024, ctx)
-    draft_cfg = make_config(vocab, 128, 4, 4, 2, 384, ctx)
+    target_cfg = make_config(vocab, *map(int, args.target_shape.split(",")), ctx)
+    draft_cfg = make_config(vocab, *map(int, args.draft_shape.split(",")), ctx)
     target, target_stats = train_model("target", target_cfg, train_ids, val_windows, args.target_seconds,
                                        args.target_steps, args.target_epochs, args.target_lr, args.target_dropout,
-                                       args.seed, device)
+                                       args.seed, device, extra_ids)
+    target.eval()
+    first_target_stats = None
+    if args.target_distill > 0:
+        teacher, first_target_stats = target, target_stats
+        nll, _ = eval_windows(teacher, val_windows)
+        first_target_stats["val_ppl"] = ppl_stats(nll)["ppl"]
+        target, target_stats = train_model("target (born-again)", target_cfg, train_ids, val_windows,
+                                           args.target_seconds, args.target_steps, args.target_epochs,
+                                           args.target_lr, args.target_dropout, args.seed + 2, device, extra_ids,
+                                           teacher, args.target_distill)
+        target.eval()
+        del teacher
     draft, draft_stats = train_model("draft", draft_cfg, train_ids, val_windows, args.draft_seconds,
                                      args.draft_steps, args.draft_epochs, args.draft_lr, args.draft_dropout,
-                                     args.seed + 1, device)
+                                     args.seed + 1, device, extra_ids, target, args.draft_distill)
+    models_ = [("target", target, target_stats, args.out_target), ("draft", draft, draft_stats, args.out_draft)]
+    if args.draft_distill_alt >= 0:
+        alt, alt_stats = train_model("draft_alt", draft_cfg, train_ids, val_windows, args.draft_seconds,
+                                     args.draft_steps, args.draft_epochs, args.draft_lr, args.draft_dropout,
+                                     args.seed + 1, device, extra_ids, target, args.draft_distill_alt)
+        models_.append(("draft_alt", alt, alt_stats, args.out_draft + "_alt"))
 
     # ---- evaluation (float32)
     first = ctx // 2
     results = {}
     args_by_name = {}
-    for name, model, stats in (("target", target, target_stats), ("draft", draft, draft_stats)):
+    for name, model, stats, _ in models_:
         nll, arg = eval_windows(model, val_windows)
         args_by_name[name] = arg
         allp = ppl_stats(nll)
@@ -518,13 +576,18 @@ def main():
             f"greedy {stats['f16w']['greedy_text']!r}")
         del m16
         results[name] = stats
-    agree = (args_by_name["target"] == args_by_name["draft"]).double()
-    agreement = {"fraction": agree.mean().item(), "n_positions": agree.numel(),
-                 "positions": f"0..{ctx - 2} of each validation window"}
-    log(f"draft/target greedy agreement: {agreement['fraction']:.4f} over {agreement['n_positions']} positions")
+    agreements = {}
+    for name in args_by_name:
+        if name == "target":
+            continue
+        agree = (args_by_name["target"] == args_by_name[name]).double()
+        agreements[name] = {"fraction": agree.mean().item(), "n_positions": agree.numel(),
+                            "positions": f"0..{ctx - 2} of each validation window"}
+        log(f"{name}/target greedy agreement: {agreements[name]['fraction']:.4f} over {agree.numel()} positions")
+    agreement = agreements["draft"]
 
     # ---- save
-    for name, model, out in (("target", target, args.out_target), ("draft", draft, args.out_draft)):
+    for name, model, _, out in models_:
         os.makedirs(out, exist_ok=True)
         model.save_pretrained(out)
         save_tokenizer(tok, out, ctx)
@@ -562,7 +625,7 @@ def main():
                      "device": torch.cuda.get_device_name(0)},
         "data": {"path": args.data, "sha256": sha, "n_chars": len(text), "n_train_chars": len(train_text),
                  "n_val_chars": len(val_text), "split": f"first {1 - args.val_fraction:.0%} / last "
-                 f"{args.val_fraction:.0%} of the characters"},
+                 f"{args.val_fraction:.0%} of the characters", "extra_training_text": extra_info},
         "tokenizer": {"type": "byte-level BPE (HF tokenizers)", "vocab_size": vocab,
                       "special_tokens": {SPECIAL: 0}, "bos_id": 0, "eos_id": 0, "add_bos": False,
                       "add_eos": False, "train_seconds": tok_s, "round_trip": round_trip,
@@ -572,6 +635,9 @@ def main():
         "target": results["target"],
         "draft": results["draft"],
         "draft_agreement": agreement,
+        "first_target": first_target_stats,
+        "draft_alt": results.get("draft_alt"),
+        "draft_alt_agreement": agreements.get("draft_alt"),
         "total_seconds": time.time() - T_START,
         "val_ids_file": "val_ids.txt",
         "val_text_file": "val.txt",
@@ -582,8 +648,9 @@ def main():
     log(f"report: {args.report}; total {report['total_seconds']:.1f} s")
     summary = {k: {"n_params": results[k]["n_params"], "train_seconds": round(results[k]["train_seconds"], 1),
                    "steps": results[k]["steps"], "val_loss": round(results[k]["val"]["loss"], 4),
-                   "val_ppl": round(results[k]["val"]["ppl"], 3)} for k in ("target", "draft")}
-    print(json.dumps({"summary": summary, "draft_agreement": round(agreement["fraction"], 4)}), flush=True)
+                   "val_ppl": round(results[k]["val"]["ppl"], 3)} for k in results}
+    print(json.dumps({"summary": summary, "agreement": {k: round(v["fraction"], 4) for k, v in agreements.items()},
+                      "first_target_val_ppl": first_target_stats and first_target_stats["val_ppl"]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ void check_draft_compatible(const Model& target, const Model& draft);
 // generate() with speculation. draft may be null (prompt lookup only: lookup_ngram > 0). The target's
 // sampling settings are those of gp.seq in `target` (set_sampling); the draft uses the same settings.
 // on_token is called for every emitted token with row = -1 (tokens of a round have no row of their own;
-// ctx.logprob() etc. are not available). Allocates per call, not per round.
+// ctx.logprob() etc. are not available). On return the target's sequence holds the prompt and every
+// generated token but the last, as after generate(). Allocates per call, not per round.
 GenerateResult generate_speculative(Context& target, Context* draft, std::span<const int32_t> prompt,
                                     const GenerateParams& gp, const SpeculativeParams& sp,
                                     const OnToken& on_token, SpeculativeStats* stats = nullptr);

@@ -5,6 +5,7 @@
 // argmax with probability 1, which makes the same acceptance rule keep exactly the target's greedy tokens.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
@@ -45,6 +46,14 @@ int32_t draw(const int32_t* ids, const float* p, int n, double u) {
   int j = n - 1;
   while (j > 0 && p[j] == 0.0f) --j;
   return ids[j];
+}
+
+// Softmax probability of the largest of l[0..n).
+float top_probability(const float* l, int n) {
+  const float m = *std::max_element(l, l + n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp((double)l[i] - m);
+  return (float)(1.0 / sum);
 }
 
 // The continuation of the most recent earlier occurrence of the last `ngram` tokens of h, at most k tokens.
@@ -107,7 +116,8 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
         target.params().n_batch, target.params().n_outputs);
 
   const SamplingParams& tp = target.sampling(seq);
-  SamplingParams dp = tp;  // the draft samples with the same settings and its own key
+  const bool greedy = !(tp.temperature > 0.0f);  // the samplers' greedy shortcut
+  SamplingParams dp = tp;                        // the draft samples with the same settings and its own key
   dp.seed ^= kDraftSeedMix;
   const int V = target.model().info().n_vocab;
   const int n_sample = target.n_sample_vocab();
@@ -201,7 +211,11 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
         qi.n = sample_distribution(dp, draft->logits(0).data(), n_sample,
                                    penalty_window(dp, draft->seq_tokens(dseq)), scratch, qi.ids.data(),
                                    qi.probs.data());
-        if (sp.p_min > 0 && qi.probs[0] < sp.p_min) break;  // adaptive: the draft is unsure
+        // Adaptive: stop when the draft is unsure. A greedy draft's distribution is a point mass, so its
+        // confidence is the softmax (temperature 1) of its logits at the argmax.
+        if (sp.p_min > 0 &&
+            (greedy ? top_probability(draft->logits(0).data(), n_sample) : qi.probs[0]) < sp.p_min)
+          break;
         drafts[i] =
             draw(qi.ids.data(), qi.probs.data(), qi.n, philox_uniform(dp.seed, pos + 1, DrawStream::token));
         from_model[i] = 1;
@@ -270,9 +284,14 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     // 4. Roll back: the target keeps cur and the accepted drafts; the draft at most as much.
     target.crop(seq, n + 1 + a);
     if (draft) draft->crop(dseq, std::min(draft->seq_len(dseq), n + 1 + a));
-    bool go = true;
-    for (int i = 0; i < a && go; ++i) go = emit(drafts[i]);
-    if (!go || !emit(next)) break;
+    int i = 0;
+    while (i < a && emit(drafts[i])) ++i;
+    if (i < a) {  // generation ended at drafts[i], already in the cache: as generate(), the last token is not
+      target.crop(seq, n + 1 + i);  // in the sequence
+      if (draft) draft->crop(dseq, std::min(draft->seq_len(dseq), n + 1 + i));
+      break;
+    }
+    if (!emit(next)) break;
     cur = next;
   }
   r.eval_ms = st.verify_ms + st.draft_ms;
