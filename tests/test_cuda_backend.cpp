@@ -284,10 +284,10 @@ TEST(CudaBackend, DeviceSamplerFollowsTheExactDistribution) {
     SamplingParams sp;
   };
   SamplingParams full;
-  full.temperature = 0.8f;
+  full.temperature = 1.5f;
   full.top_k = 40;
-  full.top_p = 0.9f;
-  full.min_p = 0.02f;
+  full.top_p = 0.95f;
+  full.min_p = 0.01f;
   full.repeat_penalty = 1.3f;  // the prompt's tokens are penalised
   SamplingParams wide;         // no top-k: the whole vocabulary goes through top-p
   wide.temperature = 1.2f;

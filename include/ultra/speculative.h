@@ -48,7 +48,8 @@ struct SpeculativeStats {
 void check_draft_compatible(const Model& target, const Model& draft);
 
 // generate() with speculation. draft may be null (prompt lookup only: lookup_ngram > 0). The target's
-// sampling settings are those of gp.seq in `target` (set_sampling); the draft uses the same settings.
+// sampling settings are those of gp.seq in `target` (set_sampling); the draft uses the same settings (in
+// greedy mode they are set on the draft's sequence, whose own settings are replaced).
 // on_token is called for every emitted token with row = -1 (tokens of a round have no row of their own;
 // ctx.logprob() etc. are not available). On return the target's sequence holds the prompt and every
 // generated token but the last, as after generate(). Allocates per call, not per round.

@@ -48,14 +48,6 @@ int32_t draw(const int32_t* ids, const float* p, int n, double u) {
   return ids[j];
 }
 
-// Softmax probability of the largest of l[0..n).
-float top_probability(const float* l, int n) {
-  const float m = *std::max_element(l, l + n);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += std::exp((double)l[i] - m);
-  return (float)(1.0 / sum);
-}
-
 // The continuation of the most recent earlier occurrence of the last `ngram` tokens of h, at most k tokens.
 int lookup(std::span<const int32_t> h, int ngram, int k, int32_t* out) {
   const int len = (int)h.size();
@@ -119,6 +111,15 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
   const bool greedy = !(tp.temperature > 0.0f);  // the samplers' greedy shortcut
   SamplingParams dp = tp;                        // the draft samples with the same settings and its own key
   dp.seed ^= kDraftSeedMix;
+  // Greedy rounds sample inside the steps (Output::sample: the argmax, with the penalties; the draft's
+  // probability of it for --draft-p-min), so only tokens leave the device; sampled rounds need the logits
+  // of every row on the host for the rejection test.
+  const Output out_kind = greedy ? Output::sample : Output::logits;
+  if (greedy && draft) {
+    SamplingParams g = dp;
+    g.n_probs = sp.p_min > 0 ? 1 : 0;
+    draft->set_sampling(dseq, g);
+  }
   const int V = target.model().info().n_vocab;
   const int n_sample = target.n_sample_vocab();
   SamplerScratch scratch(V);
@@ -143,10 +144,15 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
   // Prompt: both contexts, the target's last row gives the first token.
   auto t0 = clock::now();
   target.clear(seq);
-  int row = prefill(target, batch, seq, prompt, Output::logits);
-  target_dist(row, (int)prompt.size() - 1);
-  int32_t cur = draw(p.ids.data(), p.probs.data(), p.n,
-                     philox_uniform(tp.seed, (int64_t)prompt.size(), DrawStream::token));
+  int row = prefill(target, batch, seq, prompt, out_kind);
+  int32_t cur;
+  if (greedy) {
+    cur = target.sampled(row);
+  } else {
+    target_dist(row, (int)prompt.size() - 1);
+    cur = draw(p.ids.data(), p.probs.data(), p.n,
+               philox_uniform(tp.seed, (int64_t)prompt.size(), DrawStream::token));
+  }
   if (draft) {
     draft->clear(dseq);
     prefill(*draft, dbatch, dseq, prompt);
@@ -193,37 +199,43 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     }
     if (k == 0 && k_max > 0 && draft) {
       t0 = clock::now();
-      // The draft catches up with the target's tokens and cur, then proposes one token per step.
+      // The draft catches up with the target's tokens it has not seen (after a round that kept every draft:
+      // the last draft and the bonus token) and cur, in one step when they fit, then proposes one token per
+      // step. Greedy: the step's own sampler picks the token (on a GPU nothing but the token comes back).
       const auto toks = target.seq_tokens(seq);
-      for (int have = draft->seq_len(dseq); have < n;) {
-        const int m = std::min(n - have, dbatch.capacity());
+      int have = draft->seq_len(dseq);
+      for (; n - have + 1 > dbatch.capacity(); have += dbatch.capacity()) {
         dbatch.clear();
-        dbatch.add_sequence(toks.subspan(have, m), have, dseq);
+        dbatch.add_sequence(toks.subspan(have, dbatch.capacity()), have, dseq);
         draft->step(dbatch);
-        have += m;
       }
       dbatch.clear();
-      dbatch.add(cur, n, dseq, Output::logits);
+      if (n > have) dbatch.add_sequence(toks.subspan(have, n - have), have, dseq);
+      dbatch.add(cur, n, dseq, out_kind);
       draft->step(dbatch);
+      int drow = dbatch.size() - 1;
       for (int i = 0; i < k_max; ++i) {
-        const int pos = n + i;  // the draft's last row is the token at pos; it proposes pos + 1
-        Dist& qi = q[i];
-        qi.n = sample_distribution(dp, draft->logits(0).data(), n_sample,
-                                   penalty_window(dp, draft->seq_tokens(dseq)), scratch, qi.ids.data(),
-                                   qi.probs.data());
-        // Adaptive: stop when the draft is unsure. A greedy draft's distribution is a point mass, so its
-        // confidence is the softmax (temperature 1) of its logits at the argmax.
-        if (sp.p_min > 0 &&
-            (greedy ? top_probability(draft->logits(0).data(), n_sample) : qi.probs[0]) < sp.p_min)
-          break;
-        drafts[i] =
-            draw(qi.ids.data(), qi.probs.data(), qi.n, philox_uniform(dp.seed, pos + 1, DrawStream::token));
+        const int pos = n + i;  // the draft's row drow is the token at pos; it proposes pos + 1
+        if (greedy) {
+          // Adaptive: stop when the draft is unsure (its sampler's probability of its argmax).
+          if (sp.p_min > 0 && std::exp(draft->logprob(drow)) < sp.p_min) break;
+          drafts[i] = draft->sampled(drow);
+        } else {
+          Dist& qi = q[i];
+          qi.n = sample_distribution(dp, draft->logits(drow).data(), n_sample,
+                                     penalty_window(dp, draft->seq_tokens(dseq)), scratch, qi.ids.data(),
+                                     qi.probs.data());
+          if (sp.p_min > 0 && qi.probs[0] < sp.p_min) break;  // adaptive: the draft is unsure
+          drafts[i] =
+              draw(qi.ids.data(), qi.probs.data(), qi.n, philox_uniform(dp.seed, pos + 1, DrawStream::token));
+        }
         from_model[i] = 1;
         k = i + 1;
         if (i + 1 == k_max) break;
         dbatch.clear();
-        dbatch.add(drafts[i], pos + 1, dseq, Output::logits);
+        dbatch.add(drafts[i], pos + 1, dseq, out_kind);
         draft->step(dbatch);
+        drow = 0;
       }
       st.draft_ms += ms_since(t0);
     }
@@ -232,8 +244,8 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     // 2. Verify: cur and the k drafts in one target step, every row an output.
     t0 = clock::now();
     batch.clear();
-    batch.add(cur, n, seq, Output::logits);
-    for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, Output::logits);
+    batch.add(cur, n, seq, out_kind);
+    for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, out_kind);
     target.step(batch);
     st.verify_ms += ms_since(t0);
     ++r.n_eval;
@@ -247,7 +259,11 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     // 3. Accept the longest prefix the rejection test keeps, then the correction or bonus token.
     int a = 0;
     int32_t next = -1;
-    for (; a <= k; ++a) {
+    if (greedy) {  // a point mass on the target's argmax: keep drafts while they equal it
+      while (a < k && target.sampled(a) == drafts[a]) ++a;
+      next = target.sampled(a);
+    }
+    for (; !greedy && a <= k; ++a) {
       const int pos = n + a;  // row a scored the token at pos: p is for pos + 1
       target_dist(a, pos);
       if (a == k) {  // all drafts kept (or none drafted): the target's own token
