@@ -55,6 +55,73 @@ def common(**kw):
     return base
 
 
+def new_models():
+    """Architectures added for issue 12, built defensively: a constructor this transformers version does not
+    take is reported and skipped instead of stopping the script."""
+    out = {}
+
+    def add(name, build):
+        try:
+            out[name] = build()
+        except Exception as e:  # noqa: BLE001
+            print(f"SKIPPED {name}: {e!r}", flush=True)
+
+    def qwen3():
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        # head_dim 24 != hidden / heads = 16; q/k RMSNorm per head; tied embeddings.
+        return Qwen3ForCausalLM, Qwen3Config(**common(head_dim=24, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                                      attention_bias=False, **rope_kw(1000000.0)))
+
+    def gemma2():
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+        # 3 layers: sliding (window 6, shorter than the 16-token prompt), global, sliding.
+        return Gemma2ForCausalLM, Gemma2Config(**common(
+            num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0, sliding_window=6, hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=True, pad_token_id=0, **rope_kw(10000.0)))
+
+    def gemma3():
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+        kw = common(num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=0,
+                    layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                 "full_attention"])
+        major = int(transformers.__version__.split(".")[0])
+        if major >= 5:  # per layer type: global layers linear-scaled with base 1e6, local ones base 1e4
+            kw["rope_parameters"] = {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        else:
+            kw.update(rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                      rope_scaling={"rope_type": "linear", "factor": 8.0})
+        return Gemma3ForCausalLM, Gemma3TextConfig(**kw)
+
+    def phi3(orig):
+        from transformers import Phi3Config, Phi3ForCausalLM
+        hd = 16
+        short = [1.0 + 0.1 * i for i in range(hd // 2)]
+        long = [1.0 + 0.9 * i for i in range(hd // 2)]
+        scaling = {"rope_type": "longrope", "short_factor": short, "long_factor": long,
+                   "original_max_position_embeddings": orig}
+        kw = common(num_key_value_heads=4, tie_word_embeddings=False, pad_token_id=0, max_position_embeddings=256)
+        major = int(transformers.__version__.split(".")[0])
+        if major >= 5:
+            kw["rope_parameters"] = dict(scaling, rope_theta=10000.0)
+            kw["original_max_position_embeddings"] = orig
+        else:
+            kw.update(rope_theta=10000.0, rope_scaling={"type": "longrope", "short_factor": short,
+                                                        "long_factor": long},
+                      original_max_position_embeddings=orig)
+        return Phi3ForCausalLM, Phi3Config(**kw)
+
+    add("qwen3", qwen3)
+    add("gemma2", gemma2)
+    add("gemma3", gemma3)
+    add("phi3_short", lambda: phi3(64))  # prompt + greedy (48 tokens) within the original context: short factors
+    add("phi3_long", lambda: phi3(8))    # past it from the prompt on: long factors and the attention factor
+    return out
+
+
 def models():
     return {
         "llama_gqa": (LlamaForCausalLM, LlamaConfig(**common(**rope_kw(10000.0)))),
@@ -154,14 +221,20 @@ def write_v4_config(d, model_cls):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-o", "--out", default="tests/fixtures/hf")
+    ap.add_argument("--only", default="", help="comma-separated fixture names to (re)write; default: all")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.out, exist_ok=True)
     g = torch.Generator().manual_seed(1234)
     prompt = [int(x) for x in torch.randint(3, VOCAB, (N_PROMPT,), generator=g)]
     summary = {}
-    for seed, (name, (cls, cfg)) in enumerate(models().items()):
+    all_models = models()
+    all_models.update(new_models())
+    for seed, (name, (cls, cfg)) in enumerate(all_models.items()):
+        if only and name not in only:
+            continue
         model = cls(cfg).eval()
         randomize(model, 100 + seed)
         d = os.path.join(args.out, name)
