@@ -7,17 +7,25 @@
 //              copies that they span > 4x the L2 (so the cache cannot serve them).
 //   attention  Llama-3-8B layer shape (32 heads, 8 kv heads, head_dim 128, F16 cache), one row, contexts
 //              512, 4096, 32768: K + V bytes / time, rotating over slots for the same reason.
+//   prefill    causal attention of one prefill chunk (rows at positions 0..n-1 of one sequence, n = 512 and
+//              2048, F16 cache, head_dim 128) for the Llama-2-7B shape (32 heads, 32 kv heads) and the
+//              Llama-3-8B shape (32 / 8): the per-row kernel against the tiled one
+//              (tuning::set_attention_tiled 1 / 2), time and TFLOP/s counting 4 * n^2 / 2 * heads * head_dim
+//              flops (QK^T and PV over the causal half), and the largest difference between the two outputs
+//              relative to their largest value (the tiled kernel rounds Q and P to F16: ~1e-3 expected).
 //   sampler    V = 128256: greedy, top_k = 40 (+ top_p 0.95, min_p 0.05) and top_k = 0 top_p = 0.9,
 //              microseconds per launch for 1 row and for 32 rows.
 // Times: CUDA events around graph replays (median of 7 trials, 5 with --sweep). Prints a table; --out DIR
 // also writes DIR/bench_cuda_kernels.txt.
 // --sweep adds columns: gemv variants (no PDL, the 2026-11 kernel, TF32 instead of BF16x3, other block
 // shapes and split counts; see src/backend/cuda/tuning.h), attention and sampler without PDL. --only SECTION
-// (read, gemv, attention, sampler; repeatable) runs those sections only (the read ceiling always runs).
+// (read, gemv, attention, prefill, sampler; repeatable) runs those sections only (the read ceiling always
+// runs).
 //   bench_cuda_kernels [--out DIR] [--quick] [--sweep] [--only SECTION]...
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -381,6 +389,70 @@ void bench_attention(cudaStream_t st, double ceiling) {
   }
 }
 
+void bench_prefill(cudaStream_t st) {
+  const int hd = 128;
+  out("\n  prefill attention (F16 cache, hd 128, one sequence)   rows   per-row us  TFLOP/s    tiled us  "
+      "TFLOP/s  "
+      "speed-up  max diff\n");
+  struct Shape {
+    const char* name;
+    int n_heads, n_kv;
+  };
+  for (const Shape& sh :
+       {Shape{"7B (32 heads, 32 kv heads)", 32, 32}, Shape{"8B (32 heads, 8 kv heads)", 32, 8}})
+    for (int n : {512, 2048}) {
+      const int n_heads = sh.n_heads, n_kv = sh.n_kv, ctx = n;
+      const size_t ce = (size_t)n_kv * ctx * hd;
+      uint16_t* k = dalloc<uint16_t>(ce);
+      uint16_t* v = dalloc<uint16_t>(ce);
+      fill(k, ce * 2, 21, 0x3bff3bffu);  // f16 values below 1
+      fill(v, ce * 2, 22, 0x3bff3bffu);
+      KvLayerView kv{GgmlType::F16, k, v, 1, n_kv, ctx, hd};
+      const size_t qn = (size_t)n * n_heads * hd;
+      float* q = dalloc<float>(qn);
+      float* o1 = dalloc<float>(qn);
+      float* o2 = dalloc<float>(qn);
+      fill(q, qn * 4, 23, 0x3dffffffu);  // f32 values below 0.125: moderate logits
+      std::vector<int32_t> pos(n), seq(n, 0);
+      for (int i = 0; i < n; ++i) pos[i] = i;
+      int32_t* dpos = dalloc<int32_t>(n);
+      int32_t* dseq = dalloc<int32_t>(n);
+      CK(cudaMemcpy(dpos, pos.data(), n * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dseq, seq.data(), n * 4, cudaMemcpyHostToDevice));
+      const AttentionPlan plan = plan_attention(g_dev, kv, n_heads, n);
+      uint8_t* ws = dalloc<uint8_t>(plan.workspace_bytes + 256);
+      const double flops = 4.0 * n * (double)n / 2 * n_heads * hd;
+      double ms[2];
+      float* outs[2] = {o1, o2};
+      for (int m = 0; m < 2; ++m) {
+        tuning::set_attention_tiled(m + 1);
+        ms[m] = time_graph(st, 4,
+                           [&](int) { CK(attention(plan, kv, q, n, dpos, dseq, 0.088f, outs[m], ws, st)); });
+      }
+      tuning::set_attention_tiled(0);
+      CK(cudaStreamSynchronize(st));
+      std::vector<float> h1(qn), h2(qn);
+      CK(cudaMemcpy(h1.data(), o1, qn * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(h2.data(), o2, qn * 4, cudaMemcpyDeviceToHost));
+      double md = 0, mr = 0;
+      for (size_t i = 0; i < qn; ++i) {
+        md = std::max(md, (double)std::fabs(h1[i] - h2[i]));
+        mr = std::max(mr, (double)std::fabs(h1[i]));
+      }
+      const double tf0 = flops / ms[0] / 1e9, tf1 = flops / ms[1] / 1e9;
+      out("  %-50s %6d %12.1f %8.1f %11.1f %8.1f %8.2fx  %.1e%s\n", sh.name, n, ms[0] * 1e3, tf0, ms[1] * 1e3,
+          tf1, ms[0] / ms[1], md / mr, plan.tiled ? "" : "  (plan: no tiled kernel)");
+      g_summary.push_back(std::string("prefill ") + sh.name + " n=" + std::to_string(n) + ": per-row " +
+                          std::to_string(ms[0] * 1e3).substr(0, 7) + " us (" +
+                          std::to_string(tf0).substr(0, 5) + " TFLOP/s), tiled " +
+                          std::to_string(ms[1] * 1e3).substr(0, 7) + " us (" +
+                          std::to_string(tf1).substr(0, 5) + " TFLOP/s)");
+      for (void* p :
+           {(void*)k, (void*)v, (void*)q, (void*)o1, (void*)o2, (void*)dpos, (void*)dseq, (void*)ws})
+        CK(cudaFree(p));
+    }
+}
+
 void bench_sampler(cudaStream_t st) {
   const int V = 128256, max_rows = 32;
   SamplerPlan plan;
@@ -497,6 +569,7 @@ int main(int argc, char** argv) {
   const double ceiling = bench_read(st);
   if (section("gemv")) bench_gemv(st, ceiling);
   if (section("attention")) bench_attention(st, ceiling);
+  if (section("prefill")) bench_prefill(st);
   if (section("sampler")) bench_sampler(st);
   out("\nsummary\n");
   for (const auto& s : g_summary) out("  %s\n", s.c_str());

@@ -472,13 +472,27 @@ struct AttnCase {
   int hd, n_heads, n_kv;
   std::vector<int32_t> pos, seq;
   int force_splits;
+  int mode = 0;     // tuning::set_attention_tiled: 0 automatic, 1 per-row kernel, 2 tiled kernel for any n
+  int max_ctx = 0;  // 0: the largest position + 3 (else rows past it attend the whole slot)
+  const char* what = "";
 };
+
+// Bounds. The per-row kernel is f32 accurate: ||err|| / ||ref|| <= 1e-5. The tiled kernel (kernels.h)
+// rounds Q and the probabilities P to the cache type before its MMAs (K and V are exact as stored, sums in
+// f32): each logit gets an error of about u * scale * |q . k| spread over head_dim terms (~u for unit-
+// variance logits), each probability a relative error <= u, so an output row is off by about u times the
+// spread of the V rows it averages. A float64 emulation of exactly these roundings on the data below gave
+// max |err| / max |ref| <= 0.9u over a case and <= 1.5u for the worst single (row, head); the bound is 4u
+// on both, u the unit roundoff of the cache type (2^-11 for F16, 2^-8 for BF16).
+double tiled_unit_roundoff(GgmlType t) {
+  return t == GgmlType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+}
 
 void test_attention(const AttnCase& c) {
   const int n = (int)c.pos.size(), n_slots = 3;
   int max_pos = 0;
   for (int p : c.pos) max_pos = std::max(max_pos, p);
-  const int max_ctx = max_pos + 3;
+  const int max_ctx = c.max_ctx > 0 ? c.max_ctx : max_pos + 3;
   const int hd = c.hd, group = c.n_heads / c.n_kv;
   const size_t ce = (size_t)n_slots * c.n_kv * max_ctx * hd;
   std::vector<double> kd, vd;
@@ -494,22 +508,28 @@ void test_attention(const AttnCase& c) {
   dp.up(c.pos);
   ds.up(c.seq);
   KvLayerView kv{c.t, dk.p, dv.p, n_slots, c.n_kv, max_ctx, hd};
+  tuning::set_attention_tiled(c.mode);
   const AttentionPlan plan = plan_attention(g_dev, kv, c.n_heads, n, c.force_splits);
+  const bool tiled = attention_tiled(plan, n);
   Dev<uint8_t> ws(plan.workspace_bytes);
   const float scale = 1.0f / std::sqrt((float)hd);
+  auto padding = [&](int t) { return c.seq[t] < 0 || c.seq[t] >= n_slots || c.pos[t] < 0; };
   int n_pad = 0;
-  for (int s : c.seq) n_pad += s < 0;
-  const std::string shape = fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d", tname(c.t), hd,
-                                c.n_heads, c.n_kv, n, max_pos + 1, plan.n_splits, n_pad);
+  for (int t = 0; t < n; ++t) n_pad += padding(t);
+  const std::string shape =
+      fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d%s%s", tname(c.t), hd, c.n_heads, c.n_kv, n,
+          std::min(max_pos + 1, max_ctx), plan.n_splits, n_pad, *c.what ? " " : "", c.what);
   const cudaError_t e0 = attention(plan, kv, dq.p, n, dp.p, ds.p, scale, dout.p, ws.p, 0);
+  tuning::set_attention_tiled(0);
+  const char* path = tiled ? "(tiled)" : "(per-row)";
   if (e0 != cudaSuccess) {
-    report(false, "attention", shape, NAN, 0, cudaGetErrorString(e0));
+    report(false, "attention", shape, NAN, 0, fmt("%s %s", path, cudaGetErrorString(e0)).c_str());
     return;
   }
   CK(cudaDeviceSynchronize());
   std::vector<double> ref(q.size(), 0.0);
   for (int t = 0; t < n; ++t) {
-    if (c.seq[t] < 0) continue;
+    if (padding(t)) continue;
     const int len = std::min(c.pos[t] + 1, max_ctx);
     std::vector<double> sc(len);
     for (int h = 0; h < c.n_heads; ++h) {
@@ -529,8 +549,92 @@ void test_attention(const AttnCase& c) {
         for (int i = 0; i < hd; ++i) o[i] += sc[p] / sum * vd[base + (size_t)p * hd + i];
     }
   }
-  const double e = rel_err(dout.down(), ref);
-  report(ok_err(e, 1e-5), "attention", shape, e, 1e-5);
+  const std::vector<float> got = dout.down();
+  if (!tiled) {
+    const double e = rel_err(got, ref);
+    report(ok_err(e, 1e-5), "attention", shape, e, 1e-5, path);
+    return;
+  }
+  // tiled: max |err| / max |ref| over the case and over each (row, head); padding rows exactly zero
+  double max_err = 0, max_ref = 0, worst = 0;
+  bool pad_ok = true;
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < c.n_heads; ++h) {
+      const size_t o = ((size_t)t * c.n_heads + h) * hd;
+      double em = 0, rm = 0;
+      for (int i = 0; i < hd; ++i) {
+        const double d = std::isfinite(got[o + i]) ? std::fabs(got[o + i] - ref[o + i]) : INFINITY;
+        em = std::max(em, d);
+        rm = std::max(rm, std::fabs(ref[o + i]));
+        if (padding(t) && got[o + i] != 0.0f) pad_ok = false;
+      }
+      max_err = std::max(max_err, em);
+      max_ref = std::max(max_ref, rm);
+      if (!padding(t)) worst = std::max(worst, em / rm);
+    }
+  const double u = tiled_unit_roundoff(c.t), bound = 4 * u, whole = max_err / max_ref;
+  const bool ok = ok_err(whole, bound) && ok_err(worst, bound) && pad_ok;
+  report(ok, "attention", shape, std::max(whole, worst), bound,
+         fmt("(tiled) case %.2fu, worst row-head %.2fu%s", whole / u, worst / u,
+             pad_ok ? "" : ", PADDING NONZERO")
+             .c_str());
+}
+
+// The tiled prefill kernel (forced for any n) on causal chunks, mixed batches and padding, F16 / BF16 caches.
+void test_attention_tiled_cases() {
+  auto run = [](std::vector<int32_t> pos, std::vector<int32_t> seq, const char* what) {
+    for (GgmlType t : {GgmlType::F16, GgmlType::BF16})
+      for (int hd : {64, 128}) {
+        for (auto [nh, nkv] : std::vector<std::pair<int, int>>{{4, 4}, {16, 4}, {32, 4}, {24, 4}})
+          test_attention({t, hd, nh, nkv, pos, seq, 0, 2, 0, what});
+      }
+  };
+  auto chunk = [](std::vector<int32_t>& pos, std::vector<int32_t>& seq, int s, int p0, int count) {
+    for (int i = 0; i < count; ++i) pos.push_back(p0 + i), seq.push_back(s);
+  };
+  {  // single-sequence chunks: from position 0, and continuing a cached prefix
+    for (auto [p0, count] : std::vector<std::pair<int, int>>{{0, 37}, {0, 257}, {300, 100}, {2000, 37}}) {
+      if (g_quick && count > 100) continue;
+      std::vector<int32_t> pos, seq;
+      chunk(pos, seq, 1, p0, count);
+      run(pos, seq, p0 ? "chunk after prefix" : "chunk from 0");
+    }
+  }
+  {  // mixed batch: two chunks, decode rows, padding (seq -1, pos -1) at the ends and inside
+    std::vector<int32_t> pos, seq;
+    chunk(pos, seq, 0, 0, 70);
+    pos.push_back(5), seq.push_back(-1);
+    chunk(pos, seq, 2, 200, 45);
+    for (auto [p, s] :
+         std::vector<std::pair<int, int>>{{900, 1}, {69, 0}, {0, 1}, {17, -1}, {33, 2}, {-1, 1}})
+      pos.push_back(p), seq.push_back(s);
+    run(pos, seq, "mixed");
+  }
+  {  // two sequences interleaved row by row (no uniform tile: all rows go to the fallback blocks)
+    std::vector<int32_t> pos, seq;
+    for (int i = 0; i < 50; ++i) pos.push_back(i), seq.push_back(0), pos.push_back(400 + i), seq.push_back(2);
+    pos.push_back(0), seq.push_back(-1);
+    run(pos, seq, "interleaved");
+  }
+  for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) {
+    // decode-sized steps through the tiled kernel
+    test_attention({t, 128, 32, 8, {16, 999, 5, 300, 0}, {0, 1, -1, 2, 1}, 0, 2, 0, "decode rows"});
+    // rows past max_ctx attend the whole slot
+    std::vector<int32_t> pos, seq;
+    for (int i = 0; i < 40; ++i) pos.push_back(90 + i), seq.push_back(2);
+    test_attention({t, 64, 8, 1, pos, seq, 0, 2, 100, "past max_ctx"});
+    // GQA 16 (4 rows per tile): tiles whose first and last rows look like one run (sequence 1 at p, p + 3)
+    // but hold a padding row and a row of another sequence between them
+    std::vector<int32_t> tp, ts;
+    for (int k = 0; k < 10; ++k)
+      for (auto [p, s] :
+           std::vector<std::pair<int, int>>{{10 + 4 * k, 1}, {3, -1}, {5 + 4 * k, 2}, {13 + 4 * k, 1}})
+        tp.push_back(p), ts.push_back(s);
+    for (int hd : {64, 128}) test_attention({t, hd, 32, 2, tp, ts, 0, 2, 0, "foreign rows inside tiles"});
+    // GQA 12 (4 heads per block, 3 head chunks), 7 kv heads
+    test_attention({t, 128, 84, 7, std::vector<int32_t>(pos.begin(), pos.begin() + 33),
+                    std::vector<int32_t>(seq.begin(), seq.begin() + 33), 0, 2, 0, "gqa 12"});
+  }
 }
 
 // =====================================================================================================
@@ -1095,11 +1199,18 @@ int main(int argc, char** argv) {
       test_attention({t, 80, 24, 2, {1000, 33, 2000}, {1, 0, 2}, 0});
     }
     tuning::set_attention_stages(0);
-    // prefill rows: 100 consecutive positions of one sequence (plus one padding row)
+    // prefill rows: 100 consecutive positions of one sequence (plus one padding row), on the per-row kernel
+    // and on the automatic choice (the tiled kernel for F16 / BF16, n >= kAttentionTiledMinRows)
     std::vector<int32_t> pos, seq;
     for (int i = 0; i < 100; ++i) pos.push_back(400 + i), seq.push_back(1);
     pos.push_back(0), seq.push_back(-1);
-    test_attention({GgmlType::F16, 128, 32, 8, pos, seq, 0});
+    for (GgmlType t : types)
+      for (int mode : {1, 0}) test_attention({t, 128, 32, 8, pos, seq, 0, mode});
+    // the automatic choice at its threshold: 32 rows per-row, 33 tiled
+    for (int rows : {kAttentionTiledMinRows - 1, kAttentionTiledMinRows})
+      test_attention({GgmlType::BF16, 64, 16, 4, std::vector<int32_t>(pos.begin(), pos.begin() + rows),
+                      std::vector<int32_t>(seq.begin(), seq.begin() + rows), 0, 0});
+    test_attention_tiled_cases();
   }
   if (enabled("sampler")) {
     run_sampler_tests(128256, 128256);

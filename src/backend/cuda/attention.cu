@@ -16,9 +16,12 @@
 //         output, reads V chunks and the probabilities from shared memory.
 // At the end the position groups are reduced in shared memory; with one split the block writes out / l,
 // else the partial (m, l, unnormalised out) goes to the workspace and attn_combine merges the splits.
+// Steps of many rows (prefill chunks) go to the tiled kernel of attention_prefill.cu instead when the plan
+// allows it (attention_tiled).
 // Both kernels wait (griddepcontrol.wait) before reading anything, so they may be launched with
 // programmatic dependent launch (tuning::set_attention_pdl); by default they are not: measured on the H200,
 // the early start made 8-row decode at long contexts 30-40% slower (docs/CUDA.md).
+#include "backend/cuda/attention_tiled.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tuning.h"
@@ -26,8 +29,11 @@
 namespace ultra::cuda {
 
 namespace tuning {
-int g_attention_stage = 0, g_attention_stages = 0;
+int g_attention_stage = 0, g_attention_stages = 0, g_attention_tiled = 0;
 bool g_attention_pdl = false;
+void set_attention_tiled(int mode) {
+  g_attention_tiled = mode;
+}
 void set_attention_pdl(bool on) {
   g_attention_pdl = on;
 }
@@ -488,7 +494,13 @@ AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n
       splits > 1
           ? round_up((size_t)max_rows * n_heads * splits * ((size_t)kv.head_dim + 2) * sizeof(float), 256)
           : 0;
+  p.tiled = tiled_attention_setup(dev, kv, n_heads, max_rows, &p.tiled_fallback_blocks);
   return p;
+}
+
+bool attention_tiled(const AttentionPlan& plan, int n) {
+  if (!plan.tiled || n <= 0 || tuning::g_attention_tiled == 1) return false;
+  return tuning::g_attention_tiled == 2 || n >= kAttentionTiledMinRows;
 }
 
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const float* q, int n,
@@ -500,6 +512,9 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
       !aligned16(kv.k) || !aligned16(kv.v) || (plan.n_splits > 1 && !workspace))
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
+  if (attention_tiled(plan, n) && aligned16(q) && aligned16(out) &&
+      (kv.type == GgmlType::F16 || kv.type == GgmlType::BF16) && (hd == 64 || hd == 128))
+    return tiled_attention(plan, kv, q, n, pos, seq, scale, out, stream);
   AttnArgs a;
   a.kv = kv;
   a.q = q;

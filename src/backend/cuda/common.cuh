@@ -185,6 +185,71 @@ __device__ __forceinline__ void split_bf16x3(float v0, float v1, uint32_t& h, ui
   l = pack_bf16x2(__fsub_rn(r0, bf16_lo(m)), __fsub_rn(r1, bf16_hi(m)));
 }
 
+// ---- F16 / BF16 tensor-core MMA on 16-bit operands (m16n8k16, f32 accumulation) --------------------------
+//
+// Fragments as for mma_bf16 above; T is F16 or BF16 (the element type of both operands). Pure register
+// operations (not volatile: the compiler may schedule them freely).
+
+// Two f32 as a pair of T (round to nearest even): lo in the low half.
+template <GgmlType T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  static_assert(T == GgmlType::F16 || T == GgmlType::BF16);
+  uint32_t r;
+  if constexpr (T == GgmlType::F16)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  static_assert(T == GgmlType::F16 || T == GgmlType::BF16);
+  if constexpr (T == GgmlType::F16)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix: four 8x8 matrices of 16-bit elements from shared memory (lanes 8i..8i+7 give the row addresses
+// of matrix i, 16 bytes each); r[i] of lane l holds row l / 4, elements 2 (l % 4), 2 (l % 4) + 1 of matrix
+// i, or with .trans the elements [2 (l % 4)][l / 4] and [2 (l % 4) + 1][l / 4].
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// ---- cp.async (16 bytes per thread, global -> shared, through L2 only) ----------------------------------
+
+// Copies src_bytes (0 or 16) of src to dst (both 16-byte aligned) and zero-fills the rest of the 16 bytes;
+// with src_bytes = 0 nothing is read.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most n of this thread's committed groups are pending.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory");
+}
+
 // ---- Programmatic dependent launch (Hopper)
 // ----------------------------------------------------------------
 //

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/tuning.h"
 #include "core/error.h"
 
 namespace ultra {
@@ -104,6 +105,10 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   proto.n_kv_heads = hp.n_kv_heads;
   proto.max_ctx = p_.n_ctx;
   proto.head_dim = hp.head_dim;
+  // ULTRA_CUDA_ATTENTION=rows keeps prefill chunks on the per-row attention kernel (A/B measurements of the
+  // tiled one; process-wide, like the tuning switches it sets).
+  if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION"); e && std::strcmp(e, "rows") == 0)
+    cuda::tuning::set_attention_tiled(1);
   eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_);
   size_t attn_ws = eager_plan_.workspace_bytes;
   for (size_t i = 0; i < kBuckets.size(); ++i) {

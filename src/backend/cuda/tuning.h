@@ -29,5 +29,9 @@ extern int g_attention_stages;
 // Attention: launch its two kernels with programmatic dependent launch (off by default: measured slower).
 void set_attention_pdl(bool on);
 extern bool g_attention_pdl;
+// Attention path: 0 automatic (attention_tiled), 1 always the per-row kernel, 2 the tiled kernel for any n
+// when the plan allows it (plan.tiled).
+void set_attention_tiled(int mode);
+extern int g_attention_tiled;
 
 }  // namespace ultra::cuda::tuning
