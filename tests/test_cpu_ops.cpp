@@ -662,3 +662,117 @@ TEST(Attention, GqaSlotsF32AndF16) {
     }
   }
 }
+
+// ---- Gemma 2/3 ops ----
+
+// gelu_tanh(g) * u in f32 against float64: tanh (libm, ~1 ulp) and ~6 f32 roundings: relative 2e-6, plus an
+// absolute 1e-6 * |u| where the factor 1 + tanh(.) cancels (g << 0: the true value is tiny).
+TEST(GeluMul, FastAndRef) {
+  for (int64_t n : {1, 7, 33, 1001}) {
+    auto g = randn(n, 3000 + n, 4.0f);
+    const auto u = randn(n, 4000 + n);
+    if (n > 8) g[0] = 0.0f, g[1] = -30.0f, g[2] = 30.0f, g[3] = -1e-7f, g[4] = 1e4f, g[5] = -1e4f;
+    std::vector<float> ref(n), fast(n + 8, kGuard);
+    gelu_mul_ref(g.data(), u.data(), n, ref.data());
+    gelu_mul(g.data(), u.data(), n, fast.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = g[i];
+      const double e = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+      ASSERT_NEAR(ref[i], e, 1e-7 * std::fabs(e) + 1e-30);
+      ASSERT_NEAR(fast[i], e, 2e-6 * std::fabs(e) + 1e-6 * std::fabs(u[i])) << "g=" << g[i];
+    }
+    for (int i = 0; i < 8; ++i) ASSERT_EQ(fast[n + i], kGuard);
+  }
+}
+
+TEST(Softcap, FastAndRef) {
+  for (int64_t n : {1, 9, 320}) {
+    for (float cap : {30.0f, 50.0f, 0.5f}) {
+      auto x = randn(n, 5000 + n, 40.0f);
+      std::vector<float> ref = x, fast = x;
+      softcap_ref(ref.data(), n, cap);
+      softcap(fast.data(), n, cap);
+      for (int64_t i = 0; i < n; ++i) {
+        const double e = std::tanh((double)x[i] / cap) * cap;
+        ASSERT_NEAR(ref[i], e, 1e-7 * std::fabs(e) + 1e-30);
+        ASSERT_NEAR(fast[i], e, 1e-6 * cap) << "x=" << x[i] << " cap=" << cap;
+        ASSERT_LE(std::fabs(fast[i]), cap);
+      }
+    }
+  }
+}
+
+// RoPE's mscale (LongRoPE's attention factor) multiplies cos and sin: the result is mscale times the plain
+// rotation, on both pairings.
+TEST(Rope, MscaleScalesTheRotation) {
+  const int n = 3, heads = 2, hd = 10;
+  const int32_t pos[n] = {0, 5, 77};
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / hd);
+  for (bool inter : {false, true}) {
+    const auto x = randn(n * heads * hd, 77);
+    std::vector<float> a = x, b = x, r = x;
+    rope(a.data(), n, heads, hd, pos, inv.data(), inter);
+    rope(b.data(), n, heads, hd, pos, inv.data(), inter, 1.25f);
+    rope_ref(r.data(), n, heads, hd, pos, inv.data(), inter, 1.25f);
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_NEAR(b[i], 1.25f * a[i], 1e-6f * (1 + std::fabs(a[i])));
+      ASSERT_NEAR(r[i], b[i], 1e-5f * (1 + std::fabs(b[i])));
+    }
+  }
+}
+
+// Soft-capped scores and sliding windows: the fast kernel and the reference against a float64 formula over
+// odd sizes, windows of 1, shorter than and longer than the positions, with and without soft-capping.
+TEST(Attention, SoftcapAndSlidingWindow) {
+  ThreadPool pool(3);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
+    const int n_kv = 2, n_heads = 6, hd = 18, max_ctx = 70, len = 61;
+    Cache c(type, 1, n_kv, max_ctx, hd);
+    auto round_c = [&](float x) { return type == GgmlType::F16 ? fp16_to_fp32(fp32_to_fp16(x)) : x; };
+    auto hk = randn((size_t)len * n_kv * hd, 31, 3.0f), hv = randn((size_t)len * n_kv * hd, 32);
+    for (auto& x : hk) x = round_c(x);
+    for (auto& x : hv) x = round_c(x);
+    std::vector<int32_t> all_pos(len), all_slot(len, 0);
+    for (int i = 0; i < len; ++i) all_pos[i] = i;
+    kv_write(c.view, hk.data(), hv.data(), len, all_pos.data(), all_slot.data());
+    const int nt = 4;
+    const int32_t pos[nt] = {0, 3, 40, 60};
+    const int32_t slot[nt] = {0, 0, 0, 0};
+    const auto q = randn(nt * n_heads * hd, 33, 3.0f);
+    const float scale = 0.3f;
+    for (int window : {0, 1, 6, 41, 100}) {
+      for (float cap : {0.0f, 5.0f}) {
+        std::vector<float> ref(nt * n_heads * hd), out(nt * n_heads * hd + 16, kGuard);
+        std::vector<float> scratch(attention_scratch_floats(max_ctx, pool.size()));
+        attention_ref(c.view, q.data(), nt, n_heads, pos, slot, scale, ref.data(), cap, window);
+        attention(pool, c.view, q.data(), nt, n_heads, pos, slot, scale, out.data(), scratch.data(), cap,
+                  window);
+        for (int t = 0; t < nt; ++t)
+          for (int h = 0; h < n_heads; ++h) {
+            const int kvh = h / (n_heads / n_kv);
+            const int first = window > 0 ? std::max(0, pos[t] - window + 1) : 0;  // i - j < window
+            const float* qh = q.data() + ((size_t)t * n_heads + h) * hd;
+            std::vector<double> sc(pos[t] + 1);
+            double m = -INFINITY, sum = 0;
+            for (int p = first; p <= pos[t]; ++p) {
+              double d = 0;
+              for (int i = 0; i < hd; ++i) d += (double)qh[i] * hk[((size_t)p * n_kv + kvh) * hd + i];
+              sc[p] = d * scale;
+              if (cap > 0) sc[p] = std::tanh(sc[p] / cap) * cap;
+              m = std::max(m, sc[p]);
+            }
+            for (int p = first; p <= pos[t]; ++p) sum += (sc[p] = std::exp(sc[p] - m));
+            for (int i = 0; i < hd; ++i) {
+              double o = 0;
+              for (int p = first; p <= pos[t]; ++p) o += sc[p] * hv[((size_t)p * n_kv + kvh) * hd + i];
+              const size_t at = ((size_t)t * n_heads + h) * hd + i;
+              ASSERT_NEAR(ref[at], o / sum, 1e-6) << "window " << window << " cap " << cap;
+              ASSERT_NEAR(out[at], o / sum, 2e-5) << "window " << window << " cap " << cap << " t " << t;
+            }
+          }
+        for (int i = 0; i < 16; ++i) ASSERT_EQ(out[nt * n_heads * hd + i], kGuard);
+      }
+    }
+  }
+}

@@ -1,6 +1,9 @@
 // The engine against HF transformers (tests/fixtures/hf, made by tools/make_fixtures.py): logits of every
 // prompt position and 32 greedy tokens, on the HF safetensors path and on GGUF files converted by
-// `ultra convert` in F32, F16, BF16 and Q8_0.
+// `ultra convert` in F32, F16, BF16 and Q8_0. Architectures: Llama (GQA, tied, Llama-3 RoPE), Qwen2 (biases),
+// Mistral, Qwen3 (q/k norm, head_dim != dim/heads), Gemma 2 (soft-capping, sliding-window layers shorter than
+// the prompt, GeGLU, post-norms), Gemma 3 (q/k norm, per-layer-type RoPE), Phi-3 (fused weights, LongRoPE
+// short and long).
 //
 // Tolerances. The fixture logits for F16/BF16/Q8_0 were computed by HF in float32 with the same weight
 // matrices rounded to that type (tools/make_fixtures.py), so on every path the only difference left is the
@@ -61,10 +64,19 @@ struct Result {
   std::vector<int32_t> greedy;
 };
 
-Result evaluate(const std::string& model_path, const Ref& ref, const std::vector<float>& want, int threads) {
+// The context size of a fixture. LongRoPE picks its long factors when the context can exceed
+// original_max_position_embeddings (llama.cpp's rule; HF decides per forward call from the longest position,
+// which for these prompts gives the same choice): phi3_short (original 64) runs in 64 tokens, as HF's 16 + 32
+// tokens never exceed them; phi3_long (original 8) in 128, as HF's prompt already does.
+int fixture_ctx(const std::string& name) {
+  return name == "phi3_short" ? 64 : 128;
+}
+
+Result evaluate(const std::string& model_path, const Ref& ref, const std::vector<float>& want, int threads,
+                int n_ctx = 128) {
   const Model m = Model::load(model_path);
   EXPECT_EQ(m.info().n_vocab, ref.n_vocab);
-  Context ctx(m, {.n_ctx = 128, .n_batch = 64, .n_outputs = 64, .n_threads = threads});
+  Context ctx(m, {.n_ctx = n_ctx, .n_batch = 64, .n_outputs = 64, .n_threads = threads});
   const int n = (int)ref.prompt.size(), V = ref.n_vocab;
   Result r;
   auto err = [&](int i, std::span<const float> row) {
@@ -113,7 +125,7 @@ TEST_P(Fixture, HfSafetensorsF32) {
   const auto want = load_logits(kRoot / name / "logits_f32.bin");
   ASSERT_EQ(want.size(), ref.prompt.size() * ref.n_vocab);
   for (int threads : {1, 2}) {
-    const Result r = evaluate((kRoot / name).string(), ref, want, threads);
+    const Result r = evaluate((kRoot / name).string(), ref, want, threads, fixture_ctx(name));
     std::printf("[fixture] %-18s hf-safetensors f32  threads %d  prefill max-abs %.3g  decode max-abs %.3g\n",
                 name.c_str(), threads, r.prefill_err, r.decode_err);
     EXPECT_LT(r.prefill_err, 1e-4);
@@ -137,7 +149,7 @@ TEST_P(Fixture, ConvertedGguf) {
         Case{"q8_0", "logits_q8_0w.bin", "greedy_q8_0w", 1e-4}}) {
     const auto want = load_logits(kRoot / name / c.logits);
     const std::string path = convert_to(name, c.type);
-    const Result r = evaluate(path, ref, want, 2);
+    const Result r = evaluate(path, ref, want, 2, fixture_ctx(name));
     std::printf("[fixture] %-18s gguf %-4s          prefill max-abs %.3g  decode max-abs %.3g\n",
                 name.c_str(), c.type, r.prefill_err, r.decode_err);
     EXPECT_LT(r.prefill_err, c.tol) << c.type;
@@ -149,7 +161,8 @@ TEST_P(Fixture, ConvertedGguf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Hf, Fixture,
-                         ::testing::Values("llama_gqa", "llama_tied_rope3", "qwen2_bias", "mistral"));
+                         ::testing::Values("llama_gqa", "llama_tied_rope3", "qwen2_bias", "mistral", "qwen3",
+                                           "gemma2", "gemma3", "phi3_short", "phi3_long"));
 
 TEST(FixtureBf16, HfSafetensorsBf16Checkpoint) {
   const fs::path dir = kRoot / "llama_gqa_bf16";

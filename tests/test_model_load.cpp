@@ -449,3 +449,46 @@ TEST(FuzzRegression, HfConfig) {
   }
   EXPECT_GT(n, 0);
 }
+
+// Features of the new architectures that are not implemented are refused by name.
+TEST(ModelLoadHf, UnsupportedFeaturesOfNewArchitectures) {
+  auto cfg = [](const std::string& arch, const std::string& extra) {
+    return R"({"architectures": [")" + arch +
+           R"("], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 32)" +
+           extra + "}";
+  };
+  auto refuse = [&](const std::string& arch, const std::string& extra, const char* what) {
+    expect_error([&] { parse_hf_config_json(cfg(arch, extra), "config.json"); }, what);
+  };
+  refuse("Gemma3ForConditionalGeneration", "", "unsupported architecture 'Gemma3ForConditionalGeneration'");
+  refuse("Gemma2ForCausalLM", R"(, "hidden_activation": "gelu")", "hidden activation 'gelu'");
+  refuse("Gemma2ForCausalLM",
+         R"(, "sliding_window": 4, "layer_types": ["chunked_attention", "full_attention"])",
+         "layer_types[0] = 'chunked_attention'");
+  refuse("Gemma2ForCausalLM", R"(, "layer_types": ["sliding_attention", "full_attention"])",
+         "need a sliding_window");
+  refuse(
+      "Gemma3ForCausalLM",
+      R"(, "sliding_window": 4, "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2}})",
+      "rope type 'linear' on sliding layers");
+  refuse("Phi3ForCausalLM", R"(, "partial_rotary_factor": 0.5)", "partial_rotary_factor");
+  refuse("Phi3ForCausalLM", R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2})", "rope type 'yarn'");
+  refuse("Qwen3ForCausalLM", R"(, "attention_bias": true)",
+         "attention_bias = true is not supported for qwen3");
+  refuse("Qwen3ForCausalLM", R"(, "hidden_act": "gelu")", "hidden activation 'gelu'");
+  refuse("Phi3ForCausalLM",
+         R"(, "rope_parameters": {"rope_type": "longrope", "short_factor": [1], "long_factor": [1]})",
+         "head_dim/2 = 4 entries");
+  // The accepted forms: Gemma 3's transformers-4 rope keys.
+  const HParams hp = parse_hf_config_json(
+      cfg("Gemma3ForCausalLM", R"(, "sliding_window": 4, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
+          "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0})"),
+      "config.json");
+  EXPECT_EQ(hp.rope_scaling.type, "linear");
+  EXPECT_EQ(hp.rope_scaling.factor, 8.0f);
+  EXPECT_EQ(hp.rope_theta, 1e6f);
+  EXPECT_EQ(hp.rope_theta_swa, 1e4f);
+  EXPECT_EQ(hp.swa_layers, (std::vector<uint8_t>{1, 0}));
+  EXPECT_TRUE(hp.tie_embeddings && hp.qk_norm && hp.post_norms && hp.gelu);
+}

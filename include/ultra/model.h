@@ -73,7 +73,7 @@ class TextStream {
 struct ModelInfo {
   std::string path;
   std::string format;       // "gguf" or "safetensors"
-  std::string arch;         // "llama", "mistral", "qwen2"
+  std::string arch;         // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"
   std::string weight_type;  // type of the layer matrices: "f32", "f16", "bf16", "q8_0"
   int n_vocab = 0;          // rows of the embedding table
   int dim = 0;

@@ -70,7 +70,8 @@ ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::stri
   const HParams& hp = m.hp;
   const bool ctx_default = p.n_ctx <= 0;
   if (ctx_default) p.n_ctx = std::min(hp.train_ctx, 4096);
-  if (hp.sliding_window > 0 && p.n_ctx > hp.sliding_window) {
+  // Mistral's whole-model window (swa_layers empty) is not implemented; the per-layer one is (attention()).
+  if (hp.sliding_window > 0 && hp.swa_layers.empty() && p.n_ctx > hp.sliding_window) {
     // Sliding-window attention is not implemented: a longer context would be silently wrong past the window.
     if (!ctx_default)
       fail(

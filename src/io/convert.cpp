@@ -146,8 +146,11 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     check_not_an_input(out_path, shards);
   }
   const HParams& hp = m->hp;
-  const bool llama_layout = hp.arch != Arch::Qwen2;
-  const std::string arch = llama_layout ? "llama" : "qwen2";
+  // Llama and Mistral become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the others keep
+  // HF's rotate-half layout under their own arch name.
+  const bool llama_layout = hp.arch == Arch::Llama || hp.arch == Arch::Mistral;
+  const std::string arch = llama_layout ? "llama" : arch_name(hp.arch);
+  const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
 
   gguf::Writer wr;
   wr.set_string("general.architecture", arch);
@@ -157,6 +160,24 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   const std::string a = arch + ".";
   wr.set_u32(a + "context_length", hp.train_ctx);
   if (hp.sliding_window > 0) wr.set_u32(a + "attention.sliding_window", hp.sliding_window);
+  if (!hp.swa_layers.empty()) {  // llama.cpp reads a list of bools (or a period)
+    std::vector<gguf::Value> flags;
+    for (uint8_t f : hp.swa_layers) flags.push_back(gguf::Value::of_bool(f != 0));
+    wr.set_value(a + "attention.sliding_window_pattern", gguf::Value::of_array(gguf::ValueType::BOOL, flags));
+  }
+  if (gemma) {
+    if (hp.attn_scale > 0) wr.set_f32(a + "attention.scale", hp.attn_scale);
+    if (hp.attn_softcap > 0) wr.set_f32(a + "attn_logit_softcapping", hp.attn_softcap);
+    if (hp.final_softcap > 0) wr.set_f32(a + "final_logit_softcapping", hp.final_softcap);
+  }
+  if (hp.rope_theta_swa > 0) wr.set_f32(a + "rope.freq_base_swa", hp.rope_theta_swa);
+  if (hp.rope_scaling.type == "linear") {
+    wr.set_string(a + "rope.scaling.type", "linear");
+    wr.set_f32(a + "rope.scaling.factor", hp.rope_scaling.factor);
+  } else if (hp.rope_scaling.type == "longrope") {
+    wr.set_u32(a + "rope.scaling.original_context_length", hp.rope_scaling.original_max_position_embeddings);
+    wr.set_f32(a + "rope.scaling.attn_factor", hp.rope_scaling.attention_factor);
+  }
   wr.set_u32(a + "embedding_length", hp.dim);
   wr.set_u32(a + "block_count", hp.n_layers);
   wr.set_u32(a + "feed_forward_length", hp.ffn_dim);
@@ -192,15 +213,18 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = m->layers[il];
     const std::string p = "blk." + std::to_string(il) + ".";
+    // (Gemma's norms were loaded as 1 + w, which is what llama.cpp's GGUF files hold.)
     E.vec(p + "attn_norm.weight", l.attn_norm, hp.dim);
-    if (llama_layout) {
+    if (l.wqkv.data) {  // Phi-3: fused as llama.cpp keeps it
+      E.matrix(p + "attn_qkv.weight", l.wqkv, t, same);
+    } else if (llama_layout) {
       E.matrix(p + "attn_q.weight", l.wq, t, permuted);
       E.matrix(p + "attn_k.weight", l.wk, t, permuted);
     } else {
       E.matrix(p + "attn_q.weight", l.wq, t, same);
       E.matrix(p + "attn_k.weight", l.wk, t, same);
     }
-    E.matrix(p + "attn_v.weight", l.wv, t, same);
+    if (!l.wqkv.data) E.matrix(p + "attn_v.weight", l.wv, t, same);
     E.matrix(p + "attn_output.weight", l.wo, t, same);
     if (l.bq) {
       if (llama_layout) fail("{}: attention biases with the llama layout are not supported", hf_dir);
@@ -208,10 +232,24 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
       E.vec(p + "attn_k.bias", l.bk, kv_dim);
       E.vec(p + "attn_v.bias", l.bv, kv_dim);
     }
+    if (l.q_norm) {
+      E.vec(p + "attn_q_norm.weight", l.q_norm, hp.head_dim);
+      E.vec(p + "attn_k_norm.weight", l.k_norm, hp.head_dim);
+    }
+    if (l.attn_post_norm) E.vec(p + "attn_post_norm.weight", l.attn_post_norm, hp.dim);
     E.vec(p + "ffn_norm.weight", l.ffn_norm, hp.dim);
-    E.matrix(p + "ffn_gate.weight", l.w_gate, t, same);
-    E.matrix(p + "ffn_up.weight", l.w_up, t, same);
+    if (l.ffn_post_norm) E.vec(p + "post_ffw_norm.weight", l.ffn_post_norm, hp.dim);
+    if (l.w_gate_up.data) {  // Phi-3: [W_gate; W_up] as ffn_up
+      E.matrix(p + "ffn_up.weight", l.w_gate_up, t, same);
+    } else {
+      E.matrix(p + "ffn_gate.weight", l.w_gate, t, same);
+      E.matrix(p + "ffn_up.weight", l.w_up, t, same);
+    }
     E.matrix(p + "ffn_down.weight", l.w_down, t, same);
+  }
+  if (hp.rope_scaling.type == "longrope") {
+    E.vec("rope_factors_short.weight", hp.rope_scaling.short_factor.data(), hp.head_dim / 2);
+    E.vec("rope_factors_long.weight", hp.rope_scaling.long_factor.data(), hp.head_dim / 2);
   }
   if (hp.rope_scaling.type == "llama3") {
     // llama.cpp divides each pair's frequency by rope_freqs[i]: store default / scaled.

@@ -5,36 +5,60 @@
 namespace ultra {
 
 // llama2.c's forward(), batched over the rows of a step:
-//   x = embed(tokens)
-//   per layer: x += Wo · attn(rope(Wq·norm(x) + bq), rope(Wk·norm(x) + bk), Wv·norm(x) + bv)
-//              x += Wdown · (silu(Wgate·norm(x)) * Wup·norm(x))
-//   logits[r] = Wout · norm(x[out_row[r]])
+//   x = embed(tokens) (* embed_scale: Gemma)
+//   per layer: q, k, v = Wq·norm(x) + bq, Wk·norm(x) + bk, Wv·norm(x) + bv
+//              q, k = head_norm(q), head_norm(k)                          (Qwen3, Gemma 3)
+//              a = Wo · attn(rope(q), rope(k), v)   (soft-capped scores, sliding window: Gemma)
+//              x += a, or x += post_norm(a)                               (Gemma)
+//              m = Wdown · (act(Wgate·norm(x)) * Wup·norm(x))   act: silu, or tanh GELU (Gemma)
+//              x += m, or x += post_ffw_norm(m)                           (Gemma)
+//   logits[r] = Wout · norm(x[out_row[r]])  (soft-capped: Gemma 2)
 void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
              ForwardOps& ops) {
   const int n = rows.n, dim = hp.dim;
-  const float scale = 1.0f / std::sqrt((float)hp.head_dim);
+  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim);
 
   ops.embed(w.tok_embd, rows.token, n, b.x);
+  if (hp.embed_scale > 0) ops.scale(b.x, (int64_t)n * dim, hp.embed_scale);
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = w.layers[il];
     ops.rmsnorm(b.x, l.attn_norm, n, dim, hp.rms_eps, b.xb);
     float *q = b.q, *k = b.k, *v = b.v;
     ops.qkv(il, l, b.xb, n, q, k, v);
-    ops.rope(q, hp.n_heads, k, hp.n_kv_heads, n, hp.head_dim, rows.pos, hp.rope_interleaved);
+    if (hp.qk_norm) {  // [n * heads] rows of head_dim, in place
+      ops.rmsnorm(q, l.q_norm, n * hp.n_heads, hp.head_dim, hp.rms_eps, q);
+      ops.rmsnorm(k, l.k_norm, n * hp.n_kv_heads, hp.head_dim, hp.rms_eps, k);
+    }
+    ops.rope(il, q, hp.n_heads, k, hp.n_kv_heads, n, hp.head_dim, rows.pos, hp.rope_interleaved);
     ops.kv_write(il, k, v, n, rows.pos, rows.seq);
-    ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, b.att);
-    ops.matmul(l.wo, b.att, n, b.x, nullptr, true);
+    ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, hp.attn_softcap,
+                  hp.layer_swa(il) ? hp.sliding_window : 0, b.att);
+    if (hp.post_norms) {
+      ops.matmul(l.wo, b.att, n, b.xb, nullptr, false);  // [n, dim]
+      ops.norm_add(b.xb, l.attn_post_norm, n, dim, hp.rms_eps, b.x);
+    } else {
+      ops.matmul(l.wo, b.att, n, b.x, nullptr, true);
+    }
 
     ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
     float *gate = b.hb, *up = b.hb2;
     ops.gate_up(il, l, b.xb, n, gate, up);
-    ops.silu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
-    ops.matmul(l.w_down, b.hb2, n, b.x, nullptr, true);
+    if (hp.gelu)
+      ops.gelu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
+    else
+      ops.silu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
+    if (hp.post_norms) {
+      ops.matmul(l.w_down, b.hb2, n, b.xb, nullptr, false);  // [n, dim]
+      ops.norm_add(b.xb, l.ffn_post_norm, n, dim, hp.rms_eps, b.x);
+    } else {
+      ops.matmul(l.w_down, b.hb2, n, b.x, nullptr, true);
+    }
   }
   if (rows.n_out == 0) return;
   ops.gather_rows(b.x, rows.out_row, rows.n_out, dim, b.xb);
   ops.rmsnorm(b.xb, w.output_norm, rows.n_out, dim, hp.rms_eps, b.out_x);
   ops.matmul(w.output, b.out_x, rows.n_out, b.logits, nullptr, false);
+  if (hp.final_softcap > 0) ops.softcap(b.logits, (int64_t)rows.n_out * hp.n_vocab, hp.final_softcap);
 }
 
 }  // namespace ultra

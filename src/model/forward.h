@@ -1,10 +1,12 @@
-// The forward pass of the Llama family (Llama, Mistral, Qwen2), written once over the ops a backend
-// supplies. A backend implements ForwardOps with its kernels and owns the buffers; forward() only
+// The forward pass of the Llama family (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3), written once over the ops
+// a backend supplies. A backend implements ForwardOps with its kernels and owns the buffers; forward() only
 // sequences the ops, so it runs the same on host memory (CPU) and device memory (a GPU backend calls it
 // once while capturing a graph). Adding an architecture changes this one place.
 #pragma once
 
 #include <cstdint>
+
+#include "core/error.h"
 
 #include "core/views.h"
 #include "model/hparams.h"
@@ -46,15 +48,28 @@ class ForwardOps {
   // y[n, rows] = x[n, cols] . W^T (+ bias); accumulate: y += instead of y = (the residual add).
   virtual void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
                       bool accumulate) = 0;
-  // RoPE in place on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (one launch on a GPU).
-  virtual void rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
-                    bool interleaved) = 0;
+  // RoPE in place on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (one launch on a GPU), with
+  // layer il's frequencies (ModelData::layer_rope_inv_freq).
+  virtual void rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
+                    const int32_t* pos, bool interleaved) = 0;
   // K/V rows of this step into the cache of layer il, then causal attention over it.
   virtual void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                         const int32_t* seq) = 0;
+  // Scores s = q.k * scale, then s = tanh(s / softcap) * softcap when softcap > 0 (Gemma 2); window > 0:
+  // token at position i attends positions j with i - window < j <= i (sliding-window layers), else [0, i].
   virtual void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
-                         float scale, float* out) = 0;
+                         float scale, float softcap, int window, float* out) = 0;
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // The ops of Gemma 2/3 only; a backend without them refuses those models at context creation (the
+  // defaults are never reached).
+  // out[i] = gelu_tanh(gate[i]) * up[i] (PyTorch gelu(approximate="tanh")).
+  virtual void gelu_mul(const float*, const float*, int64_t, float*) { unsupported("gelu_mul"); }
+  // x[i] *= s.
+  virtual void scale(float*, int64_t, float) { unsupported("scale"); }
+  // x[i] = tanh(x[i] / cap) * cap.
+  virtual void softcap(float*, int64_t, float) { unsupported("softcap"); }
+  // y[r] += rmsnorm(x[r]) * w for n_rows rows of dim floats; x is overwritten (normed in place).
+  virtual void norm_add(float*, const float*, int, int, float, float*) { unsupported("norm_add"); }
   // The q, k, v projections (+ biases) of layer il. q, k, v come in pointing at the step buffers; a backend
   // may instead compute them with one fused matrix [Wq; Wk; Wv] into memory of its own and point them there
   // ([n, dim] rows each, contiguous per projection). The default: three matmuls into the step buffers.
@@ -70,6 +85,9 @@ class ForwardOps {
   }
   // out[r] = x[rows[r]] for r < n_rows, rows of dim floats.
   virtual void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) = 0;
+
+ private:
+  [[noreturn]] static void unsupported(const char* op) { fail("backend: the {} op is not implemented", op); }
 };
 
 // logits[r] = output(norm(x[out_row[r]])) after all layers, for the rows of one step.

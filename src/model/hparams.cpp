@@ -20,6 +20,14 @@ const char* arch_name(Arch a) {
       return "mistral";
     case Arch::Qwen2:
       return "qwen2";
+    case Arch::Qwen3:
+      return "qwen3";
+    case Arch::Gemma2:
+      return "gemma2";
+    case Arch::Gemma3:
+      return "gemma3";
+    case Arch::Phi3:
+      return "phi3";
   }
   return "?";
 }
@@ -54,20 +62,51 @@ void HParams::validate(const std::string& source) const {
           rope_scaling.low_freq_factor > 0 && rope_scaling.original_max_position_embeddings > 0 &&
           std::isfinite(rope_scaling.factor) && std::isfinite(rope_scaling.high_freq_factor)))
       fail("{}: invalid llama3 rope_scaling parameters", source);
+  } else if (rope_scaling.type == "linear") {
+    if (!(rope_scaling.factor > 0 && std::isfinite(rope_scaling.factor)))
+      fail("{}: invalid linear rope_scaling factor {}", source, rope_scaling.factor);
+  } else if (rope_scaling.type == "longrope") {
+    const size_t half = (size_t)head_dim / 2;
+    if (rope_scaling.short_factor.size() != half || rope_scaling.long_factor.size() != half)
+      fail("{}: longrope short_factor and long_factor must have head_dim/2 = {} entries (got {} and {})",
+           source, half, rope_scaling.short_factor.size(), rope_scaling.long_factor.size());
+    for (size_t i = 0; i < half; ++i)
+      if (!(rope_scaling.short_factor[i] > 0) || !(rope_scaling.long_factor[i] > 0))
+        fail("{}: longrope factors must be positive (entry {})", source, i);
+    if (!(rope_scaling.attention_factor > 0) || rope_scaling.original_max_position_embeddings <= 0)
+      fail("{}: invalid longrope attention factor or original_max_position_embeddings", source);
   } else if (rope_scaling.type != "default") {
-    fail("{}: unsupported rope scaling type '{}' (supported: default, llama3)", source, rope_scaling.type);
+    fail("{}: unsupported rope scaling type '{}' (supported: default, llama3, linear, longrope)", source,
+         rope_scaling.type);
   }
+  if (!swa_layers.empty() && ((int)swa_layers.size() != n_layers || sliding_window <= 0))
+    fail("{}: {} per-layer sliding-window flags for {} layers, window {}", source, swa_layers.size(),
+         n_layers, sliding_window);
+  if (!(rope_theta_swa >= 0 && std::isfinite(rope_theta_swa)))
+    fail("{}: invalid sliding-layer rope theta {}", source, rope_theta_swa);
+  for (float v : {attn_scale, attn_softcap, final_softcap, embed_scale})
+    if (!(v >= 0 && std::isfinite(v)))
+      fail("{}: invalid attention scale, soft-cap or embedding scale {}", source, v);
 }
 
-std::vector<float> HParams::rope_inv_freq() const {
+std::vector<float> HParams::rope_inv_freq(bool swa, bool long_rope) const {
   const int half = head_dim / 2;
   std::vector<float> inv(half);
+  const float base = swa && rope_theta_swa > 0 ? rope_theta_swa : rope_theta;
   for (int i = 0; i < half; ++i) {
     // HF: 1 / base ** (arange(0, dim, 2).float() / dim), in float32
     const float e = (float)(2 * i) / (float)head_dim;
-    inv[i] = 1.0f / std::pow(rope_theta, e);
+    inv[i] = 1.0f / std::pow(base, e);
   }
-  if (rope_scaling.type == "llama3") {
+  if (swa && rope_theta_swa > 0) return inv;  // Gemma 3's sliding layers: default RoPE
+  if (rope_scaling.type == "linear") {
+    for (float& f : inv) f /= rope_scaling.factor;
+  } else if (rope_scaling.type == "longrope") {
+    // HF: 1 / (ext_factors * base ** (arange(0, dim, 2) / dim))
+    const auto& ext = long_rope ? rope_scaling.long_factor : rope_scaling.short_factor;
+    for (int i = 0; i < half; ++i)
+      inv[i] = 1.0f / (ext[i] * std::pow(base, (float)(2 * i) / (float)head_dim));
+  } else if (rope_scaling.type == "llama3") {
     const double pi = 3.14159265358979323846;
     const float factor = rope_scaling.factor, lo = rope_scaling.low_freq_factor,
                 hi = rope_scaling.high_freq_factor;
@@ -159,6 +198,44 @@ void parse_rope(const json& r, HParams& hp, const std::string& path) {
     hp.rope_scaling.high_freq_factor = get_num(r, "high_freq_factor", path, 4.0);
     hp.rope_scaling.original_max_position_embeddings =
         get_int(r, "original_max_position_embeddings", path, 8192, false);
+  } else if (type == "linear") {
+    hp.rope_scaling.factor = get_num(r, "factor", path, 1.0);
+  } else if (type == "longrope") {
+    auto factors = [&](const char* key) {
+      auto it = r.find(key);
+      if (it == r.end() || !it->is_array()) fail("{}: longrope needs a list '{}'", path, key);
+      std::vector<float> f;
+      for (const json& v : *it) {
+        if (!v.is_number()) fail("{}: '{}' must hold numbers", path, key);
+        f.push_back((float)v.get<double>());
+      }
+      return f;
+    };
+    hp.rope_scaling.short_factor = factors("short_factor");
+    hp.rope_scaling.long_factor = factors("long_factor");
+    if (r.contains("original_max_position_embeddings"))
+      hp.rope_scaling.original_max_position_embeddings =
+          get_int(r, "original_max_position_embeddings", path, 0, false);
+    hp.rope_scaling.attention_factor = get_num(r, "attention_factor", path, 0.0);  // 0: from the lengths
+    if (r.contains("partial_rotary_factor") && get_num(r, "partial_rotary_factor", path, 1.0) != 1.0f)
+      fail("{}: partial_rotary_factor other than 1 is not supported", path);
+  }
+}
+
+// Gemma 3 (transformers 5): rope_parameters = {"full_attention": {...}, "sliding_attention": {...}}; the
+// sliding layers must use default RoPE.
+void parse_rope_per_type(const json& r, HParams& hp, const std::string& path) {
+  for (const auto& [key, v] : r.items())
+    if (key != "full_attention" && key != "sliding_attention")
+      fail("{}: rope_parameters for unknown layer type '{}'", path, key);
+  if (r.contains("full_attention")) parse_rope(r["full_attention"], hp, path);
+  if (r.contains("sliding_attention")) {
+    HParams local;
+    parse_rope(r["sliding_attention"], local, path);
+    if (local.rope_scaling.type != "default")
+      fail("{}: rope type '{}' on sliding layers is not supported (only default)", path,
+           local.rope_scaling.type);
+    hp.rope_theta_swa = local.rope_theta;
   }
 }
 
@@ -194,11 +271,21 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
     hp.arch = Arch::Mistral;
   else if (archs == "Qwen2ForCausalLM")
     hp.arch = Arch::Qwen2;
+  else if (archs == "Qwen3ForCausalLM")
+    hp.arch = Arch::Qwen3;
+  else if (archs == "Gemma2ForCausalLM")
+    hp.arch = Arch::Gemma2;
+  else if (archs == "Gemma3ForCausalLM")
+    hp.arch = Arch::Gemma3;
+  else if (archs == "Phi3ForCausalLM")
+    hp.arch = Arch::Phi3;
   else
     fail(
         "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM)",
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text only), "
+        "Phi3ForCausalLM)",
         path, archs.empty() ? std::string("<none>") : archs);
+  const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
 
   hp.n_vocab = get_int(j, "vocab_size", path);
   hp.dim = get_int(j, "hidden_size", path);
@@ -210,22 +297,108 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
   hp.rms_eps = get_num(j, "rms_norm_eps", path, 1e-6);
   hp.rope_theta = get_num(j, "rope_theta", path, 10000.0);
   hp.train_ctx = get_int(j, "max_position_embeddings", path, 2048, false);
-  // Qwen2 configs carry a sliding_window that applies only with use_sliding_window: true.
-  if (hp.arch != Arch::Qwen2 || get_bool(j, "use_sliding_window", path, false))
+  // Qwen2/3 configs carry a sliding_window that applies only with use_sliding_window: true.
+  const bool qwen = hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3;
+  if (!qwen || get_bool(j, "use_sliding_window", path, false))
     hp.sliding_window = get_int(j, "sliding_window", path, 0, false);
-  // Llama, Mistral and Qwen2 configs default to untied embeddings.
-  hp.tie_embeddings = get_bool(j, "tie_word_embeddings", path, false);
+  // Llama, Mistral, Qwen and Phi-3 configs default to untied embeddings, Gemma's to tied ones.
+  hp.tie_embeddings = get_bool(j, "tie_word_embeddings", path, gemma);
   hp.qkv_bias = hp.arch == Arch::Qwen2 || get_bool(j, "attention_bias", path, false);
+  if (hp.qkv_bias && hp.arch != Arch::Qwen2)
+    fail("{}: attention_bias = true is not supported for {}", path, arch_name(hp.arch));
+  hp.qk_norm = hp.arch == Arch::Qwen3 || hp.arch == Arch::Gemma3;
+  if (hp.arch == Arch::Phi3) {
+    if (get_num(j, "partial_rotary_factor", path, 1.0) != 1.0f)
+      fail("{}: partial_rotary_factor other than 1 is not supported", path);
+  }
+  if (gemma) {
+    hp.embed_scale = (float)std::sqrt((double)hp.dim);
+    hp.post_norms = true;
+    hp.gelu = true;
+    std::string act = "gelu_pytorch_tanh";
+    for (const char* key : {"hidden_activation", "hidden_act"})
+      if (j.contains(key) && j[key].is_string()) {
+        act = j[key].get<std::string>();
+        break;
+      }
+    if (act != "gelu_pytorch_tanh")
+      fail("{}: hidden activation '{}' is not supported for {} (only gelu_pytorch_tanh)", path, act,
+           arch_name(hp.arch));
+    hp.attn_scale = 1.0f / std::sqrt(get_num(j, "query_pre_attn_scalar", path, hp.head_dim));
+    hp.attn_softcap = get_num(j, "attn_logit_softcapping", path, 0.0);
+    hp.final_softcap = get_num(j, "final_logit_softcapping", path, 0.0);
+    if (get_bool(j, "use_bidirectional_attention", path, false))
+      fail("{}: use_bidirectional_attention = true is not supported", path);
+  } else {
+    const char* act_key = j.contains("hidden_act") ? "hidden_act" : "hidden_activation";
+    if (j.contains(act_key) && j[act_key].is_string() && j[act_key].get<std::string>() != "silu")
+      fail("{}: hidden activation '{}' is not supported for {} (only silu)", path,
+           j[act_key].get<std::string>(), arch_name(hp.arch));
+  }
+  // Per-layer attention types (Gemma 2/3, Qwen3): config.json's layer_types, or the architecture's default
+  // pattern (transformers 4 Gemma configs: every 2nd layer full for Gemma 2, every sliding_window_pattern-th
+  // for Gemma 3).
+  if (hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3 || hp.arch == Arch::Qwen3) {
+    std::vector<uint8_t> swa(hp.n_layers, 0);
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      const json& lt = j["layer_types"];
+      if ((int)lt.size() != hp.n_layers)
+        fail("{}: layer_types has {} entries for {} layers", path, lt.size(), hp.n_layers);
+      for (int il = 0; il < hp.n_layers; ++il) {
+        const std::string t = lt[il].is_string() ? lt[il].get<std::string>() : lt[il].dump();
+        if (t == "sliding_attention")
+          swa[il] = 1;
+        else if (t != "full_attention")
+          fail("{}: layer_types[{}] = '{}' is not supported (full_attention, sliding_attention)", path, il,
+               t);
+      }
+    } else if (gemma) {
+      const int pattern = hp.arch == Arch::Gemma2 ? 2 : get_int(j, "sliding_window_pattern", path, 6, false);
+      for (int il = 0; il < hp.n_layers; ++il) swa[il] = pattern > 0 && (il + 1) % pattern != 0;
+    }
+    if (std::find(swa.begin(), swa.end(), 1) != swa.end()) {
+      if (hp.sliding_window <= 0) fail("{}: sliding_attention layers need a sliding_window > 0", path);
+      hp.swa_layers = swa;
+    } else {
+      hp.sliding_window = 0;
+    }
+  }
   if (get_bool(j, "mlp_bias", path, false)) fail("{}: mlp_bias = true is not supported", path);
   // A value head size other than the key head size (DeepSeek-style v_head_dim) is not supported.
   if (const int v_dim = get_int(j, "v_head_dim", path, -1, false); v_dim >= 0 && v_dim != hp.head_dim)
     fail("{}: v_head_dim {} differs from the key head dim {}; only equal sizes are supported", path, v_dim,
          hp.head_dim);
   // transformers 4: rope_scaling at the top level; transformers 5: rope_parameters (with rope_theta inside)
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null())
-    parse_rope(j["rope_parameters"], hp, path);
-  else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const json& r = j["rope_parameters"];
+    if (r.is_object() && (r.contains("full_attention") || r.contains("sliding_attention")))
+      parse_rope_per_type(r, hp, path);
+    else
+      parse_rope(r, hp, path);
+  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     parse_rope(j["rope_scaling"], hp, path);
+  }
+  // Gemma 3, transformers 4: the sliding layers' base is rope_local_base_freq.
+  if (hp.arch == Arch::Gemma3 && j.contains("rope_local_base_freq"))
+    hp.rope_theta_swa = get_num(j, "rope_local_base_freq", path, 10000.0);
+  if (hp.arch == Arch::Gemma3 && hp.rope_theta_swa == 0) hp.rope_theta_swa = 10000.0f;
+  if (hp.rope_scaling.type == "longrope") {
+    // HF _compute_longrope_parameters: with original_max_position_embeddings in the config, the attention
+    // factor comes from max_position_embeddings / original_max_position_embeddings.
+    RopeScaling& rs = hp.rope_scaling;
+    const int orig_top = get_int(j, "original_max_position_embeddings", path, 0, false);
+    if (orig_top > 0) rs.original_max_position_embeddings = orig_top;
+    if (rs.original_max_position_embeddings <= 0) rs.original_max_position_embeddings = hp.train_ctx;
+    if (rs.attention_factor == 0) {
+      const double factor = orig_top > 0 ? (double)hp.train_ctx / orig_top : 1.0;
+      rs.attention_factor =
+          factor <= 1.0 ? 1.0f
+                        : (float)std::sqrt(1 + std::log(factor) /
+                                                   std::log((double)rs.original_max_position_embeddings));
+    }
+  } else if (hp.arch == Arch::Phi3 && hp.rope_scaling.type != "default") {
+    fail("{}: rope type '{}' is not supported for phi3 (default, longrope)", path, hp.rope_scaling.type);
+  }
   // Special ids: config.json's first, then generation_config.json's (which transformers' generate() uses);
   // every eos id of either ends generation.
   std::vector<int32_t> bos;

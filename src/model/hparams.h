@@ -1,4 +1,5 @@
-// Hyper-parameters of a Llama-family model, read from a GGUF file or an HF config.json.
+// Hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3), read from a GGUF file
+// or an HF config.json.
 #pragma once
 
 #include <cstdint>
@@ -8,15 +9,19 @@
 
 namespace ultra {
 
-enum class Arch { Llama, Mistral, Qwen2 };
+enum class Arch { Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3 };
 const char* arch_name(Arch a);
 
 struct RopeScaling {
-  std::string type = "default";  // "default" or "llama3"
-  float factor = 1.0f;
+  std::string type = "default";  // "default", "llama3", "linear" or "longrope"
+  float factor = 1.0f;           // llama3, linear: inv_freq / factor
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position_embeddings = 8192;
+  // longrope (Phi-3): inv_freq[i] / short_factor[i] (or long_factor[i] when the context may exceed
+  // original_max_position_embeddings), cos and sin times attention_factor. [head_dim/2] each.
+  std::vector<float> short_factor, long_factor;
+  float attention_factor = 1.0f;
 };
 
 struct HParams {
@@ -37,6 +42,19 @@ struct HParams {
   int sliding_window = 0;
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3, Gemma 3: per-head RMSNorm of q and k (weights [head_dim]) before RoPE
+  // Gemma 2/3. The loaders store Gemma's RMSNorm weights w as 1 + w (as llama.cpp's GGUF files do), so every
+  // norm is the plain x / rms(x) * weight.
+  float embed_scale = 0;    // x = embed(tokens) * embed_scale; 0: none (Gemma: sqrt(dim) in f32)
+  bool post_norms = false;  // x += post_norm(attn(...)), x += post_ffw_norm(mlp(...)) (Gemma 2/3)
+  bool gelu = false;        // GeGLU with tanh GELU instead of SwiGLU (Gemma)
+  float attn_scale = 0;     // query scale; 0: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar^-0.5)
+  float attn_softcap = 0;   // scores = tanh(scores / cap) * cap before softmax; 0: none (Gemma 2)
+  float final_softcap = 0;  // logits = tanh(logits / cap) * cap; 0: none (Gemma 2)
+  // Per-layer sliding-window attention (Gemma 2/3, Qwen3 layer_types): layer il attends positions
+  // j > i - sliding_window when swa_layers[il] != 0. Empty: the whole-model Mistral form above.
+  std::vector<uint8_t> swa_layers;
+  float rope_theta_swa = 0;  // RoPE base of the sliding layers (default scaling); 0: as the full layers
   // true: Q/K rows are permuted for interleaved-pair RoPE (GGUF files of arch "llama" written by llama.cpp's
   // converter and ours); false: rotate-half RoPE (HF checkpoints, GGUF qwen2).
   bool rope_interleaved = false;
@@ -47,8 +65,10 @@ struct HParams {
 
   // Checks the numbers are positive, consistent and of sane size; throws ultra::Error naming `source`.
   void validate(const std::string& source) const;
-  // RoPE inverse frequencies [head_dim/2] with the scaling applied (HF's _compute_*_parameters).
-  std::vector<float> rope_inv_freq() const;
+  // RoPE inverse frequencies [head_dim/2] with the scaling applied (HF's _compute_*_parameters); swa: of the
+  // sliding-window layers (rope_theta_swa). long_rope: longrope's long factors instead of the short ones.
+  std::vector<float> rope_inv_freq(bool swa = false, bool long_rope = false) const;
+  bool layer_swa(int il) const { return !swa_layers.empty() && swa_layers[il]; }
 };
 
 // Parses an HF config.json (transformers 4 form with rope_theta/rope_scaling at the top level, and the

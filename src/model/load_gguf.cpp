@@ -61,6 +61,7 @@ struct GgufLoader {
   }
 
   const float* vec(const std::string& name, int64_t n, bool optional = false) {
+    // (Gemma's norm weights are stored as 1 + w by llama.cpp's converter and ours: used as they are.)
     const auto* tp = r.find_tensor(name);
     if (!tp && optional) return nullptr;
     const auto& t = get(name);
@@ -121,11 +122,22 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     hp.rope_interleaved = true;
   } else if (arch == "qwen2") {
     hp.arch = Arch::Qwen2;
-    hp.rope_interleaved = false;
     hp.qkv_bias = true;
+  } else if (arch == "qwen3") {
+    hp.arch = Arch::Qwen3;
+    hp.qk_norm = true;
+  } else if (arch == "gemma2" || arch == "gemma3") {
+    hp.arch = arch == "gemma2" ? Arch::Gemma2 : Arch::Gemma3;
+    hp.qk_norm = hp.arch == Arch::Gemma3;
+    hp.post_norms = true;
+    hp.gelu = true;
+  } else if (arch == "phi3") {
+    hp.arch = Arch::Phi3;
   } else {
-    fail("{}: unsupported architecture '{}' (supported: llama, qwen2)", path, arch);
+    fail("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3)", path,
+         arch);
   }
+  const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
   const std::string a = arch + ".";
   hp.dim = L.key_int(a + "embedding_length");
   hp.n_layers = L.key_int(a + "block_count");
@@ -144,8 +156,44 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   hp.sliding_window = L.key_int(a + "attention.sliding_window", 0);
   hp.rms_eps = L.key_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
   hp.rope_theta = L.key_float(a + "rope.freq_base", 10000.0);
-  if (auto st = r.get_string_opt(a + "rope.scaling.type"); st && *st != "none")
-    fail("{}: unsupported rope scaling type '{}'", path, *st);
+  if (auto st = r.get_string_opt(a + "rope.scaling.type"); st && *st != "none") {
+    if (*st != "linear") fail("{}: unsupported rope scaling type '{}' (supported: none, linear)", path, *st);
+    hp.rope_scaling.type = "linear";
+    hp.rope_scaling.factor = L.key_float(a + "rope.scaling.factor", 1.0);
+  }
+  if (gemma) {
+    // llama.cpp's gemma keys; attention.scale (query_pre_attn_scalar^-0.5) is ours: llama.cpp derives it from
+    // the model size.
+    hp.embed_scale = (float)std::sqrt((double)hp.dim);
+    hp.attn_scale = L.key_float(a + "attention.scale", 0.0);
+    hp.attn_softcap = L.key_float(a + "attn_logit_softcapping", 0.0);
+    hp.final_softcap = L.key_float(a + "final_logit_softcapping", 0.0);
+  }
+  if (gemma || hp.arch == Arch::Qwen3) {
+    // Per-layer sliding windows: attention.sliding_window_pattern as a list of bools, or a period n (layer il
+    // is sliding unless (il + 1) % n == 0; llama.cpp's defaults: 2 for gemma2, 6 for gemma3).
+    std::vector<uint8_t> swa(hp.n_layers, 0);
+    const std::string key = a + "attention.sliding_window_pattern";
+    if (const gguf::Value* v = r.find(key); v && v->type == gguf::ValueType::ARRAY) {
+      if (v->arr->size() != (size_t)hp.n_layers)
+        fail("{}: {} has {} entries for {} layers", path, key, v->arr->size(), hp.n_layers);
+      for (int il = 0; il < hp.n_layers; ++il) swa[il] = v->arr->uint_at(il) != 0;
+    } else if (gemma) {
+      const int n = L.key_int(key, hp.arch == Arch::Gemma2 ? 2 : 6);
+      for (int il = 0; il < hp.n_layers; ++il) swa[il] = n > 0 && (il + 1) % n != 0;
+    }
+    if (hp.sliding_window > 0 && std::find(swa.begin(), swa.end(), 1) != swa.end())
+      hp.swa_layers = swa;
+    else
+      hp.sliding_window = 0;
+    if (hp.arch == Arch::Gemma3 && !hp.swa_layers.empty())
+      hp.rope_theta_swa = L.key_float(a + "rope.freq_base_swa", 10000.0);
+  }
+  if (hp.arch == Arch::Phi3) {
+    hp.rope_scaling.original_max_position_embeddings =
+        L.key_int(a + "rope.scaling.original_context_length", 0);
+    hp.rope_scaling.attention_factor = L.key_float(a + "rope.scaling.attn_factor", 1.0);
+  }
 
   const auto& embd = L.get("token_embd.weight");
   if (embd.ne.size() != 2) fail("{}: tensor 'token_embd.weight' must have 2 dims", path);
@@ -173,19 +221,51 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     const std::string p = "blk." + std::to_string(il) + ".";
     LayerWeights& l = m->layers[il];
     l.attn_norm = L.vec(p + "attn_norm.weight", hp.dim);
-    l.wq = L.matrix(p + "attn_q.weight", q_dim, hp.dim);
-    l.wk = L.matrix(p + "attn_k.weight", kv_dim, hp.dim);
-    l.wv = L.matrix(p + "attn_v.weight", kv_dim, hp.dim);
+    if (hp.arch == Arch::Phi3) {  // llama.cpp keeps Phi-3's fused matrices
+      l.wqkv = L.matrix(p + "attn_qkv.weight", q_dim + 2 * kv_dim, hp.dim);
+      l.wq = row_slice(l.wqkv, 0, q_dim);
+      l.wk = row_slice(l.wqkv, q_dim, kv_dim);
+      l.wv = row_slice(l.wqkv, q_dim + kv_dim, kv_dim);
+    } else {
+      l.wq = L.matrix(p + "attn_q.weight", q_dim, hp.dim);
+      l.wk = L.matrix(p + "attn_k.weight", kv_dim, hp.dim);
+      l.wv = L.matrix(p + "attn_v.weight", kv_dim, hp.dim);
+    }
     l.wo = L.matrix(p + "attn_output.weight", hp.dim, q_dim);
     l.bq = L.vec(p + "attn_q.bias", q_dim, !hp.qkv_bias);
     l.bk = L.vec(p + "attn_k.bias", kv_dim, !hp.qkv_bias);
     l.bv = L.vec(p + "attn_v.bias", kv_dim, !hp.qkv_bias);
+    if (hp.qk_norm) {
+      l.q_norm = L.vec(p + "attn_q_norm.weight", hp.head_dim);
+      l.k_norm = L.vec(p + "attn_k_norm.weight", hp.head_dim);
+    }
+    if (hp.post_norms) l.attn_post_norm = L.vec(p + "attn_post_norm.weight", hp.dim);
     l.ffn_norm = L.vec(p + "ffn_norm.weight", hp.dim);
-    l.w_gate = L.matrix(p + "ffn_gate.weight", hp.ffn_dim, hp.dim);
-    l.w_up = L.matrix(p + "ffn_up.weight", hp.ffn_dim, hp.dim);
+    if (hp.post_norms) l.ffn_post_norm = L.vec(p + "post_ffw_norm.weight", hp.dim);
+    if (hp.arch == Arch::Phi3) {  // ffn_up holds [W_gate; W_up]
+      l.w_gate_up = L.matrix(p + "ffn_up.weight", 2 * (int64_t)hp.ffn_dim, hp.dim);
+      l.w_gate = row_slice(l.w_gate_up, 0, hp.ffn_dim);
+      l.w_up = row_slice(l.w_gate_up, hp.ffn_dim, hp.ffn_dim);
+    } else {
+      l.w_gate = L.matrix(p + "ffn_gate.weight", hp.ffn_dim, hp.dim);
+      l.w_up = L.matrix(p + "ffn_up.weight", hp.ffn_dim, hp.dim);
+    }
     l.w_down = L.matrix(p + "ffn_down.weight", hp.dim, hp.ffn_dim);
   }
-  m->rope_inv_freq = hp.rope_inv_freq();
+  // Phi-3 LongRoPE: per-pair frequency divisors rope_factors_short/long (llama.cpp's tensors).
+  const float* f_short = L.vec("rope_factors_short.weight", hp.head_dim / 2, /*optional=*/true);
+  const float* f_long = L.vec("rope_factors_long.weight", hp.head_dim / 2, /*optional=*/true);
+  if ((f_short != nullptr) != (f_long != nullptr))
+    fail("{}: rope_factors_short and rope_factors_long must come together", path);
+  if (f_short) {
+    if (hp.rope_scaling.original_max_position_embeddings <= 0)
+      fail("{}: longrope factors need {}rope.scaling.original_context_length", path, a);
+    hp.rope_scaling.type = "longrope";
+    hp.rope_scaling.short_factor.assign(f_short, f_short + hp.head_dim / 2);
+    hp.rope_scaling.long_factor.assign(f_long, f_long + hp.head_dim / 2);
+    hp.validate(path);
+  }
+  set_rope_tables(*m);
   // Llama-3 rope scaling travels as per-pair divisors of the frequency (llama.cpp's rope_freqs tensor).
   if (const float* f = L.vec("rope_freqs.weight", hp.head_dim / 2, /*optional=*/true)) {
     for (int i = 0; i < hp.head_dim / 2; ++i) {

@@ -1,6 +1,9 @@
 // HF model directory -> ModelData. Tensor names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
 // self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm.weight,
-// lm_head.weight (absent when tied). Q/K are in HF's rotate-half layout.
+// lm_head.weight (absent when tied). Q/K are in HF's rotate-half layout. Qwen3/Gemma 3 add
+// self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and post_feedforward_layernorm
+// (post_attention_layernorm is then the attention output's norm) and store norms as w for x * (1 + w): loaded
+// as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj.
 #include <cstring>
 #include <filesystem>
 #include <unordered_set>
@@ -37,13 +40,13 @@ struct HfLoader {
     return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
   }
 
-  const float* vec(const std::string& name, int64_t n, bool optional = false) {
+  const float* vec(const std::string& name, int64_t n, bool optional = false, float shift = 0) {
     const auto* tp = ck.find(name);
     if (!tp && optional) return nullptr;
     const auto& t = get(name);
     if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
       fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_string(t.shape), n);
-    const float* v = m.add_vector(t.type, t.data, n, t.n_bytes);
+    const float* v = m.add_vector(t.type, t.data, n, t.n_bytes, shift);
     if (!v) fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
     return v;
   }
@@ -91,8 +94,10 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
   HfLoader L{*m, *m->st, dir, {}};
   const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
 
+  const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
+  const float ns = gemma ? 1.0f : 0.0f;  // norm weight shift: Gemma's x * (1 + w)
   m->tok_embd = L.matrix("model.embed_tokens.weight", hp.n_vocab, hp.dim);
-  m->output_norm = L.vec("model.norm.weight", hp.dim);
+  m->output_norm = L.vec("model.norm.weight", hp.dim, false, ns);
   if (!hp.tie_embeddings) {
     m->output = L.matrix("lm_head.weight", hp.n_vocab, hp.dim);
   } else {
@@ -106,22 +111,45 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
   for (int il = 0; il < hp.n_layers; ++il) {
     const std::string p = "model.layers." + std::to_string(il) + ".";
     LayerWeights& l = m->layers[il];
-    l.attn_norm = L.vec(p + "input_layernorm.weight", hp.dim);
-    l.wq = L.matrix(p + "self_attn.q_proj.weight", q_dim, hp.dim);
-    l.wk = L.matrix(p + "self_attn.k_proj.weight", kv_dim, hp.dim);
-    l.wv = L.matrix(p + "self_attn.v_proj.weight", kv_dim, hp.dim);
+    l.attn_norm = L.vec(p + "input_layernorm.weight", hp.dim, false, ns);
+    if (hp.arch == Arch::Phi3) {
+      l.wqkv = L.matrix(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hp.dim);
+      l.wq = row_slice(l.wqkv, 0, q_dim);
+      l.wk = row_slice(l.wqkv, q_dim, kv_dim);
+      l.wv = row_slice(l.wqkv, q_dim + kv_dim, kv_dim);
+    } else {
+      l.wq = L.matrix(p + "self_attn.q_proj.weight", q_dim, hp.dim);
+      l.wk = L.matrix(p + "self_attn.k_proj.weight", kv_dim, hp.dim);
+      l.wv = L.matrix(p + "self_attn.v_proj.weight", kv_dim, hp.dim);
+    }
     l.wo = L.matrix(p + "self_attn.o_proj.weight", hp.dim, q_dim);
     if (hp.qkv_bias) {
       l.bq = L.vec(p + "self_attn.q_proj.bias", q_dim);
       l.bk = L.vec(p + "self_attn.k_proj.bias", kv_dim);
       l.bv = L.vec(p + "self_attn.v_proj.bias", kv_dim);
     }
-    l.ffn_norm = L.vec(p + "post_attention_layernorm.weight", hp.dim);
-    l.w_gate = L.matrix(p + "mlp.gate_proj.weight", hp.ffn_dim, hp.dim);
-    l.w_up = L.matrix(p + "mlp.up_proj.weight", hp.ffn_dim, hp.dim);
+    if (hp.qk_norm) {
+      l.q_norm = L.vec(p + "self_attn.q_norm.weight", hp.head_dim, false, ns);
+      l.k_norm = L.vec(p + "self_attn.k_norm.weight", hp.head_dim, false, ns);
+    }
+    if (hp.post_norms) {
+      l.attn_post_norm = L.vec(p + "post_attention_layernorm.weight", hp.dim, false, ns);
+      l.ffn_norm = L.vec(p + "pre_feedforward_layernorm.weight", hp.dim, false, ns);
+      l.ffn_post_norm = L.vec(p + "post_feedforward_layernorm.weight", hp.dim, false, ns);
+    } else {
+      l.ffn_norm = L.vec(p + "post_attention_layernorm.weight", hp.dim);
+    }
+    if (hp.arch == Arch::Phi3) {
+      l.w_gate_up = L.matrix(p + "mlp.gate_up_proj.weight", 2 * (int64_t)hp.ffn_dim, hp.dim);
+      l.w_gate = row_slice(l.w_gate_up, 0, hp.ffn_dim);
+      l.w_up = row_slice(l.w_gate_up, hp.ffn_dim, hp.ffn_dim);
+    } else {
+      l.w_gate = L.matrix(p + "mlp.gate_proj.weight", hp.ffn_dim, hp.dim);
+      l.w_up = L.matrix(p + "mlp.up_proj.weight", hp.ffn_dim, hp.dim);
+    }
     l.w_down = L.matrix(p + "mlp.down_proj.weight", hp.dim, hp.ffn_dim);
   }
-  m->rope_inv_freq = hp.rope_inv_freq();
+  set_rope_tables(*m);
   L.check_all_used(fmt::format("config.json: num_hidden_layers = {}, {}", hp.n_layers, arch_name(hp.arch)));
   return m;
 }

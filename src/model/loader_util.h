@@ -10,4 +10,8 @@ namespace ultra {
 // every tensor of a file is used.
 std::string unused_tensors_message(std::vector<std::string> names);
 
+struct ModelData;
+// m.rope_inv_freq (and the sliding-layer and longrope-long tables where the model has them) from m.hp.
+void set_rope_tables(ModelData& m);
+
 }  // namespace ultra

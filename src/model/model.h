@@ -19,19 +19,35 @@ class Checkpoint;
 }
 
 struct LayerWeights {
-  const float* attn_norm = nullptr;  // [dim]
-  WeightView wq;                     // [n_heads*head_dim, dim]
-  WeightView wk;                     // [n_kv_heads*head_dim, dim]
-  WeightView wv;                     // [n_kv_heads*head_dim, dim]
-  WeightView wo;                     // [dim, n_heads*head_dim]
-  const float* bq = nullptr;         // [n_heads*head_dim] or null
-  const float* bk = nullptr;         // [n_kv_heads*head_dim] or null
-  const float* bv = nullptr;         // [n_kv_heads*head_dim] or null
-  const float* ffn_norm = nullptr;   // [dim]
-  WeightView w_gate;                 // [ffn_dim, dim]
-  WeightView w_up;                   // [ffn_dim, dim]
-  WeightView w_down;                 // [dim, ffn_dim]
+  const float* attn_norm = nullptr;       // [dim]
+  WeightView wq;                          // [n_heads*head_dim, dim]
+  WeightView wk;                          // [n_kv_heads*head_dim, dim]
+  WeightView wv;                          // [n_kv_heads*head_dim, dim]
+  WeightView wo;                          // [dim, n_heads*head_dim]
+  const float* bq = nullptr;              // [n_heads*head_dim] or null
+  const float* bk = nullptr;              // [n_kv_heads*head_dim] or null
+  const float* bv = nullptr;              // [n_kv_heads*head_dim] or null
+  const float* q_norm = nullptr;          // [head_dim] per-head RMSNorm of q (Qwen3, Gemma 3) or null
+  const float* k_norm = nullptr;          // [head_dim] per-head RMSNorm of k or null
+  const float* attn_post_norm = nullptr;  // [dim] norm of the attention output (Gemma 2/3) or null
+  const float* ffn_norm = nullptr;        // [dim]
+  WeightView w_gate;                      // [ffn_dim, dim]
+  WeightView w_up;                        // [ffn_dim, dim]
+  WeightView w_down;                      // [dim, ffn_dim]
+  const float* ffn_post_norm = nullptr;   // [dim] norm of the MLP output (Gemma 2/3) or null
+  // Phi-3's fused matrices as stored ([Wq; Wk; Wv] and [W_gate; W_up]); wq.. and w_gate/w_up are row views
+  // into them. Empty for separately stored projections.
+  WeightView wqkv;       // [q_dim + 2 * kv_dim, dim]
+  WeightView w_gate_up;  // [2 * ffn_dim, dim]
 };
+
+// Rows [r0, r0 + n) of w as a view of their own.
+inline WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
+  WeightView s = w;
+  s.data = static_cast<const uint8_t*>(w.data) + (size_t)r0 * w.row_bytes;
+  s.rows = n;
+  return s;
+}
 
 // The weights one forward step reads, as views. The loaders fill the model's own table (views of the
 // mapped file); a GPU backend builds a copy whose views and vectors point into device memory.
@@ -47,14 +63,20 @@ struct ModelData : WeightTable {
   std::string path;
   std::string format;  // "gguf" or "safetensors"
   HParams hp;
-  std::vector<float> rope_inv_freq;  // [head_dim/2], scaling applied
+  std::vector<float> rope_inv_freq;       // [head_dim/2], scaling applied
+  std::vector<float> rope_inv_freq_swa;   // [head_dim/2] of the sliding-window layers (Gemma 3), or empty
+  std::vector<float> rope_inv_freq_long;  // [head_dim/2] longrope's long factors (Phi-3), or empty
+  // The frequencies a context of n_ctx tokens uses on layer il (longrope: the long factors when n_ctx exceeds
+  // original_max_position_embeddings, as llama.cpp decides).
+  const std::vector<float>& layer_rope_inv_freq(int il, int n_ctx) const;
 
   size_t weight_bytes = 0;  // bytes of all tensors used
 
   // Used by the loaders: a view of a [rows, cols] matrix stored in the mapped file (counted in
   // weight_bytes), and an f32 copy of a small F32/F16/BF16 vector (nullptr for any other type).
   WeightView add_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols, uint64_t n_bytes);
-  const float* add_vector(GgmlType type, const void* data, int64_t n, uint64_t n_bytes);
+  // shift is added to every element (Gemma's HF norm weights w become the 1 + w llama.cpp stores).
+  const float* add_vector(GgmlType type, const void* data, int64_t n, uint64_t n_bytes, float shift = 0);
 
   // Keeps the mapped files (and the f32 copies) alive.
   std::shared_ptr<gguf::Reader> gguf;

@@ -33,15 +33,17 @@ inline float cache_elem(const KvLayerView& kv, const void* base, size_t i) {
 }
 
 // attend_one without SIMD (the fallback on CPUs without AVX2): the same steps, dot products in double.
-void attend_one_scalar(const KvLayerView& kv, const float* q, int n_pos, int slot, int kvh, float scale,
-                       float* out, float* sc) {
+// Positions first..first+n_pos-1 of the cache.
+void attend_one_scalar(const KvLayerView& kv, const float* q, int first, int n_pos, int slot, int kvh,
+                       float scale, float softcap, float* out, float* sc) {
   const int hd = kv.head_dim;
-  const size_t base = cache_index(kv, slot, kvh, 0);
+  const size_t base = cache_index(kv, slot, kvh, first);
   float m = -INFINITY;
   for (int p = 0; p < n_pos; ++p) {
     double d = 0;
     for (int i = 0; i < hd; ++i) d += (double)q[i] * cache_elem(kv, kv.k, base + (size_t)p * hd + i);
     sc[p] = (float)(d * scale);
+    if (softcap > 0) sc[p] = std::tanh(sc[p] / softcap) * softcap;
     m = sc[p] > m ? sc[p] : m;
   }
   double sum = 0;
@@ -68,8 +70,9 @@ void attention_thread_scalar(const AttentionArgs& a, int ith, int nth) {
   const int n_pairs = a.n_tokens * a.n_heads;
   for (int pr = ith; pr < n_pairs; pr += nth) {
     const int t = pr / a.n_heads, h = pr % a.n_heads;
-    attend_one_scalar(kv, a.q + (size_t)pr * hd, a.pos[t] + 1, a.slot[t], h / group, a.scale,
-                      a.out + (size_t)pr * hd, sc);
+    const int first = attention_first(a.pos[t], a.window);
+    attend_one_scalar(kv, a.q + (size_t)pr * hd, first, a.pos[t] + 1 - first, a.slot[t], h / group, a.scale,
+                      a.softcap, a.out + (size_t)pr * hd, sc);
   }
 }
 
@@ -110,9 +113,10 @@ size_t attention_scratch_floats(int max_ctx, int n_threads) {
 }
 
 void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_tokens, int n_heads,
-               const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch) {
+               const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch,
+               float softcap, int window) {
   if (kv.type != GgmlType::F32 && kv.type != GgmlType::F16) bad_cache_type("attention", kv.type);
-  detail::AttentionArgs args{&kv, q, n_tokens, n_heads, pos, slot, scale, out, scratch};
+  detail::AttentionArgs args{&kv, q, n_tokens, n_heads, pos, slot, scale, out, scratch, softcap, window};
   if (detail::use_avx2()) {
     pool.run([](void* c, int ith,
                 int nth) { detail::attention_thread_avx2(*(const detail::AttentionArgs*)c, ith, nth); },
@@ -125,7 +129,7 @@ void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_to
 }
 
 void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_heads, const int32_t* pos,
-                   const int32_t* slot, float scale, float* out) {
+                   const int32_t* slot, float scale, float* out, float softcap, int window) {
   const int hd = kv.head_dim;
   const int group = n_heads / kv.n_kv_heads;
   auto elem = [&](const void* base, size_t i) -> double {
@@ -134,26 +138,28 @@ void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_he
     bad_cache_type("attention_ref", kv.type);
   };
   for (int t = 0; t < n_tokens; ++t) {
+    const int first = window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0;  // j > pos - window
     const int n_pos = pos[t] + 1;
     std::vector<double> s(n_pos);
     for (int h = 0; h < n_heads; ++h) {
       const float* qh = q + ((size_t)t * n_heads + h) * hd;
       const size_t base = cache_index(kv, slot[t], h / group, 0);
       double m = -INFINITY;
-      for (int p = 0; p < n_pos; ++p) {
+      for (int p = first; p < n_pos; ++p) {
         double d = 0;
         for (int i = 0; i < hd; ++i) d += (double)qh[i] * elem(kv.k, base + (size_t)p * hd + i);
         s[p] = d * scale;
+        if (softcap > 0) s[p] = std::tanh(s[p] / softcap) * softcap;
         m = std::max(m, s[p]);
       }
       double sum = 0;
-      for (int p = 0; p < n_pos; ++p) {
+      for (int p = first; p < n_pos; ++p) {
         s[p] = std::exp(s[p] - m);
         sum += s[p];
       }
       for (int i = 0; i < hd; ++i) {
         double o = 0;
-        for (int p = 0; p < n_pos; ++p) o += s[p] * elem(kv.v, base + (size_t)p * hd + i);
+        for (int p = first; p < n_pos; ++p) o += s[p] * elem(kv.v, base + (size_t)p * hd + i);
         out[((size_t)t * n_heads + h) * hd + i] = (float)(o / sum);
       }
     }

@@ -44,13 +44,15 @@ inline float dot_row(const float* q, const typename L::E* k, int n) {
 }
 
 template <class L>
-void attend_one(const KvLayerView& kv, const float* q, int n_pos, int slot, int kvh, float scale, float* out,
-                float* sc) {
+void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int slot, int kvh, float scale,
+                float softcap, float* out, float* sc) {
   using E = typename L::E;
   const int hd = kv.head_dim;
-  const E* K = (const E*)kv.k + cache_index(kv, slot, kvh, 0);
-  const E* V = (const E*)kv.v + cache_index(kv, slot, kvh, 0);
+  const E* K = (const E*)kv.k + cache_index(kv, slot, kvh, first);
+  const E* V = (const E*)kv.v + cache_index(kv, slot, kvh, first);
   for (int p = 0; p < n_pos; ++p) sc[p] = dot_row<L>(q, K + (size_t)p * hd, hd) * scale;
+  if (softcap > 0)
+    for (int p = 0; p < n_pos; ++p) sc[p] = __builtin_tanhf(sc[p] / softcap) * softcap;
   // max
   int p = 0;
   __m256 vm = _mm256_set1_ps(-INFINITY);
@@ -97,10 +99,11 @@ void attention_thread_avx2(const AttentionArgs& a, int ith, int nth) {
     const int t = pr / a.n_heads, h = pr % a.n_heads;
     const float* qh = a.q + (size_t)pr * hd;
     float* oh = a.out + (size_t)pr * hd;
+    const int first = attention_first(a.pos[t], a.window), n_pos = a.pos[t] + 1 - first;
     if (kv.type == GgmlType::F32)
-      attend_one<RowF32>(kv, qh, a.pos[t] + 1, a.slot[t], h / group, a.scale, oh, sc);
+      attend_one<RowF32>(kv, qh, first, n_pos, a.slot[t], h / group, a.scale, a.softcap, oh, sc);
     else
-      attend_one<RowF16>(kv, qh, a.pos[t] + 1, a.slot[t], h / group, a.scale, oh, sc);
+      attend_one<RowF16>(kv, qh, first, n_pos, a.slot[t], h / group, a.scale, a.softcap, oh, sc);
   }
 }
 

@@ -160,10 +160,12 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y, co
   for (size_t i = 0; i < len; ++i) y[i] += tmp[i];
 }
 
-void CpuBackend::rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
+void CpuBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
                       const int32_t* pos, bool interleaved) {
-  cpu::rope(q, n, n_heads, head_dim, pos, m_.rope_inv_freq.data(), interleaved);
-  cpu::rope(k, n, n_kv_heads, head_dim, pos, m_.rope_inv_freq.data(), interleaved);
+  const float* inv_freq = m_.layer_rope_inv_freq(il, p_.n_ctx).data();
+  const float mscale = m_.hp.rope_scaling.type == "longrope" ? m_.hp.rope_scaling.attention_factor : 1.0f;
+  cpu::rope(q, n, n_heads, head_dim, pos, inv_freq, interleaved, mscale);
+  cpu::rope(k, n, n_kv_heads, head_dim, pos, inv_freq, interleaved, mscale);
 }
 
 void CpuBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
@@ -172,12 +174,31 @@ void CpuBackend::kv_write(int il, const float* k, const float* v, int n, const i
 }
 
 void CpuBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
-                           float scale, float* out) {
-  cpu::attention(pool_, kv_.layer(il), q, n, n_heads, pos, seq, scale, out, attn_scratch_.data());
+                           float scale, float softcap, int window, float* out) {
+  cpu::attention(pool_, kv_.layer(il), q, n, n_heads, pos, seq, scale, out, attn_scratch_.data(), softcap,
+                 window);
 }
 
 void CpuBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   cpu::silu_mul(gate, up, n, out);
+}
+
+void CpuBackend::gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  cpu::gelu_mul(gate, up, n, out);
+}
+
+void CpuBackend::scale(float* x, int64_t n, float s) {
+  cpu::scale(x, n, s);
+}
+
+void CpuBackend::softcap(float* x, int64_t n, float cap) {
+  cpu::softcap(x, n, cap);
+}
+
+void CpuBackend::norm_add(float* x, const float* w, int n_rows, int dim, float eps, float* y) {
+  cpu::rmsnorm(x, w, n_rows, dim, eps, x);  // in place (rmsnorm reads a row fully before writing it)
+  const size_t len = (size_t)n_rows * dim;
+  for (size_t i = 0; i < len; ++i) y[i] += x[i];
 }
 
 void CpuBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {

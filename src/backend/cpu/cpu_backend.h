@@ -36,13 +36,17 @@ class CpuBackend final : public Backend, private ForwardOps {
   void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) override;
   void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
               bool accumulate) override;
-  void rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
+  void rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
             bool interleaved) override;
   void kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                 const int32_t* seq) override;
   void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
-                 float scale, float* out) override;
+                 float scale, float softcap, int window, float* out) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void scale(float* x, int64_t n, float s) override;
+  void softcap(float* x, int64_t n, float cap) override;
+  void norm_add(float* x, const float* w, int n_rows, int dim, float eps, float* y) override;
   void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
 
   const ModelData& m_;

@@ -85,9 +85,15 @@ struct AttentionArgs {
   float scale;
   float* out;
   float* scratch;  // per thread: attention_scratch_stride(max_ctx) floats
+  float softcap;   // > 0: scores tanh(s / softcap) * softcap
+  int window;      // > 0: positions (pos - window, pos] only
 };
 void attention_thread_scalar(const AttentionArgs& a, int ith, int nth);
 void attention_thread_avx2(const AttentionArgs& a, int ith, int nth);
+// The first position a token at pos attends: pos - window + 1 with a window (HF: j > i - window), else 0.
+inline int attention_first(int pos, int window) {
+  return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
 static constexpr size_t attention_scratch_stride(int max_ctx) {
   return ((size_t)max_ctx + 15) / 16 * 16;
 }

@@ -35,32 +35,45 @@ void rmsnorm(const float* x, const float* weight, int n_rows, int n, float eps, 
 void rmsnorm_ref(const float* x, const float* weight, int n_rows, int n, float eps, float* out);
 
 // RoPE in place on x [n_tokens, n_heads, head_dim] at positions pos[n_tokens].
-// inv_freq [head_dim/2]: angle of pair i at position p is p * inv_freq[i] (computed in f32 as HF does).
+// inv_freq [head_dim/2]: angle of pair i at position p is p * inv_freq[i] (computed in f32 as HF does);
+// mscale multiplies cos and sin (longrope's attention factor; 1 otherwise).
 // interleaved = true: pairs are (x[2i], x[2i+1]) (llama.cpp "norm" mode, GGUF llama files with permuted Q/K);
 // interleaved = false: pairs are (x[i], x[i + head_dim/2]) (HF rotate_half, "neox" mode).
 void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos, const float* inv_freq,
-          bool interleaved);
+          bool interleaved, float mscale = 1.0f);
 void rope_ref(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos, const float* inv_freq,
-              bool interleaved);
+              bool interleaved, float mscale = 1.0f);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_ref(const float* gate, const float* up, int64_t n, float* out);
+
+// Gemma 2/3 (gemma_ops.cpp).
+// out[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(g) = g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3))).
+void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
+void gelu_mul_ref(const float* gate, const float* up, int64_t n, float* out);
+// x[i] = tanh(x[i] / cap) * cap in place (attention and final logit soft-capping).
+void softcap(float* x, int64_t n, float cap);
+void softcap_ref(float* x, int64_t n, float cap);
+// x[i] *= s in place.
+void scale(float* x, int64_t n, float s);
 
 // Writes k/v rows of n_tokens tokens into the cache at (slot[t], head, pos[t]).
 //   k, v: [n_tokens, n_kv_heads, head_dim] f32 (converted to the cache type).
 void kv_write(const KvLayerView& kv, const float* k, const float* v, int n_tokens, const int32_t* pos,
               const int32_t* slot);
 
-// Causal attention over the cache: token t, head h attends to positions [0, pos[t]] of slot[t], kv head
-// h / (n_heads / n_kv_heads) (GQA). Assumes kv_write already stored this step's tokens.
+// Causal attention over the cache: token t, head h attends to positions [0, pos[t]] of slot[t] (window > 0:
+// only (pos[t] - window, pos[t]]), kv head h / (n_heads / n_kv_heads) (GQA). Scores are q.k * scale, then
+// tanh(s / softcap) * softcap when softcap > 0. Assumes kv_write already stored this step's tokens.
 //   q: [n_tokens, n_heads, head_dim], out: [n_tokens, n_heads, head_dim]
 //   scratch: at least attention_scratch_floats(...) floats.
 size_t attention_scratch_floats(int max_ctx, int n_threads);
 void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_tokens, int n_heads,
-               const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch);
+               const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch,
+               float softcap = 0, int window = 0);
 void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_heads, const int32_t* pos,
-                   const int32_t* slot, float scale, float* out);
+                   const int32_t* slot, float scale, float* out, float softcap = 0, int window = 0);
 
 // Quantise f32 rows to Q8_0 (used by `ultra quantize`/convert and tests): n % 32 == 0.
 void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out);

@@ -21,7 +21,7 @@ inline void rotate_interleaved(float* xh, int n, const float* c, const float* s)
 }  // namespace
 
 void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos, const float* inv_freq,
-          bool interleaved) {
+          bool interleaved, float mscale) {
   const int half = head_dim / 2;
   constexpr int kMaxHalf = 512;
   float c[kMaxHalf], s[kMaxHalf];
@@ -32,8 +32,8 @@ void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos,
       const int n = half - i0 < kMaxHalf ? half - i0 : kMaxHalf;
       for (int i = 0; i < n; ++i) {
         const float theta = p * inv_freq[i0 + i];
-        c[i] = std::cos(theta);
-        s[i] = std::sin(theta);
+        c[i] = std::cos(theta) * mscale;  // HF: emb.cos() * attention_scaling, in f32
+        s[i] = std::sin(theta) * mscale;
       }
       for (int h = 0; h < n_heads; ++h) {
         float* xh = xt + (int64_t)h * head_dim;
@@ -53,14 +53,14 @@ void rope(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos,
 }
 
 void rope_ref(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* pos, const float* inv_freq,
-              bool interleaved) {
+              bool interleaved, float mscale) {
   const int half = head_dim / 2;
   for (int t = 0; t < n_tokens; ++t) {
     for (int h = 0; h < n_heads; ++h) {
       float* xh = x + ((int64_t)t * n_heads + h) * head_dim;
       for (int i = 0; i < half; ++i) {
         const float theta = (float)pos[t] * inv_freq[i];  // f32, as HF
-        const double c = std::cos((double)theta), s = std::sin((double)theta);
+        const double c = std::cos((double)theta) * mscale, s = std::sin((double)theta) * mscale;
         const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
         const double x0 = xh[i0], x1 = xh[i1];
         xh[i0] = (float)(x0 * c - x1 * s);

@@ -83,6 +83,28 @@ void CudaBackend::check(cudaError_t e, const char* what) const {
 CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, int n_sample)
     : m_(model), p_(params), n_sample_(n_sample) {
   const HParams& hp = m_.hp;
+  // The architectures whose ops have no CUDA kernels yet (forward.h): refused before touching the device.
+  switch (hp.arch) {
+    case Arch::Llama:
+    case Arch::Mistral:
+    case Arch::Qwen2:
+      break;
+    case Arch::Qwen3:
+      fail("CUDA backend: qwen3 is not supported yet (per-head q/k RMSNorm); use the CPU backend");
+    case Arch::Gemma2:
+      fail(
+          "CUDA backend: gemma2 is not supported yet (attention soft-capping, sliding-window layers, GeGLU, "
+          "post-norms); use the CPU backend");
+    case Arch::Gemma3:
+      fail(
+          "CUDA backend: gemma3 is not supported yet (q/k RMSNorm, sliding-window layers with their own "
+          "RoPE, "
+          "GeGLU, post-norms); use the CPU backend");
+    case Arch::Phi3:
+      fail(
+          "CUDA backend: phi3 is not supported yet (LongRoPE, fused qkv/gate_up weights); use the CPU "
+          "backend");
+  }
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
     fail("CUDA backend: no CUDA device is available (use the CPU backend)");
@@ -587,8 +609,8 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, c
   check(mm_.matmul(w, x, n, y, bias, accumulate, stream_), "matmul");
   prof_end();
 }
-void CudaBackend::rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
-                       const int32_t* pos, bool interleaved) {
+void CudaBackend::rope(int /*il: one table, see the constructor's refusals*/, float* q, int n_heads, float* k,
+                       int n_kv_heads, int n, int head_dim, const int32_t* pos, bool interleaved) {
   prof_begin("rope");
   check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, rope_inv_freq_, interleaved, stream_),
         "rope");
@@ -601,7 +623,9 @@ void CudaBackend::kv_write(int il, const float* k, const float* v, int n, const 
   prof_end();
 }
 void CudaBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos,
-                            const int32_t* seq, float scale, float* out) {
+                            const int32_t* seq, float scale, float softcap, int window, float* out) {
+  if (softcap != 0 || window != 0)
+    fail("CUDA backend: attention soft-capping and sliding windows are not supported");
   prof_begin("attention");
   check(cuda::attention(*cur_plan_, kv_[il], q, n, pos, seq, scale, out, attn_ws_, stream_), "attention");
   prof_end();
