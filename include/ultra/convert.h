@@ -1,9 +1,9 @@
 // HF model directory -> GGUF, following llama.cpp's conventions (tensor names token_embd, blk.N.attn_q...,
 // keys llama.* / qwen2.* / qwen3.* / gemma2.* / gemma3.* / phi3.*, Q/K rows permuted for interleaved RoPE in
 // arch "llama", rope_freqs for Llama-3 rope scaling, Gemma norms stored as 1 + w, Phi-3's fused attn_qkv and
-// ffn_up with rope_factors_short/long, the tokenizer as tokenizer.ggml.* keys), so that the file loads in llama.cpp too. 2-D weight
-// matrices are written in the chosen type; norms and biases stay F32. Tensors are streamed: one converted
-// tensor is in memory at a time.
+// ffn_up with rope_factors_short/long, the tokenizer as tokenizer.ggml.* keys), so that the file loads in
+// llama.cpp too. 2-D weight matrices are written in the chosen type; norms and biases stay F32. Tensors are
+// streamed: one converted tensor is in memory at a time.
 #pragma once
 
 #include <functional>
