@@ -89,8 +89,8 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
     case Arch::Mistral:
     case Arch::Qwen2:
       break;
-    case Arch::Qwen3:
-      fail("CUDA backend: qwen3 is not supported yet (per-head q/k RMSNorm); use the CPU backend");
+    case Arch::Qwen3:  // its per-head q/k RMSNorm is the rmsnorm op over [n * heads] rows of head_dim
+      break;
     case Arch::Gemma2:
       fail(
           "CUDA backend: gemma2 is not supported yet (attention soft-capping, sliding-window layers, GeGLU, "
@@ -305,6 +305,7 @@ void CudaBackend::upload_weights() {
     add({{l.ffn_norm, hp.dim * sizeof(float)}});
     if (l.bq || l.bk || l.bv)
       add({{l.bq, q_dim * sizeof(float)}, {l.bk, kv_dim * sizeof(float)}, {l.bv, kv_dim * sizeof(float)}});
+    if (l.q_norm) add({{l.q_norm, hp.head_dim * sizeof(float)}, {l.k_norm, hp.head_dim * sizeof(float)}});
   }
   add({{m_.output_norm, hp.dim * sizeof(float)}});
   add({{m_.rope_inv_freq.data(), hp.head_dim / 2 * sizeof(float)}});
@@ -355,6 +356,8 @@ void CudaBackend::upload_weights() {
     d.bq = dev_vec(l.bq);
     d.bk = dev_vec(l.bk);
     d.bv = dev_vec(l.bv);
+    d.q_norm = dev_vec(l.q_norm);
+    d.k_norm = dev_vec(l.k_norm);
     w_.layers.push_back(d);
     Fused f;
     if (fuse_qkv[il]) {
