@@ -327,4 +327,23 @@ TEST_F(ServerTest, MetricsCountWhatWasServed) {
   EXPECT_EQ(models["object"], "list");
 }
 
+// Before a scheduler is attached (the model is loading) /health and the other routes answer 503.
+TEST(ServerLoading, HealthIs503UntilReady) {
+  server::Server srv(server::ServerOptions{});
+  const int port = srv.bind("127.0.0.1", 0);
+  ASSERT_GT(port, 0);
+  std::thread th([&] { srv.listen(); });
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["status"], "loading");
+  r = c.Post("/v1/completions", R"({"prompt":"x"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_FALSE(r->get_header_value("Retry-After").empty());
+  srv.stop();
+  th.join();
+}
+
 }  // namespace
