@@ -147,20 +147,22 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
     std::lock_guard lk(s.req->m);
     s.req->text += out;
   }
-  {
-    std::lock_guard lk(s.req->m);
-    s.req->done = true;
-    s.req->finish_reason = reason;
-    s.req->error = error;
-    s.req->n_completion = s.n_gen;
-    s.req->cv.notify_all();
-  }
+  // The slot is free (and counted so) before the request is seen done: a client that reads /metrics
+  // right after its answer sees its slot released.
+  std::shared_ptr<GenRequest> req = std::move(s.req);
+  const int n_gen = s.n_gen;
   const int seq = (int)(&s - slots_.data());
   ctx_->clear(seq);
   s.req.reset();
   s.stream.reset();
   s.held.clear();
   --stats_.busy_slots;
+  std::lock_guard lk(req->m);
+  req->done = true;
+  req->finish_reason = reason;
+  req->error = error;
+  req->n_completion = n_gen;
+  req->cv.notify_all();
 }
 
 void Scheduler::on_token(Slot& s, int32_t tok) {
