@@ -24,10 +24,12 @@ const Command kCommands[] = {
     {"convert", ultra::cli::cmd_convert, "convert an HF model directory to GGUF"},
     {"tokenize", ultra::cli::cmd_tokenize, "print the token ids and pieces of a text"},
     {"perplexity", ultra::cli::cmd_perplexity, "perplexity of a text file (llama.cpp-style)"},
+    {"serve", ultra::cli::cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
 };
 
 // llama.cpp's multi-letter single-dash flags, which the flag parser takes only in their long form.
-const std::pair<const char*, const char*> kAliases[] = {{"-ngl", "--n-gpu-layers"}, {"-md", "--model-draft"}};
+const std::pair<const char*, const char*> kAliases[] = {
+    {"-ngl", "--n-gpu-layers"}, {"-md", "--model-draft"}, {"-np", "--parallel"}};
 
 void usage(FILE* f) {
   std::fprintf(f, "usage: ultra COMMAND [options]\n\ncommands:\n");

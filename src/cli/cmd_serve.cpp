@@ -1,0 +1,108 @@
+// ultra serve: an OpenAI-compatible HTTP server with continuous batching (src/server/).
+//   ultra serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [-c CTX] [-t N] [--api-key KEY]
+// Listens before the model is loaded (/health answers 503 until it is); SIGINT/SIGTERM stop it: queued and
+// running requests are cancelled (streams end with finish_reason "length"), and it exits 0.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <mutex>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "server/server.h"
+#include "ultra/model.h"
+
+namespace ultra::cli {
+
+int cmd_serve(int argc, char** argv) {
+  CLI::App app{"ultra serve: an OpenAI-compatible HTTP server with continuous batching", "ultra serve"};
+  ModelFlags mf;
+  mf.add(app);
+  std::string host = "127.0.0.1", api_key;
+  int port = 8080, parallel = 4, queue = 64, http_threads = 32;
+  size_t max_body = 1 << 20;
+  app.add_option("--host", host, "address to listen on (default: loopback only)")->capture_default_str();
+  app.add_option("--port", port, "TCP port (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--parallel", parallel, "sequences generated at once (KV slots)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--queue", queue, "requests that may wait for a slot; more get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--http-threads", http_threads, "connections served at once")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 4096));
+  app.add_option("--max-body", max_body, "largest request body in bytes; larger get 413")
+      ->capture_default_str();
+  app.add_option("--api-key", api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  mf.resolve_model();
+
+  // SIGINT/SIGTERM are taken by a thread of ours (blocked everywhere else, before any thread starts).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  server::ServerOptions so;
+  so.api_key = api_key;
+  so.max_body = max_body;
+  so.n_http_threads = http_threads;
+  so.model_name = mf.model;
+  server::Server srv(so);
+  const int bound = srv.bind(host, port);
+  if (bound < 0) fail("cannot listen on {}:{}", host, port);
+  fmt::print(stderr, "ultra serve: listening on http://{}:{} (loading {})\n", host, bound, mf.model);
+
+  std::mutex sched_m;
+  std::shared_ptr<server::Scheduler> sched;
+  std::thread sig_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fmt::print(stderr, "ultra serve: signal {}, shutting down\n", sig);
+    std::shared_ptr<server::Scheduler> s;
+    {
+      std::lock_guard lk(sched_m);
+      s = sched;
+    }
+    if (s) s->shutdown();
+    srv.stop();
+  });
+  std::thread http_thread([&] { srv.listen(); });
+
+  int rc = 0;
+  try {
+    Model model = Model::load(mf.model);
+    ContextParams cp = mf.context_params();
+    cp.n_slots = parallel;
+    auto s = std::make_shared<server::Scheduler>(model, cp, queue);
+    for (const std::string& w : s->warnings()) fmt::print(stderr, "warning: {}\n", w);
+    {
+      std::lock_guard lk(sched_m);
+      sched = s;
+    }
+    srv.attach(s);
+    fmt::print(stderr, "ultra serve: ready ({} slots of {} tokens)\n", s->n_slots(), s->n_ctx());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    rc = 1;
+    kill(getpid(), SIGTERM);  // the signal thread stops the server
+  }
+  http_thread.join();
+  sig_thread.join();
+  if (sched) sched->shutdown();
+  return rc;
+}
+
+}  // namespace ultra::cli

@@ -1,0 +1,253 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include "ultra/error.h"
+
+namespace ultra::server {
+
+bool GenRequest::wait_text(std::string& out, int timeout_ms) {
+  std::unique_lock lk(m);
+  cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done || !text.empty(); });
+  out = std::move(text);
+  text.clear();
+  return done;
+}
+
+struct Scheduler::Slot {
+  std::shared_ptr<GenRequest> req;  // null: free
+  size_t n_prefilled = 0;           // prompt tokens already in the cache
+  bool decoding = false;            // the prompt is in; `last` is the token to feed next
+  int32_t last = 0;
+  std::optional<TextStream> stream;
+  std::string held;  // final-looking text held back (it could begin a stop string)
+  int n_gen = 0;
+};
+
+Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue)
+    : model_(model), max_queue_((size_t)std::max(0, max_queue)) {
+  if (!model.tokenizer()) throw Error("the model has no tokenizer: the server needs one");
+  ctx_ = std::make_unique<Context>(model, params);
+  for (const std::string& w : ctx_->warnings()) warnings_.push_back(w);
+  n_ctx_ = ctx_->params().n_ctx;
+  n_slots_ = ctx_->params().n_slots;
+  n_batch_ = ctx_->params().n_batch;
+  slots_.resize((size_t)n_slots_);
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  shutdown();
+}
+
+bool Scheduler::submit(const std::shared_ptr<GenRequest>& req) {
+  {
+    std::lock_guard lk(qm_);
+    if (stopping_ || queue_.size() >= max_queue_) return false;
+    queue_.push_back(req);
+    stats_.queue_depth = (int)queue_.size();
+    ++stats_.requests_total;
+  }
+  qcv_.notify_one();
+  return true;
+}
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard lk(qm_);
+    stopping_ = true;
+  }
+  qcv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+// Takes queued requests into free slots (called with qm_ held).
+void Scheduler::admit() {
+  for (Slot& s : slots_) {
+    if (queue_.empty()) break;
+    if (s.req) continue;
+    std::shared_ptr<GenRequest> req = std::move(queue_.front());
+    queue_.pop_front();
+    if (req->cancelled) {
+      std::lock_guard lk(req->m);
+      req->done = true;
+      req->finish_reason = "cancelled";
+      req->cv.notify_all();
+      continue;
+    }
+    const int seq = (int)(&s - slots_.data());
+    ctx_->clear(seq);
+    ctx_->set_sampling(seq, req->sampling);
+    s.req = std::move(req);
+    s.n_prefilled = 0;
+    s.decoding = false;
+    s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
+    s.held.clear();
+    s.n_gen = 0;
+    stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
+    ++stats_.busy_slots;
+  }
+  stats_.queue_depth = (int)queue_.size();
+}
+
+void Scheduler::emit_text(Slot& s, bool final_text) {
+  GenRequest& r = *s.req;
+  // The earliest complete stop string ends the text there.
+  size_t cut = std::string::npos;
+  for (const std::string& st : r.stop) {
+    const size_t p = s.held.find(st);
+    if (p != std::string::npos) cut = std::min(cut, p);
+  }
+  std::string out;
+  if (cut != std::string::npos) {
+    out = s.held.substr(0, cut);
+    s.held.clear();
+  } else if (final_text) {
+    out = std::move(s.held);
+    s.held.clear();
+  } else {
+    // Hold back the longest tail that is a proper prefix of a stop string.
+    size_t keep = 0;
+    for (const std::string& st : r.stop)
+      for (size_t k = std::min(st.size() - 1, s.held.size()); k > keep; --k)
+        if (s.held.compare(s.held.size() - k, k, st, 0, k) == 0) {
+          keep = k;
+          break;
+        }
+    out = s.held.substr(0, s.held.size() - keep);
+    s.held.erase(0, s.held.size() - keep);
+  }
+  if (!out.empty()) {
+    std::lock_guard lk(r.m);
+    r.text += out;
+    r.cv.notify_all();
+  }
+  if (cut != std::string::npos) {
+    s.stream.reset();  // what the stream still holds comes after the stop string
+    finish(s, "stop");
+  }
+}
+
+void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
+  if (!s.req) return;
+  if (error.empty() && std::string_view(reason) != "cancelled" && s.stream) {
+    s.held += s.stream->flush();
+    // A stop string may still complete in the flushed tail; emit_text calls finish again only then.
+    std::shared_ptr<GenRequest> keep = s.req;
+    size_t cut = std::string::npos;
+    for (const std::string& st : s.req->stop) cut = std::min(cut, s.held.find(st));
+    if (cut != std::string::npos) {
+      s.held.resize(cut);
+      reason = "stop";
+    }
+    std::string out = std::move(s.held);
+    s.held.clear();
+    std::lock_guard lk(s.req->m);
+    s.req->text += out;
+  }
+  // The slot is free (and counted so) before the request is seen done: a client that reads /metrics
+  // right after its answer sees its slot released.
+  std::shared_ptr<GenRequest> req = std::move(s.req);
+  const int n_gen = s.n_gen;
+  const int seq = (int)(&s - slots_.data());
+  ctx_->clear(seq);
+  s.req.reset();
+  s.stream.reset();
+  s.held.clear();
+  --stats_.busy_slots;
+  std::lock_guard lk(req->m);
+  req->done = true;
+  req->finish_reason = reason;
+  req->error = error;
+  req->n_completion = n_gen;
+  req->cv.notify_all();
+}
+
+void Scheduler::on_token(Slot& s, int32_t tok) {
+  GenRequest& r = *s.req;
+  ++s.n_gen;
+  ++stats_.generated_tokens_total;
+  const int seq = (int)(&s - slots_.data());
+  if (!r.ignore_eos && model_.is_eog(tok)) {
+    finish(s, "stop");
+    return;
+  }
+  s.held += s.stream->push(tok);
+  emit_text(s, false);
+  if (!s.req) return;  // a stop string
+  if (s.n_gen >= r.max_tokens || ctx_->seq_len(seq) >= n_ctx_) {
+    finish(s, "length");
+    return;
+  }
+  s.last = tok;
+  s.decoding = true;
+}
+
+void Scheduler::run() {
+  Batch batch(n_batch_);
+  std::vector<std::pair<int, int>> outputs;  // (slot, row) of the rows that sample
+  for (;;) {
+    {
+      std::unique_lock lk(qm_);
+      const auto active = [&] {
+        return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.req != nullptr; });
+      };
+      qcv_.wait(lk, [&] { return stopping_ || !queue_.empty() || active(); });
+      if (stopping_) {
+        for (auto& q : queue_) {
+          std::lock_guard rl(q->m);
+          q->done = true;
+          q->finish_reason = "cancelled";
+          q->cv.notify_all();
+        }
+        queue_.clear();
+        stats_.queue_depth = 0;
+        lk.unlock();
+        for (Slot& s : slots_) finish(s, "cancelled");
+        return;
+      }
+      admit();
+    }
+    // Clients that went away give their slots back before the step.
+    for (Slot& s : slots_)
+      if (s.req && s.req->cancelled) finish(s, "cancelled");
+
+    batch.clear();
+    outputs.clear();
+    for (Slot& s : slots_) {
+      if (!s.req || !s.decoding) continue;
+      const int seq = (int)(&s - slots_.data());
+      outputs.emplace_back(seq, batch.add(s.last, ctx_->seq_len(seq), seq, Output::sample));
+    }
+    for (Slot& s : slots_) {
+      if (!s.req || s.decoding) continue;
+      const int room = batch.capacity() - batch.size();
+      if (room <= 0) break;
+      const int seq = (int)(&s - slots_.data());
+      const auto& prompt = s.req->prompt;
+      const size_t n = std::min(prompt.size() - s.n_prefilled, (size_t)room);
+      const bool last = s.n_prefilled + n == prompt.size();
+      batch.add_sequence(std::span(prompt).subspan(s.n_prefilled, n), (int32_t)s.n_prefilled, seq,
+                         last ? Output::sample : Output::none);
+      s.n_prefilled += n;
+      if (last) outputs.emplace_back(seq, batch.size() - 1);
+    }
+    if (batch.empty()) continue;
+    try {
+      ctx_->step(batch);
+    } catch (const std::exception& e) {
+      for (Slot& s : slots_)
+        if (s.req) finish(s, "stop", e.what());
+      continue;
+    }
+    ++stats_.steps_total;
+    for (auto [seq, row] : outputs) {
+      Slot& s = slots_[(size_t)seq];
+      if (s.req) on_token(s, ctx_->sampled(row));
+    }
+  }
+}
+
+}  // namespace ultra::server

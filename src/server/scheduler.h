@@ -1,0 +1,106 @@
+// The server's scheduler: one thread owns the Context and runs continuous batching over its KV slots.
+//
+// Requests wait in a bounded queue; each admitted request holds one KV slot until it finishes. Every
+// iteration is one Context::step with one decode row per generating sequence plus prefill chunks of newly
+// admitted prompts (at most n_batch rows in all, decodes first, so running streams keep flowing while a
+// long prompt is prefilled). Each sequence samples with its own request's settings (set_sampling).
+//
+// A request stops on max_tokens ("length"), a full context ("length"), an end-of-generation token or a stop
+// string ("stop"), or cancellation (the client went away: its slot is freed before the next step). Text is
+// handed to the HTTP thread as it becomes final: text that could be the beginning of a stop string is held
+// back until it is known not to be, so a stop string never leaks partially into a stream.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ultra/context.h"
+#include "ultra/model.h"
+
+namespace ultra::server {
+
+// One generation request and its results, shared between an HTTP thread and the scheduler.
+struct GenRequest {
+  // --- input (set before submit, read-only afterwards) ---
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = 16;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+
+  // --- output, guarded by m ---
+  std::mutex m;
+  std::condition_variable cv;
+  std::string text;  // final text not yet taken by the consumer
+  bool done = false;
+  std::string finish_reason;  // "stop", "length" or "cancelled"
+  std::string error;          // non-empty: the step failed
+  int n_completion = 0;       // tokens generated
+
+  std::atomic<bool> cancelled{false};  // set by the HTTP side when the client is gone
+
+  // Waits until there is text or the request is done (or timeout); moves the text out.
+  // Returns true when the request is done (then `out` holds everything that was left).
+  bool wait_text(std::string& out, int timeout_ms);
+};
+
+struct SchedulerStats {
+  std::atomic<int64_t> requests_total{0};  // requests admitted to the queue
+  std::atomic<int64_t> prompt_tokens_total{0};
+  std::atomic<int64_t> generated_tokens_total{0};
+  std::atomic<int64_t> steps_total{0};
+  std::atomic<int> queue_depth{0};
+  std::atomic<int> busy_slots{0};
+};
+
+class Scheduler {
+ public:
+  // Creates the context (params.n_slots = the number of parallel sequences) and starts the thread.
+  Scheduler(const Model& model, const ContextParams& params, int max_queue);
+  ~Scheduler();  // shutdown()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; false when the queue is full or the scheduler is shutting down.
+  bool submit(const std::shared_ptr<GenRequest>& req);
+  // Cancels every queued and active request (they finish with "cancelled") and joins the thread.
+  void shutdown();
+
+  int n_ctx() const { return n_ctx_; }
+  int n_slots() const { return n_slots_; }
+  const Model& model() const { return model_; }
+  const SchedulerStats& stats() const { return stats_; }
+  std::vector<std::string> warnings() const { return warnings_; }
+
+ private:
+  struct Slot;
+  void run();
+  void admit();
+  void on_token(Slot& s, int32_t tok);
+  void emit_text(Slot& s, bool final_text);
+  void finish(Slot& s, const char* reason, const std::string& error = {});
+
+  Model model_;
+  std::unique_ptr<Context> ctx_;
+  int n_ctx_ = 0, n_slots_ = 0, n_batch_ = 0;
+  size_t max_queue_;
+  std::vector<std::string> warnings_;
+
+  std::mutex qm_;
+  std::condition_variable qcv_;
+  std::deque<std::shared_ptr<GenRequest>> queue_;
+  bool stopping_ = false;
+
+  std::vector<Slot> slots_;
+  SchedulerStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace ultra::server

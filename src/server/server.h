@@ -1,0 +1,51 @@
+// The HTTP layer of `ultra serve`: OpenAI-compatible routes on cpp-httplib, JSON parsing and validation,
+// OpenAI-shaped errors ({"error": {"message", "type", "param", "code"}}). Generation itself is the
+// Scheduler's (scheduler.h); this layer validates a request, queues it and streams or collects its text.
+//
+//   POST /v1/completions, /v1/chat/completions   (stream: SSE "data: {...}\n\n" chunks, then "data: [DONE]")
+//   GET  /v1/models, /health, /metrics
+//   POST /tokenize {"content"} -> {"tokens"}, /detokenize {"tokens"} -> {"content"}
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "server/scheduler.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace ultra::server {
+
+struct ServerOptions {
+  std::string api_key;               // "": no authentication
+  std::string model_name = "ultra";  // what /v1/models lists
+  size_t max_body = 1 << 20;         // bytes; larger bodies get 413
+  int n_http_threads = 32;           // connections served at once
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions opts);
+  ~Server();
+
+  // Binds host:port (port 0: any free port); returns the port, or -1 when it cannot bind.
+  int bind(const std::string& host, int port);
+  // Serves until stop(); returns false on a socket error.
+  bool listen();
+  void stop();
+
+  // Until a scheduler is attached /health answers 503 {"status":"loading"} and the other routes 503.
+  void attach(std::shared_ptr<Scheduler> scheduler);
+
+ private:
+  void routes();
+  ServerOptions opts_;
+  std::unique_ptr<httplib::Server> http_;
+  std::shared_ptr<Scheduler> sched_;
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace ultra::server
