@@ -119,6 +119,10 @@ bool equals(const Value& a, const Value& b);
 // <0, 0, >0; throws (via the callback's message) when the values are not orderable.
 int compare(const Value& a, const Value& b, int line);
 
+// Dict keys are strings; an integer key is stored as "\x01" + its digits (Python dicts with int keys).
+std::string dict_key(const Value& k, int line);
+Value key_value(const std::string& k);
+
 // UTF-8 code point helpers (Python indexes strings by code point).
 std::vector<std::string> code_points(const std::string& s);
 size_t code_point_count(const std::string& s);
@@ -198,9 +202,9 @@ Body parse(const std::vector<Token>& tokens);
 // ---- evaluation ----
 
 struct Limits {
-  size_t max_output = 16u << 20;    // bytes of output or of any one string
-  int max_call_depth = 64;          // nested macro calls
-  uint64_t max_steps = 20'000'000;  // evaluated nodes and loop iterations
+  size_t max_output = 16u << 20;   // bytes of output or of any one string
+  int max_call_depth = 64;         // nested macro calls
+  uint64_t max_steps = 5'000'000;  // evaluated nodes and loop iterations
 };
 
 struct Globals {

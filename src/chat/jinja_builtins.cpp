@@ -223,8 +223,8 @@ Value Interp::get_item(const Value& base, const Value& idx, int line) {
   if (base.is_undefined())
     error_at(line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s));
   if (base.is_dict()) {
-    if (!idx.is_string()) return Value::undefined();
-    const Value* v = base.dict->find(idx.s);
+    if (!idx.is_string() && idx.kind != Kind::Int && idx.kind != Kind::Bool) return Value::undefined();
+    const Value* v = base.dict->find(dict_key(idx, line));
     return v ? *v : Value::undefined(idx.s);
   }
   if ((base.is_list() || base.is_string()) && (idx.kind == Kind::Int || idx.kind == Kind::Bool)) {
@@ -252,7 +252,7 @@ std::vector<Value> Interp::iterate(const Value& v, int line) {
       return *v.list;
     case Kind::Dict: {
       std::vector<Value> keys;
-      for (const auto& kv : v.dict->items) keys.push_back(Value::string(kv.first));
+      for (const auto& kv : v.dict->items) keys.push_back(key_value(kv.first));
       return keys;
     }
     case Kind::String: {
@@ -275,7 +275,8 @@ bool Interp::contains(const Value& c, const Value& item, int line) {
       if (equals(x, item)) return true;
     return false;
   }
-  if (c.is_dict()) return item.is_string() && c.dict->find(item.s) != nullptr;
+  if (c.is_dict())
+    return (item.is_string() || item.kind == Kind::Int) && c.dict->find(dict_key(item, line)) != nullptr;
   if (c.is_undefined()) return false;
   error_at(line, fmt::format("argument of type '{}' is not iterable", kind_name(c)));
 }
@@ -543,7 +544,7 @@ Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
     if (v.is_undefined()) return Value::make_list();
     if (!v.is_dict()) error_at(line, "items filter needs a mapping");
     std::vector<Value> out;
-    for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_list({Value::string(k), x}, true));
+    for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_list({key_value(k), x}, true));
     return Value::make_list(std::move(out));
   }
   if (name == "dictsort") {
@@ -552,7 +553,7 @@ Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
     const std::string by = str_arg(a, 1, "by", "key");
     const bool rev = bool_arg(a, 2, "reverse", false);
     std::vector<Value> pairs;
-    for (const auto& [k, x] : v.dict->items) pairs.push_back(Value::make_list({Value::string(k), x}, true));
+    for (const auto& [k, x] : v.dict->items) pairs.push_back(Value::make_list({key_value(k), x}, true));
     const Value attr = Value::string(by == "value" ? "1" : "0");
     return sorted(*this, std::move(pairs), rev, cs, &attr, line);
   }
@@ -578,6 +579,7 @@ Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
   }
   if (name == "map") {
     std::vector<Value> out;
+    if (!v.truthy()) return Value::make_list();
     const Value* attr = nullptr;
     for (const auto& [k, x] : a.kw)
       if (k == "attribute") attr = &x;
@@ -623,6 +625,7 @@ Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
       targs.pos.assign(a.pos.begin() + long(k0) + 1, a.pos.end());
     }
     std::vector<Value> out;
+    if (!v.truthy()) return Value::make_list();
     for (auto& x : iterate(v, line)) {
       Value subject = by_attr ? attr_path(*this, x, attr, line) : x;
       const bool r = test.empty() ? subject.truthy() : apply_test(test, subject, targs);
@@ -676,7 +679,7 @@ bool Interp::call_dict_method(const Value& obj, const std::string& name, CallArg
   if (name == "get") {
     const Value* k = a.get(0, "key");
     if (!k) error_at(a.line, "get needs a key");
-    const Value* v = k->is_string() ? d.find(k->s) : nullptr;
+    const Value* v = k->is_string() || k->kind == Kind::Int ? d.find(dict_key(*k, a.line)) : nullptr;
     const Value* def = a.get(1, "default");
     r = v ? *v : def ? *def : Value::none();
     return true;
@@ -684,8 +687,8 @@ bool Interp::call_dict_method(const Value& obj, const std::string& name, CallArg
   if (name == "items" || name == "keys" || name == "values") {
     std::vector<Value> out;
     for (const auto& [k, x] : d.items)
-      out.push_back(name == "items"  ? Value::make_list({Value::string(k), x}, true)
-                    : name == "keys" ? Value::string(k)
+      out.push_back(name == "items"  ? Value::make_list({key_value(k), x}, true)
+                    : name == "keys" ? key_value(k)
                                      : x);
     r = Value::make_list(std::move(out));
     return true;
@@ -840,7 +843,7 @@ void install_globals(Interp& in) {
                if (step == 0) error_at(a.line, "range() arg 3 must not be zero");
                std::vector<Value> out;
                for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-                 if (out.size() >= 1000000) error_at(a.line, "range too large");
+                 if (out.size() >= 100000) error_at(a.line, "range too large");
                  it.step(a.line);
                  out.push_back(Value::integer(k));
                  if ((step > 0 && k > INT64_MAX - step) || (step < 0 && k < INT64_MIN - step)) break;

@@ -238,8 +238,7 @@ class InterpImpl : public Interp {
         Value d = Value::make_dict();
         for (size_t k = 0; k + 1 < e.items.size(); k += 2) {
           Value key = eval(*e.items[k]);
-          if (!key.is_string()) error_at(e.line, "unsupported: dict literal with a non-string key");
-          d.dict->set(key.s, eval(*e.items[k + 1]));
+          d.dict->set(dict_key(key, e.line), eval(*e.items[k + 1]));
         }
         return d;
       }

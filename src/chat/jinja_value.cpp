@@ -183,7 +183,7 @@ std::string repr(const Value& v) {
       for (const auto& [k, x] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr_string(k) + ": " + repr(x);
+        out += repr(key_value(k)) + ": " + repr(x);
       }
       return out + (v.dict->is_namespace ? "}>" : "}");
     }
@@ -309,7 +309,7 @@ static void json_rec(std::string& out, const Value& v, int indent, bool sort_key
         if (!first) out += isep;
         first = false;
         newline(level + 1);
-        json_string(out, kv->first);
+        json_string(out, to_str(key_value(kv->first)));
         out += ksep;
         json_rec(out, kv->second, indent, sort_keys, isep, ksep, level + 1);
       }
@@ -421,6 +421,18 @@ int compare(const Value& a, const Value& b, int line) {
   }
   error_at(line,
            fmt::format("'<' not supported between instances of '{}' and '{}'", kind_name(a), kind_name(b)));
+}
+
+std::string dict_key(const Value& k, int line) {
+  if (k.is_string()) return k.s;
+  if (k.kind == Kind::Int) return "\x01" + std::to_string(k.i);
+  if (k.kind == Kind::Bool) return "\x01" + std::to_string(int(k.b));
+  error_at(line, fmt::format("unsupported: dict key of type '{}'", kind_name(k)));
+}
+
+Value key_value(const std::string& k) {
+  if (!k.empty() && k[0] == '\x01') return Value::integer(std::strtoll(k.c_str() + 1, nullptr, 10));
+  return Value::string(k);
 }
 
 std::vector<std::string> code_points(const std::string& s) {
