@@ -1,0 +1,221 @@
+// ultra's Jinja interpreter (the subset chat templates use, with jinja2 3.1's semantics in HF transformers'
+// environment): values, tokens, the syntax tree, and the entry points of the lexer, parser and evaluator.
+// Internal to src/chat; the public face is chat_template.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ultra::jinja {
+
+// ---- values ----
+
+struct Value;
+struct Dict;
+struct Func;
+struct CallArgs;
+class Interp;
+
+enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Func };
+
+struct Value {
+  Kind kind = Kind::Undefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;  // String; for Undefined, the name that was undefined
+  std::shared_ptr<std::vector<Value>> list;
+  bool tuple = false;
+  std::shared_ptr<Dict> dict;
+  std::shared_ptr<Func> func;
+
+  static Value undefined(std::string name = {}) {
+    Value v;
+    v.s = std::move(name);
+    return v;
+  }
+  static Value none() {
+    Value v;
+    v.kind = Kind::None;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = Kind::Bool;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = Kind::Int;
+    v.i = x;
+    return v;
+  }
+  static Value number(double x) {
+    Value v;
+    v.kind = Kind::Float;
+    v.f = x;
+    return v;
+  }
+  static Value string(std::string x) {
+    Value v;
+    v.kind = Kind::String;
+    v.s = std::move(x);
+    return v;
+  }
+  static Value make_list(std::vector<Value> items = {}, bool is_tuple = false) {
+    Value v;
+    v.kind = Kind::List;
+    v.list = std::make_shared<std::vector<Value>>(std::move(items));
+    v.tuple = is_tuple;
+    return v;
+  }
+  static Value make_dict(bool is_namespace = false);
+  static Value function(std::string name, std::function<Value(Interp&, CallArgs&)> fn);
+
+  bool is_undefined() const { return kind == Kind::Undefined; }
+  bool is_none() const { return kind == Kind::None; }
+  bool is_string() const { return kind == Kind::String; }
+  bool is_list() const { return kind == Kind::List; }
+  bool is_dict() const { return kind == Kind::Dict; }
+  bool is_number() const { return kind == Kind::Int || kind == Kind::Float || kind == Kind::Bool; }
+  double as_double() const { return kind == Kind::Float ? f : kind == Kind::Bool ? (b ? 1 : 0) : double(i); }
+  bool truthy() const;
+};
+
+struct Dict {
+  std::vector<std::pair<std::string, Value>> items;
+  bool is_namespace = false;
+  const Value* find(const std::string& key) const;
+  void set(const std::string& key, Value v);
+};
+
+struct CallArgs {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  int line = 0;
+  // Argument `idx` (positional) or `name` (keyword); nullptr when absent.
+  const Value* get(size_t idx, const char* name) const;
+};
+
+struct Func {
+  std::string name;
+  std::function<Value(Interp&, CallArgs&)> fn;
+};
+
+const char* kind_name(const Value& v);
+std::string to_str(const Value& v);  // Python str()
+std::string repr(const Value& v);    // Python repr()
+std::string py_float(double d);      // Python repr of a float
+std::string to_json(const Value& v, int indent, bool sort_keys, const std::string& item_sep,
+                    const std::string& key_sep);  // json.dumps(ensure_ascii=False)
+Value from_json(const nlohmann::json& j);
+bool equals(const Value& a, const Value& b);
+// <0, 0, >0; throws (via the callback's message) when the values are not orderable.
+int compare(const Value& a, const Value& b, int line);
+
+// Dict keys are strings; an integer key is stored as "\x01" + its digits (Python dicts with int keys).
+std::string dict_key(const Value& k, int line);
+Value key_value(const std::string& k);
+
+// UTF-8 code point helpers (Python indexes strings by code point).
+std::vector<std::string> code_points(const std::string& s);
+size_t code_point_count(const std::string& s);
+
+// ---- tokens ----
+
+enum class Tok { Text, VarBegin, VarEnd, BlockBegin, BlockEnd, Name, String, Int, Float, Op, End };
+
+struct Token {
+  Tok type;
+  std::string text;  // Text, Name, String (unescaped), Op, Int/Float spelling
+  int line;
+  int64_t ival = 0;
+  double fval = 0;
+};
+
+std::vector<Token> lex(const std::string& source);
+
+// ---- syntax tree ----
+
+struct Expr;
+using ExprP = std::unique_ptr<Expr>;
+
+enum class EK {
+  Literal,
+  Name,
+  List,
+  Tuple,
+  Dict,
+  Attr,
+  Item,
+  Slice,
+  Call,
+  Filter,
+  Test,
+  Unary,
+  Binary,
+  And,
+  Or,
+  Not,
+  Cond
+};
+
+struct Expr {
+  EK kind;
+  int line = 0;
+  Value value;               // Literal
+  std::string name;          // Name, Attr (attribute), Filter / Test name, Unary / Binary op
+  std::vector<ExprP> items;  // List/Tuple/Dict (key, value pairs flattened); Call/Filter/Test positional args
+  std::vector<std::pair<std::string, ExprP>> kwargs;
+  ExprP a, b, c;  // operands: Attr/Item/Slice/Call/Filter/Test base = a; Item index = b; Slice a[b:c:items]
+  bool negated = false;  // Test: `is not`
+  ExprP step;            // Slice step
+};
+
+struct Node;
+using NodeP = std::unique_ptr<Node>;
+using Body = std::vector<NodeP>;
+
+enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, Generation };
+
+struct Node {
+  NK kind;
+  int line = 0;
+  std::string text;                              // Text
+  ExprP expr;                                    // Output; If cond; For iterable; Set value
+  std::vector<std::pair<ExprP, Body>> branches;  // If: (cond, body) with cond null for else
+  std::vector<std::string> targets;  // For / Set names (tuple unpacking when >1); Macro name = targets[0]
+  ExprP target_attr;                 // Set ns.attr: the namespace expression; targets[0] the attribute
+  ExprP filter;                      // For ... if cond
+  Body body, else_body;
+  std::vector<std::pair<std::string, ExprP>> params;  // Macro parameters (default or null)
+};
+
+Body parse(const std::vector<Token>& tokens);
+
+// ---- evaluation ----
+
+struct Limits {
+  size_t max_output = 16u << 20;   // bytes of output or of any one string
+  int max_call_depth = 64;         // nested macro calls
+  uint64_t max_steps = 5'000'000;  // evaluated nodes and loop iterations
+};
+
+struct Globals {
+  std::string bos_token, eos_token;
+  int64_t now = 0;
+};
+
+std::string render(const Body& body, const Globals& g, const nlohmann::json& messages,
+                   bool add_generation_prompt, const nlohmann::json& extra, const Limits& limits = {});
+
+// Error helper: "chat template line N: ..."
+[[noreturn]] void error_at(int line, const std::string& what);
+
+}  // namespace ultra::jinja

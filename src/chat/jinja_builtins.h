@@ -1,0 +1,42 @@
+// The interpreter state the evaluator and the builtins (filters, tests, methods, global functions) share.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chat/jinja.h"
+
+namespace ultra::jinja {
+
+class Interp {
+ public:
+  Interp(const Globals& g, const Limits& l);
+  virtual ~Interp();
+
+  Globals globals;
+  Limits limits;
+  std::vector<std::map<std::string, Value>> frames_;
+  std::string* out_ = nullptr;
+  uint64_t steps_ = 0;
+  int call_depth_ = 0;
+
+  void step(int line);
+  Value lookup(const std::string& name) const;
+  void set_var(const std::string& name, Value v);
+  Value eval_expr(const Expr& e);
+
+  // jinja_builtins.cpp
+  Value get_attr(const Value& base, const std::string& name, int line);
+  Value get_item(const Value& base, const Value& idx, int line);
+  std::vector<Value> iterate(const Value& v, int line);
+  bool contains(const Value& container, const Value& item, int line);
+  Value apply_filter(const std::string& name, Value base, CallArgs& args);
+  bool apply_test(const std::string& name, const Value& v, CallArgs& args);
+  Value call_method(const Value& obj, const std::string& name, CallArgs& args);
+  bool call_dict_method(const Value& obj, const std::string& name, CallArgs& args, Value& result);
+};
+
+void install_globals(Interp& in);
+
+}  // namespace ultra::jinja
