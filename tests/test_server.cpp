@@ -223,6 +223,43 @@ TEST_F(ServerTest, ChatCompletions) {
   EXPECT_EQ(ev.back(), "[DONE]");
 }
 
+// Chat templates: /apply-template renders a request's own template (vLLM's chat_template field, llama.cpp's
+// route) with chat_template_kwargs and add_generation_prompt; a chat completion through that template gives
+// the same tokens as a completion of the rendered text; a template that raises is a 400 with its message.
+TEST_F(ServerTest, ChatTemplates) {
+  const std::string tmpl =
+      "{{ bos_token }}{% for m in messages %}[{{ m.role | upper }}] {{ m.content | trim }}\n{% endfor %}"
+      "{% if add_generation_prompt %}[ASSISTANT]{{ ' ' ~ greeting if greeting is defined }}{% endif %}";
+  const json msgs = json::array(
+      {{{"role", "system"}, {"content", "Be brief. "}}, {{"role", "user"}, {"content", " ROMEO, speak!"}}});
+  json r =
+      post("/apply-template",
+           {{"messages", msgs}, {"chat_template", tmpl}, {"chat_template_kwargs", {{"greeting", "Well,"}}}});
+  const std::string want = "<|endoftext|>[SYSTEM] Be brief.\n[USER] ROMEO, speak!\n[ASSISTANT] Well,";
+  EXPECT_EQ(r["prompt"].get<std::string>(), want);
+  r = post("/apply-template",
+           {{"messages", msgs}, {"chat_template", tmpl}, {"add_generation_prompt", false}});
+  EXPECT_EQ(r["prompt"].get<std::string>(), "<|endoftext|>[SYSTEM] Be brief.\n[USER] ROMEO, speak!\n");
+  // Through a chat completion: the prompt is the rendered text's tokens (its BOS text is the BOS token; a
+  // vocabulary that adds BOS itself does not add a second one when the text starts with it).
+  json c = post("/v1/chat/completions", {{"messages", msgs},
+                                         {"chat_template", tmpl},
+                                         {"chat_template_kwargs", {{"greeting", "Well,"}}},
+                                         {"max_tokens", 8},
+                                         {"temperature", 0},
+                                         {"ignore_eos", true}});
+  const json ids = post("/tokenize", {{"content", want}})["tokens"];  // the BOS text is its special token
+  json p =
+      post("/v1/completions", {{"prompt", ids}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(c["choices"][0]["message"]["content"], p["choices"][0]["text"]);
+  EXPECT_EQ(c["usage"]["prompt_tokens"], p["usage"]["prompt_tokens"]);
+  json e = post("/apply-template",
+                {{"messages", msgs}, {"chat_template", "{{ raise_exception('no system messages') }}"}}, 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("no system messages"), std::string::npos) << e;
+  e = post("/apply-template", {{"messages", msgs}, {"chat_template", "{% frobnicate %}"}}, 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("frobnicate"), std::string::npos) << e;
+}
+
 TEST_F(ServerTest, Errors) {
   auto c = client();
   auto r = c.Post("/v1/completions", "{not json", "application/json");

@@ -102,6 +102,9 @@ class Model {
   // its lists), ascending.
   std::span<const int32_t> eog_ids() const;
   bool is_eog(int32_t id) const;
+  // The chat template (Jinja source) the model ships: GGUF tokenizer.chat_template, or
+  // tokenizer_config.json's chat_template; "" when it has none. src/chat/chat_template.h runs it.
+  const std::string& chat_template() const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

@@ -40,6 +40,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-body", max_body, "largest request body in bytes; larger get 413")
       ->capture_default_str();
   app.add_option("--api-key", api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
+  std::string chat_template_file;
+  app.add_option("--chat-template", chat_template_file,
+                 "a Jinja chat template file to use instead of the model's own");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,6 +63,7 @@ int cmd_serve(int argc, char** argv) {
   so.max_body = max_body;
   so.n_http_threads = http_threads;
   so.model_name = mf.model;
+  if (!chat_template_file.empty()) so.chat_template = read_text_file(chat_template_file, "chat template");
   server::Server srv(so);
   const int bound = srv.bind(host, port);
   if (bound < 0) fail("cannot listen on {}:{}", host, port);
@@ -93,7 +97,8 @@ int cmd_serve(int argc, char** argv) {
       sched = s;
     }
     srv.attach(s);
-    fmt::print(stderr, "ultra serve: ready ({} slots of {} tokens)\n", s->n_slots(), s->n_ctx());
+    fmt::print(stderr, "ultra serve: ready ({} slots of {} tokens; chat template: {})\n", s->n_slots(),
+               s->n_ctx(), srv.chat_template_source());
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     rc = 1;

@@ -152,4 +152,9 @@ bool Model::is_eog(int32_t id) const {
   return std::binary_search(impl_->eog.begin(), impl_->eog.end(), id);
 }
 
+const std::string& Model::chat_template() const {
+  static const std::string none;
+  return impl_->tokenizer ? impl_->tokenizer->impl().t.vocab().chat_template : none;
+}
+
 }  // namespace ultra

@@ -13,7 +13,9 @@ std::string message_text(const nlohmann::json& content) {
   return out;
 }
 
-std::string render_chat(const nlohmann::json& messages, bool add_generation_prompt, const nlohmann::json&) {
+std::string render_chat(const ChatTemplate* tmpl, const nlohmann::json& messages, bool add_generation_prompt,
+                        const nlohmann::json& kwargs) {
+  if (tmpl) return tmpl->apply(messages, add_generation_prompt, kwargs);
   std::string out;
   for (const auto& m : messages) {
     out += "<|" + m["role"].get<std::string>() + "|>\n";

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include "core/error.h"
+
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -256,8 +258,54 @@ void Server::stop() {
 }
 
 void Server::attach(std::shared_ptr<Scheduler> scheduler) {
+  const Model& m = scheduler->model();
+  if (const Tokenizer* t = m.tokenizer()) {
+    if (t->bos() >= 0) tmpl_opts_.bos_token = std::string(t->token_to_piece(t->bos()));
+    if (t->eos() >= 0) tmpl_opts_.eos_token = std::string(t->token_to_piece(t->eos()));
+  }
+  const std::string& src = opts_.chat_template.empty() ? m.chat_template() : opts_.chat_template;
+  if (!src.empty()) {
+    try {
+      tmpl_ = std::make_unique<ChatTemplate>(src, tmpl_opts_);
+    } catch (const Error& e) {
+      fail("{}'s chat template cannot be run: {} (give one with --chat-template FILE)",
+           opts_.chat_template.empty() ? m.info().path : std::string("--chat-template"), e.what());
+    }
+    tmpl_source_ = opts_.chat_template.empty() ? "model" : "--chat-template";
+  }
   sched_ = std::move(scheduler);
   ready_ = true;
+}
+
+const char* Server::chat_template_source() const {
+  return tmpl_source_;
+}
+
+// The prompt text of a chat request: its messages through the request's own "chat_template" (as vLLM takes
+// it), else the server's; "chat_template_kwargs" are extra template variables; "add_generation_prompt"
+// (default true).
+std::string Server::render_request(const nlohmann::json& j) const {
+  if (!j.contains("messages") || !j["messages"].is_array())
+    bad("messages", "'messages' must be a list of {role, content} objects");
+  const json kwargs = j.value("chat_template_kwargs", json::object());
+  if (!kwargs.is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  const bool agp = get_bool(j, "add_generation_prompt", true);
+  std::unique_ptr<ChatTemplate> own;
+  const ChatTemplate* t = tmpl_.get();
+  if (j.contains("chat_template")) {
+    if (!j["chat_template"].is_string()) bad("chat_template", "'chat_template' must be a string");
+    try {
+      own = std::make_unique<ChatTemplate>(j["chat_template"].get<std::string>(), tmpl_opts_);
+    } catch (const Error& e) {
+      bad("chat_template", std::string("the chat template cannot be run: ") + e.what());
+    }
+    t = own.get();
+  }
+  try {
+    return render_chat(t, j["messages"], agp, kwargs);
+  } catch (const Error& e) {
+    bad("messages", std::string("the chat template refused the conversation: ") + e.what());
+  }
 }
 
 void Server::routes() {
@@ -375,6 +423,11 @@ void Server::routes() {
            res.set_content(json{{"content", tok.decode(ids)}}.dump(), "application/json");
          }));
 
+  s.Post("/apply-template", guarded([this](const httplib::Request& req, httplib::Response& res) {
+           const json j = parse_body(req);
+           res.set_content(json{{"prompt", render_request(j)}}.dump(), "application/json");
+         }));
+
   auto complete = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
     const json j = parse_body(req);
     const Tokenizer& tok = *sched_->model().tokenizer();
@@ -393,10 +446,10 @@ void Server::routes() {
             !m["content"].is_array())
           bad("messages", "a message's 'content' must be a string or a list of parts");
       }
-      json kwargs = j.value("chat_template_kwargs", json::object());
-      if (!kwargs.is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      const std::string text = render_chat(j["messages"], true, kwargs);
-      job.req->prompt = tok.encode(text, true, true);
+      const std::string text = render_request(j);
+      // No double BOS: a template that writes the BOS text itself gets none added.
+      const bool has_bos = tok.bos() >= 0 && tok.add_bos() && text.starts_with(tok.token_to_piece(tok.bos()));
+      job.req->prompt = tok.encode(text, !has_bos, true);
     } else {
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];

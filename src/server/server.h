@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "chat/chat_template.h"
 #include "server/scheduler.h"
 
 namespace httplib {
@@ -24,6 +25,9 @@ struct ServerOptions {
   std::string model_name = "ultra";  // what /v1/models lists
   size_t max_body = 1 << 20;         // bytes; larger bodies get 413
   int n_http_threads = 32;           // connections served at once
+  // The chat template's source (--chat-template): "" = the model's own, else the fallback format when the
+  // model has none.
+  std::string chat_template;
 };
 
 class Server {
@@ -38,13 +42,21 @@ class Server {
   void stop();
 
   // Until a scheduler is attached /health answers 503 {"status":"loading"} and the other routes 503.
+  // Parses the chat template (options' or the model's): throws ultra::Error naming what the interpreter
+  // cannot run.
   void attach(std::shared_ptr<Scheduler> scheduler);
+  // "model", "--chat-template" or "fallback": where chat prompts come from.
+  const char* chat_template_source() const;
 
  private:
   void routes();
+  std::string render_request(const nlohmann::json& j) const;
   ServerOptions opts_;
   std::unique_ptr<httplib::Server> http_;
   std::shared_ptr<Scheduler> sched_;
+  std::unique_ptr<ChatTemplate> tmpl_;  // null: the fallback format
+  ChatTemplateOptions tmpl_opts_;       // the model's BOS / EOS text
+  const char* tmpl_source_ = "fallback";
   std::atomic<bool> ready_{false};
 };
 

@@ -179,6 +179,7 @@ Vocab load_gguf(const gguf::Reader& r) {
     v.add_bos = r.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(true);
   }
   v.add_eos = r.get_bool_opt("tokenizer.ggml.add_eos_token").value_or(false);
+  v.chat_template = r.get_string_opt("tokenizer.chat_template").value_or("");
 
   const bool spm = v.kind == ModelKind::Spm;  // llama.cpp's SPM defaults: unk 0, bos 1, eos 2
   v.bos = gguf_id(r, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, n);
@@ -530,6 +531,17 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
         v.add_bos = cfg["add_bos_token"];
       if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean())
         v.add_eos = cfg["add_eos_token"];
+      if (cfg.contains("chat_template")) {
+        const json& ct = cfg["chat_template"];
+        if (ct.is_string()) {
+          v.chat_template = ct.get<std::string>();
+        } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]: the default one, else the first
+          for (const json& e : ct)
+            if (e.is_object() && e.contains("template") && e["template"].is_string() &&
+                (v.chat_template.empty() || e.value("name", "") == "default"))
+              v.chat_template = e["template"].get<std::string>();
+        }
+      }
     }
   } catch (const json::exception& e) {
     fail("{}: invalid tokenizer JSON: {}", source, e.what());

@@ -96,6 +96,10 @@ struct Vocab {
 
   // Decoding: undo the prefix the encoder added (SentencePiece's leading-space rule).
   LeadingSpace leading_space = LeadingSpace::Keep;
+
+  // The chat template the model ships (GGUF tokenizer.chat_template, tokenizer_config.json chat_template:
+  // a string, or the "default" entry of a list of {name, template}); "" when none.
+  std::string chat_template;
 };
 
 // Token text -> id. Views point into the Vocab's token strings, which must outlive the index.
