@@ -21,6 +21,7 @@
 
 #include "chi2_util.h"
 #include "engine/testing.h"
+#include "greedy_util.h"
 #include "sampling/sampler.h"
 #include "tmp_dir.h"
 #include "ultra/speculative.h"
@@ -33,19 +34,10 @@ namespace {
 const fs::path kHf = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
 const fs::path kModels = fs::path(ULTRA_SOURCE_DIR) / "models";
 
-std::vector<int32_t> plain(const Model& m, const SamplingParams& sp, const std::vector<int32_t>& prompt,
-                           int n) {
+// Plain greedy decoding: the reference speculation must reproduce.
+std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& prompt, int n) {
   Context ctx(m, {.n_ctx = 256, .n_threads = 1});
-  ctx.set_sampling(0, sp);
-  std::vector<int32_t> got;
-  GenerateParams gp;
-  gp.n_predict = n;
-  gp.ignore_eos = true;
-  generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
-    got.push_back(t);
-    return true;
-  });
-  return got;
+  return testing_util::greedy_tokens(ctx, prompt, n);
 }
 
 std::vector<int32_t> speculative(Context& target, Context* draft, const SamplingParams& sp,
@@ -93,7 +85,7 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
                                         : s == 1 ? "JULIET:\nO"
                                                  : "First Citizen:\nWe",
                                         true, false);
-      const auto want = plain(tm, g, prompt, 40);
+      const auto want = plain_greedy(tm, prompt, 40);
       for (int K : {1, 2, 4, 8}) {
         for (int mode = 0; mode < 4; ++mode) {  // draft model, prompt lookup, both, adaptive draft
           SpeculativeParams spp;
@@ -128,7 +120,7 @@ TEST(Speculative, IdenticalDraftAcceptsEverything) {
   SpeculativeStats st;
   const auto prompt = m.tokenizer()->encode("ROMEO:", true, false);
   const auto got = speculative(target, &draft, SamplingParams::greedy(), prompt, 41, spp, &st);
-  EXPECT_EQ(got, plain(m, SamplingParams::greedy(), prompt, 41));
+  EXPECT_EQ(got, plain_greedy(m, prompt, 41));
   EXPECT_EQ(st.accepted, st.drafted);
   EXPECT_EQ(st.rounds, 8);  // 1 + 8 rounds x (4 drafts + 1 bonus) = 41 tokens
 }
