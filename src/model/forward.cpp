@@ -10,7 +10,8 @@ namespace ultra {
 //              q, k = head_norm(q), head_norm(k)                          (Qwen3, Gemma 3)
 //              a = Wo · attn(rope(q), rope(k), v)   (soft-capped scores, sliding window: Gemma)
 //              x += a, or x += post_norm(a)                               (Gemma)
-//              m = Wdown · (act(Wgate·norm(x)) * Wup·norm(x))   act: silu, or tanh GELU (Gemma)
+//              m = Wdown · (act(Wgate·norm(x)) * Wup·norm(x))   act: silu (one op where the backend fuses
+//                                                                 it), or tanh GELU (Gemma)
 //              x += m, or x += post_ffw_norm(m)                           (Gemma)
 //   logits[r] = Wout · norm(x[out_row[r]])  (soft-capped: Gemma 2)
 void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
@@ -29,8 +30,8 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
       ops.rmsnorm(q, l.q_norm, n * hp.n_heads, hp.head_dim, hp.rms_eps, q);
       ops.rmsnorm(k, l.k_norm, n * hp.n_kv_heads, hp.head_dim, hp.rms_eps, k);
     }
-    ops.rope(il, q, hp.n_heads, k, hp.n_kv_heads, n, hp.head_dim, rows.pos, hp.rope_interleaved);
-    ops.kv_write(il, k, v, n, rows.pos, rows.seq);
+    ops.rope_kv_write(il, q, hp.n_heads, k, v, hp.n_kv_heads, n, hp.head_dim, rows.pos, rows.seq,
+                      hp.rope_interleaved);
     ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, hp.attn_softcap,
                   hp.layer_swa(il) ? hp.sliding_window : 0, b.att);
     if (hp.post_norms) {
@@ -43,6 +44,7 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
     float *gate = b.hb, *up = b.hb2;
     ops.gate_up(il, l, b.xb, n, gate, up);
+    if (!hp.gelu && !hp.post_norms && ops.silu_matmul(l.w_down, gate, up, n, b.x, true)) continue;
     if (hp.gelu)
       ops.gelu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
     else

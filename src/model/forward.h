@@ -60,6 +60,15 @@ class ForwardOps {
   virtual void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                          float scale, float softcap, int window, float* out) = 0;
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // rope, then kv_write of the rotated k and of v (a backend may do both in one kernel).
+  virtual void rope_kv_write(int il, float* q, int n_heads, float* k, const float* v, int n_kv_heads, int n,
+                             int head_dim, const int32_t* pos, const int32_t* seq, bool interleaved) {
+    rope(il, q, n_heads, k, n_kv_heads, n, head_dim, pos, interleaved);
+    kv_write(il, k, v, n, pos, seq);
+  }
+  // y = W . (silu(gate) * up) (+= with accumulate) in one op, when the backend fuses it: returns false when
+  // it does not (the default), and the caller runs silu_mul and matmul.
+  virtual bool silu_matmul(const WeightView&, const float*, const float*, int, float*, bool) { return false; }
   // The ops of Gemma 2/3 only; a backend without them refuses those models at context creation (the
   // defaults are never reached).
   // out[i] = gelu_tanh(gate[i]) * up[i] (PyTorch gelu(approximate="tanh")).

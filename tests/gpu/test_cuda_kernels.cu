@@ -380,6 +380,37 @@ void test_kv_write(GgmlType t, int n, int n_slots, int n_kv, int max_ctx, int hd
          (double)bad, 0.0);
 }
 
+// rope_kv_write against rope + kv_write on the same inputs: q, k and both caches bit-identical.
+void test_rope_kv(GgmlType t, int n, int n_heads, int n_kv, int hd, bool interleaved) {
+  const int n_slots = 3, max_ctx = 300;
+  auto q = randn((size_t)n * n_heads * hd), k = randn((size_t)n * n_kv * hd),
+       v = randn((size_t)n * n_kv * hd);
+  std::vector<int32_t> pos(n), seq(n);
+  for (int i = 0; i < n; ++i) pos[i] = (i * 37) % max_ctx, seq[i] = i % n_slots;
+  if (n > 2) seq[1] = -1;           // padding: rotated, not stored
+  if (n > 3) pos[2] = max_ctx + 5;  // out of range: rotated, not stored
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, (float)(2 * i) / (float)hd);
+  const size_t ce = (size_t)n_slots * n_kv * max_ctx * hd * tsize(t);
+  Dev<float> q1(q.size()), k1(k.size()), q2(q.size()), k2(k.size()), dv(v.size()), di(inv.size());
+  Dev<int32_t> dp(n), ds(n);
+  Dev<uint8_t> ck1(ce), cv1(ce), ck2(ce), cv2(ce);
+  for (auto* c : {&ck1, &cv1, &ck2, &cv2}) c->poison();
+  q1.up(q), k1.up(k), q2.up(q), k2.up(k), dv.up(v), di.up(inv), dp.up(pos), ds.up(seq);
+  KvLayerView kv1{t, ck1.p, cv1.p, n_slots, n_kv, max_ctx, hd},
+      kv2{t, ck2.p, cv2.p, n_slots, n_kv, max_ctx, hd};
+  CK(rope(q1.p, n_heads, k1.p, n_kv, n, hd, dp.p, di.p, interleaved, 0));
+  CK(kv_write(kv1, k1.p, dv.p, n, dp.p, ds.p, 0));
+  CK(rope_kv_write(q2.p, n_heads, k2.p, dv.p, kv2, n, dp.p, ds.p, di.p, interleaved, 0));
+  CK(cudaDeviceSynchronize());
+  const bool same = q1.down() == q2.down() && k1.down() == k2.down() && ck1.down() == ck2.down() &&
+                    cv1.down() == cv2.down();
+  report(same, "rope_kv_write",
+         fmt("%s n=%d heads=%d kv=%d hd=%d %s == rope + kv_write (bit-exact)", tname(t), n, n_heads, n_kv, hd,
+             interleaved ? "interleaved" : "rotate-half"),
+         same ? 0 : 1, 0);
+}
+
 // =====================================================================================================
 // matmul
 
@@ -423,6 +454,47 @@ void test_gemv(GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool ac
     }
   const double e = rel_err(dy.down(), ref);
   report(ok_err(e, 1e-5), "gemv", shape, e, 1e-5);
+}
+
+// gemv_silu: y = W . (silu(gate) * up) against float64, and bit-identical to silu_mul + gemv.
+void test_gemv_silu(GgmlType t, int64_t rows, int64_t cols, int n, bool acc) {
+  std::vector<double> wd;
+  auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
+  auto g = randn((size_t)n * cols), u = randn((size_t)n * cols), y0 = randn((size_t)n * rows);
+  for (auto& x : g) x *= 3.0f;
+  Dev<uint8_t> dw(wb.size());
+  Dev<float> dg(g.size()), du(u.size()), dy(y0.size()), dy2(y0.size()), dh(g.size());
+  dw.up(wb), dg.up(g), du.up(u);
+  if (acc)
+    dy.up(y0), dy2.up(y0);
+  else
+    dy.poison(), dy2.poison();
+  WeightView w{t, dw.p, rows, cols, (size_t)cols * tsize(t)};
+  const std::string shape =
+      fmt("%s rows=%lld cols=%lld n=%d%s", tname(t), (long long)rows, (long long)cols, n, acc ? " acc" : "");
+  const cudaError_t e0 = gemv_silu(w, dg.p, du.p, n, dy.p, acc, 0);
+  if (e0 != cudaSuccess) {
+    report(false, "gemv_silu", shape, NAN, 0, cudaGetErrorString(e0));
+    return;
+  }
+  CK(silu_mul(dg.p, du.p, (int64_t)n * cols, dh.p, 0));
+  CK(gemv(w, dh.p, n, dy2.p, nullptr, acc, 0, GemvPath::tensor_core));
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n * rows);
+  for (int tk = 0; tk < n; ++tk)
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = acc ? y0[(size_t)tk * rows + r] : 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double gv = g[(size_t)tk * cols + c];
+        sum += wd[r * cols + c] * (gv / (1.0 + std::exp(-gv)) * u[(size_t)tk * cols + c]);
+      }
+      ref[(size_t)tk * rows + r] = sum;
+    }
+  const auto got = dy.down();
+  const double e = rel_err(got, ref);
+  const bool same = got == dy2.down();
+  report(ok_err(e, 1e-5) && same, "gemv_silu", shape + " (== silu_mul + gemv bit-exact)", e, 1e-5,
+         same ? "" : "differs from silu_mul + gemv");
 }
 
 // Prefill GEMM through cuBLASLt: x is rounded to the weight type, so the error is that rounding: for BF16
@@ -1091,6 +1163,19 @@ int main(int argc, char** argv) {
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
       test_kv_write(t, 1, 2, 2, 64, 64);
       test_kv_write(t, 17, 3, 4, 100, 80);
+    }
+  if (enabled("rope_kv_write"))
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
+      for (bool il : {false, true}) {
+        test_rope_kv(t, 1, 32, 8, 128, il);
+        test_rope_kv(t, 9, 12, 4, 80, il);
+        test_rope_kv(t, 4, 8, 8, 64, il);
+      }
+  if (enabled("gemv_silu"))
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      test_gemv_silu(t, 4096, 1024, 1, true);
+      test_gemv_silu(t, 257, 3000, 3, false);
+      test_gemv_silu(t, 100, 136, 4, true);
     }
 
   if (enabled("gemv")) {

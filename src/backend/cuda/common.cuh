@@ -37,6 +37,11 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return r;
 }
 
+// silu(g) = g / (1 + exp(-g)), as silu_mul and gemv_silu evaluate it.
+__device__ __forceinline__ float silu_f(float g) {
+  return g / (1.0f + expf(-g));
+}
+
 __device__ __forceinline__ float4 ld_f4(const float* p) {
   return __ldg(reinterpret_cast<const float4*>(p));
 }
@@ -268,13 +273,18 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-bool pdl_enabled();  // set_programmatic_launch() (kernels.h); defined in gemv.cu
+// Programmatic launch levels: kPdlCore for the kernels that have used it from the start (sampler, split-K
+// gemv, attention when asked), kPdlAll for the rest (row and elementwise ops, RoPE / KV write, the
+// column-split gemv). pdl_enabled(level): set_programmatic_launch() and set_programmatic_launch_level()
+// (kernels.h) allow that level; defined in gemv.cu.
+constexpr int kPdlCore = 1, kPdlAll = 2;
+bool pdl_enabled(int level = kPdlCore);
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when pdl
-// and pdl_enabled(), and with cluster_x > 1 as clusters of cluster_x blocks along x.
+// (a level, 0 = never) is enabled, and with cluster_x > 1 as clusters of cluster_x blocks along x.
 template <class... KArgs, class... Args>
 cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      int cluster_x, bool pdl, Args&&... args) {
+                      int cluster_x, int pdl, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -282,7 +292,7 @@ cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int na = 0;
-  if (pdl && pdl_enabled()) {
+  if (pdl > 0 && pdl_enabled(pdl)) {
     attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[na].val.programmaticStreamSerializationAllowed = 1;
     ++na;

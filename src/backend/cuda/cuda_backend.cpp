@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 
 #include "backend/cuda/backend_kernels.h"
@@ -131,6 +132,32 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   // tiled one; process-wide, like the tuning switches it sets).
   if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION"); e && std::strcmp(e, "rows") == 0)
     cuda::tuning::set_attention_tiled(1);
+  // A/B switches of the decode step's launch mode and fusions (process-wide where they set kernels.h
+  // switches): ULTRA_CUDA_PDL=0 launches every kernel the ordinary way, 1 only the kernels that used
+  // programmatic launch before the row and elementwise ops did (sampler, split-K gemv), 2 (default) all;
+  // ULTRA_CUDA_ATTENTION_PDL=1 adds the attention kernels; ULTRA_CUDA_FUSE is a mask of the fusions: 1 RoPE
+  // and the KV write in one kernel (default), 2 silu_mul into the down projection's gemv (off by default:
+  // measured slower, docs/CUDA.md), 0 none.
+  if (const char* e = std::getenv("ULTRA_CUDA_PDL"); e && *e) {
+    const int level = std::atoi(e);
+    cuda::set_programmatic_launch(level > 0);
+    if (level > 0) cuda::set_programmatic_launch_level(level);
+  }
+  if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION_PDL"); e && *e)
+    cuda::tuning::set_attention_pdl(*e != '0');
+  if (const char* e = std::getenv("ULTRA_CUDA_FUSE"); e && *e) fuse_ = std::atoi(e);
+  // Timing experiments only (wrong results): ULTRA_CUDA_SKIP=op,op,... leaves those ops out of every step,
+  // so that the step time's change measures an op's cost inside the replayed graph. Ops: rmsnorm, rope
+  // (RoPE and the KV write), attention, silu, qkv, o, gate_up, down, lm_head.
+  if (const char* e = std::getenv("ULTRA_CUDA_SKIP"); e && *e) {
+    const std::string list = std::string(",") + e + ",";
+    const char* names[] = {"rmsnorm", "rope", "attention", "silu", "qkv", "o", "gate_up", "down", "lm_head"};
+    for (int i = 0; i < 9; ++i)
+      if (list.find(std::string(",") + names[i] + ",") != std::string::npos) skip_ |= 1u << i;
+    fmt::print(stderr,
+               "ULTRA_CUDA_SKIP={}: these ops are left out of every step (timing only; results are wrong)\n",
+               e);
+  }
   eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_);
   size_t attn_ws = eager_plan_.workspace_bytes;
   for (size_t i = 0; i < kBuckets.size(); ++i) {
@@ -592,12 +619,24 @@ void CudaBackend::embed(const WeightView& table, const int32_t* tokens, int n, f
   prof_end();
 }
 void CudaBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) {
+  if (skip_ & kSkipRmsnorm) return;
   prof_begin("rmsnorm");
   check(cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_), "rmsnorm");
   prof_end();
 }
 void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
                          bool accumulate) {
+  if (skip_) {
+    const HParams& hp = m_.hp;
+    const int64_t q = (int64_t)hp.n_heads * hp.head_dim, kv = (int64_t)hp.n_kv_heads * hp.head_dim;
+    const unsigned bit = w.rows == hp.n_vocab                                ? kSkipLmHead
+                         : (w.rows == q || w.rows == kv) && w.cols == hp.dim ? kSkipQkv
+                         : w.cols == q                                       ? kSkipO
+                         : w.rows == hp.ffn_dim                              ? kSkipGateUp
+                         : w.cols == hp.ffn_dim                              ? kSkipDown
+                                                                             : 0u;
+    if (skip_ & bit) return;
+  }
   if (prof_.recording) {  // name the matrix by its shape
     const HParams& hp = m_.hp;
     const int64_t q = (int64_t)hp.n_heads * hp.head_dim, kv = (int64_t)hp.n_kv_heads * hp.head_dim;
@@ -614,6 +653,7 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, c
 }
 void CudaBackend::rope(int /*il: one table, see the constructor's refusals*/, float* q, int n_heads, float* k,
                        int n_kv_heads, int n, int head_dim, const int32_t* pos, bool interleaved) {
+  if (skip_ & kSkipRope) return;
   prof_begin("rope");
   check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, rope_inv_freq_, interleaved, stream_),
         "rope");
@@ -621,12 +661,14 @@ void CudaBackend::rope(int /*il: one table, see the constructor's refusals*/, fl
 }
 void CudaBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                            const int32_t* seq) {
+  if (skip_ & kSkipRope) return;
   prof_begin("kv_write");
   check(cuda::kv_write(kv_[il], k, v, n, pos, seq, stream_), "kv_write");
   prof_end();
 }
 void CudaBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos,
                             const int32_t* seq, float scale, float softcap, int window, float* out) {
+  if (skip_ & kSkipAttention) return;
   if (softcap != 0 || window != 0)
     fail("CUDA backend: attention soft-capping and sliding windows are not supported");
   prof_begin("attention");
@@ -636,6 +678,7 @@ void CudaBackend::attention(int il, const float* q, int n, int n_heads, const in
 void CudaBackend::qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) {
   const Fused& f = fused_[il];
   if (n != 1 || !f.qkv.data) return ForwardOps::qkv(il, l, x, n, q, k, v);
+  if (skip_ & kSkipQkv) return;
   prof_begin("matmul qkv (fused)");
   check(mm_.matmul(f.qkv, x, 1, qkv1_, f.qkv_bias, false, stream_), "matmul");
   prof_end();
@@ -646,6 +689,7 @@ void CudaBackend::qkv(int il, const LayerWeights& l, const float* x, int n, floa
 void CudaBackend::gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) {
   const Fused& f = fused_[il];
   if (n != 1 || !f.gate_up.data) return ForwardOps::gate_up(il, l, x, n, gate, up);
+  if (skip_ & kSkipGateUp) return;
   prof_begin("matmul gate_up (fused)");
   check(mm_.matmul(f.gate_up, x, 1, gu1_, nullptr, false, stream_), "matmul");
   prof_end();
@@ -653,9 +697,34 @@ void CudaBackend::gate_up(int il, const LayerWeights& l, const float* x, int n, 
   up = gu1_ + l.w_gate.rows;
 }
 void CudaBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  if (skip_ & kSkipSilu) return;
   prof_begin("silu_mul");
   check(cuda::silu_mul(gate, up, n, out, stream_), "silu_mul");
   prof_end();
+}
+void CudaBackend::rope_kv_write(int il, float* q, int n_heads, float* k, const float* v, int n_kv_heads,
+                                int n, int head_dim, const int32_t* pos, const int32_t* seq,
+                                bool interleaved) {
+  if (skip_ & kSkipRope) return;
+  if (!fuse_)
+    return ForwardOps::rope_kv_write(il, q, n_heads, k, v, n_kv_heads, n, head_dim, pos, seq, interleaved);
+  prof_begin("rope + kv_write");
+  check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, rope_inv_freq_, interleaved, stream_),
+        "rope_kv_write");
+  prof_end();
+}
+bool CudaBackend::silu_matmul(const WeightView& w, const float* gate, const float* up, int n, float* y,
+                              bool accumulate) {
+  if (!(fuse_ & 2) || n > cuda::kGemvSiluMaxRows) return false;
+  prof_begin("silu + matmul down (+ residual)");
+  const cudaError_t e = cuda::gemv_silu(w, gate, up, n, y, accumulate, stream_);
+  prof_end();
+  if (e == cudaErrorInvalidValue) {  // shape or alignment the fused kernel does not take: nothing launched
+    cudaGetLastError();
+    return false;
+  }
+  check(e, "gemv_silu");
+  return true;
 }
 void CudaBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {
   prof_begin("gather_rows");

@@ -80,6 +80,10 @@ class CudaBackend final : public Backend, private ForwardOps {
   void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                  float scale, float softcap, int window, float* out) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void rope_kv_write(int il, float* q, int n_heads, float* k, const float* v, int n_kv_heads, int n,
+                     int head_dim, const int32_t* pos, const int32_t* seq, bool interleaved) override;
+  bool silu_matmul(const WeightView& w, const float* gate, const float* up, int n, float* y,
+                   bool accumulate) override;
   void qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) override;
   void gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) override;
   void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
@@ -120,6 +124,19 @@ class CudaBackend final : public Backend, private ForwardOps {
   cuda::AttentionPlan eager_plan_;
   std::array<cuda::AttentionPlan, kBuckets.size()> bucket_plans_;
   const cuda::AttentionPlan* cur_plan_ = nullptr;
+  int fuse_ = 1;     // fusions (ULTRA_CUDA_FUSE): 1 rope_kv_write, 2 silu_matmul
+  enum : unsigned {  // ULTRA_CUDA_SKIP (timing experiments)
+    kSkipRmsnorm = 1,
+    kSkipRope = 2,
+    kSkipAttention = 4,
+    kSkipSilu = 8,
+    kSkipQkv = 16,
+    kSkipO = 32,
+    kSkipGateUp = 64,
+    kSkipDown = 128,
+    kSkipLmHead = 256
+  };
+  unsigned skip_ = 0;
 
   // Step inputs and results: one pinned host block and its device mirror each, same layout.
   struct Layout {

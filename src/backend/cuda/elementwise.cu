@@ -24,7 +24,7 @@ __device__ __forceinline__ void embed_row(const WeightView& w,
                                           const int32_t* tokens,  // [n]
                                           int i,
                                           float* x) {  // [n, dim]
-  const int32_t tok = tokens[i];
+  const int32_t tok = __ldcg(tokens + i);
   float* xr = x + (int64_t)i * w.cols;
   if (tok < 0 || tok >= w.rows) {
     for (int64_t d = threadIdx.x; d < w.cols; d += blockDim.x) xr[d] = 0.0f;
@@ -36,6 +36,8 @@ __device__ __forceinline__ void embed_row(const WeightView& w,
 
 template <GgmlType T>
 __global__ void embed_kernel(WeightView w, const int32_t* tokens, float* x) {
+  pdl_trigger();
+  pdl_wait();
   embed_row<T>(w, tokens, blockIdx.x, x);
 }
 
@@ -48,75 +50,122 @@ __device__ __forceinline__ void rmsnorm_row(const float* x,  // [n, dim]
                                             float* scratch) {  // [32] shared
   const float* xr = x + (int64_t)row * dim;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = __ldcg(xr + i);
+    ss += v * v;
+  }
   ss = block_sum(ss, scratch);
   const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
   float* o = out + (int64_t)row * dim;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __ldcg(xr + i) * scale * w[i];
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* w, int dim, float eps, float* out) {
   __shared__ float scratch[32];
+  pdl_trigger();
+  pdl_wait();
   rmsnorm_row(x, w, blockIdx.x, dim, eps, out, scratch);
+}
+
+// One row per block, latency-bound when n is small (decode): every thread loads its V float4 of x at once
+// (one L2 round trip), and keeps them for the output; the norm weights are loaded before pdl_wait. Needs
+// dim % 4 == 0, 16-byte aligned x, w, out, and dim <= 4 V blockDim.
+template <int V>
+__global__ void rmsnorm_vec_kernel(const float* x, const float* w, int dim, float eps, float* out) {
+  __shared__ float scratch[32];
+  const int d4 = dim >> 2;
+  const float4* xr = reinterpret_cast<const float4*>(x + (int64_t)blockIdx.x * dim);
+  const float4* wr = reinterpret_cast<const float4*>(w);
+  float4 wv[V], v[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    wv[k] = i < d4 ? __ldg(wr + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  pdl_trigger();
+  pdl_wait();
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    v[k] = i < d4 ? __ldcg(xr + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  ss = block_sum(ss, scratch);
+  const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+  float4* o = reinterpret_cast<float4*>(out + (int64_t)blockIdx.x * dim);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < d4)
+      o[i] = make_float4(v[k].x * scale * wv[k].x, v[k].y * scale * wv[k].y, v[k].z * scale * wv[k].z,
+                         v[k].w * scale * wv[k].w);
+  }
 }
 
 // ---- elementwise
 
-__device__ __forceinline__ float silu(float g) {
-  return g / (1.0f + expf(-g));
-}
-
 template <bool kVec4>
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t count, float* out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if constexpr (kVec4) {
     for (int64_t i = t0; i < count / 4; i += stride) {
-      const float4 g = ld_f4(gate + 4 * i), u = ld_f4(up + 4 * i);
+      const float4 g = __ldcg(reinterpret_cast<const float4*>(gate) + i);
+      const float4 u = __ldcg(reinterpret_cast<const float4*>(up) + i);
       reinterpret_cast<float4*>(out)[i] =
-          make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w);
+          make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
     }
   } else {
-    for (int64_t i = t0; i < count; i += stride) out[i] = silu(gate[i]) * up[i];
+    for (int64_t i = t0; i < count; i += stride) out[i] = silu_f(__ldcg(gate + i)) * __ldcg(up + i);
   }
 }
 
 template <bool kVec4>
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if constexpr (kVec4) {
     for (int64_t i = t0; i < count / 4; i += stride) {
-      float4 a = reinterpret_cast<float4*>(x)[i];
-      const float4 b = ld_f4(y + 4 * i);
+      float4 a = __ldcg(reinterpret_cast<const float4*>(x) + i);
+      const float4 b = __ldcg(reinterpret_cast<const float4*>(y) + i);
       a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
       reinterpret_cast<float4*>(x)[i] = a;
     }
   } else {
-    for (int64_t i = t0; i < count; i += stride) x[i] += y[i];
+    for (int64_t i = t0; i < count; i += stride) x[i] = __ldcg(x + i) + __ldcg(y + i);
   }
 }
 
 __device__ __forceinline__ void gather_row(const float* x, const int32_t* rows, int r, int dim, float* out) {
-  const int32_t src = rows[r];
+  const int32_t src = __ldcg(rows + r);
   float* o = out + (int64_t)r * dim;
   if (src < 0) {
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = 0.0f;
     return;
   }
   const float* xr = x + (int64_t)src * dim;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __ldcg(xr + i);
 }
 
 __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int dim, float* out) {
+  pdl_trigger();
+  pdl_wait();
   gather_row(x, rows, blockIdx.x, dim, out);
 }
 
 template <GgmlType T>
 __global__ void convert_kernel(const float* x, int64_t count, void* out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
-    store_elem<T>(out, i, x[i]);
+    store_elem<T>(out, i, __ldcg(x + i));
 }
 
 }  // namespace
@@ -136,13 +185,19 @@ cudaError_t embed(const WeightView& tok_embd, const int32_t* tokens, int n, floa
   if (n == 0) return cudaSuccess;
   switch (tok_embd.type) {
     case GgmlType::F32:
-      embed_kernel<GgmlType::F32><<<n, kRowThreads, 0, stream>>>(tok_embd, tokens, x);
+      if (cudaError_t e = launch_ex(embed_kernel<GgmlType::F32>, dim3(n), dim3(kRowThreads), 0, stream, 1,
+                                    kPdlAll, tok_embd, tokens, x))
+        return e;
       break;
     case GgmlType::F16:
-      embed_kernel<GgmlType::F16><<<n, kRowThreads, 0, stream>>>(tok_embd, tokens, x);
+      if (cudaError_t e = launch_ex(embed_kernel<GgmlType::F16>, dim3(n), dim3(kRowThreads), 0, stream, 1,
+                                    kPdlAll, tok_embd, tokens, x))
+        return e;
       break;
     case GgmlType::BF16:
-      embed_kernel<GgmlType::BF16><<<n, kRowThreads, 0, stream>>>(tok_embd, tokens, x);
+      if (cudaError_t e = launch_ex(embed_kernel<GgmlType::BF16>, dim3(n), dim3(kRowThreads), 0, stream, 1,
+                                    kPdlAll, tok_embd, tokens, x))
+        return e;
       break;
     default:  // TODO(q8_0): dequantising row lookup
       return cudaErrorInvalidValue;
@@ -154,35 +209,66 @@ cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, float eps, f
                     cudaStream_t stream) {
   if (n < 0 || dim <= 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  rmsnorm_kernel<<<n, kRowThreads, 0, stream>>>(x, w, dim, eps, out);
-  return cudaGetLastError();
+  cudaError_t e;
+  const int d4 = dim / 4;
+  if (dim % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(out) && d4 <= 4 * 1024) {
+    const int v = (d4 + 1023) / 1024;                       // float4 per thread: 1..4
+    const int threads = ((d4 + v - 1) / v + 31) / 32 * 32;  // <= 1024
+    switch (v) {
+      case 1:
+        e = launch_ex(rmsnorm_vec_kernel<1>, dim3(n), dim3(threads), 0, stream, 1, kPdlAll, x, w, dim, eps,
+                      out);
+        break;
+      case 2:
+        e = launch_ex(rmsnorm_vec_kernel<2>, dim3(n), dim3(threads), 0, stream, 1, kPdlAll, x, w, dim, eps,
+                      out);
+        break;
+      default:
+        e = launch_ex(rmsnorm_vec_kernel<4>, dim3(n), dim3(threads), 0, stream, 1, kPdlAll, x, w, dim, eps,
+                      out);
+        break;
+    }
+  } else {
+    e = launch_ex(rmsnorm_kernel, dim3(n), dim3(kRowThreads), 0, stream, 1, kPdlAll, x, w, dim, eps, out);
+  }
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t silu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
   if (count < 0) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
-  if (count % 4 == 0 && aligned16(gate) && aligned16(up) && aligned16(out))
-    silu_mul_kernel<true><<<elt_blocks(count / 4), kEltThreads, 0, stream>>>(gate, up, count, out);
-  else
-    silu_mul_kernel<false><<<elt_blocks(count), kEltThreads, 0, stream>>>(gate, up, count, out);
-  return cudaGetLastError();
+  cudaError_t e;
+  if (count % 4 == 0 && aligned16(gate) && aligned16(up) && aligned16(out)) {
+    e = launch_ex(silu_mul_kernel<true>, dim3(elt_blocks(count / 4)), dim3(kEltThreads), 0, stream, 1,
+                  kPdlAll, gate, up, count, out);
+  } else {
+    e = launch_ex(silu_mul_kernel<false>, dim3(elt_blocks(count)), dim3(kEltThreads), 0, stream, 1, kPdlAll,
+                  gate, up, count, out);
+  }
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream) {
   if (count < 0) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
-  if (count % 4 == 0 && aligned16(x) && aligned16(y))
-    add_kernel<true><<<elt_blocks(count / 4), kEltThreads, 0, stream>>>(x, y, count);
-  else
-    add_kernel<false><<<elt_blocks(count), kEltThreads, 0, stream>>>(x, y, count);
-  return cudaGetLastError();
+  cudaError_t e;
+  if (count % 4 == 0 && aligned16(x) && aligned16(y)) {
+    e = launch_ex(add_kernel<true>, dim3(elt_blocks(count / 4)), dim3(kEltThreads), 0, stream, 1, kPdlAll, x,
+                  y, count);
+  } else {
+    e = launch_ex(add_kernel<false>, dim3(elt_blocks(count)), dim3(kEltThreads), 0, stream, 1, kPdlAll, x, y,
+                  count);
+  }
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t gather_rows(const float* x, const int32_t* rows, int n_out, int dim, float* out,
                         cudaStream_t stream) {
   if (n_out < 0 || dim <= 0) return cudaErrorInvalidValue;
   if (n_out == 0) return cudaSuccess;
-  gather_rows_kernel<<<n_out, kRowThreads, 0, stream>>>(x, rows, dim, out);
+  if (cudaError_t e = launch_ex(gather_rows_kernel, dim3(n_out), dim3(kRowThreads), 0, stream, 1, kPdlAll, x,
+                                rows, dim, out))
+    return e;
   return cudaGetLastError();
 }
 
@@ -191,10 +277,14 @@ cudaError_t convert_f32(const float* x, int64_t count, GgmlType to, void* out, c
   if (count == 0) return cudaSuccess;
   switch (to) {
     case GgmlType::F16:
-      convert_kernel<GgmlType::F16><<<elt_blocks(count), kEltThreads, 0, stream>>>(x, count, out);
+      if (cudaError_t e = launch_ex(convert_kernel<GgmlType::F16>, dim3(elt_blocks(count)), dim3(kEltThreads),
+                                    0, stream, 1, kPdlAll, x, count, out))
+        return e;
       break;
     case GgmlType::BF16:
-      convert_kernel<GgmlType::BF16><<<elt_blocks(count), kEltThreads, 0, stream>>>(x, count, out);
+      if (cudaError_t e = launch_ex(convert_kernel<GgmlType::BF16>, dim3(elt_blocks(count)),
+                                    dim3(kEltThreads), 0, stream, 1, kPdlAll, x, count, out))
+        return e;
       break;
     default:
       return cudaErrorInvalidValue;

@@ -43,14 +43,21 @@ namespace ultra::cuda {
 namespace detail {
 namespace {
 std::atomic<bool> g_pdl{true};
+std::atomic<int> g_pdl_level{kPdlAll};
 }  // namespace
-bool pdl_enabled() {
-  return g_pdl.load(std::memory_order_relaxed);
+bool pdl_enabled(int level) {
+  return g_pdl.load(std::memory_order_relaxed) && level <= g_pdl_level.load(std::memory_order_relaxed);
 }
 }  // namespace detail
 
 void set_programmatic_launch(bool enabled) {
   detail::g_pdl.store(enabled, std::memory_order_relaxed);
+}
+void set_programmatic_launch_level(int level) {
+  detail::g_pdl_level.store(level < 1 ? 1 : level > 2 ? 2 : level, std::memory_order_relaxed);
+}
+int programmatic_launch_level() {
+  return detail::g_pdl_level.load(std::memory_order_relaxed);
 }
 bool programmatic_launch() {
   return detail::pdl_enabled();
@@ -517,11 +524,12 @@ struct GemvArgs {
   const uint8_t* w;  // [rows, row_bytes]
   int64_t rows, cols;
   int64_t row_bytes;
-  const float* x;  // [n, cols]
+  const float* x;  // [n, cols]; with kSilu the gate
   int n;
   float* y;           // [n, rows]
   const float* bias;  // [rows] or null
   bool accumulate;
+  const float* x2 = nullptr;  // [n, cols] with kSilu: up (the kernel's x is silu(gate) * up)
 };
 
 constexpr int kWarps = 8;
@@ -534,11 +542,29 @@ constexpr int kElemBytes = T == GgmlType::F32 ? 4 : 2;
 __device__ __forceinline__ void gemv_store(const GemvArgs& a, int tok, int64_t row, float s) {
   if (a.bias) s += a.bias[row];
   float* yp = a.y + (int64_t)tok * a.rows + row;
-  *yp = a.accumulate ? *yp + s : s;
+  *yp = a.accumulate ? __ldcg(yp) + s : s;
+}
+
+// 8 consecutive x values of one token (16-byte aligned), read through L2 (written by an earlier kernel that
+// may still have been running when this one started, see pdl_wait); with kSilu, silu(gate) * up.
+template <bool kSilu>
+__device__ __forceinline__ void gemv_load_x8(const GemvArgs& a, int64_t off, float (&v)[8]) {
+  const float4 p = __ldcg(reinterpret_cast<const float4*>(a.x + off));
+  const float4 q = __ldcg(reinterpret_cast<const float4*>(a.x + off + 4));
+  v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
+  if constexpr (kSilu) {
+    const float4 pu = __ldcg(reinterpret_cast<const float4*>(a.x2 + off));
+    const float4 qu = __ldcg(reinterpret_cast<const float4*>(a.x2 + off + 4));
+    const float u[8] = {pu.x, pu.y, pu.z, pu.w, qu.x, qu.y, qu.z, qu.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = silu_f(v[e]) * u[e];
+  }
 }
 
 // Rows [row0, row0 + 16 * MT) for all n tokens (NT n-tiles of 8). red: shared [kWarps][MT][NT][4][32].
-template <GgmlType WT, int NT, int MT, int U>
+// Each warp's first span of weight loads is issued before pdl_wait (weights are never written by kernels),
+// so under programmatic launch they stream while the previous kernel finishes.
+template <GgmlType WT, int NT, int MT, int U, bool kSilu>
 __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, float* red) {
   using C8 = Chunk8<WT>;
   constexpr bool kSplitW = WT == GgmlType::F32;  // f32 weights are not exact in TF32
@@ -564,19 +590,19 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
       if (r >= a.rows) r = a.rows - 1;
       wrow[m][h] = a.w + r * a.row_bytes;
     }
-  const float* xrow[NT];
+  int64_t xoff[NT];
   bool xok[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int tok = j * 8 + g;
     xok[j] = tok < a.n;
-    xrow[j] = a.x + (int64_t)(xok[j] ? tok : 0) * a.cols;
+    xoff[j] = (int64_t)(xok[j] ? tok : 0) * a.cols;
   }
 
   const int64_t n_iter = (a.cols + kSpan - 1) / kSpan;
-  for (int64_t it = warp; it < n_iter; it += kWarps) {
+  C8 wv[MT][2][U];
+  auto load_w = [&](int64_t it) {
     const int64_t c0 = it * kSpan + t4 * 8;
-    C8 wv[MT][2][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + u * 32;
@@ -590,6 +616,13 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
             wv[m][h][u].zero();
         }
     }
+  };
+  if (warp < n_iter) load_w(warp);
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t it = warp; it < n_iter; it += kWarps) {
+    const int64_t c0 = it * kSpan + t4 * 8;
+    if (it != warp) load_w(it);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + u * 32;
@@ -597,9 +630,7 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (xok[j] && c < a.cols) {
-          const float4 p = ld_f4(xrow[j] + c), q = ld_f4(xrow[j] + c + 4);
-          xv[j][0] = p.x, xv[j][1] = p.y, xv[j][2] = p.z, xv[j][3] = p.w;
-          xv[j][4] = q.x, xv[j][5] = q.y, xv[j][6] = q.z, xv[j][7] = q.w;
+          gemv_load_x8<kSilu>(a, xoff[j] + c, xv[j]);
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) xv[j][e] = 0.0f;
@@ -661,10 +692,10 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
   }
 }
 
-template <GgmlType WT, int NT, int MT, int U>
+template <GgmlType WT, int NT, int MT, int U, bool kSilu>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(GemvArgs a) {
   __shared__ float red[kWarps * MT * NT * 4 * 32];
-  gemv_tc_tile<WT, NT, MT, U>(a, (int64_t)blockIdx.x * (16 * MT), red);
+  gemv_tc_tile<WT, NT, MT, U, kSilu>(a, (int64_t)blockIdx.x * (16 * MT), red);
 }
 
 // SIMT fallback: one warp per weight row, tokens in groups of 4 (the row is re-read from L1/L2 per group).
@@ -678,7 +709,7 @@ __device__ __forceinline__ void gemv_simt_row(const GemvArgs& a, int64_t row) {
       const float wv = load_elem<WT>(wr, c);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        if (t0 + k < a.n) acc[k] += wv * a.x[(int64_t)(t0 + k) * a.cols + c];
+        if (t0 + k < a.n) acc[k] += wv * __ldcg(a.x + (int64_t)(t0 + k) * a.cols + c);
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) acc[k] = warp_sum(acc[k]);
@@ -689,40 +720,40 @@ __device__ __forceinline__ void gemv_simt_row(const GemvArgs& a, int64_t row) {
 
 template <GgmlType WT>
 __global__ void __launch_bounds__(kThreads) gemv_simt_kernel(GemvArgs a) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t row = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (row < a.rows) gemv_simt_row<WT>(a, row);
 }
 
-template <GgmlType WT, int NT, int MT, int U>
-void launch_tc(const GemvArgs& a, cudaStream_t stream) {
+template <GgmlType WT, int NT, int MT, int U, bool kSilu = false>
+cudaError_t launch_tc(const GemvArgs& a, cudaStream_t stream) {
   const int64_t blocks = (a.rows + 16 * MT - 1) / (16 * MT);
-  gemv_tc_kernel<WT, NT, MT, U><<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+  return launch_ex(gemv_tc_kernel<WT, NT, MT, U, kSilu>, dim3((unsigned)blocks), dim3(kThreads), 0, stream, 1,
+                   kPdlAll, a);
 }
 
 // Tile shapes per n-tile count (not tuned on hardware yet; see docs/CUDA.md). F32 weights take half the
 // spans in flight (their chunks are twice the registers).
 template <GgmlType WT>
-void dispatch_tc(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t dispatch_tc(const GemvArgs& a, cudaStream_t stream) {
   constexpr int kU = WT == GgmlType::F32 ? 2 : 4;
   constexpr int kU2 = WT == GgmlType::F32 ? 1 : 2;
-  if (a.n <= 8)
-    launch_tc<WT, 1, 1, kU>(a, stream);
-  else if (a.n <= 16)
-    launch_tc<WT, 2, 2, kU2>(a, stream);
-  else
-    launch_tc<WT, 4, 2, kU2>(a, stream);
+  if (a.n <= 8) return launch_tc<WT, 1, 1, kU>(a, stream);
+  if (a.n <= 16) return launch_tc<WT, 2, 2, kU2>(a, stream);
+  return launch_tc<WT, 4, 2, kU2>(a, stream);
 }
 
 template <GgmlType WT>
-void dispatch_simt(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t dispatch_simt(const GemvArgs& a, cudaStream_t stream) {
   const int64_t blocks = (a.rows + kWarps - 1) / kWarps;
-  gemv_simt_kernel<WT><<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+  return launch_ex(gemv_simt_kernel<WT>, dim3((unsigned)blocks), dim3(kThreads), 0, stream, 1, kPdlAll, a);
 }
 
 template <GgmlType WT>
 cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
   if (!use_tc) {
-    dispatch_simt<WT>(a, stream);
+    if (cudaError_t e = dispatch_simt<WT>(a, stream)) return e;
     return cudaGetLastError();
   }
   // Automatic choice, from the H200 measurements of 2026-11-30 (docs/CUDA.md): the split-K kernel with
@@ -740,7 +771,7 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
     }
   }
   if (tu.kernel == 1) {
-    dispatch_tc<WT>(a, stream);
+    if (cudaError_t e = dispatch_tc<WT>(a, stream)) return e;
     return cudaGetLastError();
   }
   Gemv2Args b{};
@@ -794,6 +825,39 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
     default:
       return dispatch<GgmlType::BF16>(a, use_tc, stream);
   }
+}
+
+cudaError_t gemv_silu(const WeightView& w, const float* gate, const float* up, int n, float* y,
+                      bool accumulate, cudaStream_t stream) {
+  if (n < 1 || n > kGemvSiluMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !gate || !up || !y)
+    return cudaErrorInvalidValue;
+  const int64_t esize = dense_elem_bytes(w.type);
+  if (esize == 0 || (int64_t)w.row_bytes < w.cols * esize || w.cols % 8 != 0 || !aligned16(w.data) ||
+      w.row_bytes % 16 != 0 || !aligned16(gate) || !aligned16(up))
+    return cudaErrorInvalidValue;
+  GemvArgs a{static_cast<const uint8_t*>(w.data),
+             w.rows,
+             w.cols,
+             (int64_t)w.row_bytes,
+             gate,
+             n,
+             y,
+             nullptr,
+             accumulate};
+  a.x2 = up;
+  cudaError_t e;
+  switch (w.type) {
+    case GgmlType::F32:
+      e = launch_tc<GgmlType::F32, 1, 1, 2, true>(a, stream);
+      break;
+    case GgmlType::F16:
+      e = launch_tc<GgmlType::F16, 1, 1, 4, true>(a, stream);
+      break;
+    default:
+      e = launch_tc<GgmlType::BF16, 1, 1, 4, true>(a, stream);
+      break;
+  }
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace ultra::cuda

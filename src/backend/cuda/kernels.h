@@ -46,6 +46,14 @@ cudaError_t query_device(int device, DeviceInfo* out);
 // of them the ordinary way (process-wide, for launches made afterwards).
 void set_programmatic_launch(bool enabled);
 bool programmatic_launch();
+// Which kernels use it when it is on: 1 = the sampler, the split-K gemv (and attention when
+// tuning::set_attention_pdl asks); 2 (the default) = also every row and elementwise op (embed, rmsnorm,
+// silu_mul, add, gather_rows, convert_f32), RoPE, the KV write, rope_kv_write and the column-split gemv
+// (gemv_silu included), so that a decode step's chain of kernels overlaps each launch with the kernel before.
+// Every one of these kernels waits before it reads activations and before it writes, and reads activations
+// through L2 after the wait.
+void set_programmatic_launch_level(int level);
+int programmatic_launch_level();
 
 // ---- Elementwise and row ops ---------------------------------------------------------------------------
 
@@ -105,6 +113,17 @@ cudaError_t kv_write(const KvLayerView& kv,  // [n_slots, n_kv_heads, max_ctx, h
                      const int32_t* seq,  // [n]
                      cudaStream_t stream);
 
+// rope() on q and k, then kv_write() of the rotated k and of v, in one launch (one block per row). Same
+// results as the two calls (k is rotated in place as well).
+cudaError_t rope_kv_write(float* q,  // [n, n_heads, head_dim]
+                          int n_heads,
+                          float* k,        // [n, n_kv_heads, head_dim]
+                          const float* v,  // [n, n_kv_heads, head_dim]
+                          const KvLayerView& kv, int n,
+                          const int32_t* pos,  // [n]
+                          const int32_t* seq,  // [n]
+                          const float* inv_freq, bool interleaved, cudaStream_t stream);
+
 // Converts f32 to F16 or BF16 (round to nearest even), e.g. activations for a tensor-core GEMM.
 cudaError_t convert_f32(const float* x,  // [count]
                         int64_t count, GgmlType to,
@@ -140,6 +159,19 @@ cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  float* y,           // [n, rows]
                  const float* bias,  // [rows] or null
                  bool accumulate, cudaStream_t stream, GemvPath path = GemvPath::automatic);
+
+// y = W . (silu(gate) * up) (+= y with accumulate): the down projection with the SwiGLU product formed as
+// x is read (no separate silu_mul launch). Column-split tensor-core kernel only: needs 1 <= n <=
+// kGemvSiluMaxRows, cols % 8 == 0, 16-byte aligned rows, gate and up, else cudaErrorInvalidValue (the
+// caller then runs silu_mul + gemv). Same accuracy as gemv; equal to silu_mul + gemv to f32 rounding of
+// the products (silu evaluated as silu_mul does).
+constexpr int kGemvSiluMaxRows = 4;
+cudaError_t gemv_silu(const WeightView& w,  // [rows, cols]
+                      const float* gate,    // [n, cols]
+                      const float* up,      // [n, cols]
+                      int n,
+                      float* y,  // [n, rows]
+                      bool accumulate, cudaStream_t stream);
 
 // Matmul for any n: gemv for n <= kGemvMaxRows, else (prefill) cuBLASLt on tensor cores: x converted to the
 // weight type (BF16 / F16) into the workspace, GEMM with f32 accumulation and f32 output, bias by the

@@ -1,4 +1,4 @@
-// RoPE (interleaved and rotate-half) and the KV-cache write.
+// RoPE (interleaved and rotate-half), the KV-cache write, and the two fused (rope_kv_write).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -12,56 +12,98 @@ constexpr int kRopeThreads = 128;
 constexpr int kRopeMaxHalf = 512;  // head_dim <= 1024
 constexpr int kKvThreads = 128;
 
-// Rotates the heads of one token. cos/sin of the token's angles are computed once into shared memory.
-// The angle is (float)pos * inv_freq[i] rounded to f32 (as HF and rope_ref); cos, sin and the rotation are
-// evaluated in double and rounded once, as rope_ref does.
-__device__ __forceinline__ void rope_token(float* q, int n_heads, float* k, int n_kv_heads, int t,
-                                           int head_dim, const int32_t* pos, const float* inv_freq,
-                                           bool interleaved, double* cs,
-                                           double* sn) {  // [head_dim / 2] shared each
-  const int half = head_dim / 2;
-  const float p = (float)pos[t];
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float theta = __fmul_rn(p, inv_freq[i]);
-    sincos((double)theta, &sn[i], &cs[i]);
+struct RopeArgs {
+  float* q;  // [n, n_heads, head_dim]
+  int n_heads;
+  float* k;  // [n, n_kv, head_dim] or null (then n_kv = 0)
+  int n_kv, head_dim;
+  const float* v;  // [n, n_kv, head_dim] (kCache)
+  KvLayerView kv;  // (kCache)
+  const int32_t* pos;
+  const int32_t* seq;  // (kCache)
+  const float* inv_freq;
+  bool interleaved;
+};
+
+// One thread per rotation pair of one token (block x = the token, y = a range of pairs), then with kCache one
+// thread per element of the token's v rows: every thread does one round trip, so a decode step's RoPE costs
+// about one memory latency. The angle is (float)pos * inv_freq[i] rounded to f32 (as HF and rope_ref); cos,
+// sin and the rotation are evaluated in double and rounded once, as rope_ref does. With kCache the rotated k
+// and v also go into the cache at (seq, head, pos) (rows with seq < 0, seq >= n_slots or pos outside [0,
+// max_ctx) are rotated but not stored).
+template <GgmlType T, bool kCache>
+__global__ void rope_kernel(RopeArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int t = blockIdx.x, hd = a.head_dim, half = hd / 2;
+  const int pairs = (a.n_heads + a.n_kv) * half;
+  const int idx = blockIdx.y * blockDim.x + threadIdx.x;
+  const int p = __ldcg(a.pos + t);
+  int s = -1;
+  bool store = false;
+  if constexpr (kCache) {
+    s = __ldcg(a.seq + t);
+    store = s >= 0 && s < a.kv.n_slots && p >= 0 && p < a.kv.max_ctx;
   }
-  __syncthreads();
-  const int n_total = (n_heads + (k ? n_kv_heads : 0)) * half;
-  for (int idx = threadIdx.x; idx < n_total; idx += blockDim.x) {
+  if (idx < pairs) {
     const int head = idx / half, i = idx % half;
-    float* xh = head < n_heads ? q + ((int64_t)t * n_heads + head) * head_dim
-                               : k + ((int64_t)t * n_kv_heads + (head - n_heads)) * head_dim;
-    const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-    const double x0 = xh[i0], x1 = xh[i1];
-    xh[i0] = (float)(x0 * cs[i] - x1 * sn[i]);
-    xh[i1] = (float)(x0 * sn[i] + x1 * cs[i]);
+    const bool is_k = head >= a.n_heads;
+    float* xh = !is_k ? a.q + ((int64_t)t * a.n_heads + head) * hd
+                      : a.k + ((int64_t)t * a.n_kv + (head - a.n_heads)) * hd;
+    const int i0 = a.interleaved ? 2 * i : i, i1 = a.interleaved ? 2 * i + 1 : i + half;
+    const float theta = __fmul_rn((float)p, a.inv_freq[i]);
+    double sn, cs;
+    sincos((double)theta, &sn, &cs);
+    const double x0 = __ldcg(xh + i0), x1 = __ldcg(xh + i1);
+    const float r0 = (float)(x0 * cs - x1 * sn), r1 = (float)(x0 * sn + x1 * cs);
+    xh[i0] = r0;
+    xh[i1] = r1;
+    if constexpr (kCache) {
+      if (is_k && store) {
+        const int64_t dst = (((int64_t)s * a.n_kv + (head - a.n_heads)) * a.kv.max_ctx + p) * hd;
+        store_elem<T>(a.kv.k, dst + i0, r0);
+        store_elem<T>(a.kv.k, dst + i1, r1);
+      }
+    }
+  } else if constexpr (kCache) {
+    const int j = idx - pairs;
+    if (store && j < a.n_kv * hd) {
+      const int h = j / hd, d = j % hd;
+      const int64_t dst = (((int64_t)s * a.n_kv + h) * a.kv.max_ctx + p) * hd;
+      store_elem<T>(a.kv.v, dst + d, __ldcg(a.v + ((int64_t)t * a.n_kv + h) * hd + d));
+    }
   }
 }
 
-__global__ void rope_kernel(float* q, int n_heads, float* k, int n_kv_heads, int head_dim, const int32_t* pos,
-                            const float* inv_freq, bool interleaved) {
-  __shared__ double cs[kRopeMaxHalf], sn[kRopeMaxHalf];
-  rope_token(q, n_heads, k, n_kv_heads, blockIdx.x, head_dim, pos, inv_freq, interleaved, cs, sn);
+template <GgmlType T, bool kCache>
+cudaError_t launch_rope(const RopeArgs& a, int n, cudaStream_t stream) {
+  const int items = (a.n_heads + a.n_kv) * (a.head_dim / 2) + (kCache ? a.n_kv * a.head_dim : 0);
+  if (items == 0) return cudaSuccess;
+  const dim3 grid(n, (items + kRopeThreads - 1) / kRopeThreads);
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  return launch_ex(rope_kernel<T, kCache>, grid, dim3(kRopeThreads), 0, stream, 1, kPdlAll, a);
 }
 
 // One (token, kv head) row of k and of v into the cache.
 template <GgmlType T>
 __device__ __forceinline__ void kv_write_row(const KvLayerView& kv, const float* k, const float* v, int t,
                                              int h, const int32_t* pos, const int32_t* seq) {
-  const int s = seq[t], p = pos[t];
+  const int s = __ldcg(seq + t), p = __ldcg(pos + t);
   if (s < 0 || s >= kv.n_slots || p < 0 || p >= kv.max_ctx) return;
   const int hd = kv.head_dim;
   const int64_t src = ((int64_t)t * kv.n_kv_heads + h) * hd;
   const int64_t dst = (((int64_t)s * kv.n_kv_heads + h) * kv.max_ctx + p) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    store_elem<T>(kv.k, dst + d, k[src + d]);
-    store_elem<T>(kv.v, dst + d, v[src + d]);
+    store_elem<T>(kv.k, dst + d, __ldcg(k + src + d));
+    store_elem<T>(kv.v, dst + d, __ldcg(v + src + d));
   }
 }
 
 template <GgmlType T>
 __global__ void kv_write_kernel(KvLayerView kv, const float* k, const float* v, const int32_t* pos,
                                 const int32_t* seq) {
+  pdl_trigger();
+  pdl_wait();
   kv_write_row<T>(kv, k, v, blockIdx.x, blockIdx.y, pos, seq);
 }
 
@@ -73,8 +115,10 @@ cudaError_t rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int hea
       (k && n_kv_heads < 0))
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  rope_kernel<<<n, kRopeThreads, 0, stream>>>(q, n_heads, k, n_kv_heads, head_dim, pos, inv_freq,
-                                              interleaved);
+  RopeArgs a{};
+  a.q = q, a.n_heads = n_heads, a.k = k, a.n_kv = k ? n_kv_heads : 0, a.head_dim = head_dim;
+  a.pos = pos, a.inv_freq = inv_freq, a.interleaved = interleaved;
+  if (cudaError_t e = launch_rope<GgmlType::F32, false>(a, n, stream)) return e;
   return cudaGetLastError();
 }
 
@@ -85,18 +129,51 @@ cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, int 
   const dim3 grid(n, kv.n_kv_heads);
   switch (kv.type) {
     case GgmlType::F32:
-      kv_write_kernel<GgmlType::F32><<<grid, kKvThreads, 0, stream>>>(kv, k, v, pos, seq);
+      if (cudaError_t e = launch_ex(kv_write_kernel<GgmlType::F32>, grid, dim3(kKvThreads), 0, stream, 1,
+                                    kPdlAll, kv, k, v, pos, seq))
+        return e;
       break;
     case GgmlType::F16:
-      kv_write_kernel<GgmlType::F16><<<grid, kKvThreads, 0, stream>>>(kv, k, v, pos, seq);
+      if (cudaError_t e = launch_ex(kv_write_kernel<GgmlType::F16>, grid, dim3(kKvThreads), 0, stream, 1,
+                                    kPdlAll, kv, k, v, pos, seq))
+        return e;
       break;
     case GgmlType::BF16:
-      kv_write_kernel<GgmlType::BF16><<<grid, kKvThreads, 0, stream>>>(kv, k, v, pos, seq);
+      if (cudaError_t e = launch_ex(kv_write_kernel<GgmlType::BF16>, grid, dim3(kKvThreads), 0, stream, 1,
+                                    kPdlAll, kv, k, v, pos, seq))
+        return e;
       break;
     default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+cudaError_t rope_kv_write(float* q, int n_heads, float* k, const float* v, const KvLayerView& kv, int n,
+                          const int32_t* pos, const int32_t* seq, const float* inv_freq, bool interleaved,
+                          cudaStream_t stream) {
+  if (n < 0 || n_heads < 0 || !k || !v || kv.n_kv_heads <= 0 || kv.head_dim <= 0 || kv.head_dim % 2 != 0 ||
+      kv.head_dim / 2 > kRopeMaxHalf)
+    return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  RopeArgs a{};
+  a.q = q, a.n_heads = n_heads, a.k = k, a.n_kv = kv.n_kv_heads, a.head_dim = kv.head_dim, a.v = v, a.kv = kv;
+  a.pos = pos, a.seq = seq, a.inv_freq = inv_freq, a.interleaved = interleaved;
+  cudaError_t e;
+  switch (kv.type) {
+    case GgmlType::F32:
+      e = launch_rope<GgmlType::F32, true>(a, n, stream);
+      break;
+    case GgmlType::F16:
+      e = launch_rope<GgmlType::F16, true>(a, n, stream);
+      break;
+    case GgmlType::BF16:
+      e = launch_rope<GgmlType::BF16, true>(a, n, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace ultra::cuda

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A/B of the CUDA decode step's launch modes and fusions, interleaved in one run on the same weights.
+
+For each shape (random weights made with transformers, as bench/cuda_compare.py does) and each variant,
+`ultra bench --device cuda -p 0 -n G -d D --parallel 1 -r R --json` under the variant's environment:
+  old        ULTRA_CUDA_PDL=1 ULTRA_CUDA_FUSE=0: programmatic launch for the sampler and split-K gemv only,
+             RoPE + KV write and silu + down projection as separate kernels (the step before these changes)
+  pdl        ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=0: every kernel but attention with programmatic launch
+  pdl+rkv    ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=1: RoPE and the KV write in one kernel (the default)
+  +silu      ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=3: silu_mul fused into the down projection as well
+  +attn      the default plus ULTRA_CUDA_ATTENTION_PDL=1
+Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
+(best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
+the same run) and the host launch time per step.
+
+    python3 bench/decode_ab.py --ultra .devbin/ultra [--shapes 8b,1b] [--depth 128] [--rounds 2]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cuda_compare as cc  # noqa: E402
+
+VARIANTS = [
+    ("old", {"ULTRA_CUDA_PDL": "1", "ULTRA_CUDA_FUSE": "0", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
+    ("pdl", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "0", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
+    ("pdl+rkv", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "1", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
+    ("+silu", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "3", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
+    ("+attn", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "1", "ULTRA_CUDA_ATTENTION_PDL": "1"}),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ultra", default="build/ultra")
+    ap.add_argument("--shapes", default="8b,1b")
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
+    ap.add_argument("--skip-sets", default="",
+                    help="instead of the variants: the default step with ULTRA_CUDA_SKIP set to each of these "
+                         "';'-separated op lists ('none' for the full step): what each op costs in the graph")
+    ap.add_argument("--dir", default="/tmp/ultra-cuda-bench")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = ap.parse_args()
+    bw = cc.read_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: read {bw / 1e12:.2f} TB/s", flush=True)
+    want = args.variants.split(",")
+    variants = [v for v in VARIANTS if v[0] in want]
+    if args.skip_sets:
+        variants = [(k, {"ULTRA_CUDA_SKIP": "" if k == "none" else k}) for k in args.skip_sets.split(";")]
+    rows = []
+    for shape in args.shapes.split(","):
+        path = os.path.join(args.dir, shape)
+        os.makedirs(path, exist_ok=True)
+        cfg, model = cc.make_model(shape, path)
+        del model
+        torch.cuda.empty_cache()
+        bpt = cc.bytes_per_token(cfg, args.depth)
+        res = {name: [] for name, _ in variants}
+        launch = {name: [] for name, _ in variants}
+        for rnd in range(args.rounds):
+            for name, env in variants:
+                p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n",
+                                    str(args.gen), "-d", str(args.depth), "--parallel", "1", "-r", str(args.reps),
+                                    "--json"], capture_output=True, text=True, env={**os.environ, **env})
+                if p.returncode != 0:
+                    print(f"[{shape}] {name}: ultra failed: {p.stderr[-1500:]}", flush=True)
+                    continue
+                u = json.loads(p.stdout)
+                tps = [x["tps_mean"] for x in u["results"] if x["test"].startswith("tg")][0]
+                res[name].append(tps)
+                launch[name].append(u.get("launch_us_mean", 0))
+                print(f"[{shape}] round {rnd} {name:24s} {tps:8.1f} tok/s  {100 * tps * bpt / bw:5.1f}% of read  "
+                      f"launch {launch[name][-1]:.2f} us", flush=True)
+        for name, _ in variants:
+            if not res[name]:
+                continue
+            best, mean = max(res[name]), sum(res[name]) / len(res[name])
+            rows.append((shape, name, best, mean, 100 * best * bpt / bw, sum(launch[name]) / len(launch[name])))
+    print(f"\n| shape | variant | tok/s best | tok/s mean | % read roofline (best) | host launch us |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.1f}% | {r[5]:.2f} |")
+    with open(os.path.join(args.out, "decode_ab.json"), "w") as f:
+        json.dump(dict(read_bw=bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
