@@ -9,6 +9,10 @@ For each shape (random weights made with transformers, as bench/cuda_compare.py 
   pdl+rkv    ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=1: RoPE and the KV write in one kernel (the default)
   +silu      ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=3: silu_mul fused into the down projection as well
   +attn      the default plus ULTRA_CUDA_ATTENTION_PDL=1
+  default    the defaults
+  colsplit   every gemv through the column-split kernel (ULTRA_CUDA_GEMV=1); splitk: the split-K one (2)
+  late       gemv kernels trigger the next launch after their loads (ULTRA_CUDA_GEMV_TRIGGER=2)
+  chunkN     the default with attention splits of at least N positions (ULTRA_CUDA_ATTN_CHUNK)
 Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
 (best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
 the same run) and the host launch time per step.
@@ -32,6 +36,17 @@ VARIANTS = [
     ("pdl+rkv", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "1", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
     ("+silu", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "3", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
     ("+attn", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "1", "ULTRA_CUDA_ATTENTION_PDL": "1"}),
+    ("default", {}),
+    ("colsplit", {"ULTRA_CUDA_GEMV": "1"}),
+    ("splitk", {"ULTRA_CUDA_GEMV": "2"}),
+    ("late", {"ULTRA_CUDA_GEMV_TRIGGER": "2"}),
+    ("colsplit-late", {"ULTRA_CUDA_GEMV": "1", "ULTRA_CUDA_GEMV_TRIGGER": "2"}),
+    ("gemv-l2", {"ULTRA_CUDA_GEMV_L2": "1"}),
+    ("pdl1", {"ULTRA_CUDA_PDL": "1"}),
+    ("gemv-l1", {"ULTRA_CUDA_GEMV_L1": "1"}),
+    ("chunk64", {"ULTRA_CUDA_ATTN_CHUNK": "64"}),
+    ("chunk256", {"ULTRA_CUDA_ATTN_CHUNK": "256"}),
+    ("chunk1024", {"ULTRA_CUDA_ATTN_CHUNK": "1024"}),
 ]
 
 
@@ -40,8 +55,9 @@ def main():
     ap.add_argument("--ultra", default="build/ultra")
     ap.add_argument("--shapes", default="8b,1b")
     ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=128)
+    ap.add_argument("--depth", default="128", help="context depths, comma-separated")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
     ap.add_argument("--skip-sets", default="",
@@ -63,28 +79,30 @@ def main():
         cfg, model = cc.make_model(shape, path)
         del model
         torch.cuda.empty_cache()
-        bpt = cc.bytes_per_token(cfg, args.depth)
-        res = {name: [] for name, _ in variants}
-        launch = {name: [] for name, _ in variants}
-        for rnd in range(args.rounds):
-            for name, env in variants:
-                p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n",
-                                    str(args.gen), "-d", str(args.depth), "--parallel", "1", "-r", str(args.reps),
-                                    "--json"], capture_output=True, text=True, env={**os.environ, **env})
-                if p.returncode != 0:
-                    print(f"[{shape}] {name}: ultra failed: {p.stderr[-1500:]}", flush=True)
+        for depth in [int(d) for d in args.depth.split(",")]:
+            bpt = cc.bytes_per_token(cfg, depth)
+            res = {name: [] for name, _ in variants}
+            launch = {name: [] for name, _ in variants}
+            for rnd in range(args.rounds):
+                for name, env in variants:
+                    p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n",
+                                        str(args.gen), "-d", str(depth), "--parallel", str(args.parallel), "-r", str(args.reps),
+                                        "--json"], capture_output=True, text=True, env={**os.environ, **env})
+                    if p.returncode != 0:
+                        print(f"[{shape}] {name}: ultra failed: {p.stderr[-1500:]}", flush=True)
+                        continue
+                    u = json.loads(p.stdout)
+                    tps = [x["tps_mean"] for x in u["results"] if x["test"].startswith("tg")][0]  # aggregate
+                    res[name].append(tps)
+                    launch[name].append(u.get("launch_us_mean", 0))
+                    print(f"[{shape} d{depth}] round {rnd} {name:24s} {tps:8.1f} tok/s  "
+                          f"{100 * tps * bpt / bw:5.1f}% of read  launch {launch[name][-1]:.2f} us", flush=True)
+            for name, _ in variants:
+                if not res[name]:
                     continue
-                u = json.loads(p.stdout)
-                tps = [x["tps_mean"] for x in u["results"] if x["test"].startswith("tg")][0]
-                res[name].append(tps)
-                launch[name].append(u.get("launch_us_mean", 0))
-                print(f"[{shape}] round {rnd} {name:24s} {tps:8.1f} tok/s  {100 * tps * bpt / bw:5.1f}% of read  "
-                      f"launch {launch[name][-1]:.2f} us", flush=True)
-        for name, _ in variants:
-            if not res[name]:
-                continue
-            best, mean = max(res[name]), sum(res[name]) / len(res[name])
-            rows.append((shape, name, best, mean, 100 * best * bpt / bw, sum(launch[name]) / len(launch[name])))
+                best, mean = max(res[name]), sum(res[name]) / len(res[name])
+                rows.append((f"{shape} d{depth}", name, best, mean, 100 * best * bpt / bw,
+                             sum(launch[name]) / len(launch[name])))
     print(f"\n| shape | variant | tok/s best | tok/s mean | % read roofline (best) | host launch us |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:

@@ -1196,6 +1196,13 @@ int main(int argc, char** argv) {
             test_gemv(t, s.rows, s.cols, n, bias, acc, GemvPath::simt);
         }
     test_gemv(GgmlType::BF16, 70, 264, 5, true, false, GemvPath::tensor_core, 16);  // padded rows
+    // the column-split kernel's two launch modes at every n (default: programmatic + L2 at n = 1, else L1)
+    for (int mode : {0, 1}) {
+      (mode ? tuning::set_gemv_l1_all : tuning::set_gemv_l2_all)(true);
+      for (GgmlType t : {GgmlType::F16, GgmlType::BF16})
+        for (int n : {1, 5, 12, 32}) test_gemv(t, 1000, 1024, n, n == 5, n != 5, GemvPath::tensor_core);
+      (mode ? tuning::set_gemv_l1_all : tuning::set_gemv_l2_all)(false);
+    }
     test_gemv(GgmlType::F16, 4096, 4096, 1, false, true, GemvPath::tensor_core);
     // the automatic choice for tall BF16 matrices: the split-K kernel (ring 8 for n <= 4; no L2 prefetch
     // for 9 <= n <= 16 on >= 65536 rows)
@@ -1273,6 +1280,15 @@ int main(int argc, char** argv) {
       test_attention({t, 128, 8, 1, {4096}, {0}, 1});                   // one split over 4097 positions
       test_attention({t, 64, 8, 8, {4096, 700}, {1, 2}, 7});            // forced 7 splits
     }
+    // splits of at least 256 and 2048 positions (short rows in one split, written without the merge)
+    for (int mc : {256, 2048}) {
+      tuning::set_attention_min_chunk(mc);
+      for (GgmlType t : types) {
+        test_attention({t, 128, 8, 2, {16, 999, 5, 300}, {0, 1, -1, 2}, 0});
+        test_attention({t, 64, 32, 8, {4096, 700, 12}, {1, 2, 0}, 0});
+      }
+    }
+    tuning::set_attention_min_chunk(64);
     // with programmatic dependent launch
     tuning::set_attention_pdl(true);
     for (GgmlType t : types) test_attention({t, 128, 32, 8, {4096, 700, 12}, {1, 2, 0}, 0});

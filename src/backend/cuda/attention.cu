@@ -29,7 +29,7 @@
 namespace ultra::cuda {
 
 namespace tuning {
-int g_attention_stage = 0, g_attention_stages = 0, g_attention_tiled = 0;
+int g_attention_stage = 0, g_attention_stages = 0, g_attention_tiled = 0, g_attention_min_chunk = 64;
 bool g_attention_pdl = false;
 void set_attention_tiled(int mode) {
   g_attention_tiled = mode;
@@ -39,6 +39,9 @@ void set_attention_pdl(bool on) {
 }
 void set_attention_stage(int stage) {
   g_attention_stage = stage;
+}
+void set_attention_min_chunk(int positions) {
+  g_attention_min_chunk = positions < 64 ? 64 : (positions + 63) / 64 * 64;
 }
 void set_attention_stages(int stages) {
   g_attention_stages = stages;
@@ -65,6 +68,7 @@ struct AttnArgs {
   int group;        // n_heads / n_kv_heads
   int head_chunks;  // ceil(group / 8)
   int n_splits;
+  int min_chunk;       // positions per split at least (a multiple of kTile)
   int stages;          // tiles in flight
   uint32_t row_bytes;  // head_dim * element size
   const int32_t* pos;  // [n]
@@ -98,9 +102,12 @@ __device__ __forceinline__ int row_len(const AttnArgs& a, int t) {
   if (s < 0 || s >= a.kv.n_slots || p < 0) return 0;  // padding
   return p + 1 < a.kv.max_ctx ? p + 1 : a.kv.max_ctx;
 }
-__device__ __forceinline__ int split_chunk(int len, int n_splits) {
+// Positions per split: the row's length over the plan's splits, in whole tiles, at least min_chunk, so that
+// short rows take one split (and no merge: the split kernel then writes the output itself).
+__device__ __forceinline__ int split_chunk(int len, int n_splits, int min_chunk) {
   const int c = (len + n_splits - 1) / n_splits;
-  return (c + kTile - 1) / kTile * kTile;
+  const int r = (c + kTile - 1) / kTile * kTile;
+  return r > min_chunk ? r : min_chunk;
 }
 
 template <GgmlType KT, int HEADS>
@@ -131,7 +138,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
   pdl_wait();
 
   const int len = row_len(a, t);
-  const int chunk = split_chunk(len > 0 ? len : 1, a.n_splits);
+  const int chunk = split_chunk(len > 0 ? len : 1, a.n_splits, a.min_chunk);
+  const bool whole = a.n_splits == 1 || chunk >= len;  // one split covers the row: write the output here
   const int start = split * chunk;
   const int end = start + chunk < len ? start + chunk : len;
   if (start >= end) {  // padding row or empty split
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
       float acc = 0.0f;
       for (int pg = 0; pg < n_pg; ++pg) acc += red[(pg * 4 + hl) * hd + d];
       const int64_t row = (int64_t)t * a.n_heads + h0 + h;  // [n, n_heads]
-      if (a.n_splits == 1) {
+      if (whole) {
         a.out[row * hd + d] = acc / l_s[h];
       } else {
         a.ws_acc[(row * a.n_splits + split) * hd + d] = acc;
@@ -383,7 +391,8 @@ __global__ void __launch_bounds__(kCThreads) attn_combine_kernel(AttnArgs a) {
     for (int d = tid; d < hd; d += kCThreads) o[d] = 0.0f;
     return;
   }
-  const int chunk = split_chunk(len, a.n_splits);
+  const int chunk = split_chunk(len, a.n_splits, a.min_chunk);
+  if (chunk >= len) return;  // one split: attn_kernel wrote the output
   const int n_valid = (len + chunk - 1) / chunk;
   const float* ml = a.ws_ml + row * a.n_splits * 2;
   float mx = -INFINITY;
@@ -522,6 +531,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   a.group = plan.n_heads / kv.n_kv_heads;
   a.head_chunks = (a.group + kHeads - 1) / kHeads;
   a.n_splits = plan.n_splits;
+  a.min_chunk = tuning::g_attention_min_chunk;
   a.pos = pos;
   a.seq = seq;
   a.scale_log2 = scale * 1.4426950408889634f;

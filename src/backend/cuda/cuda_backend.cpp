@@ -146,6 +146,23 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION_PDL"); e && *e)
     cuda::tuning::set_attention_pdl(*e != '0');
   if (const char* e = std::getenv("ULTRA_CUDA_FUSE"); e && *e) fuse_ = std::atoi(e);
+  // ULTRA_CUDA_GEMV=1|2: every gemv through the column-split (1) or split-K (2) kernel instead of the
+  // automatic choice; ULTRA_CUDA_GEMV_TRIGGER=2: gemv kernels let the next kernel launch only once their
+  // weight loads are all issued (1: at their start).
+  {
+    cuda::tuning::GemvTuning t;
+    const char* k = std::getenv("ULTRA_CUDA_GEMV");
+    const char* tr = std::getenv("ULTRA_CUDA_GEMV_TRIGGER");
+    if (k && *k) t.kernel = std::atoi(k);
+    if (tr && *tr) t.trigger = std::atoi(tr);
+    if (t.kernel || t.trigger) cuda::tuning::set_gemv_tuning(t);
+    if (const char* e = std::getenv("ULTRA_CUDA_GEMV_L2"); e && *e) cuda::tuning::set_gemv_l2_all(*e != '0');
+    if (const char* e = std::getenv("ULTRA_CUDA_GEMV_L1"); e && *e) cuda::tuning::set_gemv_l1_all(*e != '0');
+  }
+  // ULTRA_CUDA_ATTN_CHUNK=N: the fewest positions one attention split takes
+  // (tuning::set_attention_min_chunk).
+  if (const char* e = std::getenv("ULTRA_CUDA_ATTN_CHUNK"); e && *e)
+    cuda::tuning::set_attention_min_chunk(std::atoi(e));
   // Timing experiments only (wrong results): ULTRA_CUDA_SKIP=op,op,... leaves those ops out of every step,
   // so that the step time's change measures an op's cost inside the replayed graph. Ops: rmsnorm, rope
   // (RoPE and the KV write), attention, silu, qkv, o, gate_up, down, lm_head.

@@ -70,6 +70,8 @@ namespace {
 namespace cg = cooperative_groups;
 
 tuning::GemvTuning g_tune;
+bool g_gemv_l2_all = false;  // tuning::set_gemv_l2_all
+bool g_gemv_l1_all = false;  // tuning::set_gemv_l1_all
 
 // ---- host helpers: SM count and occupancy, cached
 
@@ -530,6 +532,7 @@ struct GemvArgs {
   const float* bias;  // [rows] or null
   bool accumulate;
   const float* x2 = nullptr;  // [n, cols] with kSilu: up (the kernel's x is silu(gate) * up)
+  bool late_trigger = false;  // pdl_trigger after the main loop instead of before the wait
 };
 
 constexpr int kWarps = 8;
@@ -547,10 +550,12 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int tok, int64_t r
 
 // 8 consecutive x values of one token (16-byte aligned), read through L2 (written by an earlier kernel that
 // may still have been running when this one started, see pdl_wait); with kSilu, silu(gate) * up.
-template <bool kSilu>
+// kL1: through the non-coherent path and L1 instead (ordinary launches only: the kernel starts after the
+// previous one completed).
+template <bool kSilu, bool kL1>
 __device__ __forceinline__ void gemv_load_x8(const GemvArgs& a, int64_t off, float (&v)[8]) {
-  const float4 p = __ldcg(reinterpret_cast<const float4*>(a.x + off));
-  const float4 q = __ldcg(reinterpret_cast<const float4*>(a.x + off + 4));
+  const float4 p = kL1 ? ld_f4(a.x + off) : __ldcg(reinterpret_cast<const float4*>(a.x + off));
+  const float4 q = kL1 ? ld_f4(a.x + off + 4) : __ldcg(reinterpret_cast<const float4*>(a.x + off + 4));
   v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
   if constexpr (kSilu) {
     const float4 pu = __ldcg(reinterpret_cast<const float4*>(a.x2 + off));
@@ -564,7 +569,7 @@ __device__ __forceinline__ void gemv_load_x8(const GemvArgs& a, int64_t off, flo
 // Rows [row0, row0 + 16 * MT) for all n tokens (NT n-tiles of 8). red: shared [kWarps][MT][NT][4][32].
 // Each warp's first span of weight loads is issued before pdl_wait (weights are never written by kernels),
 // so under programmatic launch they stream while the previous kernel finishes.
-template <GgmlType WT, int NT, int MT, int U, bool kSilu>
+template <GgmlType WT, int NT, int MT, int U, bool kSilu, bool kL1>
 __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, float* red) {
   using C8 = Chunk8<WT>;
   constexpr bool kSplitW = WT == GgmlType::F32;  // f32 weights are not exact in TF32
@@ -618,7 +623,7 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
     }
   };
   if (warp < n_iter) load_w(warp);
-  pdl_trigger();
+  if (!a.late_trigger) pdl_trigger();
   pdl_wait();
   for (int64_t it = warp; it < n_iter; it += kWarps) {
     const int64_t c0 = it * kSpan + t4 * 8;
@@ -630,7 +635,7 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (xok[j] && c < a.cols) {
-          gemv_load_x8<kSilu>(a, xoff[j] + c, xv[j]);
+          gemv_load_x8<kSilu, kL1>(a, xoff[j] + c, xv[j]);
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) xv[j][e] = 0.0f;
@@ -669,7 +674,8 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
     }
   }
 
-  // Cross-warp reduction. C fragment: acc[m][j][r] is row m*16 + g + 8*(r/2), token j*8 + 2*t4 + (r%2).
+  if (a.late_trigger) pdl_trigger();  // every weight load of this block is issued
+    // Cross-warp reduction. C fragment: acc[m][j][r] is row m*16 + g + 8*(r/2), token j*8 + 2*t4 + (r%2).
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -692,10 +698,10 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
   }
 }
 
-template <GgmlType WT, int NT, int MT, int U, bool kSilu>
+template <GgmlType WT, int NT, int MT, int U, bool kSilu, bool kL1>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(GemvArgs a) {
   __shared__ float red[kWarps * MT * NT * 4 * 32];
-  gemv_tc_tile<WT, NT, MT, U, kSilu>(a, (int64_t)blockIdx.x * (16 * MT), red);
+  gemv_tc_tile<WT, NT, MT, U, kSilu, kL1>(a, (int64_t)blockIdx.x * (16 * MT), red);
 }
 
 // SIMT fallback: one warp per weight row, tokens in groups of 4 (the row is re-read from L1/L2 per group).
@@ -726,11 +732,13 @@ __global__ void __launch_bounds__(kThreads) gemv_simt_kernel(GemvArgs a) {
   if (row < a.rows) gemv_simt_row<WT>(a, row);
 }
 
-template <GgmlType WT, int NT, int MT, int U, bool kSilu = false>
+// kL1 = false: programmatic launch, x through L2 (decode: weight loads overlap the previous kernel);
+// true: ordinary launch, x through L1 (two blocks of an SM share x; measured faster for n >= 2).
+template <GgmlType WT, int NT, int MT, int U, bool kSilu = false, bool kL1 = false>
 cudaError_t launch_tc(const GemvArgs& a, cudaStream_t stream) {
   const int64_t blocks = (a.rows + 16 * MT - 1) / (16 * MT);
-  return launch_ex(gemv_tc_kernel<WT, NT, MT, U, kSilu>, dim3((unsigned)blocks), dim3(kThreads), 0, stream, 1,
-                   kPdlAll, a);
+  return launch_ex(gemv_tc_kernel<WT, NT, MT, U, kSilu, kL1>, dim3((unsigned)blocks), dim3(kThreads), 0,
+                   stream, 1, kL1 ? 0 : kPdlAll, a);
 }
 
 // Tile shapes per n-tile count (not tuned on hardware yet; see docs/CUDA.md). F32 weights take half the
@@ -739,9 +747,14 @@ template <GgmlType WT>
 cudaError_t dispatch_tc(const GemvArgs& a, cudaStream_t stream) {
   constexpr int kU = WT == GgmlType::F32 ? 2 : 4;
   constexpr int kU2 = WT == GgmlType::F32 ? 1 : 2;
-  if (a.n <= 8) return launch_tc<WT, 1, 1, kU>(a, stream);
-  if (a.n <= 16) return launch_tc<WT, 2, 2, kU2>(a, stream);
-  return launch_tc<WT, 4, 2, kU2>(a, stream);
+  // One row: programmatic launch and x through L2; more rows: ordinary launch and x through L1 (measured on
+  // the H200, docs/CUDA.md: n = 8 on the 8B shape 10% faster, n = 32 35% faster that way).
+  const bool l2 = !g_gemv_l1_all && (a.n == 1 || g_gemv_l2_all);
+  if (a.n <= 8)
+    return l2 ? launch_tc<WT, 1, 1, kU>(a, stream) : launch_tc<WT, 1, 1, kU, false, true>(a, stream);
+  if (a.n <= 16)
+    return l2 ? launch_tc<WT, 2, 2, kU2>(a, stream) : launch_tc<WT, 2, 2, kU2, false, true>(a, stream);
+  return l2 ? launch_tc<WT, 4, 2, kU2>(a, stream) : launch_tc<WT, 4, 2, kU2, false, true>(a, stream);
 }
 
 template <GgmlType WT>
@@ -771,7 +784,9 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
     }
   }
   if (tu.kernel == 1) {
-    if (cudaError_t e = dispatch_tc<WT>(a, stream)) return e;
+    GemvArgs b = a;
+    b.late_trigger = tu.trigger == 2;
+    if (cudaError_t e = dispatch_tc<WT>(b, stream)) return e;
     return cudaGetLastError();
   }
   Gemv2Args b{};
@@ -793,6 +808,12 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
 namespace tuning {
 void set_gemv_tuning(const GemvTuning& t) {
   g_tune = t;
+}
+void set_gemv_l2_all(bool on) {
+  g_gemv_l2_all = on;
+}
+void set_gemv_l1_all(bool on) {
+  g_gemv_l1_all = on;
 }
 int gemv_config_count() {
   return kConfigs;

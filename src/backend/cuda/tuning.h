@@ -5,15 +5,21 @@
 namespace ultra::cuda::tuning {
 
 struct GemvTuning {
-  int kernel = 0;       // 0 automatic; 1 the column-split kernel (no PDL); 2 the split-K kernel (PDL)
+  int kernel = 0;       // 0 automatic; 1 the column-split kernel; 2 the split-K kernel
   int mma = 0;          // 0 automatic; 1 TF32 hi + lo; 2 BF16 x three parts (BF16 weights only)
   int config = -1;      // -1 automatic; else an index below gemv_config_count() (BF16 weights only)
   int splits = 0;       // 0 automatic; else the split-K cluster size 1, 2, 4 or 8
   int smem_budget = 0;  // bytes of shared memory for the staged activations; 0 automatic
   int pf_steps = -1;    // 32-column steps kept requested into L2 ahead of the register ring; -1 automatic
   int trigger = 0;  // programmatic launch of the next kernel: 0 automatic, 1 at the start, 2 after the loads
+                    // (both kernels)
 };
 void set_gemv_tuning(const GemvTuning& t);
+// The column-split kernel: programmatic launch with x through L2 for every n (set_gemv_l2_all), or an
+// ordinary launch with x through L1 for every n (set_gemv_l1_all); by default the first for n = 1, the second
+// above.
+void set_gemv_l2_all(bool on);
+void set_gemv_l1_all(bool on);
 int gemv_config_count();
 const char* gemv_config_name(int config);
 
@@ -29,6 +35,11 @@ extern int g_attention_stages;
 // Attention: launch its two kernels with programmatic dependent launch (off by default: measured slower).
 void set_attention_pdl(bool on);
 extern bool g_attention_pdl;
+// Attention: the fewest positions one split takes (rounded up to 64; default 64): rows up to this length run
+// as one split per (row, kv head) with no merge kernel work. Measured on the H200 (docs/CUDA.md), 256 and
+// 1024 were slower than 64 at depths 128 and 4096: more splits in flight beat the saved merge.
+void set_attention_min_chunk(int positions);
+extern int g_attention_min_chunk;
 // Attention path: 0 automatic (attention_tiled), 1 always the per-row kernel, 2 the tiled kernel for any n
 // when the plan allows it (plan.tiled).
 void set_attention_tiled(int mode);
