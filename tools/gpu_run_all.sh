@@ -4,11 +4,10 @@
 #   2. the engine on the CUDA backend (test_cuda_backend: HF fixtures, bundled model vs PyTorch, CPU
 #      agreement, zero allocation per step, graph replay and host dispatch),
 #   3. ultra vs PyTorch decode/prefill on Llama-shaped random BF16 models (bench/cuda_compare.py).
-# The GPU machine is bare (no Debian packages): build here and carry the binaries, e.g.
-#   mkdir -p .devbin .devlibs && cp build/{ultra,test_cuda_backend,test_cuda_kernels,bench_cuda_kernels} .devbin/
-#   cp /lib/x86_64-linux-gnu/libfmt.so.9 /lib/x86_64-linux-gnu/libpcre2-8.so.0 .devlibs/
-#   mkdir -p .devpack && tar cf - .devbin .devlibs | xz -9 > .devpack/bin.tar.xz   # 32 MB -> 2 MB
-# then, with .devpack carried: `tar xJf .devpack/bin.tar.xz && tools/gpu_run_all.sh`.
+# The GPU machine is bare (no Debian packages): build here and carry the binaries with the libraries they
+# need: `tools/pack_devbin.sh` (-> .devpack/bin.tar.xz, ~5 MB), then, with .devpack carried:
+# `tar xJf .devpack/bin.tar.xz && tools/gpu_run_all.sh`. bench/decode_ab.py A/Bs the decode step's launch
+# modes and fusions (and, with --skip-sets, what each op costs inside the graph).
 #
 #   tools/gpu_run_all.sh [--bin DIR] [--quick] [--no-kernels] [--no-bench] [--shapes 1b,8b]
 set -uo pipefail

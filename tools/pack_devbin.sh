@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Packs the GPU test and benchmark binaries of build/ with the shared libraries they need that a bare GPU
+# machine lacks (everything ldd resolves outside libc / libstdc++ / CUDA), into .devpack/bin.tar.xz, which a
+# device call carries (`carry: [".devpack"]`) and unpacks with `tar xJf .devpack/bin.tar.xz` before
+# `export LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64` (tools/gpu_run_all.sh does the export).
+#   tools/pack_devbin.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+rm -rf .devbin .devlibs
+mkdir -p .devbin .devlibs .devpack
+for b in ultra test_cuda_backend test_cuda_kernels bench_cuda_kernels; do
+  [ -x "$build/$b" ] && cp "$build/$b" .devbin/
+done
+strip .devbin/*
+ldd .devbin/* | awk '/=> \// {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/cuda' |
+  while read -r lib; do cp -L "$lib" .devlibs/; done
+tar cf - .devbin .devlibs | xz -9 -T2 > .devpack/bin.tar.xz
+echo "$(ls .devbin | wc -l) binaries, $(ls .devlibs | wc -l) libraries: $(du -h .devpack/bin.tar.xz | cut -f1) in .devpack/bin.tar.xz"
