@@ -259,10 +259,7 @@ void Server::stop() {
 
 void Server::attach(std::shared_ptr<Scheduler> scheduler) {
   const Model& m = scheduler->model();
-  if (const Tokenizer* t = m.tokenizer()) {
-    if (t->bos() >= 0) tmpl_opts_.bos_token = std::string(t->token_to_piece(t->bos()));
-    if (t->eos() >= 0) tmpl_opts_.eos_token = std::string(t->token_to_piece(t->eos()));
-  }
+  tmpl_opts_ = chat_template_options(m);
   const std::string& src = opts_.chat_template.empty() ? m.chat_template() : opts_.chat_template;
   if (!src.empty()) {
     try {
@@ -448,8 +445,7 @@ void Server::routes() {
       }
       const std::string text = render_request(j);
       // No double BOS: a template that writes the BOS text itself gets none added.
-      const bool has_bos = tok.bos() >= 0 && tok.add_bos() && text.starts_with(tok.token_to_piece(tok.bos()));
-      job.req->prompt = tok.encode(text, !has_bos, true);
+      job.req->prompt = encode_chat_prompt(tok, text);
     } else {
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];
