@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -362,6 +364,141 @@ TEST_F(ServerTest, MetricsCountWhatWasServed) {
   EXPECT_EQ(after.at("ultra_queue_depth"), 0);
   json models = json::parse(client().Get("/v1/models")->body);
   EXPECT_EQ(models["object"], "list");
+}
+
+// Greedy reference tokens of a prompt with the log-softmax of each token's logits, in double precision.
+struct LogprobRef {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<double>> logsoftmax;  // [token][vocab]
+};
+LogprobRef logprob_reference(const std::string& prompt, int n) {
+  const Tokenizer& tok = *env->model.tokenizer();
+  Context ctx(env->model, {.n_ctx = kCtx, .n_slots = 1, .n_threads = 2});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  LogprobRef ref;
+  generate(ctx, tok.encode(prompt, true, true), {.n_predict = n, .ignore_eos = true},
+           [&](int32_t t, Context& c, int row) {
+             const auto l = c.logits(row);
+             const int nv = c.n_sample_vocab();
+             double mx = -INFINITY, sum = 0;
+             for (int i = 0; i < nv; ++i) mx = std::max(mx, (double)l[i]);
+             for (int i = 0; i < nv; ++i) sum += std::exp((double)l[i] - mx);
+             std::vector<double> ls(nv);
+             for (int i = 0; i < nv; ++i) ls[i] = (double)l[i] - mx - std::log(sum);
+             ref.tokens.push_back(t);
+             ref.logsoftmax.push_back(std::move(ls));
+             return true;
+           });
+  return ref;
+}
+
+// The ids of the k largest values, largest first (ties: lower id first).
+std::vector<int32_t> top_ids(const std::vector<double>& v, int k) {
+  std::vector<int32_t> ids(v.size());
+  for (size_t i = 0; i < v.size(); ++i) ids[i] = (int32_t)i;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  ids.resize(k);
+  return ids;
+}
+
+// logprobs on /v1/completions (an integer: the alternatives) in OpenAI's legacy shape and on
+// /v1/chat/completions (logprobs: true, top_logprobs) in the chat shape, plain and streamed: the values are
+// the log-softmax of the logits (computed here in double from a context of the test's own), the tokens are
+// the text's pieces with their offsets, and a stop string drops the tokens that lie wholly inside it.
+TEST_F(ServerTest, Logprobs) {
+  const Tokenizer& tok = *env->model.tokenizer();
+  const int n = 8;
+  const LogprobRef ref = logprob_reference(kPrompts[2], n);
+  json r = post("/v1/completions", {{"prompt", kPrompts[2]},
+                                    {"max_tokens", n},
+                                    {"temperature", 0},
+                                    {"ignore_eos", true},
+                                    {"logprobs", 3}});
+  const std::string text = r["choices"][0]["text"];
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r;
+  ASSERT_EQ(lp["tokens"].size(), (size_t)n) << lp;
+  std::string concat;
+  for (int i = 0; i < n; ++i) {
+    const std::string piece(tok.token_to_piece(ref.tokens[i]));
+    EXPECT_EQ(lp["tokens"][i], piece) << i;
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), concat.size()) << i;
+    concat += piece;
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref.logsoftmax[i][ref.tokens[i]], 1e-3) << i;
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 3u) << top;
+    for (int32_t id : top_ids(ref.logsoftmax[i], 3)) {
+      const std::string p(tok.token_to_piece(id));
+      ASSERT_TRUE(top.contains(p)) << i << " " << p << " " << top;
+      EXPECT_NEAR(top[p].get<double>(), ref.logsoftmax[i][id], 1e-3);
+    }
+  }
+  EXPECT_EQ(concat, text);
+
+  // Chat: the greedy token is the best alternative, with its log-probability; streamed chunks carry the
+  // same entries as the whole answer.
+  const json msgs = json::array({{{"role", "user"}, {"content", "Good morrow!"}}});
+  const json body = {{"messages", msgs},   {"max_tokens", 6},  {"temperature", 0},
+                     {"ignore_eos", true}, {"logprobs", true}, {"top_logprobs", 2}};
+  r = post("/v1/chat/completions", body);
+  const json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 6u) << r;
+  concat.clear();
+  for (const json& e : content) {
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["token"], e["top_logprobs"][0]["token"]);
+    EXPECT_EQ(e["logprob"], e["top_logprobs"][0]["logprob"]);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    std::string bytes;
+    for (const json& b : e["bytes"]) bytes += (char)b.get<int>();
+    EXPECT_EQ(bytes, e["token"].get<std::string>());
+    concat += bytes;
+  }
+  EXPECT_EQ(concat, r["choices"][0]["message"]["content"]);
+  json sbody = body;
+  sbody["stream"] = true;
+  auto c = client();
+  auto s = c.Post("/v1/chat/completions", sbody.dump(), "application/json");
+  ASSERT_TRUE(s);
+  json streamed = json::array();
+  for (const auto& ev : sse_events(s->body)) {
+    if (ev == "[DONE]") continue;
+    const json lpj = json::parse(ev)["choices"][0]["logprobs"];
+    if (lpj.is_object())
+      for (const json& e : lpj["content"]) streamed.push_back(e);
+  }
+  ASSERT_EQ(streamed.size(), content.size());
+  for (size_t i = 0; i < content.size(); ++i) {
+    EXPECT_EQ(streamed[i]["token"], content[i]["token"]);
+    EXPECT_NEAR(streamed[i]["logprob"].get<double>(), content[i]["logprob"].get<double>(), 1e-4);
+  }
+
+  // A stop string: the listed tokens cover the text, and the last one starts inside it.
+  const std::string full = reference(kPrompts[1], 24);
+  const std::string stop = full.substr(6, 4);
+  r = post(
+      "/v1/completions",
+      {{"prompt", kPrompts[1]}, {"max_tokens", 24}, {"temperature", 0}, {"stop", stop}, {"logprobs", 0}});
+  const std::string cut = r["choices"][0]["text"];
+  ASSERT_EQ(cut, full.substr(0, full.find(stop)));
+  std::string all;
+  for (const json& t : r["choices"][0]["logprobs"]["tokens"]) all += t.get<std::string>();
+  EXPECT_EQ(all.substr(0, cut.size()), cut);
+  EXPECT_LT(r["choices"][0]["logprobs"]["text_offset"].back().get<size_t>(), cut.size());
+  EXPECT_TRUE(r["choices"][0]["logprobs"]["top_logprobs"][0].empty());
+
+  // Without logprobs: null; bad values: 400 naming the field.
+  r = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  json e = post("/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}}, 400);
+  EXPECT_EQ(e["error"]["param"], "top_logprobs");
+  e = post("/v1/chat/completions", {{"messages", msgs}, {"logprobs", true}, {"top_logprobs", 21}}, 400);
+  EXPECT_EQ(e["error"]["param"], "top_logprobs");
+  e = post("/v1/completions", {{"prompt", "x"}, {"logprobs", true}}, 400);
+  EXPECT_EQ(e["error"]["param"], "logprobs");
+  e = post("/v1/chat/completions", {{"messages", msgs}, {"logprobs", 3}}, 400);
+  EXPECT_EQ(e["error"]["param"], "logprobs");
 }
 
 // Before a scheduler is attached (the model is loading) /health and the other routes answer 503.

@@ -8,11 +8,16 @@
 
 namespace ultra::server {
 
-bool GenRequest::wait_text(std::string& out, int timeout_ms) {
+bool GenRequest::wait_text(std::string& out, int timeout_ms, std::vector<TokenLogprobs>* lp) {
   std::unique_lock lk(m);
   cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done || !text.empty(); });
   out = std::move(text);
   text.clear();
+  if (lp) {
+    lp->insert(lp->end(), std::make_move_iterator(logprobs_out.begin()),
+               std::make_move_iterator(logprobs_out.end()));
+    logprobs_out.clear();
+  }
   return done;
 }
 
@@ -24,6 +29,10 @@ struct Scheduler::Slot {
   std::optional<TextStream> stream;
   std::string held;  // final-looking text held back (it could begin a stop string)
   int n_gen = 0;
+  // logprobs: entries of generated tokens whose text has not been handed over yet; the bytes of text
+  // handed over, and the bytes of the generated tokens' pieces so far (the next token's offset).
+  std::vector<TokenLogprobs> pending;
+  size_t n_emitted = 0, n_piece_bytes = 0;
 };
 
 Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue)
@@ -86,6 +95,8 @@ void Scheduler::admit() {
     s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
     s.held.clear();
     s.n_gen = 0;
+    s.pending.clear();
+    s.n_emitted = s.n_piece_bytes = 0;
     stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
     ++stats_.busy_slots;
   }
@@ -119,9 +130,11 @@ void Scheduler::emit_text(Slot& s, bool final_text) {
     out = s.held.substr(0, s.held.size() - keep);
     s.held.erase(0, s.held.size() - keep);
   }
-  if (!out.empty()) {
+  if (!out.empty() || !s.pending.empty()) {
     std::lock_guard lk(r.m);
     r.text += out;
+    s.n_emitted += out.size();
+    release_logprobs(s, false);
     r.cv.notify_all();
   }
   if (cut != std::string::npos) {
@@ -146,6 +159,8 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
     s.held.clear();
     std::lock_guard lk(s.req->m);
     s.req->text += out;
+    s.n_emitted += out.size();
+    release_logprobs(s, /*all=*/cut == std::string::npos);
   }
   // The slot is free (and counted so) before the request is seen done: a client that reads /metrics
   // right after its answer sees its slot released.
@@ -156,6 +171,7 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   s.req.reset();
   s.stream.reset();
   s.held.clear();
+  s.pending.clear();
   --stats_.busy_slots;
   std::lock_guard lk(req->m);
   req->done = true;
@@ -165,7 +181,18 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   req->cv.notify_all();
 }
 
-void Scheduler::on_token(Slot& s, int32_t tok) {
+// Hands over the entries whose token's text starts inside the text handed over so far (all: every one).
+void Scheduler::release_logprobs(Slot& s, bool all) {
+  size_t n = 0;
+  while (n < s.pending.size() && (all || s.pending[n].offset < s.n_emitted)) ++n;
+  if (n == 0) return;
+  auto& out = s.req->logprobs_out;
+  out.insert(out.end(), std::make_move_iterator(s.pending.begin()),
+             std::make_move_iterator(s.pending.begin() + (ptrdiff_t)n));
+  s.pending.erase(s.pending.begin(), s.pending.begin() + (ptrdiff_t)n);
+}
+
+void Scheduler::on_token(Slot& s, int32_t tok, int row) {
   GenRequest& r = *s.req;
   ++s.n_gen;
   ++stats_.generated_tokens_total;
@@ -173,6 +200,17 @@ void Scheduler::on_token(Slot& s, int32_t tok) {
   if (!r.ignore_eos && model_.is_eog(tok)) {
     finish(s, "stop");
     return;
+  }
+  if (r.logprobs) {
+    TokenLogprobs e;
+    e.token = tok;
+    e.logprob = ctx_->logprob(row);
+    const auto top = ctx_->top_logprobs(row);
+    e.top.assign(top.begin(), top.begin() + std::min<ptrdiff_t>((ptrdiff_t)top.size(), r.n_top));
+    e.offset = s.n_piece_bytes;
+    const Tokenizer& tk = *model_.tokenizer();
+    if (!tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
+    s.pending.push_back(std::move(e));
   }
   s.held += s.stream->push(tok);
   emit_text(s, false);
@@ -245,7 +283,7 @@ void Scheduler::run() {
     ++stats_.steps_total;
     for (auto [seq, row] : outputs) {
       Slot& s = slots_[(size_t)seq];
-      if (s.req) on_token(s, ctx_->sampled(row));
+      if (s.req) on_token(s, ctx_->sampled(row), row);
     }
   }
 }

@@ -26,6 +26,14 @@
 
 namespace ultra::server {
 
+// The log-probability of one generated token and the best alternatives (OpenAI's logprobs).
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;  // the request's top_logprobs best, best first
+  size_t offset = 0;              // where the token's text starts in the completion's text (bytes)
+};
+
 // One generation request and its results, shared between an HTTP thread and the scheduler.
 struct GenRequest {
   // --- input (set before submit, read-only afterwards) ---
@@ -34,11 +42,18 @@ struct GenRequest {
   int max_tokens = 16;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // Report each token's log-probability (sampling.n_probs >= 1 then; it is the number of alternatives
+  // computed) and n_top of the alternatives.
+  bool logprobs = false;
+  int n_top = 0;
 
   // --- output, guarded by m ---
   std::mutex m;
   std::condition_variable cv;
   std::string text;  // final text not yet taken by the consumer
+  // Log-probabilities of the tokens of the final text not yet taken by the consumer (one per generated
+  // token but the end-of-generation one; tokens whose text lies wholly in a stop string are left out).
+  std::vector<TokenLogprobs> logprobs_out;
   bool done = false;
   std::string finish_reason;  // "stop", "length" or "cancelled"
   std::string error;          // non-empty: the step failed
@@ -46,9 +61,10 @@ struct GenRequest {
 
   std::atomic<bool> cancelled{false};  // set by the HTTP side when the client is gone
 
-  // Waits until there is text or the request is done (or timeout); moves the text out.
-  // Returns true when the request is done (then `out` holds everything that was left).
-  bool wait_text(std::string& out, int timeout_ms);
+  // Waits until there is text or the request is done (or timeout); moves the text (and, when lp is given,
+  // the log-probabilities that came with it) out. Returns true when the request is done (then `out` holds
+  // everything that was left).
+  bool wait_text(std::string& out, int timeout_ms, std::vector<TokenLogprobs>* lp = nullptr);
 };
 
 struct SchedulerStats {
@@ -83,7 +99,8 @@ class Scheduler {
   struct Slot;
   void run();
   void admit();
-  void on_token(Slot& s, int32_t tok);
+  void on_token(Slot& s, int32_t tok, int row);
+  void release_logprobs(Slot& s, bool all);  // with the request's m held
   void emit_text(Slot& s, bool final_text);
   void finish(Slot& s, const char* reason, const std::string& error = {});
 

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "server/chat.h"
+#include "tokenizer/utf8.h"
 #include "ultra/error.h"
 
 namespace ultra::server {
@@ -136,10 +137,19 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     job.include_usage = get_bool(j["stream_options"], "include_usage", false);
   }
   if (get_int(j, "n", 1, 1, 1 << 20) != 1) bad("n", "only n = 1 is supported");
-  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false && j["logprobs"] != 0)
-    bad("logprobs", "logprobs are not supported yet");
-  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && j["top_logprobs"] != 0)
-    bad("top_logprobs", "top_logprobs are not supported yet");
+  // logprobs: chat takes a boolean and top_logprobs (0..20), completions an integer (the alternatives).
+  constexpr int kMaxTop = SamplingParams::kMaxProbs;
+  if (job.chat) {
+    r.logprobs = get_bool(j, "logprobs", false);
+    r.n_top = (int)get_int(j, "top_logprobs", 0, 0, kMaxTop);
+    if (r.n_top > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  } else if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+    if (!j["logprobs"].is_number_integer())
+      bad("logprobs",
+          fmt::format("'logprobs' must be an integer in [0, {}] (the alternatives per token)", kMaxTop));
+    r.logprobs = true;
+    r.n_top = (int)get_int(j, "logprobs", 0, 0, kMaxTop);
+  }
 
   SamplingParams& p = r.sampling;
   p.temperature = (float)get_number(j, "temperature", p.temperature, 0, 100);
@@ -157,6 +167,7 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   } else {
     p.seed = std::random_device{}() | ((uint64_t)std::random_device{}() << 32);
   }
+  if (r.logprobs) p.n_probs = std::max(1, r.n_top);  // >= 1: greedy rows compute the logprob only then
   try {
     p.validate();
   } catch (const Error& e) {
@@ -204,14 +215,69 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   }
 }
 
+// A token's bytes as a JSON string: ill-formed UTF-8 (a piece of a multi-byte character) becomes U+FFFD;
+// the exact bytes go in "bytes".
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const int k = tok::utf8::classify((const unsigned char*)s.data() + i, s.size() - i);
+    if (k > 0) {
+      out.append(s.substr(i, (size_t)k));
+      i += (size_t)k;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += k < 0 ? (size_t)-k : s.size() - i;
+    }
+  }
+  return out;
+}
+
+json token_bytes(std::string_view s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back((int)c);
+  return b;
+}
+
+// OpenAI's logprobs of a choice: chat {"content": [{token, logprob, bytes, top_logprobs}]}; completions
+// {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}.
+json logprobs_json(const Tokenizer& tok, bool chat, const std::vector<TokenLogprobs>& lp) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprobs& e : lp) {
+      const std::string_view piece = tok.token_to_piece(e.token);
+      json top = json::array();
+      for (const TokenLogprob& t : e.top) {
+        const std::string_view p = tok.token_to_piece(t.token);
+        top.push_back({{"token", valid_utf8(p)}, {"logprob", t.logprob}, {"bytes", token_bytes(p)}});
+      }
+      content.push_back({{"token", valid_utf8(piece)},
+                         {"logprob", e.logprob},
+                         {"bytes", token_bytes(piece)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobs& e : lp) {
+    tokens.push_back(valid_utf8(tok.token_to_piece(e.token)));
+    logprobs.push_back(e.logprob);
+    json top = json::object();
+    for (const TokenLogprob& t : e.top) top[valid_utf8(tok.token_to_piece(t.token))] = t.logprob;
+    tops.push_back(top);
+    offsets.push_back(e.offset);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json usage_json(const Job& job, int n_completion) {
   return {{"prompt_tokens", job.n_prompt},
           {"completion_tokens", n_completion},
           {"total_tokens", job.n_prompt + n_completion}};
 }
 
-json chunk_json(const Job& job, const std::string& text, const json& finish, bool first) {
-  json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
+json chunk_json(const Job& job, const std::string& text, const json& finish, bool first,
+                const json& logprobs = nullptr) {
+  json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", logprobs}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -475,14 +541,17 @@ void Server::routes() {
 
     if (!job.stream) {
       std::string text, part;
-      while (!job.req->wait_text(part, 1000)) text += part;
+      std::vector<TokenLogprobs> lp;
+      while (!job.req->wait_text(part, 1000, &lp)) text += part;
       text += part;
       GenRequest& r = *job.req;
       std::lock_guard lk(r.m);
       if (!r.error.empty()) throw ApiError{500, r.error, "server_error"};
       if (r.finish_reason == "cancelled")
         throw ApiError{503, "the server is shutting down", "unavailable_error"};
-      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}};
+      json choice = {{"index", 0},
+                     {"logprobs", r.logprobs ? logprobs_json(tok, chat, lp) : json(nullptr)},
+                     {"finish_reason", r.finish_reason}};
       if (chat)
         choice["message"] = {{"role", "assistant"}, {"content", text}};
       else
@@ -499,13 +568,16 @@ void Server::routes() {
 
     auto first = std::make_shared<bool>(true);
     res.set_header("Cache-Control", "no-cache");
+    const Tokenizer tk = tok;  // a handle: the stream keeps the vocabulary alive
     res.set_chunked_content_provider(
         "text/event-stream",
-        [job, first](size_t, httplib::DataSink& sink) {
+        [job, first, tk](size_t, httplib::DataSink& sink) {
           std::string part;
-          const bool done = job.req->wait_text(part, 100);
-          if (!part.empty() || (*first && job.chat)) {
-            const std::string ev = sse(chunk_json(job, part, nullptr, *first));
+          std::vector<TokenLogprobs> lp;
+          const bool done = job.req->wait_text(part, 100, &lp);
+          if (!part.empty() || !lp.empty() || (*first && job.chat)) {
+            const json lpj = job.req->logprobs ? logprobs_json(tk, job.chat, lp) : json(nullptr);
+            const std::string ev = sse(chunk_json(job, part, nullptr, *first, lpj));
             *first = false;
             if (!sink.write(ev.data(), ev.size())) return false;
           }
