@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -499,6 +501,108 @@ TEST_F(ServerTest, Logprobs) {
   EXPECT_EQ(e["error"]["param"], "logprobs");
   e = post("/v1/chat/completions", {{"messages", msgs}, {"logprobs", 3}}, 400);
   EXPECT_EQ(e["error"]["param"], "logprobs");
+}
+
+// The official openai npm package (tests/npm: `npm install` there) against the server: a chat completion,
+// the same streamed (with usage), a legacy completion with logprobs, and the client's error for a refused
+// request. Skipped, saying why, when node or the package is missing.
+TEST_F(ServerTest, OfficialOpenAiClient) {
+  const std::filesystem::path dir = std::filesystem::path(ULTRA_SOURCE_DIR) / "tests" / "npm";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (!std::filesystem::exists(dir / "node_modules" / "openai" / "package.json"))
+    GTEST_SKIP() << "the openai npm package is missing: run `npm install` in tests/npm";
+  const std::string cmd = "timeout 60 node " + (dir / "openai_client.mjs").string() +
+                          " http://127.0.0.1:" + std::to_string(env->port) + "/v1 " + kKey;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  const json j = json::parse(out);
+
+  // What the client got equals what a plain HTTP client gets (greedy).
+  const json msgs = json::array({{{"role", "user"}, {"content", "Good morrow, fair lady!"}}});
+  const json want =
+      post("/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 12}, {"temperature", 0}});
+  EXPECT_EQ(j["chat"]["object"], "chat.completion");
+  EXPECT_EQ(j["chat"]["model"], "bundled");
+  EXPECT_EQ(j["chat"]["role"], "assistant");
+  EXPECT_EQ(j["chat"]["content"], want["choices"][0]["message"]["content"]);
+  EXPECT_EQ(j["chat"]["finish_reason"], want["choices"][0]["finish_reason"]);
+  EXPECT_EQ(j["chat"]["usage"], want["usage"]);
+  EXPECT_EQ(j["stream"]["content"], j["chat"]["content"]);
+  EXPECT_EQ(j["stream"]["role"], "assistant");
+  EXPECT_EQ(j["stream"]["finish_reason"], j["chat"]["finish_reason"]);
+  EXPECT_EQ(j["stream"]["usage"], j["chat"]["usage"]);
+  EXPECT_GT(j["stream"]["chunks"].get<int>(), 2);
+  EXPECT_EQ(j["completion"]["text"], reference("ROMEO:", 6));
+  EXPECT_EQ(j["completion"]["logprobs"]["tokens"].size(), 6u);
+  EXPECT_EQ(j["completion"]["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(j["error"]["status"], 400);
+  EXPECT_EQ(j["error"]["param"], "n");
+}
+
+// A full queue: with one slot busy and the one queue entry taken, the next request gets 503 with
+// Retry-After and an OpenAI-shaped error; the queued request is then served.
+TEST(ServerQueue, FullQueueGets503WithRetryAfter) {
+  if (!std::filesystem::exists(model_path())) GTEST_SKIP() << "bundled model missing";
+  const Model model = Model::load(model_path());
+  ContextParams cp;
+  cp.n_ctx = kCtx;
+  cp.n_slots = 1;
+  cp.n_threads = 1;
+  auto sched = std::make_shared<server::Scheduler>(model, cp, /*max_queue=*/1);
+  server::Server srv(server::ServerOptions{});
+  const int port = srv.bind("127.0.0.1", 0);
+  ASSERT_GT(port, 0);
+  srv.attach(sched);
+  std::thread th([&] { srv.listen(); });
+  const auto metric = [&](const std::string& name) {
+    httplib::Client c("127.0.0.1", port);
+    auto r = c.Get("/metrics");
+    if (!r) return -1.0;
+    const size_t at = r->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + name.size() + 2));
+  };
+  const auto wait_for = [&](const std::string& name, double v) {
+    for (int i = 0; i < 2000 && metric(name) != v; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return metric(name) == v;
+  };
+  const std::string long_req = json{{"prompt", "ROMEO:"}, {"max_tokens", 240}, {"ignore_eos", true}}.dump();
+  std::vector<int> status(2, 0);
+  std::vector<std::thread> ts;
+  ts.emplace_back([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/completions", long_req, "application/json");
+    status[0] = r ? r->status : -1;
+  });
+  ASSERT_TRUE(wait_for("ultra_busy_slots", 1));
+  ts.emplace_back([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt": "JULIET:", "max_tokens": 2})", "application/json");
+    status[1] = r ? r->status : -1;
+  });
+  ASSERT_TRUE(wait_for("ultra_queue_depth", 1));
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  const json e = json::parse(r->body);
+  EXPECT_EQ(e["error"]["code"], "queue_full") << e;
+  EXPECT_EQ(metric("ultra_busy_slots"), 1) << "the first request ended before the queue was full";
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(status[0], 200);
+  EXPECT_EQ(status[1], 200);
+  EXPECT_TRUE(wait_for("ultra_busy_slots", 0));
+  sched->shutdown();
+  srv.stop();
+  th.join();
 }
 
 // Before a scheduler is attached (the model is loading) /health and the other routes answer 503.
