@@ -503,6 +503,38 @@ TEST_F(ServerTest, Logprobs) {
   EXPECT_EQ(e["error"]["param"], "logprobs");
 }
 
+// Prefix reuse: the second turn of a chat starts with the first turn's prompt and reply, which a free slot
+// holds: it is served from that slot's cache (usage.prompt_tokens_details.cached_tokens, /metrics), and
+// gives the same reply as the same request with cache_prompt false (prefilled from scratch).
+TEST_F(ServerTest, PrefixReuseAcrossTurns) {
+  json msgs = json::array({{{"role", "user"}, {"content", "Good morrow, fair lady!"}}});
+  const json first = post("/v1/chat/completions",
+                          {{"messages", msgs}, {"max_tokens", 12}, {"temperature", 0}, {"stop", "\n\n"}});
+  const int n1 = first["usage"]["prompt_tokens"];
+  msgs.push_back({{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+  msgs.push_back({{"role", "user"}, {"content", "What news from Mantua?"}});
+  const json body = {{"messages", msgs}, {"max_tokens", 12}, {"temperature", 0}};
+  const auto before = metrics();
+  const json second = post("/v1/chat/completions", body);
+  const auto after = metrics();
+  const int cached = second["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, n1) << second;
+  EXPECT_LT(cached, second["usage"]["prompt_tokens"].get<int>());
+  EXPECT_EQ(after.at("ultra_prompt_tokens_cached_total") - before.at("ultra_prompt_tokens_cached_total"),
+            cached);
+  json fresh_body = body;
+  fresh_body["cache_prompt"] = false;
+  const json fresh = post("/v1/chat/completions", fresh_body);
+  EXPECT_EQ(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(fresh["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]);
+  EXPECT_EQ(fresh["usage"]["prompt_tokens"], second["usage"]["prompt_tokens"]);
+  // The same prompt again: everything but its last token comes from the cache.
+  const json again = post("/v1/chat/completions", body);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"],
+            second["usage"]["prompt_tokens"].get<int>() - 1);
+  EXPECT_EQ(again["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]);
+}
+
 // The official openai npm package (tests/npm: `npm install` there) against the server: a chat completion,
 // the same streamed (with usage), a legacy completion with logprobs, and the client's error for a refused
 // request. Skipped, saying why, when node or the package is missing.

@@ -24,6 +24,7 @@ bool GenRequest::wait_text(std::string& out, int timeout_ms, std::vector<TokenLo
 struct Scheduler::Slot {
   std::shared_ptr<GenRequest> req;  // null: free
   size_t n_prefilled = 0;           // prompt tokens already in the cache
+  uint64_t last_used = 0;           // admission stamp (least recently used slots are taken first)
   bool decoding = false;            // the prompt is in; `last` is the token to feed next
   int32_t last = 0;
   std::optional<TextStream> stream;
@@ -72,25 +73,49 @@ void Scheduler::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-// Takes queued requests into free slots (called with qm_ held).
+// Takes queued requests into free slots (called with qm_ held). Prefix reuse: a request takes the free slot
+// whose cache holds the longest prefix of its prompt (ties: the least recently used), the cache is cropped
+// there and only the rest is prefilled; at least the prompt's last token is prefilled, for its sample.
 void Scheduler::admit() {
-  for (Slot& s : slots_) {
-    if (queue_.empty()) break;
-    if (s.req) continue;
-    std::shared_ptr<GenRequest> req = std::move(queue_.front());
-    queue_.pop_front();
-    if (req->cancelled) {
+  while (!queue_.empty()) {
+    if (queue_.front()->cancelled) {
+      std::shared_ptr<GenRequest> req = std::move(queue_.front());
+      queue_.pop_front();
       std::lock_guard lk(req->m);
       req->done = true;
       req->finish_reason = "cancelled";
       req->cv.notify_all();
       continue;
     }
+    const GenRequest& next = *queue_.front();
+    Slot* best = nullptr;
+    size_t best_prefix = 0;
+    for (Slot& s : slots_) {
+      if (s.req) continue;
+      size_t p = 0;
+      if (next.cache_prompt) {
+        const std::span<const int32_t> cached = ctx_->seq_tokens((int)(&s - slots_.data()));
+        while (p < cached.size() && p + 1 < next.prompt.size() && cached[p] == next.prompt[p]) ++p;
+      }
+      if (!best || p > best_prefix || (p == best_prefix && s.last_used < best->last_used)) {
+        best = &s;
+        best_prefix = p;
+      }
+    }
+    if (!best) break;
+    Slot& s = *best;
+    std::shared_ptr<GenRequest> req = std::move(queue_.front());
+    queue_.pop_front();
     const int seq = (int)(&s - slots_.data());
-    ctx_->clear(seq);
+    ctx_->crop(seq, (int)best_prefix);
     ctx_->set_sampling(seq, req->sampling);
+    {
+      std::lock_guard lk(req->m);
+      req->n_cached = (int)best_prefix;
+    }
     s.req = std::move(req);
-    s.n_prefilled = 0;
+    s.n_prefilled = best_prefix;
+    s.last_used = ++n_admitted_;
     s.decoding = false;
     s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
     s.held.clear();
@@ -98,6 +123,7 @@ void Scheduler::admit() {
     s.pending.clear();
     s.n_emitted = s.n_piece_bytes = 0;
     stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
+    stats_.prompt_tokens_cached_total += (int64_t)best_prefix;
     ++stats_.busy_slots;
   }
   stats_.queue_depth = (int)queue_.size();
@@ -166,8 +192,9 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   // right after its answer sees its slot released.
   std::shared_ptr<GenRequest> req = std::move(s.req);
   const int n_gen = s.n_gen;
-  const int seq = (int)(&s - slots_.data());
-  ctx_->clear(seq);
+  // The cache keeps the conversation for the next request that starts with it (prefix reuse); after a
+  // failed step it is not trusted.
+  if (!error.empty()) ctx_->clear((int)(&s - slots_.data()));
   s.req.reset();
   s.stream.reset();
   s.held.clear();

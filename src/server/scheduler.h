@@ -46,6 +46,7 @@ struct GenRequest {
   // computed) and n_top of the alternatives.
   bool logprobs = false;
   int n_top = 0;
+  bool cache_prompt = true;  // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
 
   // --- output, guarded by m ---
   std::mutex m;
@@ -58,6 +59,7 @@ struct GenRequest {
   std::string finish_reason;  // "stop", "length" or "cancelled"
   std::string error;          // non-empty: the step failed
   int n_completion = 0;       // tokens generated
+  int n_cached = 0;           // prompt tokens found in the slot's cache (not prefilled)
 
   std::atomic<bool> cancelled{false};  // set by the HTTP side when the client is gone
 
@@ -70,6 +72,7 @@ struct GenRequest {
 struct SchedulerStats {
   std::atomic<int64_t> requests_total{0};  // requests admitted to the queue
   std::atomic<int64_t> prompt_tokens_total{0};
+  std::atomic<int64_t> prompt_tokens_cached_total{0};  // of those, found in a slot's cache
   std::atomic<int64_t> generated_tokens_total{0};
   std::atomic<int64_t> steps_total{0};
   std::atomic<int> queue_depth{0};
@@ -116,6 +119,7 @@ class Scheduler {
   bool stopping_ = false;
 
   std::vector<Slot> slots_;
+  uint64_t n_admitted_ = 0;
   SchedulerStats stats_;
   std::thread thread_;
 };

@@ -174,6 +174,7 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     bad("", e.what());
   }
   r.ignore_eos = get_bool(j, "ignore_eos", false);
+  r.cache_prompt = get_bool(j, "cache_prompt", true);
 
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
@@ -269,10 +270,11 @@ json logprobs_json(const Tokenizer& tok, bool chat, const std::vector<TokenLogpr
   return {{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json usage_json(const Job& job, int n_completion) {
+json usage_json(const Job& job, int n_completion, int n_cached) {
   return {{"prompt_tokens", job.n_prompt},
           {"completion_tokens", n_completion},
-          {"total_tokens", job.n_prompt + n_completion}};
+          {"total_tokens", job.n_prompt + n_completion},
+          {"prompt_tokens_details", {{"cached_tokens", n_cached}}}};
 }
 
 json chunk_json(const Job& job, const std::string& text, const json& finish, bool first,
@@ -454,6 +456,8 @@ void Server::routes() {
           };
           metric("requests_total", "counter", "generation requests accepted", st.requests_total);
           metric("prompt_tokens_total", "counter", "prompt tokens admitted", st.prompt_tokens_total);
+          metric("prompt_tokens_cached_total", "counter",
+                 "prompt tokens found in a slot's cache (prefix reuse)", st.prompt_tokens_cached_total);
           metric("generated_tokens_total", "counter", "tokens generated", st.generated_tokens_total);
           metric("steps_total", "counter", "batched steps run", st.steps_total);
           metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
@@ -561,7 +565,7 @@ void Server::routes() {
                   {"created", job.created},
                   {"model", job.model},
                   {"choices", json::array({choice})},
-                  {"usage", usage_json(job, r.n_completion)}};
+                  {"usage", usage_json(job, r.n_completion, r.n_cached)}};
       res.set_content(out.dump(), "application/json");
       return;
     }
@@ -594,7 +598,7 @@ void Server::routes() {
               if (job.include_usage) {
                 json u = chunk_json(job, "", nullptr, false);
                 u["choices"] = json::array();
-                u["usage"] = usage_json(job, r.n_completion);
+                u["usage"] = usage_json(job, r.n_completion, r.n_cached);
                 tail += sse(u);
               }
             }
