@@ -114,7 +114,9 @@ std::string repr(const Value& v);    // Python repr()
 std::string py_float(double d);      // Python repr of a float
 std::string to_json(const Value& v, int indent, bool sort_keys, const std::string& item_sep,
                     const std::string& key_sep);  // json.dumps(ensure_ascii=False)
-Value from_json(const nlohmann::json& j);
+// JSON -> Value; throws ultra::Error for input nested deeper than kMaxJsonDepth.
+constexpr int kMaxJsonDepth = 128;
+Value from_json(const nlohmann::json& j, int depth = 0);
 bool equals(const Value& a, const Value& b);
 // <0, 0, >0; throws (via the callback's message) when the values are not orderable.
 int compare(const Value& a, const Value& b, int line);

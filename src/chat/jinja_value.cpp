@@ -329,7 +329,9 @@ std::string to_json(const Value& v, int indent, bool sort_keys, const std::strin
   return out;
 }
 
-Value from_json(const nlohmann::json& j) {
+Value from_json(const nlohmann::json& j, int depth) {
+  // The messages come from requests: nesting is bounded before it can exhaust the stack.
+  if (depth > kMaxJsonDepth) fail("chat template: the input is nested deeper than {} levels", kMaxJsonDepth);
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::none();
@@ -348,13 +350,13 @@ Value from_json(const nlohmann::json& j) {
       return Value::string(j.get<std::string>());
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
-      for (const auto& x : j) items.push_back(from_json(x));
+      for (const auto& x : j) items.push_back(from_json(x, depth + 1));
       return Value::make_list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Value d = Value::make_dict();
       for (auto it = j.begin(); it != j.end(); ++it)
-        d.dict->items.emplace_back(it.key(), from_json(it.value()));
+        d.dict->items.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return d;
     }
     default:

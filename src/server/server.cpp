@@ -35,6 +35,12 @@ struct ApiError {
   std::string code;   // "" -> null
 };
 
+// Every response body: ill-formed UTF-8 in a string (a detokenized piece of a character, a parser's message
+// quoting the bad input) is written as U+FFFD instead of failing the response.
+std::string to_text(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 json error_body(const ApiError& e) {
   return {{"error",
            {{"message", e.message},
@@ -45,7 +51,7 @@ json error_body(const ApiError& e) {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(error_body(e).dump(), "application/json");
+  res.set_content(to_text(error_body(e)), "application/json");
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
@@ -296,7 +302,7 @@ json chunk_json(const Job& job, const std::string& text, const json& finish, boo
 }
 
 std::string sse(const json& j) {
-  return "data: " + j.dump() + "\n\n";
+  return "data: " + to_text(j) + "\n\n";
 }
 
 }  // namespace
@@ -305,6 +311,9 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)), http_(std::make_uni
   const int n = opts_.n_http_threads;
   http_->new_task_queue = [n] { return new httplib::ThreadPool((size_t)n); };
   http_->set_payload_max_length(opts_.max_body);
+  // Responses go out as several writes (headers, body, SSE events): without TCP_NODELAY, Nagle's algorithm
+  // waits for the client's delayed ACK (40 ms) before each small one.
+  http_->set_tcp_nodelay(true);
   routes();
 }
 
@@ -395,7 +404,14 @@ void Server::routes() {
           send_error(res, ApiError{404, fmt::format("unknown route: {} {}", req.method, req.path),
                                    "not_found_error"});
         else if (res.status == 413)
-          send_error(res, ApiError{413, "the request body is too large", "invalid_request_error"});
+          send_error(
+              res,
+              ApiError{413,
+                       req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded")
+                           ? "the request body is too large for a form (8192 bytes): send it as "
+                             "Content-Type: application/json"
+                           : "the request body is too large",
+                       "invalid_request_error"});
         else
           send_error(res, ApiError{res.status, fmt::format("HTTP error {}", res.status), "server_error"});
         return httplib::Server::HandlerResponse::Handled;
@@ -444,7 +460,7 @@ void Server::routes() {
                     {"created", now_s()},
                     {"owned_by", "ultra"},
                     {"meta", {{"n_ctx", sched_->n_ctx()}, {"n_slots", sched_->n_slots()}}}};
-          res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+          res.set_content(to_text(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
         }));
 
   s.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
@@ -473,7 +489,7 @@ void Server::routes() {
            const bool add_special = get_bool(j, "add_special", false);
            const auto ids =
                sched_->model().tokenizer()->encode(j["content"].get<std::string>(), add_special, true);
-           res.set_content(json{{"tokens", ids}}.dump(), "application/json");
+           res.set_content(to_text(json{{"tokens", ids}}), "application/json");
          }));
 
   s.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -487,12 +503,12 @@ void Server::routes() {
                bad("tokens", fmt::format("'tokens' must hold ids in [0, {})", tok.n_vocab()));
              ids.push_back(t.get<int32_t>());
            }
-           res.set_content(json{{"content", tok.decode(ids)}}.dump(), "application/json");
+           res.set_content(to_text(json{{"content", tok.decode(ids)}}), "application/json");
          }));
 
   s.Post("/apply-template", guarded([this](const httplib::Request& req, httplib::Response& res) {
            const json j = parse_body(req);
-           res.set_content(json{{"prompt", render_request(j)}}.dump(), "application/json");
+           res.set_content(to_text(json{{"prompt", render_request(j)}}), "application/json");
          }));
 
   auto complete = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -566,7 +582,7 @@ void Server::routes() {
                   {"model", job.model},
                   {"choices", json::array({choice})},
                   {"usage", usage_json(job, r.n_completion, r.n_cached)}};
-      res.set_content(out.dump(), "application/json");
+      res.set_content(to_text(out), "application/json");
       return;
     }
 
