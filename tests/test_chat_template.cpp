@@ -257,6 +257,19 @@ TEST(ChatTemplate, HostileTemplatesFailCleanly) {
   EXPECT_THROW(R("{{ 9223372036854775807 + 1 }}"), Error);
   EXPECT_THROW(R("{{ '"), Error);
   EXPECT_THROW(R("{% for %}"), Error);
+
+  // A list 100000 levels deep is built and freed (iteratively: a recursive destructor overflowed the stack
+  // of a server thread); printing, comparing or serializing it is an error past kMaxNesting levels.
+  const std::string deep =
+      "{% set ns = namespace(x=[]) %}{% for i in range(10000) %}{% for j in range(10) %}{% set ns.x = [ns.x] "
+      "%}"
+      "{% endfor %}{% endfor %}";
+  EXPECT_EQ(R(deep + "{{ ns.x | length }}"), "1");
+  for (const char* e : {"ns.x", "ns.x | tojson", "ns.x == ns.x", "ns.x in [ns.x]", "[ns.x, ns.x] | sort"})
+    EXPECT_THROW(R(deep + "{{ " + e + " }}"), Error) << e;
+  // A namespace that holds itself: an error to print, and its memory is freed (LeakSanitizer checks).
+  EXPECT_THROW(R("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"), Error);
+  EXPECT_EQ(R("{% set ns = namespace() %}{% set ns.me = [ns, {'x': ns}] %}{{ ns.me | length }}"), "2");
 }
 
 }  // namespace
