@@ -842,7 +842,10 @@ TEST(ServerLoad, ThirtyTwoConcurrentStreams) {
       const json body = {
           {"prompt", kPrompts[i % 8]}, {"max_tokens", 16}, {"temperature", 0}, {"stream", true}};
       auto r = c.Post("/v1/completions", body.dump(), "application/json");
-      if (!r || r->status != 200) return;
+      if (!r || r->status != 200) {
+        got[i] = r ? "status " + std::to_string(r->status) : "error " + httplib::to_string(r.error());
+        return;
+      }
       const auto ev = sse_events(r->body);
       for (const auto& e : ev)
         if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();

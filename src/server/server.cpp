@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -322,8 +324,17 @@ Server::~Server() {
 }
 
 int Server::bind(const std::string& host, int port) {
-  if (port == 0) return http_->bind_to_any_port(host);
-  return http_->bind_to_port(host, port) ? port : -1;
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): 32 clients connecting at once
+  // overflowed it and some saw their connection reset. The listening socket is caught as it is created
+  // (keeping httplib's own options) and listen() is called again with the system's maximum.
+  int fd = -1;
+  http_->set_socket_options([&fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    fd = sock;
+  });
+  const int bound = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
+  if (bound >= 0 && fd >= 0) ::listen(fd, SOMAXCONN);
+  return bound;
 }
 
 bool Server::listen() {
