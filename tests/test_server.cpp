@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "server/chat.h"
 #include "server/server.h"
 #include "ultra/generate.h"
 
@@ -862,6 +863,29 @@ TEST(ServerLoad, ThirtyTwoConcurrentStreams) {
   sched->shutdown();
   srv.stop();
   th.join();
+}
+
+// The stop-string filter shared by the scheduler and `ultra chat`: text that could begin a stop string is
+// held back across pushes, the earliest complete stop string cuts the text, flush() gives back what was held.
+TEST(StopStrings, HoldBackAndCut) {
+  server::StopStrings a({"END", "\n\n"});
+  EXPECT_EQ(a.push("abc E"), "abc ");
+  EXPECT_EQ(a.push("N"), "");
+  EXPECT_EQ(a.push("X"), "ENX");
+  EXPECT_EQ(a.push("yy\n"), "yy");
+  EXPECT_FALSE(a.stopped());
+  EXPECT_EQ(a.push("\nzz"), "");
+  EXPECT_TRUE(a.stopped());
+  EXPECT_EQ(a.push("more"), "");
+  server::StopStrings b({"bcd", "abcde"});
+  EXPECT_EQ(b.push("xabcdef"), "x");  // the earliest start wins
+  EXPECT_TRUE(b.stopped());
+  server::StopStrings c({"world"});
+  EXPECT_EQ(c.push("hello wor"), "hello ");
+  EXPECT_EQ(c.flush(), "wor");
+  server::StopStrings d({""});  // empty stop strings are ignored
+  EXPECT_EQ(d.push("a"), "a");
+  EXPECT_FALSE(d.stopped());
 }
 
 // Before a scheduler is attached (the model is loading) /health and the other routes answer 503.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 
+#include "server/chat.h"
 #include "ultra/error.h"
 
 namespace ultra::server {
@@ -28,7 +29,7 @@ struct Scheduler::Slot {
   bool decoding = false;            // the prompt is in; `last` is the token to feed next
   int32_t last = 0;
   std::optional<TextStream> stream;
-  std::string held;  // final-looking text held back (it could begin a stop string)
+  std::optional<StopStrings> stops;  // holds back text that could begin a stop string
   int n_gen = 0;
   // logprobs: entries of generated tokens whose text has not been handed over yet; the bytes of text
   // handed over, and the bytes of the generated tokens' pieces so far (the next token's offset).
@@ -118,7 +119,7 @@ void Scheduler::admit() {
     s.last_used = ++n_admitted_;
     s.decoding = false;
     s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
-    s.held.clear();
+    s.stops.emplace(s.req->stop);
     s.n_gen = 0;
     s.pending.clear();
     s.n_emitted = s.n_piece_bytes = 0;
@@ -129,64 +130,28 @@ void Scheduler::admit() {
   stats_.queue_depth = (int)queue_.size();
 }
 
-void Scheduler::emit_text(Slot& s, bool final_text) {
+// Hands final text to the consumer, with the log-probabilities of the tokens it holds (all: every pending
+// one).
+void Scheduler::deliver(Slot& s, const std::string& out, bool all) {
+  if (out.empty() && s.pending.empty()) return;
   GenRequest& r = *s.req;
-  // The earliest complete stop string ends the text there.
-  size_t cut = std::string::npos;
-  for (const std::string& st : r.stop) {
-    const size_t p = s.held.find(st);
-    if (p != std::string::npos) cut = std::min(cut, p);
-  }
-  std::string out;
-  if (cut != std::string::npos) {
-    out = s.held.substr(0, cut);
-    s.held.clear();
-  } else if (final_text) {
-    out = std::move(s.held);
-    s.held.clear();
-  } else {
-    // Hold back the longest tail that is a proper prefix of a stop string.
-    size_t keep = 0;
-    for (const std::string& st : r.stop)
-      for (size_t k = std::min(st.size() - 1, s.held.size()); k > keep; --k)
-        if (s.held.compare(s.held.size() - k, k, st, 0, k) == 0) {
-          keep = k;
-          break;
-        }
-    out = s.held.substr(0, s.held.size() - keep);
-    s.held.erase(0, s.held.size() - keep);
-  }
-  if (!out.empty() || !s.pending.empty()) {
-    std::lock_guard lk(r.m);
-    r.text += out;
-    s.n_emitted += out.size();
-    release_logprobs(s, false);
-    r.cv.notify_all();
-  }
-  if (cut != std::string::npos) {
-    s.stream.reset();  // what the stream still holds comes after the stop string
-    finish(s, "stop");
-  }
+  std::lock_guard lk(r.m);
+  r.text += out;
+  s.n_emitted += out.size();
+  release_logprobs(s, all);
+  r.cv.notify_all();
 }
 
 void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   if (!s.req) return;
   if (error.empty() && std::string_view(reason) != "cancelled" && s.stream) {
-    s.held += s.stream->flush();
-    // A stop string may still complete in the flushed tail; emit_text calls finish again only then.
-    std::shared_ptr<GenRequest> keep = s.req;
-    size_t cut = std::string::npos;
-    for (const std::string& st : s.req->stop) cut = std::min(cut, s.held.find(st));
-    if (cut != std::string::npos) {
-      s.held.resize(cut);
+    // The stream's incomplete tail; a stop string may still complete in it.
+    std::string out = s.stops->push(s.stream->flush());
+    if (s.stops->stopped())
       reason = "stop";
-    }
-    std::string out = std::move(s.held);
-    s.held.clear();
-    std::lock_guard lk(s.req->m);
-    s.req->text += out;
-    s.n_emitted += out.size();
-    release_logprobs(s, /*all=*/cut == std::string::npos);
+    else
+      out += s.stops->flush();
+    deliver(s, out, /*all=*/!s.stops->stopped());
   }
   // The slot is free (and counted so) before the request is seen done: a client that reads /metrics
   // right after its answer sees its slot released.
@@ -197,7 +162,7 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   if (!error.empty()) ctx_->clear((int)(&s - slots_.data()));
   s.req.reset();
   s.stream.reset();
-  s.held.clear();
+  s.stops.reset();
   s.pending.clear();
   --stats_.busy_slots;
   std::lock_guard lk(req->m);
@@ -239,9 +204,13 @@ void Scheduler::on_token(Slot& s, int32_t tok, int row) {
     if (!tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
     s.pending.push_back(std::move(e));
   }
-  s.held += s.stream->push(tok);
-  emit_text(s, false);
-  if (!s.req) return;  // a stop string
+  // Text that could begin a stop string is held back until it is known not to.
+  deliver(s, s.stops->push(s.stream->push(tok)), false);
+  if (s.stops->stopped()) {
+    s.stream.reset();  // what the stream still holds comes after the stop string
+    finish(s, "stop");
+    return;
+  }
   if (s.n_gen >= r.max_tokens || ctx_->seq_len(seq) >= n_ctx_) {
     finish(s, "length");
     return;

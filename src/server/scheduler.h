@@ -104,7 +104,7 @@ class Scheduler {
   void admit();
   void on_token(Slot& s, int32_t tok, int row);
   void release_logprobs(Slot& s, bool all);  // with the request's m held
-  void emit_text(Slot& s, bool final_text);
+  void deliver(Slot& s, const std::string& out, bool all);
   void finish(Slot& s, const char* reason, const std::string& error = {});
 
   Model model_;
