@@ -360,8 +360,28 @@ TEST_F(ServerTest, TokenizeRoundTrip) {
 
 TEST_F(ServerTest, MetricsCountWhatWasServed) {
   const auto before = metrics();
+  const auto t0 = std::chrono::steady_clock::now();
   json r = post("/v1/completions", {{"prompt", "The sun"}, {"max_tokens", 4}, {"ignore_eos", true}});
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto after = metrics();
+  // Time to first token: one more observation, within the request's wall time; cumulative buckets.
+  const std::string h = "ultra_time_to_first_token_seconds";
+  EXPECT_EQ(after.at(h + "_count") - before.at(h + "_count"), 1);
+  const double ttft = after.at(h + "_sum") - before.at(h + "_sum");
+  EXPECT_GT(ttft, 0);
+  EXPECT_LE(ttft, wall);
+  EXPECT_EQ(after.at(h + "_bucket{le=\"+Inf\"}"), after.at(h + "_count"));
+  double prev = 0;
+  int n_buckets = 0;
+  for (const auto& [k, v] : after)
+    if (k.rfind(h + "_bucket{le=\"", 0) == 0 && k.find("+Inf") == std::string::npos) ++n_buckets;
+  EXPECT_EQ(n_buckets, 11);
+  for (const char* le :
+       {"0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"}) {
+    const double v = after.at(h + "_bucket{le=\"" + le + "\"}");
+    EXPECT_GE(v, prev) << le;
+    prev = v;
+  }
   EXPECT_EQ(after.at("ultra_requests_total") - before.at("ultra_requests_total"), 1);
   EXPECT_EQ(after.at("ultra_prompt_tokens_total") - before.at("ultra_prompt_tokens_total"),
             r["usage"]["prompt_tokens"].get<int>());

@@ -53,7 +53,15 @@ Scheduler::~Scheduler() {
   shutdown();
 }
 
+void SchedulerStats::observe_ttft(double seconds) {
+  for (size_t b = 0; b < kTtftBuckets; ++b)
+    if (seconds <= kTtftBounds[b]) ++ttft_le[b];
+  ttft_sum_us += (int64_t)(seconds * 1e6);
+  ++ttft_count;
+}
+
 bool Scheduler::submit(const std::shared_ptr<GenRequest>& req) {
+  req->submitted = std::chrono::steady_clock::now();
   {
     std::lock_guard lk(qm_);
     if (stopping_ || queue_.size() >= max_queue_) return false;
@@ -186,7 +194,9 @@ void Scheduler::release_logprobs(Slot& s, bool all) {
 
 void Scheduler::on_token(Slot& s, int32_t tok, int row) {
   GenRequest& r = *s.req;
-  ++s.n_gen;
+  if (++s.n_gen == 1)
+    stats_.observe_ttft(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - r.submitted).count());
   ++stats_.generated_tokens_total;
   const int seq = (int)(&s - slots_.data());
   if (!r.ignore_eos && model_.is_eog(tok)) {

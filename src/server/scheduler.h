@@ -12,9 +12,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,7 +63,8 @@ struct GenRequest {
   int n_completion = 0;       // tokens generated
   int n_cached = 0;           // prompt tokens found in the slot's cache (not prefilled)
 
-  std::atomic<bool> cancelled{false};  // set by the HTTP side when the client is gone
+  std::atomic<bool> cancelled{false};               // set by the HTTP side when the client is gone
+  std::chrono::steady_clock::time_point submitted;  // set by submit()
 
   // Waits until there is text or the request is done (or timeout); moves the text (and, when lp is given,
   // the log-probabilities that came with it) out. Returns true when the request is done (then `out` holds
@@ -77,6 +80,14 @@ struct SchedulerStats {
   std::atomic<int64_t> steps_total{0};
   std::atomic<int> queue_depth{0};
   std::atomic<int> busy_slots{0};
+  // Time to first token (from submit() to the first sampled token), a Prometheus histogram: the count of
+  // requests at or under each bound (cumulative), the count of all and the sum of the times.
+  static constexpr double kTtftBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  static constexpr size_t kTtftBuckets = std::size(kTtftBounds);
+  std::atomic<int64_t> ttft_le[kTtftBuckets] = {};
+  std::atomic<int64_t> ttft_count{0};
+  std::atomic<int64_t> ttft_sum_us{0};
+  void observe_ttft(double seconds);
 };
 
 class Scheduler {

@@ -490,6 +490,17 @@ void Server::routes() {
           metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
           metric("busy_slots", "gauge", "KV slots held by requests", st.busy_slots);
           metric("slots", "gauge", "KV slots", sched_->n_slots());
+          out +=
+              "# HELP ultra_time_to_first_token_seconds time from a request's arrival to its first token\n"
+              "# TYPE ultra_time_to_first_token_seconds histogram\n";
+          for (size_t b = 0; b < SchedulerStats::kTtftBuckets; ++b)
+            out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"{}\"}} {}\n",
+                               SchedulerStats::kTtftBounds[b], st.ttft_le[b].load());
+          out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n",
+                             st.ttft_count.load());
+          out +=
+              fmt::format("ultra_time_to_first_token_seconds_sum {}\n", (double)st.ttft_sum_us.load() * 1e-6);
+          out += fmt::format("ultra_time_to_first_token_seconds_count {}\n", st.ttft_count.load());
           res.set_content(out, "text/plain; version=0.0.4");
         }));
 
