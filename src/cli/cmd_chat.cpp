@@ -126,7 +126,7 @@ int cmd_chat(int argc, char** argv) {
       ->check(CLI::Range(-1, 1 << 24));
   app.add_option("--stop", stops,
                  "end a reply at this text (repeatable; \\n and \\t are escapes). Default with the bundled "
-                 "model: a blank line, the end of a speech")
+                 "model: a blank line, the end of a speech; --stop '' for none")
       ->allow_extra_args(false);
   app.add_flag("--verbose", verbose, "after each reply, print its token counts and timings to stderr");
   app.add_flag("--no-cache-prompt", no_cache,
