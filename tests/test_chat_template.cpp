@@ -15,6 +15,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "ultra/model.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -256,6 +257,55 @@ TEST(ChatTemplate, HostileTemplatesFailCleanly) {
   EXPECT_THROW(R("{{ 9223372036854775807 + 1 }}"), Error);
   EXPECT_THROW(R("{{ '"), Error);
   EXPECT_THROW(R("{% for %}"), Error);
+
+  // A list 100000 levels deep is built and freed (iteratively: a recursive destructor overflowed the stack
+  // of a server thread); printing, comparing or serializing it is an error past kMaxNesting levels.
+  const std::string deep =
+      "{% set ns = namespace(x=[]) %}{% for i in range(10000) %}{% for j in range(10) %}{% set ns.x = [ns.x] "
+      "%}"
+      "{% endfor %}{% endfor %}";
+  EXPECT_EQ(R(deep + "{{ ns.x | length }}"), "1");
+  for (const char* e : {"ns.x", "ns.x | tojson", "ns.x == ns.x", "ns.x in [ns.x]", "[ns.x, ns.x] | sort"})
+    EXPECT_THROW(R(deep + "{{ " + e + " }}"), Error) << e;
+  // A namespace that holds itself: an error to print, and its memory is freed (LeakSanitizer checks).
+  EXPECT_THROW(R("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"), Error);
+  EXPECT_EQ(R("{% set ns = namespace() %}{% set ns.me = [ns, {'x': ns}] %}{{ ns.me | length }}"), "2");
+}
+
+}  // namespace
+
+namespace {
+
+// The bundled models' play-script template (models/chat_template.jinja, stored in both GGUF files as
+// tokenizer.chat_template by tools/gguf_set_metadata.py): renderings as jinja2 3.1.6 gives them in
+// transformers' environment (trim_blocks, lstrip_blocks), a system stage direction, the default speakers,
+// a message's own name, list content, and user_name / assistant_name as template variables.
+TEST(ChatTemplate, BundledPlayScriptTemplate) {
+  const std::string src = slurp(fs::path(ULTRA_SOURCE_DIR) / "models" / "chat_template.jinja");
+  ASSERT_FALSE(src.empty());
+  const ChatTemplate t(src);
+  const json msgs = json::parse(R"([
+    {"role": "system", "content": "A street in Verona. "},
+    {"role": "user", "content": " Good morrow!"},
+    {"role": "assistant", "content": "What, art thou here?"},
+    {"role": "user", "name": "MERCUTIO",
+     "content": [{"type": "text", "text": "Peace, "}, {"type": "image"}, {"type": "text", "text": "peace!"}]}])");
+  EXPECT_EQ(
+      t.apply(msgs, true),
+      "A street in Verona.\n\nROMEO:\nGood morrow!\n\nJULIET:\nWhat, art thou here?\n\nMERCUTIO:\nPeace, "
+      "peace!\n\nJULIET:\n");
+  EXPECT_EQ(t.apply(json::array({msgs[0], msgs[1]}), false, {{"user_name", "First Citizen"}}),
+            "A street in Verona.\n\nFirst Citizen:\nGood morrow!\n\n");
+  EXPECT_EQ(t.apply(json::array({msgs[1]}), true, {{"assistant_name", "NURSE"}}),
+            "ROMEO:\nGood morrow!\n\nNURSE:\n");
+  // Each rendering with the generation prompt is a prefix of the next one with the reply (what lets `ultra
+  // chat` keep its cache between turns).
+  const std::string first = t.apply(json::array({msgs[1]}), true);
+  EXPECT_EQ(t.apply(json::array({msgs[1], msgs[2]}), false).substr(0, first.size()), first);
+
+  // Both bundled models carry it.
+  for (const char* m : {"target.gguf", "draft.gguf"})
+    EXPECT_EQ(Model::load((fs::path(ULTRA_SOURCE_DIR) / "models" / m).string()).chat_template(), src) << m;
 }
 
 }  // namespace

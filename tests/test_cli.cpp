@@ -1,8 +1,11 @@
 // The `ultra` executable end to end: --json and --dump-logits against the HF fixtures, bench output,
 // convert, and clear errors (non-zero exit, "error: ..." naming the problem) on bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -12,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "tmp_dir.h"
 
@@ -316,6 +321,214 @@ TEST(Cli, ConvertRefusesUnsafeOutputs) {
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_EQ(file_bytes(tmp.path() / "target.gguf").substr(0, 4), "GGUF");
   EXPECT_EQ(listing(tmp.path()).size(), 6u);
+}
+
+}  // namespace
+
+namespace {
+
+struct ChatTurn {
+  int prompt = -1, cached = -1, prefilled = -1;
+  std::string end;
+};
+
+// The --verbose lines of `ultra chat`: "[turn N] prompt P tokens: C cached, F prefilled (...); ... end: E".
+std::vector<ChatTurn> chat_turns(const std::string& err) {
+  std::vector<ChatTurn> turns;
+  std::istringstream in(err);
+  std::string line;
+  while (std::getline(in, line)) {
+    int n = 0;
+    ChatTurn t;
+    char end[32] = {};
+    if (std::sscanf(line.c_str(), "[turn %d] prompt %d tokens: %d cached, %d prefilled", &n, &t.prompt,
+                    &t.cached, &t.prefilled) != 4)
+      continue;
+    const size_t e = line.find("end: ");
+    if (e != std::string::npos && std::sscanf(line.c_str() + e, "end: %31s", end) == 1) t.end = end;
+    EXPECT_EQ(n, (int)turns.size() + 1) << line;
+    turns.push_back(t);
+  }
+  return turns;
+}
+
+std::string ids_csv(std::string ids) {
+  while (!ids.empty() && (ids.back() == '\n' || ids.back() == ' ')) ids.pop_back();
+  std::replace(ids.begin(), ids.end(), ' ', ',');
+  return ids;
+}
+
+// `ultra chat` with the bundled model (its own play-script template; a reply ends at a blank line), two
+// turns piped through stdin, greedy: the output is deterministic, the first reply is the greedy
+// continuation of the template's rendering (through `ultra run`), and the second turn prefills only what
+// follows the conversation the cache already holds, with the same output as a chat that re-prefills
+// everything (--no-cache-prompt). /clear starts a new conversation.
+TEST(Cli, ChatTwoTurnsReuseTheCache) {
+  const TmpDir tmp("ultra_cli");
+  const std::string in = tmp.file("in.txt");
+  std::ofstream(in) << "Good morrow, fair lady!\nWhat news from Mantua?\n";
+  const Out a = ultra("chat --temp 0 --verbose < " + in);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("chat template: the model's"), std::string::npos) << a.err;
+  const Out b = ultra("chat --temp 0 --verbose < " + in);
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  const auto turns = chat_turns(a.err);
+  ASSERT_EQ(turns.size(), 2u) << a.err;
+  EXPECT_EQ(turns[0].cached, 0);
+  EXPECT_EQ(turns[0].prefilled, turns[0].prompt);
+  EXPECT_EQ(turns[0].end, "stop");
+  // The second rendering starts with the first one and its reply: all of that is reused.
+  EXPECT_GT(turns[1].cached, turns[0].prompt);
+  EXPECT_EQ(turns[1].cached + turns[1].prefilled, turns[1].prompt);
+  EXPECT_LT(turns[1].prefilled, turns[1].prompt / 2);
+
+  // Each reply is followed by a newline and ends at a blank line, so none holds an empty line.
+  EXPECT_EQ(a.out.find("\n\n"), std::string::npos) << a.out;
+
+  // The first reply is greedy generation from the template's rendering, up to its blank line.
+  const std::string prompt = tmp.file("prompt.txt");
+  std::ofstream(prompt) << "ROMEO:\nGood morrow, fair lady!\n\nJULIET:\n";
+  const std::string model = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string();
+  const Out ids = ultra("tokenize -m " + model + " -f " + prompt + " --ids");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  const Out run = ultra("run --prompt-ids " + ids_csv(ids.out) + " --temp 0 -n 64 --json");
+  ASSERT_EQ(run.code, 0) << run.err;
+  const std::string text = json::parse(run.out)["generated_text"];
+  const size_t blank = text.find("\n\n");
+  ASSERT_NE(blank, std::string::npos) << text;
+  const std::string reply1 = text.substr(0, blank) + "\n";
+  EXPECT_EQ(a.out.substr(0, reply1.size()), reply1) << a.out;
+  EXPECT_GT(a.out.size(), reply1.size());
+
+  // Re-prefilling everything gives the same replies.
+  const Out c = ultra("chat --temp 0 --verbose --no-cache-prompt < " + in);
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(c.out, a.out);
+  const auto full = chat_turns(c.err);
+  ASSERT_EQ(full.size(), 2u);
+  EXPECT_EQ(full[1].cached, 0);
+  EXPECT_EQ(full[1].prompt, turns[1].prompt);
+
+  // /clear: the third turn is the first one again (its reply too), reusing only the common beginning.
+  std::ofstream(in) << "Good morrow, fair lady!\nWhat news from Mantua?\n/clear\nGood morrow, fair "
+                       "lady!\n/exit\nnot read\n";
+  const Out d = ultra("chat --temp 0 --verbose < " + in);
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.err.find("(conversation cleared)"), std::string::npos);
+  const auto t3 = chat_turns(d.err);
+  ASSERT_EQ(t3.size(), 3u) << d.err;
+  EXPECT_EQ(t3[2].prompt, turns[0].prompt);
+  EXPECT_LT(t3[2].cached, t3[2].prompt);
+  EXPECT_EQ(d.out, a.out + reply1);
+}
+
+// A system message, a --chat-template file, --stop and -n; errors for an unreadable template and a
+// message longer than the context.
+TEST(Cli, ChatOptionsAndErrors) {
+  const TmpDir tmp("ultra_cli");
+  const std::string in = tmp.file("in.txt");
+  std::ofstream(in) << "Hello\n/frobnicate\n";
+  const std::string tmpl = tmp.file("t.jinja");
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m.role | upper }}: {{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}ASSISTANT:{% endif %}";
+  const Out a =
+      ultra("chat --temp 0 --verbose -n 5 --system 'Be brief.' --chat-template " + tmpl + " < " + in);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("unknown command /frobnicate"), std::string::npos) << a.err;
+  auto turns = chat_turns(a.err);
+  ASSERT_EQ(turns.size(), 1u) << a.err;
+  EXPECT_EQ(turns[0].end, "length");
+  const std::string model = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string();
+  const std::string prompt = tmp.file("prompt.txt");
+  std::ofstream(prompt) << "SYSTEM: Be brief.\nUSER: Hello\nASSISTANT:";
+  const Out ids = ultra("tokenize -m " + model + " -f " + prompt + " --ids");
+  ASSERT_EQ(ids.code, 0);
+  EXPECT_EQ(turns[0].prompt, (int)std::count(ids.out.begin(), ids.out.end(), ' ') + 1) << ids.out;
+
+  // -m disables the bundled model's blank-line stop; --stop '\n' (an escape) ends the reply at a newline.
+  const Out s = ultra("chat -m " + model + " --temp 0 --verbose --stop '\\n' < " + in);
+  ASSERT_EQ(s.code, 0) << s.err;
+  turns = chat_turns(s.err);
+  ASSERT_EQ(turns.size(), 1u) << s.err;
+  EXPECT_EQ(turns[0].end, "stop");
+  EXPECT_EQ(std::count(s.out.begin(), s.out.end(), '\n'), 1) << s.out;
+
+  std::ofstream(tmp.file("bad.jinja")) << "{% frobnicate %}";
+  expect_error("chat --chat-template " + tmp.file("bad.jinja") + " < /dev/null", "frobnicate");
+  std::ofstream(in) << std::string(2000, 'x') << "\nHello\n";
+  const Out l = ultra("chat --temp 0 -n 2 --verbose < " + in);
+  EXPECT_EQ(l.code, 0) << l.err;
+  EXPECT_NE(l.err.find("the message is too long"), std::string::npos) << l.err;
+  EXPECT_EQ(chat_turns(l.err).size(), 1u) << l.err;
+}
+
+// Ctrl-C while a reply is generated stops the reply, not the program: the chat goes on to the next line;
+// Ctrl-C at the prompt exits with status 0. (The reply would take far longer than the test's deadline:
+// no stop string, no length limit, a long context.)
+TEST(Cli, ChatCtrlCStopsTheReply) {
+  const TmpDir tmp("ultra_cli");
+  const std::string err = tmp.file("stderr.txt");
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    for (int f : {to_child[0], to_child[1], from_child[0], from_child[1], fd}) close(f);
+    execl(ULTRA_ULTRA_BIN, "ultra", "chat", "-c", "4096", "--stop", "", "--temp", "0", "--verbose", "-t", "1",
+          (char*)nullptr);
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto say = [&](const std::string& s) {
+    return write(to_child[1], s.data(), s.size()) == (ssize_t)s.size();
+  };
+  const auto stderr_has = [&](const std::string& what) {
+    for (int i = 0; i < 3000; ++i) {  // 30 s
+      std::ifstream f(err);
+      const std::string e((std::istreambuf_iterator<char>(f)), {});
+      if (e.find(what) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  ASSERT_TRUE(say("Good morrow!\n"));
+  char buf[4096];
+  ASSERT_GT(read(from_child[0], buf, sizeof buf), 0);  // the reply has begun
+  kill(pid, SIGINT);
+  EXPECT_TRUE(stderr_has("(stopped)"));
+  EXPECT_TRUE(stderr_has("end: interrupted"));
+  {  // the rest of the first reply (all written before the verbose line) is drained first
+    const int fl = fcntl(from_child[0], F_GETFL);
+    fcntl(from_child[0], F_SETFL, fl | O_NONBLOCK);
+    while (read(from_child[0], buf, sizeof buf) > 0) {
+    }
+    fcntl(from_child[0], F_SETFL, fl);
+  }
+  ASSERT_TRUE(say("And you?\n"));
+  ASSERT_GT(read(from_child[0], buf, sizeof buf), 0);  // still alive: a second reply
+  kill(pid, SIGINT);
+  EXPECT_TRUE(stderr_has("[turn 2]"));
+  kill(pid, SIGINT);  // at the prompt: exits
+  std::string rest;
+  ssize_t n;
+  while ((n = read(from_child[0], buf, sizeof buf)) > 0) rest.append(buf, (size_t)n);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  close(to_child[1]);
+  close(from_child[0]);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
+  std::ifstream f(err);
+  const std::string e((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(chat_turns(e).size(), 2u) << e;
 }
 
 }  // namespace

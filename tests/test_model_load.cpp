@@ -18,6 +18,7 @@
 #include "tmp_dir.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
+#include "ultra/model.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -414,6 +415,27 @@ TEST(ModelLoadHf, ConvertPadsTheTokenList) {
   for (const char* text : {"hello world", "help<|end|>", "\xff\xfe h"})
     EXPECT_EQ(from_gguf.encode(text, false, true), from_json.encode(text, false, true)) << text;
   EXPECT_EQ(load_model(out.string())->hp.n_vocab, 320);
+  fs::remove_all(d);
+}
+
+// tokenizer_config.json's chat_template is written as tokenizer.chat_template (Model::chat_template() reads
+// it back from the GGUF as it does from the HF directory); without one the key is absent.
+TEST(ModelLoadHf, ConvertKeepsTheChatTemplate) {
+  const fs::path d = hf_copy("tmpl");
+  std::ofstream(d / "tokenizer.json") << small_tokenizer_json();
+  const std::string tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+  std::ofstream(d / "tokenizer_config.json") << nlohmann::json{{"chat_template", tmpl}}.dump();
+  ConvertOptions opt;
+  opt.out_type = "f32";
+  const fs::path out = tmp("tmpl.gguf");
+  convert_hf_to_gguf(d.string(), out.string(), opt);
+  EXPECT_EQ(gguf::Reader::open(out.string()).get_string("tokenizer.chat_template"), tmpl);
+  EXPECT_EQ(ultra::Model::load(out.string()).chat_template(), tmpl);
+  EXPECT_EQ(ultra::Model::load(d.string()).chat_template(), tmpl);
+  fs::remove(d / "tokenizer_config.json");
+  const fs::path out2 = tmp("notmpl.gguf");
+  convert_hf_to_gguf(d.string(), out2.string(), opt);
+  EXPECT_EQ(gguf::Reader::open(out2.string()).find("tokenizer.chat_template"), nullptr);
   fs::remove_all(d);
 }
 

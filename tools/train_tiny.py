@@ -187,6 +187,9 @@ def save_tokenizer(tok, out_dir, ctx):
             "0": {"content": SPECIAL, "lstrip": False, "normalized": False, "rstrip": False,
                   "single_word": False, "special": True}
         },
+        # The play-script chat template (`ultra convert` writes it as GGUF tokenizer.chat_template).
+        "chat_template": open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models",
+                                           "chat_template.jinja"), encoding="utf-8").read(),
     }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

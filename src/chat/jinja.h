@@ -17,6 +17,20 @@ namespace ultra::jinja {
 
 struct Value;
 struct Dict;
+
+// Values nested deeper than this are an error where they are printed, compared or converted (a template
+// can build a list 10^5 levels deep, or a namespace that holds itself).
+constexpr int kMaxNesting = 200;
+
+// Containers are freed iteratively: destroying a deeply nested value would otherwise recurse once per level
+// (and overflow the stack). The deleter of every list and dict hands the object to release_later.
+void release_later(void* p, void (*destroy)(void*));
+template <class T>
+struct IterativeDelete {
+  void operator()(T* p) const {
+    release_later(p, [](void* q) { delete static_cast<T*>(q); });
+  }
+};
 struct Func;
 struct CallArgs;
 class Interp;
@@ -71,7 +85,8 @@ struct Value {
   static Value make_list(std::vector<Value> items = {}, bool is_tuple = false) {
     Value v;
     v.kind = Kind::List;
-    v.list = std::make_shared<std::vector<Value>>(std::move(items));
+    v.list = std::shared_ptr<std::vector<Value>>(new std::vector<Value>(std::move(items)),
+                                                 IterativeDelete<std::vector<Value>>{});
     v.tuple = is_tuple;
     return v;
   }
@@ -109,15 +124,17 @@ struct Func {
 };
 
 const char* kind_name(const Value& v);
-std::string to_str(const Value& v);  // Python str()
-std::string repr(const Value& v);    // Python repr()
-std::string py_float(double d);      // Python repr of a float
+std::string to_str(const Value& v);               // Python str()
+std::string repr(const Value& v, int depth = 0);  // Python repr()
+std::string py_float(double d);                   // Python repr of a float
 std::string to_json(const Value& v, int indent, bool sort_keys, const std::string& item_sep,
                     const std::string& key_sep);  // json.dumps(ensure_ascii=False)
-Value from_json(const nlohmann::json& j);
-bool equals(const Value& a, const Value& b);
+// JSON -> Value; throws ultra::Error for input nested deeper than kMaxJsonDepth.
+constexpr int kMaxJsonDepth = 128;
+Value from_json(const nlohmann::json& j, int depth = 0);
+bool equals(const Value& a, const Value& b, int depth = 0);
 // <0, 0, >0; throws (via the callback's message) when the values are not orderable.
-int compare(const Value& a, const Value& b, int line);
+int compare(const Value& a, const Value& b, int line, int depth = 0);
 
 // Dict keys are strings; an integer key is stored as "\x01" + its digits (Python dicts with int keys).
 std::string dict_key(const Value& k, int line);

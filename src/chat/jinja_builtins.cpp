@@ -851,8 +851,9 @@ void install_globals(Interp& in) {
                return Value::make_list(std::move(out));
              }));
   auto make_dict = [](bool ns) {
-    return [ns](Interp&, CallArgs& a) {
+    return [ns](Interp& it, CallArgs& a) {
       Value d = Value::make_dict(ns);
+      if (ns) it.namespaces_.push_back(d.dict);
       for (const auto& p : a.pos) {
         if (!p.is_dict()) error_at(a.line, ns ? "namespace() takes a mapping" : "dict() takes a mapping");
         for (const auto& [k, v] : p.dict->items) d.dict->set(k, v);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ class Interp {
   std::string* out_ = nullptr;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  // The namespaces made by namespace(): emptied when the render ends, which breaks any cycle a template
+  // made through them ({% set ns.me = ns %}) so that its memory is freed.
+  std::vector<std::weak_ptr<Dict>> namespaces_;
 
   void step(int line);
   Value lookup(const std::string& name) const;

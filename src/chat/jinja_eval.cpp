@@ -507,7 +507,10 @@ class InterpImpl : public Interp {
 };
 
 Interp::Interp(const Globals& g, const Limits& l) : globals(g), limits(l) {}
-Interp::~Interp() = default;
+Interp::~Interp() {
+  for (const auto& w : namespaces_)
+    if (const auto d = w.lock()) d->items.clear();
+}
 
 void Interp::step(int line) {
   if (++steps_ > limits.max_steps) error_at(line, "template evaluation exceeds the step limit");

@@ -15,10 +15,28 @@ void error_at(int line, const std::string& what) {
   fail("chat template line {}: {}", line, what);
 }
 
+void release_later(void* p, void (*destroy)(void*)) {
+  thread_local std::vector<std::pair<void*, void (*)(void*)>> pending;
+  thread_local bool draining = false;
+  pending.emplace_back(p, destroy);
+  if (draining) return;  // an outer call is freeing a container that held this one: it frees this one too
+  draining = true;
+  while (!pending.empty()) {
+    const auto [q, d] = pending.back();
+    pending.pop_back();
+    d(q);  // may queue the containers it held
+  }
+  draining = false;
+}
+
+static void check_nesting(int depth) {
+  if (depth > kMaxNesting) fail("chat template: a value is nested deeper than {} levels", kMaxNesting);
+}
+
 Value Value::make_dict(bool is_namespace) {
   Value v;
   v.kind = Kind::Dict;
-  v.dict = std::make_shared<Dict>();
+  v.dict = std::shared_ptr<Dict>(new Dict(), IterativeDelete<Dict>{});
   v.dict->is_namespace = is_namespace;
   return v;
 }
@@ -164,7 +182,8 @@ static std::string repr_string(const std::string& s) {
   return out;
 }
 
-std::string repr(const Value& v) {
+std::string repr(const Value& v, int depth) {
+  check_nesting(depth);
   switch (v.kind) {
     case Kind::String:
       return repr_string(v.s);
@@ -172,7 +191,7 @@ std::string repr(const Value& v) {
       std::string out = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
-        out += repr((*v.list)[k]);
+        out += repr((*v.list)[k], depth + 1);
       }
       if (v.tuple && v.list->size() == 1) out += ",";
       return out + (v.tuple ? ")" : "]");
@@ -183,7 +202,7 @@ std::string repr(const Value& v) {
       for (const auto& [k, x] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr(key_value(k)) + ": " + repr(x);
+        out += repr(key_value(k)) + ": " + repr(x, depth + 1);
       }
       return out + (v.dict->is_namespace ? "}>" : "}");
     }
@@ -329,7 +348,9 @@ std::string to_json(const Value& v, int indent, bool sort_keys, const std::strin
   return out;
 }
 
-Value from_json(const nlohmann::json& j) {
+Value from_json(const nlohmann::json& j, int depth) {
+  // The messages come from requests: nesting is bounded before it can exhaust the stack.
+  if (depth > kMaxJsonDepth) fail("chat template: the input is nested deeper than {} levels", kMaxJsonDepth);
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::none();
@@ -348,13 +369,13 @@ Value from_json(const nlohmann::json& j) {
       return Value::string(j.get<std::string>());
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
-      for (const auto& x : j) items.push_back(from_json(x));
+      for (const auto& x : j) items.push_back(from_json(x, depth + 1));
       return Value::make_list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Value d = Value::make_dict();
       for (auto it = j.begin(); it != j.end(); ++it)
-        d.dict->items.emplace_back(it.key(), from_json(it.value()));
+        d.dict->items.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return d;
     }
     default:
@@ -362,7 +383,8 @@ Value from_json(const nlohmann::json& j) {
   }
 }
 
-bool equals(const Value& a, const Value& b) {
+bool equals(const Value& a, const Value& b, int depth) {
+  check_nesting(depth);
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::Float || b.kind == Kind::Float) return a.as_double() == b.as_double();
     const int64_t x = a.kind == Kind::Bool ? a.b : a.i, y = b.kind == Kind::Bool ? b.b : b.i;
@@ -378,7 +400,7 @@ bool equals(const Value& a, const Value& b) {
     case Kind::List: {
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
-        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+        if (!equals((*a.list)[k], (*b.list)[k], depth + 1)) return false;
       return true;
     }
     case Kind::Dict: {
@@ -387,7 +409,7 @@ bool equals(const Value& a, const Value& b) {
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& [k, v] : a.dict->items) {
         const Value* o = b.dict->find(k);
-        if (!o || !equals(v, *o)) return false;
+        if (!o || !equals(v, *o, depth + 1)) return false;
       }
       return true;
     }
@@ -398,7 +420,8 @@ bool equals(const Value& a, const Value& b) {
   }
 }
 
-int compare(const Value& a, const Value& b, int line) {
+int compare(const Value& a, const Value& b, int line, int depth) {
+  check_nesting(depth);
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::Float || b.kind == Kind::Float) {
       const double x = a.as_double(), y = b.as_double();
@@ -414,7 +437,7 @@ int compare(const Value& a, const Value& b, int line) {
   if (a.is_list() && b.is_list()) {
     const size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
-      const int c = compare((*a.list)[k], (*b.list)[k], line);
+      const int c = compare((*a.list)[k], (*b.list)[k], line, depth + 1);
       if (c) return c;
     }
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;

@@ -72,17 +72,7 @@ int cmd_run(int argc, char** argv) {
   app.add_option("-p,--prompt", F.prompt, "prompt text");
   app.add_option("--prompt-ids", F.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
   app.add_option("-n,--n-predict", F.n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
-  app.add_option("--temp", F.sp.temperature, "temperature (0: greedy)")->capture_default_str();
-  app.add_option("--top-k", F.sp.top_k, "top-k (0: off)")->capture_default_str();
-  app.add_option("--top-p", F.sp.top_p, "top-p (1.0: off)")->capture_default_str();
-  app.add_option("--min-p", F.sp.min_p, "min-p (0: off)")->capture_default_str();
-  app.add_option("--repeat-penalty", F.sp.repeat_penalty, "repetition penalty (1.0: off)")
-      ->capture_default_str();
-  app.add_option("--repeat-last-n", F.sp.repeat_last_n, "tokens the penalties look back at (-1: all)")
-      ->capture_default_str();
-  app.add_option("--presence-penalty", F.sp.presence_penalty, "presence penalty")->capture_default_str();
-  app.add_option("--frequency-penalty", F.sp.frequency_penalty, "frequency penalty")->capture_default_str();
-  app.add_option("-s,--seed", F.seed, "RNG seed (-1: random)");
+  add_sampling_flags(app, F.sp, F.seed);
   app.add_flag("--ignore-eos", F.ignore_eos, "keep generating past end-of-generation tokens");
   app.add_flag("--json", F.json,
                "print one JSON object (prompt_ids, generated_ids, timings) instead of text");
@@ -113,11 +103,7 @@ int cmd_run(int argc, char** argv) {
     return app.exit(e);
   }
   F.model.resolve_model();
-  if (F.seed < 0)
-    F.sp.seed = std::random_device{}();
-  else
-    F.sp.seed = (uint64_t)F.seed;
-  F.sp.validate();
+  resolve_sampling(F.sp, F.seed);
   if (!F.prompt.empty() && !F.prompt_ids.empty()) fail("give either -p or --prompt-ids, not both");
   if (!F.speculating())
     for (const char* flag : {"--draft-max", "--draft-min", "--draft-p-min"})

@@ -10,5 +10,6 @@ int cmd_convert(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
 
 }  // namespace ultra::cli

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <sstream>
 
 namespace ultra::cli {
@@ -42,6 +43,25 @@ void ModelFlags::add(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("-b,--batch-size", batch, "most tokens per prefill step")->check(CLI::Range(1, 65536));
   add_device_flags(app, device, kv_type);
+}
+
+void add_sampling_flags(CLI::App& app, SamplingParams& sp, int64_t& seed) {
+  app.add_option("--temp", sp.temperature, "temperature (0: greedy)")->capture_default_str();
+  app.add_option("--top-k", sp.top_k, "top-k (0: off)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p, "top-p (1.0: off)")->capture_default_str();
+  app.add_option("--min-p", sp.min_p, "min-p (0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1.0: off)")
+      ->capture_default_str();
+  app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens the penalties look back at (-1: all)")
+      ->capture_default_str();
+  app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty")->capture_default_str();
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty")->capture_default_str();
+  app.add_option("-s,--seed", seed, "RNG seed (-1: random)");
+}
+
+void resolve_sampling(SamplingParams& sp, int64_t seed) {
+  sp.seed = seed < 0 ? (uint64_t)std::random_device{}() : (uint64_t)seed;
+  sp.validate();
 }
 
 void add_device_flags(CLI::App& app, std::string& device, std::string& kv_type) {

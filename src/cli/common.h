@@ -38,6 +38,11 @@ struct ModelFlags {
   std::string kv_type_name() const;  // the KV type in use
 };
 
+// ultra run's sampling flags (--temp, --top-k, --top-p, --min-p, the penalties, -s/--seed) into sp and seed.
+void add_sampling_flags(CLI::App& app, SamplingParams& sp, int64_t& seed);
+// sp.seed from seed (< 0: a random one), then sp.validate() (ultra::Error naming the bad field).
+void resolve_sampling(SamplingParams& sp, int64_t seed);
+
 // "8G", "512M", "1048576" -> bytes (K/M/G/T: powers of 1024); throws ultra::Error otherwise.
 size_t parse_bytes(const std::string& s, const char* flag);
 

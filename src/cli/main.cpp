@@ -20,6 +20,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"run", ultra::cli::cmd_run, "generate text from a prompt"},
+    {"chat", ultra::cli::cmd_chat, "interactive chat in the terminal on the model's chat template"},
     {"bench", ultra::cli::cmd_bench, "measure prompt processing and generation speed (llama-bench style)"},
     {"convert", ultra::cli::cmd_convert, "convert an HF model directory to GGUF"},
     {"tokenize", ultra::cli::cmd_tokenize, "print the token ids and pieces of a text"},

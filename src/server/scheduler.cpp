@@ -4,26 +4,37 @@
 #include <chrono>
 #include <optional>
 
+#include "server/chat.h"
 #include "ultra/error.h"
 
 namespace ultra::server {
 
-bool GenRequest::wait_text(std::string& out, int timeout_ms) {
+bool GenRequest::wait_text(std::string& out, int timeout_ms, std::vector<TokenLogprobs>* lp) {
   std::unique_lock lk(m);
   cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return done || !text.empty(); });
   out = std::move(text);
   text.clear();
+  if (lp) {
+    lp->insert(lp->end(), std::make_move_iterator(logprobs_out.begin()),
+               std::make_move_iterator(logprobs_out.end()));
+    logprobs_out.clear();
+  }
   return done;
 }
 
 struct Scheduler::Slot {
   std::shared_ptr<GenRequest> req;  // null: free
   size_t n_prefilled = 0;           // prompt tokens already in the cache
+  uint64_t last_used = 0;           // admission stamp (least recently used slots are taken first)
   bool decoding = false;            // the prompt is in; `last` is the token to feed next
   int32_t last = 0;
   std::optional<TextStream> stream;
-  std::string held;  // final-looking text held back (it could begin a stop string)
+  std::optional<StopStrings> stops;  // holds back text that could begin a stop string
   int n_gen = 0;
+  // logprobs: entries of generated tokens whose text has not been handed over yet; the bytes of text
+  // handed over, and the bytes of the generated tokens' pieces so far (the next token's offset).
+  std::vector<TokenLogprobs> pending;
+  size_t n_emitted = 0, n_piece_bytes = 0;
 };
 
 Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue)
@@ -42,7 +53,15 @@ Scheduler::~Scheduler() {
   shutdown();
 }
 
+void SchedulerStats::observe_ttft(double seconds) {
+  for (size_t b = 0; b < kTtftBuckets; ++b)
+    if (seconds <= kTtftBounds[b]) ++ttft_le[b];
+  ttft_sum_us += (int64_t)(seconds * 1e6);
+  ++ttft_count;
+}
+
 bool Scheduler::submit(const std::shared_ptr<GenRequest>& req) {
+  req->submitted = std::chrono::steady_clock::now();
   {
     std::lock_guard lk(qm_);
     if (stopping_ || queue_.size() >= max_queue_) return false;
@@ -63,99 +82,96 @@ void Scheduler::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-// Takes queued requests into free slots (called with qm_ held).
+// Takes queued requests into free slots (called with qm_ held). Prefix reuse: a request takes the free slot
+// whose cache holds the longest prefix of its prompt (ties: the least recently used), the cache is cropped
+// there and only the rest is prefilled; at least the prompt's last token is prefilled, for its sample.
 void Scheduler::admit() {
-  for (Slot& s : slots_) {
-    if (queue_.empty()) break;
-    if (s.req) continue;
-    std::shared_ptr<GenRequest> req = std::move(queue_.front());
-    queue_.pop_front();
-    if (req->cancelled) {
+  while (!queue_.empty()) {
+    if (queue_.front()->cancelled) {
+      std::shared_ptr<GenRequest> req = std::move(queue_.front());
+      queue_.pop_front();
       std::lock_guard lk(req->m);
       req->done = true;
       req->finish_reason = "cancelled";
       req->cv.notify_all();
       continue;
     }
+    const GenRequest& next = *queue_.front();
+    Slot* best = nullptr;
+    size_t best_prefix = 0;
+    for (Slot& s : slots_) {
+      if (s.req) continue;
+      size_t p = 0;
+      if (next.cache_prompt) {
+        const std::span<const int32_t> cached = ctx_->seq_tokens((int)(&s - slots_.data()));
+        while (p < cached.size() && p + 1 < next.prompt.size() && cached[p] == next.prompt[p]) ++p;
+      }
+      if (!best || p > best_prefix || (p == best_prefix && s.last_used < best->last_used)) {
+        best = &s;
+        best_prefix = p;
+      }
+    }
+    if (!best) break;
+    Slot& s = *best;
+    std::shared_ptr<GenRequest> req = std::move(queue_.front());
+    queue_.pop_front();
     const int seq = (int)(&s - slots_.data());
-    ctx_->clear(seq);
+    ctx_->crop(seq, (int)best_prefix);
     ctx_->set_sampling(seq, req->sampling);
+    {
+      std::lock_guard lk(req->m);
+      req->n_cached = (int)best_prefix;
+    }
     s.req = std::move(req);
-    s.n_prefilled = 0;
+    s.n_prefilled = best_prefix;
+    s.last_used = ++n_admitted_;
     s.decoding = false;
     s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
-    s.held.clear();
+    s.stops.emplace(s.req->stop);
     s.n_gen = 0;
+    s.pending.clear();
+    s.n_emitted = s.n_piece_bytes = 0;
     stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
+    stats_.prompt_tokens_cached_total += (int64_t)best_prefix;
     ++stats_.busy_slots;
   }
   stats_.queue_depth = (int)queue_.size();
 }
 
-void Scheduler::emit_text(Slot& s, bool final_text) {
+// Hands final text to the consumer, with the log-probabilities of the tokens it holds (all: every pending
+// one).
+void Scheduler::deliver(Slot& s, const std::string& out, bool all) {
+  if (out.empty() && s.pending.empty()) return;
   GenRequest& r = *s.req;
-  // The earliest complete stop string ends the text there.
-  size_t cut = std::string::npos;
-  for (const std::string& st : r.stop) {
-    const size_t p = s.held.find(st);
-    if (p != std::string::npos) cut = std::min(cut, p);
-  }
-  std::string out;
-  if (cut != std::string::npos) {
-    out = s.held.substr(0, cut);
-    s.held.clear();
-  } else if (final_text) {
-    out = std::move(s.held);
-    s.held.clear();
-  } else {
-    // Hold back the longest tail that is a proper prefix of a stop string.
-    size_t keep = 0;
-    for (const std::string& st : r.stop)
-      for (size_t k = std::min(st.size() - 1, s.held.size()); k > keep; --k)
-        if (s.held.compare(s.held.size() - k, k, st, 0, k) == 0) {
-          keep = k;
-          break;
-        }
-    out = s.held.substr(0, s.held.size() - keep);
-    s.held.erase(0, s.held.size() - keep);
-  }
-  if (!out.empty()) {
-    std::lock_guard lk(r.m);
-    r.text += out;
-    r.cv.notify_all();
-  }
-  if (cut != std::string::npos) {
-    s.stream.reset();  // what the stream still holds comes after the stop string
-    finish(s, "stop");
-  }
+  std::lock_guard lk(r.m);
+  r.text += out;
+  s.n_emitted += out.size();
+  release_logprobs(s, all);
+  r.cv.notify_all();
 }
 
 void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   if (!s.req) return;
   if (error.empty() && std::string_view(reason) != "cancelled" && s.stream) {
-    s.held += s.stream->flush();
-    // A stop string may still complete in the flushed tail; emit_text calls finish again only then.
-    std::shared_ptr<GenRequest> keep = s.req;
-    size_t cut = std::string::npos;
-    for (const std::string& st : s.req->stop) cut = std::min(cut, s.held.find(st));
-    if (cut != std::string::npos) {
-      s.held.resize(cut);
+    // The stream's incomplete tail; a stop string may still complete in it.
+    std::string out = s.stops->push(s.stream->flush());
+    if (s.stops->stopped())
       reason = "stop";
-    }
-    std::string out = std::move(s.held);
-    s.held.clear();
-    std::lock_guard lk(s.req->m);
-    s.req->text += out;
+    else
+      out += s.stops->flush();
+    deliver(s, out, /*all=*/!s.stops->stopped());
   }
   // The slot is free (and counted so) before the request is seen done: a client that reads /metrics
   // right after its answer sees its slot released.
   std::shared_ptr<GenRequest> req = std::move(s.req);
   const int n_gen = s.n_gen;
-  const int seq = (int)(&s - slots_.data());
-  ctx_->clear(seq);
+  // The cache keeps the conversation for the next request that starts with it (prefix reuse); after a
+  // failed step it is not trusted.
+  if (!error.empty()) ctx_->clear((int)(&s - slots_.data()));
   s.req.reset();
   s.stream.reset();
-  s.held.clear();
+  s.stops.reset();
+  s.pending.clear();
   --stats_.busy_slots;
   std::lock_guard lk(req->m);
   req->done = true;
@@ -165,18 +181,46 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   req->cv.notify_all();
 }
 
-void Scheduler::on_token(Slot& s, int32_t tok) {
+// Hands over the entries whose token's text starts inside the text handed over so far (all: every one).
+void Scheduler::release_logprobs(Slot& s, bool all) {
+  size_t n = 0;
+  while (n < s.pending.size() && (all || s.pending[n].offset < s.n_emitted)) ++n;
+  if (n == 0) return;
+  auto& out = s.req->logprobs_out;
+  out.insert(out.end(), std::make_move_iterator(s.pending.begin()),
+             std::make_move_iterator(s.pending.begin() + (ptrdiff_t)n));
+  s.pending.erase(s.pending.begin(), s.pending.begin() + (ptrdiff_t)n);
+}
+
+void Scheduler::on_token(Slot& s, int32_t tok, int row) {
   GenRequest& r = *s.req;
-  ++s.n_gen;
+  if (++s.n_gen == 1)
+    stats_.observe_ttft(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - r.submitted).count());
   ++stats_.generated_tokens_total;
   const int seq = (int)(&s - slots_.data());
   if (!r.ignore_eos && model_.is_eog(tok)) {
     finish(s, "stop");
     return;
   }
-  s.held += s.stream->push(tok);
-  emit_text(s, false);
-  if (!s.req) return;  // a stop string
+  if (r.logprobs) {
+    TokenLogprobs e;
+    e.token = tok;
+    e.logprob = ctx_->logprob(row);
+    const auto top = ctx_->top_logprobs(row);
+    e.top.assign(top.begin(), top.begin() + std::min<ptrdiff_t>((ptrdiff_t)top.size(), r.n_top));
+    e.offset = s.n_piece_bytes;
+    const Tokenizer& tk = *model_.tokenizer();
+    if (!tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
+    s.pending.push_back(std::move(e));
+  }
+  // Text that could begin a stop string is held back until it is known not to.
+  deliver(s, s.stops->push(s.stream->push(tok)), false);
+  if (s.stops->stopped()) {
+    s.stream.reset();  // what the stream still holds comes after the stop string
+    finish(s, "stop");
+    return;
+  }
   if (s.n_gen >= r.max_tokens || ctx_->seq_len(seq) >= n_ctx_) {
     finish(s, "length");
     return;
@@ -245,7 +289,7 @@ void Scheduler::run() {
     ++stats_.steps_total;
     for (auto [seq, row] : outputs) {
       Slot& s = slots_[(size_t)seq];
-      if (s.req) on_token(s, ctx_->sampled(row));
+      if (s.req) on_token(s, ctx_->sampled(row), row);
     }
   }
 }

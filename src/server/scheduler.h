@@ -12,9 +12,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +28,14 @@
 
 namespace ultra::server {
 
+// The log-probability of one generated token and the best alternatives (OpenAI's logprobs).
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;  // the request's top_logprobs best, best first
+  size_t offset = 0;              // where the token's text starts in the completion's text (bytes)
+};
+
 // One generation request and its results, shared between an HTTP thread and the scheduler.
 struct GenRequest {
   // --- input (set before submit, read-only afterwards) ---
@@ -34,30 +44,50 @@ struct GenRequest {
   int max_tokens = 16;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // Report each token's log-probability (sampling.n_probs >= 1 then; it is the number of alternatives
+  // computed) and n_top of the alternatives.
+  bool logprobs = false;
+  int n_top = 0;
+  bool cache_prompt = true;  // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
 
   // --- output, guarded by m ---
   std::mutex m;
   std::condition_variable cv;
   std::string text;  // final text not yet taken by the consumer
+  // Log-probabilities of the tokens of the final text not yet taken by the consumer (one per generated
+  // token but the end-of-generation one; tokens whose text lies wholly in a stop string are left out).
+  std::vector<TokenLogprobs> logprobs_out;
   bool done = false;
   std::string finish_reason;  // "stop", "length" or "cancelled"
   std::string error;          // non-empty: the step failed
   int n_completion = 0;       // tokens generated
+  int n_cached = 0;           // prompt tokens found in the slot's cache (not prefilled)
 
-  std::atomic<bool> cancelled{false};  // set by the HTTP side when the client is gone
+  std::atomic<bool> cancelled{false};               // set by the HTTP side when the client is gone
+  std::chrono::steady_clock::time_point submitted;  // set by submit()
 
-  // Waits until there is text or the request is done (or timeout); moves the text out.
-  // Returns true when the request is done (then `out` holds everything that was left).
-  bool wait_text(std::string& out, int timeout_ms);
+  // Waits until there is text or the request is done (or timeout); moves the text (and, when lp is given,
+  // the log-probabilities that came with it) out. Returns true when the request is done (then `out` holds
+  // everything that was left).
+  bool wait_text(std::string& out, int timeout_ms, std::vector<TokenLogprobs>* lp = nullptr);
 };
 
 struct SchedulerStats {
   std::atomic<int64_t> requests_total{0};  // requests admitted to the queue
   std::atomic<int64_t> prompt_tokens_total{0};
+  std::atomic<int64_t> prompt_tokens_cached_total{0};  // of those, found in a slot's cache
   std::atomic<int64_t> generated_tokens_total{0};
   std::atomic<int64_t> steps_total{0};
   std::atomic<int> queue_depth{0};
   std::atomic<int> busy_slots{0};
+  // Time to first token (from submit() to the first sampled token), a Prometheus histogram: the count of
+  // requests at or under each bound (cumulative), the count of all and the sum of the times.
+  static constexpr double kTtftBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  static constexpr size_t kTtftBuckets = std::size(kTtftBounds);
+  std::atomic<int64_t> ttft_le[kTtftBuckets] = {};
+  std::atomic<int64_t> ttft_count{0};
+  std::atomic<int64_t> ttft_sum_us{0};
+  void observe_ttft(double seconds);
 };
 
 class Scheduler {
@@ -83,8 +113,9 @@ class Scheduler {
   struct Slot;
   void run();
   void admit();
-  void on_token(Slot& s, int32_t tok);
-  void emit_text(Slot& s, bool final_text);
+  void on_token(Slot& s, int32_t tok, int row);
+  void release_logprobs(Slot& s, bool all);  // with the request's m held
+  void deliver(Slot& s, const std::string& out, bool all);
   void finish(Slot& s, const char* reason, const std::string& error = {});
 
   Model model_;
@@ -99,6 +130,7 @@ class Scheduler {
   bool stopping_ = false;
 
   std::vector<Slot> slots_;
+  uint64_t n_admitted_ = 0;
   SchedulerStats stats_;
   std::thread thread_;
 };

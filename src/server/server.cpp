@@ -5,11 +5,14 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "server/chat.h"
+#include "tokenizer/utf8.h"
 #include "ultra/error.h"
 
 namespace ultra::server {
@@ -34,6 +37,12 @@ struct ApiError {
   std::string code;   // "" -> null
 };
 
+// Every response body: ill-formed UTF-8 in a string (a detokenized piece of a character, a parser's message
+// quoting the bad input) is written as U+FFFD instead of failing the response.
+std::string to_text(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 json error_body(const ApiError& e) {
   return {{"error",
            {{"message", e.message},
@@ -44,7 +53,7 @@ json error_body(const ApiError& e) {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(error_body(e).dump(), "application/json");
+  res.set_content(to_text(error_body(e)), "application/json");
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
@@ -136,10 +145,19 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     job.include_usage = get_bool(j["stream_options"], "include_usage", false);
   }
   if (get_int(j, "n", 1, 1, 1 << 20) != 1) bad("n", "only n = 1 is supported");
-  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false && j["logprobs"] != 0)
-    bad("logprobs", "logprobs are not supported yet");
-  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && j["top_logprobs"] != 0)
-    bad("top_logprobs", "top_logprobs are not supported yet");
+  // logprobs: chat takes a boolean and top_logprobs (0..20), completions an integer (the alternatives).
+  constexpr int kMaxTop = SamplingParams::kMaxProbs;
+  if (job.chat) {
+    r.logprobs = get_bool(j, "logprobs", false);
+    r.n_top = (int)get_int(j, "top_logprobs", 0, 0, kMaxTop);
+    if (r.n_top > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  } else if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+    if (!j["logprobs"].is_number_integer())
+      bad("logprobs",
+          fmt::format("'logprobs' must be an integer in [0, {}] (the alternatives per token)", kMaxTop));
+    r.logprobs = true;
+    r.n_top = (int)get_int(j, "logprobs", 0, 0, kMaxTop);
+  }
 
   SamplingParams& p = r.sampling;
   p.temperature = (float)get_number(j, "temperature", p.temperature, 0, 100);
@@ -157,12 +175,14 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   } else {
     p.seed = std::random_device{}() | ((uint64_t)std::random_device{}() << 32);
   }
+  if (r.logprobs) p.n_probs = std::max(1, r.n_top);  // >= 1: greedy rows compute the logprob only then
   try {
     p.validate();
   } catch (const Error& e) {
     bad("", e.what());
   }
   r.ignore_eos = get_bool(j, "ignore_eos", false);
+  r.cache_prompt = get_bool(j, "cache_prompt", true);
 
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
@@ -204,14 +224,70 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   }
 }
 
-json usage_json(const Job& job, int n_completion) {
-  return {{"prompt_tokens", job.n_prompt},
-          {"completion_tokens", n_completion},
-          {"total_tokens", job.n_prompt + n_completion}};
+// A token's bytes as a JSON string: ill-formed UTF-8 (a piece of a multi-byte character) becomes U+FFFD;
+// the exact bytes go in "bytes".
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const int k = tok::utf8::classify((const unsigned char*)s.data() + i, s.size() - i);
+    if (k > 0) {
+      out.append(s.substr(i, (size_t)k));
+      i += (size_t)k;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += k < 0 ? (size_t)-k : s.size() - i;
+    }
+  }
+  return out;
 }
 
-json chunk_json(const Job& job, const std::string& text, const json& finish, bool first) {
-  json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
+json token_bytes(std::string_view s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back((int)c);
+  return b;
+}
+
+// OpenAI's logprobs of a choice: chat {"content": [{token, logprob, bytes, top_logprobs}]}; completions
+// {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}.
+json logprobs_json(const Tokenizer& tok, bool chat, const std::vector<TokenLogprobs>& lp) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprobs& e : lp) {
+      const std::string_view piece = tok.token_to_piece(e.token);
+      json top = json::array();
+      for (const TokenLogprob& t : e.top) {
+        const std::string_view p = tok.token_to_piece(t.token);
+        top.push_back({{"token", valid_utf8(p)}, {"logprob", t.logprob}, {"bytes", token_bytes(p)}});
+      }
+      content.push_back({{"token", valid_utf8(piece)},
+                         {"logprob", e.logprob},
+                         {"bytes", token_bytes(piece)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobs& e : lp) {
+    tokens.push_back(valid_utf8(tok.token_to_piece(e.token)));
+    logprobs.push_back(e.logprob);
+    json top = json::object();
+    for (const TokenLogprob& t : e.top) top[valid_utf8(tok.token_to_piece(t.token))] = t.logprob;
+    tops.push_back(top);
+    offsets.push_back(e.offset);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json usage_json(const Job& job, int n_completion, int n_cached) {
+  return {{"prompt_tokens", job.n_prompt},
+          {"completion_tokens", n_completion},
+          {"total_tokens", job.n_prompt + n_completion},
+          {"prompt_tokens_details", {{"cached_tokens", n_cached}}}};
+}
+
+json chunk_json(const Job& job, const std::string& text, const json& finish, bool first,
+                const json& logprobs = nullptr) {
+  json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", logprobs}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -228,7 +304,7 @@ json chunk_json(const Job& job, const std::string& text, const json& finish, boo
 }
 
 std::string sse(const json& j) {
-  return "data: " + j.dump() + "\n\n";
+  return "data: " + to_text(j) + "\n\n";
 }
 
 }  // namespace
@@ -237,6 +313,9 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)), http_(std::make_uni
   const int n = opts_.n_http_threads;
   http_->new_task_queue = [n] { return new httplib::ThreadPool((size_t)n); };
   http_->set_payload_max_length(opts_.max_body);
+  // Responses go out as several writes (headers, body, SSE events): without TCP_NODELAY, Nagle's algorithm
+  // waits for the client's delayed ACK (40 ms) before each small one.
+  http_->set_tcp_nodelay(true);
   routes();
 }
 
@@ -245,8 +324,17 @@ Server::~Server() {
 }
 
 int Server::bind(const std::string& host, int port) {
-  if (port == 0) return http_->bind_to_any_port(host);
-  return http_->bind_to_port(host, port) ? port : -1;
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): 32 clients connecting at once
+  // overflowed it and some saw their connection reset. The listening socket is caught as it is created
+  // (keeping httplib's own options) and listen() is called again with the system's maximum.
+  int fd = -1;
+  http_->set_socket_options([&fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    fd = sock;
+  });
+  const int bound = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
+  if (bound >= 0 && fd >= 0) ::listen(fd, SOMAXCONN);
+  return bound;
 }
 
 bool Server::listen() {
@@ -259,10 +347,7 @@ void Server::stop() {
 
 void Server::attach(std::shared_ptr<Scheduler> scheduler) {
   const Model& m = scheduler->model();
-  if (const Tokenizer* t = m.tokenizer()) {
-    if (t->bos() >= 0) tmpl_opts_.bos_token = std::string(t->token_to_piece(t->bos()));
-    if (t->eos() >= 0) tmpl_opts_.eos_token = std::string(t->token_to_piece(t->eos()));
-  }
+  tmpl_opts_ = chat_template_options(m);
   const std::string& src = opts_.chat_template.empty() ? m.chat_template() : opts_.chat_template;
   if (!src.empty()) {
     try {
@@ -330,7 +415,14 @@ void Server::routes() {
           send_error(res, ApiError{404, fmt::format("unknown route: {} {}", req.method, req.path),
                                    "not_found_error"});
         else if (res.status == 413)
-          send_error(res, ApiError{413, "the request body is too large", "invalid_request_error"});
+          send_error(
+              res,
+              ApiError{413,
+                       req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded")
+                           ? "the request body is too large for a form (8192 bytes): send it as "
+                             "Content-Type: application/json"
+                           : "the request body is too large",
+                       "invalid_request_error"});
         else
           send_error(res, ApiError{res.status, fmt::format("HTTP error {}", res.status), "server_error"});
         return httplib::Server::HandlerResponse::Handled;
@@ -379,7 +471,7 @@ void Server::routes() {
                     {"created", now_s()},
                     {"owned_by", "ultra"},
                     {"meta", {{"n_ctx", sched_->n_ctx()}, {"n_slots", sched_->n_slots()}}}};
-          res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+          res.set_content(to_text(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
         }));
 
   s.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
@@ -391,11 +483,24 @@ void Server::routes() {
           };
           metric("requests_total", "counter", "generation requests accepted", st.requests_total);
           metric("prompt_tokens_total", "counter", "prompt tokens admitted", st.prompt_tokens_total);
+          metric("prompt_tokens_cached_total", "counter",
+                 "prompt tokens found in a slot's cache (prefix reuse)", st.prompt_tokens_cached_total);
           metric("generated_tokens_total", "counter", "tokens generated", st.generated_tokens_total);
           metric("steps_total", "counter", "batched steps run", st.steps_total);
           metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
           metric("busy_slots", "gauge", "KV slots held by requests", st.busy_slots);
           metric("slots", "gauge", "KV slots", sched_->n_slots());
+          out +=
+              "# HELP ultra_time_to_first_token_seconds time from a request's arrival to its first token\n"
+              "# TYPE ultra_time_to_first_token_seconds histogram\n";
+          for (size_t b = 0; b < SchedulerStats::kTtftBuckets; ++b)
+            out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"{}\"}} {}\n",
+                               SchedulerStats::kTtftBounds[b], st.ttft_le[b].load());
+          out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n",
+                             st.ttft_count.load());
+          out +=
+              fmt::format("ultra_time_to_first_token_seconds_sum {}\n", (double)st.ttft_sum_us.load() * 1e-6);
+          out += fmt::format("ultra_time_to_first_token_seconds_count {}\n", st.ttft_count.load());
           res.set_content(out, "text/plain; version=0.0.4");
         }));
 
@@ -406,7 +511,7 @@ void Server::routes() {
            const bool add_special = get_bool(j, "add_special", false);
            const auto ids =
                sched_->model().tokenizer()->encode(j["content"].get<std::string>(), add_special, true);
-           res.set_content(json{{"tokens", ids}}.dump(), "application/json");
+           res.set_content(to_text(json{{"tokens", ids}}), "application/json");
          }));
 
   s.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -420,12 +525,12 @@ void Server::routes() {
                bad("tokens", fmt::format("'tokens' must hold ids in [0, {})", tok.n_vocab()));
              ids.push_back(t.get<int32_t>());
            }
-           res.set_content(json{{"content", tok.decode(ids)}}.dump(), "application/json");
+           res.set_content(to_text(json{{"content", tok.decode(ids)}}), "application/json");
          }));
 
   s.Post("/apply-template", guarded([this](const httplib::Request& req, httplib::Response& res) {
            const json j = parse_body(req);
-           res.set_content(json{{"prompt", render_request(j)}}.dump(), "application/json");
+           res.set_content(to_text(json{{"prompt", render_request(j)}}), "application/json");
          }));
 
   auto complete = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -448,8 +553,7 @@ void Server::routes() {
       }
       const std::string text = render_request(j);
       // No double BOS: a template that writes the BOS text itself gets none added.
-      const bool has_bos = tok.bos() >= 0 && tok.add_bos() && text.starts_with(tok.token_to_piece(tok.bos()));
-      job.req->prompt = tok.encode(text, !has_bos, true);
+      job.req->prompt = encode_chat_prompt(tok, text);
     } else {
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];
@@ -479,14 +583,17 @@ void Server::routes() {
 
     if (!job.stream) {
       std::string text, part;
-      while (!job.req->wait_text(part, 1000)) text += part;
+      std::vector<TokenLogprobs> lp;
+      while (!job.req->wait_text(part, 1000, &lp)) text += part;
       text += part;
       GenRequest& r = *job.req;
       std::lock_guard lk(r.m);
       if (!r.error.empty()) throw ApiError{500, r.error, "server_error"};
       if (r.finish_reason == "cancelled")
         throw ApiError{503, "the server is shutting down", "unavailable_error"};
-      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}};
+      json choice = {{"index", 0},
+                     {"logprobs", r.logprobs ? logprobs_json(tok, chat, lp) : json(nullptr)},
+                     {"finish_reason", r.finish_reason}};
       if (chat)
         choice["message"] = {{"role", "assistant"}, {"content", text}};
       else
@@ -496,20 +603,23 @@ void Server::routes() {
                   {"created", job.created},
                   {"model", job.model},
                   {"choices", json::array({choice})},
-                  {"usage", usage_json(job, r.n_completion)}};
-      res.set_content(out.dump(), "application/json");
+                  {"usage", usage_json(job, r.n_completion, r.n_cached)}};
+      res.set_content(to_text(out), "application/json");
       return;
     }
 
     auto first = std::make_shared<bool>(true);
     res.set_header("Cache-Control", "no-cache");
+    const Tokenizer tk = tok;  // a handle: the stream keeps the vocabulary alive
     res.set_chunked_content_provider(
         "text/event-stream",
-        [job, first](size_t, httplib::DataSink& sink) {
+        [job, first, tk](size_t, httplib::DataSink& sink) {
           std::string part;
-          const bool done = job.req->wait_text(part, 100);
-          if (!part.empty() || (*first && job.chat)) {
-            const std::string ev = sse(chunk_json(job, part, nullptr, *first));
+          std::vector<TokenLogprobs> lp;
+          const bool done = job.req->wait_text(part, 100, &lp);
+          if (!part.empty() || !lp.empty() || (*first && job.chat)) {
+            const json lpj = job.req->logprobs ? logprobs_json(tk, job.chat, lp) : json(nullptr);
+            const std::string ev = sse(chunk_json(job, part, nullptr, *first, lpj));
             *first = false;
             if (!sink.write(ev.data(), ev.size())) return false;
           }
@@ -526,7 +636,7 @@ void Server::routes() {
               if (job.include_usage) {
                 json u = chunk_json(job, "", nullptr, false);
                 u["choices"] = json::array();
-                u["usage"] = usage_json(job, r.n_completion);
+                u["usage"] = usage_json(job, r.n_completion, r.n_cached);
                 tail += sse(u);
               }
             }

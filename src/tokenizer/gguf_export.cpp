@@ -87,6 +87,8 @@ void write_gguf_vocab(const Vocab& v, gguf::Writer& w, size_t n_vocab) {
   id("tokenizer.ggml.padding_token_id", v.pad);
   w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
   w.set_bool("tokenizer.ggml.add_eos_token", v.add_eos);
+  // tokenizer_config.json's chat template travels with the vocabulary, as llama.cpp's converter writes it.
+  if (!v.chat_template.empty()) w.set_string("tokenizer.chat_template", v.chat_template);
 }
 
 }  // namespace ultra::tok
