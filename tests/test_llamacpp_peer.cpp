@@ -1,14 +1,19 @@
 // The bundled GGUF files load in llama.cpp (the npm package node-llama-cpp, a prebuilt llama.cpp) and its
-// greedy tokens for a fixed prompt equal ours. Runs when node and bench/node_modules/node-llama-cpp are
-// installed (.ci/run installs them with `npm install` in bench/); skipped otherwise, saying so.
+// greedy tokens for a fixed prompt equal ours; so do `ultra convert`'s files of every architecture of the HF
+// fixtures, whose llama.cpp greedy tokens must equal HF transformers' (tests/fixtures/hf/*/reference.json).
+// Runs when node and bench/node_modules/node-llama-cpp are installed (.ci/run installs them with `npm
+// install` in bench/); skipped otherwise, saying so.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "greedy_util.h"
+#include "io/convert.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -51,6 +56,95 @@ TEST(LlamaCppPeer, BundledModelsGreedyTokensEqual) {
     std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared\n", name, theirs.size(), ours.size());
     EXPECT_EQ(ours, theirs) << name;
   }
+}
+
+// A byte-level BPE tokenizer.json of n_vocab tokens (the 256 bytes, then merges of two lowercase letters),
+// for the fixtures, which have none: llama.cpp (through node-llama-cpp) needs a vocabulary to run a model.
+nlohmann::json synthetic_tokenizer(int n_vocab) {
+  // GPT-2's byte -> printable code point map
+  std::vector<int> cps;
+  for (int b = 0; b < 256; ++b)
+    cps.push_back((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174 ? b : -1);
+  for (int b = 0, n = 0; b < 256; ++b)
+    if (cps[b] < 0) cps[b] = 256 + n++;
+  auto utf8 = [](int cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += (char)cp;
+    } else {
+      s += (char)(0xC0 | (cp >> 6));
+      s += (char)(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  nlohmann::json vocab = nlohmann::json::object(), merges = nlohmann::json::array();
+  for (int b = 0; b < 256; ++b) vocab[utf8(cps[b])] = b;
+  for (int id = 256, k = 0; id < n_vocab; ++id, ++k) {
+    const std::string a(1, (char)('a' + k / 26 % 26)), c(1, (char)('a' + k % 26));
+    vocab[a + c] = id;
+    merges.push_back(a + " " + c);
+  }
+  return {{"version", "1.0"},
+          {"added_tokens", nlohmann::json::array()},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"post_processor", nullptr},
+          {"decoder",
+           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
+// HF checkpoint (+ a synthetic tokenizer) -> `ultra convert` (F32) -> llama.cpp: the greedy continuation of
+// the fixture's prompt is HF's (every fixture was made with a top-2 logit margin of at least ~0.08, far above
+// F32 rounding).
+void expect_llamacpp_matches_hf(const std::vector<const char*>& archs) {
+  const fs::path tmp = fs::temp_directory_path() / ("ultra_llamacpp_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  int n_models = 0;
+  for (const char* arch : archs) {
+    const fs::path dir = kRoot / "tests" / "fixtures" / "hf" / arch;
+    std::ifstream f(dir / "reference.json");
+    const auto ref = nlohmann::json::parse(f);
+    const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
+    const auto want = ref["greedy"].get<std::vector<int32_t>>();
+    // (a neutral directory name: it becomes general.name, from which llama.cpp infers per-model token rules)
+    const fs::path hf = tmp / ("model_" + std::to_string(++n_models)),
+                   gguf = tmp / (std::string(arch) + ".gguf");
+    fs::create_directories(hf);
+    for (const char* name : {"config.json", "model.safetensors"}) fs::copy_file(dir / name, hf / name);
+    std::ofstream(hf / "tokenizer.json") << synthetic_tokenizer(ref["n_vocab"].get<int>()).dump();
+    ConvertOptions opt;
+    opt.out_type = "f32";
+    convert_hf_to_gguf(hf.string(), gguf.string(), opt);
+    const auto theirs = llamacpp_greedy(gguf, prompt, (int)want.size());
+    std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared with HF transformers\n", arch, theirs.size(),
+                want.size());
+    EXPECT_EQ(theirs, want) << arch << ": llama.cpp's greedy tokens on ultra convert's F32 file";
+  }
+  fs::remove_all(tmp);
+}
+
+TEST(LlamaCppPeer, ConvertedArchitecturesMatchHf) {
+  if (!have_node_llama_cpp())
+    GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
+  expect_llamacpp_matches_hf({"llama_gqa", "llama_tied_rope3", "mistral", "qwen2_bias", "qwen3", "gemma3"});
+}
+
+// Known to differ (2026-12-01, the llama.cpp of node-llama-cpp's prebuilt binaries, source of 2026-09-28):
+//  * Gemma 2: the fixture's query_pre_attn_scalar is 24 with head_dim 16; llama.cpp ignores that key (and our
+//    gemma2.attention.scale) and scales queries by 1/sqrt(head_dim), or 1/sqrt(dim / heads) for the 27B,
+//    which is right for the released Gemma 2 models (query_pre_attn_scalar = head_dim for 2B / 9B, dim /
+//    heads for 27B) but not for this fixture: llama.cpp repeats token 204 where HF continues 204, 156, 156,
+//    ...
+//  * Phi-3 (short factors, 16 + 32 positions of an original 64): every token differs; not yet explained (the
+//    LongRoPE attention factor, which HF applies to cos / sin at every length, is the first suspect).
+// ultra reads these same files to HF's logits within 1e-4 (test_model_fixtures). Run with
+// --gtest_also_run_disabled_tests.
+TEST(LlamaCppPeer, DISABLED_ConvertedGemma2AndPhi3MatchHf) {
+  if (!have_node_llama_cpp())
+    GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
+  expect_llamacpp_matches_hf({"gemma2", "phi3_short"});
 }
 
 }  // namespace

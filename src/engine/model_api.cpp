@@ -84,6 +84,9 @@ std::optional<tok::Tokenizer> load_own_tokenizer(const ModelData& m) {
   std::optional<tok::Tokenizer> t;
   if (m.gguf) {
     if (!m.gguf->find("tokenizer.ggml.model")) return t;
+    if (const std::string kind = m.gguf->get_string("tokenizer.ggml.model");
+        kind == "none" || kind == "no_vocab")
+      return t;                          // llama.cpp's mark of a model without a vocabulary
     t.emplace(tok::load_gguf(*m.gguf));  // the file is already mapped
   } else {
     std::error_code ec;

@@ -236,7 +236,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
       E.vec(p + "attn_q_norm.weight", l.q_norm, hp.head_dim);
       E.vec(p + "attn_k_norm.weight", l.k_norm, hp.head_dim);
     }
-    if (l.attn_post_norm) E.vec(p + "attn_post_norm.weight", l.attn_post_norm, hp.dim);
+    if (l.attn_post_norm) E.vec(p + "post_attention_norm.weight", l.attn_post_norm, hp.dim);
     E.vec(p + "ffn_norm.weight", l.ffn_norm, hp.dim);
     if (l.ffn_post_norm) E.vec(p + "post_ffw_norm.weight", l.ffn_post_norm, hp.dim);
     if (l.w_gate_up.data) {  // Phi-3: [W_gate; W_up] as ffn_up
@@ -266,8 +266,11 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
       fail("{}: tokenizer has {} tokens but the model's vocabulary is {}", hf_dir, v.tokens.size(),
            hp.n_vocab);
     tok::write_gguf_vocab(v, wr, (size_t)hp.n_vocab);
-  } else if (opt.warn) {
-    opt.warn(fmt::format("{}: no tokenizer.json; the GGUF file will have no tokenizer", hf_dir));
+  } else {
+    // llama.cpp's mark of a model without a vocabulary (it refuses a file without the key)
+    wr.set_string("tokenizer.ggml.model", "none");
+    if (opt.warn)
+      opt.warn(fmt::format("{}: no tokenizer.json; the GGUF file will have no tokenizer", hf_dir));
   }
   wr.write(out_path);
   return written;

@@ -239,7 +239,7 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
       l.q_norm = L.vec(p + "attn_q_norm.weight", hp.head_dim);
       l.k_norm = L.vec(p + "attn_k_norm.weight", hp.head_dim);
     }
-    if (hp.post_norms) l.attn_post_norm = L.vec(p + "attn_post_norm.weight", hp.dim);
+    if (hp.post_norms) l.attn_post_norm = L.vec(p + "post_attention_norm.weight", hp.dim);
     l.ffn_norm = L.vec(p + "ffn_norm.weight", hp.dim);
     if (hp.post_norms) l.ffn_post_norm = L.vec(p + "post_ffw_norm.weight", hp.dim);
     if (hp.arch == Arch::Phi3) {  // ffn_up holds [W_gate; W_up]
