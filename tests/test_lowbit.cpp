@@ -377,19 +377,37 @@ void check_matmul(const WeightView& w, Value value, uint32_t seed, const char* w
 
 TEST(LowbitMatmul, Fp8AgainstFloat64) {
   std::mt19937 rng(5);
-  for (int64_t rows : {1, 5, 7, 37}) {
-    for (int64_t cols : {1, 7, 16, 33, 64, 100, 259}) {
-      std::vector<uint8_t> codes((size_t)(rows * cols));
-      for (auto& c : codes) {
-        do c = (uint8_t)rng();
-        while (fp8_e4m3_is_nan(c));
-      }
-      std::vector<float> scale(rows);
-      for (auto& s : scale) s = std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -(int)(rng() % 12));
-      const WeightView w{GgmlType::F8_E4M3, codes.data(), rows, cols, (size_t)cols, scale.data(), cols, 1};
-      check_matmul(
-          w, [&](int64_t r, int64_t c) { return e4m3_value(codes[r * cols + c]) * scale[r]; },
-          (uint32_t)(rows * 1000 + cols), "fp8");
+  struct Shape {
+    int64_t rows, cols, group, stride;  // stride 0: one scale per tensor; group < cols: HF block-wise
+  };
+  std::vector<Shape> shapes;
+  for (int64_t rows : {1, 5, 7, 37})
+    for (int64_t cols : {1, 7, 16, 33, 64, 100, 259}) shapes.push_back({rows, cols, cols, 1});
+  for (Shape sh : {Shape{3, 100, 100, 0}, Shape{5, 256, 128, 2}, Shape{7, 300, 128, 3}, Shape{9, 200, 32, 7},
+                   Shape{4, 40, 16, 3}})
+    shapes.push_back(sh);
+  for (const Shape& sh : shapes) {
+    const int64_t rows = sh.rows, cols = sh.cols;
+    std::vector<uint8_t> codes((size_t)(rows * cols));
+    for (auto& c : codes) {
+      do c = (uint8_t)rng();
+      while (fp8_e4m3_is_nan(c));
+    }
+    std::vector<float> scale((size_t)std::max<int64_t>(1, rows * sh.stride));
+    for (auto& s : scale) s = std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -(int)(rng() % 12));
+    const WeightView w{GgmlType::F8_E4M3, codes.data(), rows,     cols,
+                       (size_t)cols,      scale.data(), sh.group, sh.stride};
+    check_matmul(
+        w,
+        [&](int64_t r, int64_t c) {
+          return e4m3_value(codes[r * cols + c]) * scale[r * sh.stride + c / sh.group];
+        },
+        (uint32_t)(rows * 1000 + cols), "fp8");
+    std::vector<float> row(cols);  // dequant_row (embedding lookups) with the same scales
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::dequant_row(w, r, row.data());
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(row[c], (float)e4m3_value(codes[r * cols + c]) * scale[r * sh.stride + c / sh.group]);
     }
   }
 }

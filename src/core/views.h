@@ -15,8 +15,9 @@ namespace ultra {
 // layout (ne[0] = cols) and safetensors' (shape [rows, cols]).
 // F8_E4M3 and TERNARY carry f32 scales: element (r, c) is decode(code) * scale[r * scale_row_stride +
 // c / scale_group]. scale_row_stride is 0 for one scale for the whole tensor, else the groups per row
-// (cols / scale_group). F8_E4M3 has one scale per row (scale_group == cols); TERNARY one per tensor, per row
-// or per 256 columns (TQ1_0/TQ2_0 repacked); scale_group is a multiple of 16 for TERNARY.
+// (ceil(cols / scale_group)). F8_E4M3 has one scale per tensor or row (scale_group == cols), or per row and
+// 128 columns (HF block-wise checkpoints, the last group may be partial); TERNARY one per tensor, per row or
+// per 256 columns (TQ1_0/TQ2_0 repacked), scale_group a multiple of 16 dividing cols.
 struct WeightView {
   GgmlType type = GgmlType::F32;
   const void* data = nullptr;

@@ -52,8 +52,8 @@ void dequant_row(const WeightView& w, int64_t r, float* out) {
       return;
     }
     case GgmlType::F8_E4M3: {
-      const float s = w.scale[r * w.scale_row_stride];
-      for (int64_t c = 0; c < n; ++c) out[c] = fp8_e4m3_to_fp32(row[c]) * s;
+      const float* s = w.scale + r * w.scale_row_stride;
+      for (int64_t c = 0; c < n; ++c) out[c] = fp8_e4m3_to_fp32(row[c]) * s[c / w.scale_group];
       return;
     }
     case GgmlType::TERNARY: {
