@@ -21,6 +21,13 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path kRoot = ULTRA_SOURCE_DIR;
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer perplexity runs ~15x slower: one window exercises the same code for memory
+// errors, and the bounds are checked in the normal build.
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 const std::string kTarget = (kRoot / "models" / "target.gguf").string();
 
 std::vector<int32_t> val_ids() {
@@ -38,7 +45,7 @@ double ppl(const std::string& path) {
   PerplexityParams pp;
   pp.n_window = 256;
   pp.mode = PerplexityParams::Mode::AllPositions;
-  pp.max_windows = 6;
+  pp.max_windows = kSanitized ? 1 : 6;
   return perplexity(s, val_ids(), pp).ppl;
 }
 
@@ -109,7 +116,8 @@ TEST(Quantize, EveryTypeLoadsGeneratesAndKeepsPerplexity) {
     for (int32_t t : toks) EXPECT_TRUE(t >= 0 && t < 4096) << t;
     const double p = ppl(out);
     EXPECT_TRUE(std::isfinite(p)) << p;
-    if (c.max_rel > 0) EXPECT_LE(std::fabs(p - base) / base, c.max_rel) << "ppl " << p << " vs F16 " << base;
+    if (c.max_rel > 0 && !kSanitized)
+      EXPECT_LE(std::fabs(p - base) / base, c.max_rel) << "ppl " << p << " vs F16 " << base;
     std::printf("[ quantize ] %-8s ppl %.3f (F16 %.3f), file %.2f MiB\n", c.type.c_str(), p, base,
                 (double)fs::file_size(out) / (1 << 20));
   }
