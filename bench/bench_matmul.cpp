@@ -8,6 +8,8 @@
 // out in one buffer (110M weights: 438 MB F32, 116 MB Q8_0, far beyond L3), best of R passes; reports the
 // weight bytes streamed per second, % of the measured bandwidth and the implied tokens/s of the matmuls.
 // Prefill: 128 tokens through the 12 layers' matrices, GFLOP/s (2 flops per weight per token).
+// Types: F32, F16, BF16, Q8_0, F8_E4M3 and TERNARY (one f32 scale per row each; the scales, 0.4 MB, are not
+// counted in MB).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -100,6 +102,10 @@ size_t rb_of(GgmlType t, int64_t cols) {
     case GgmlType::F16:
     case GgmlType::BF16:
       return cols * 2;
+    case GgmlType::F8_E4M3:
+      return cols;
+    case GgmlType::TERNARY:
+      return cols / 16 * 4;
     default:
       return cols / 32 * sizeof(BlockQ8_0);
   }
@@ -109,7 +115,11 @@ struct Model {
   uint8_t* buf = nullptr;
   size_t bytes = 0;
   std::vector<WeightView> mats;  // 12 * 7 + output
+  std::vector<float> scales;     // F8_E4M3 / TERNARY: one per row of every matrix
 };
+
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,     GgmlType::BF16,
+                           GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY};
 
 Model build_model(GgmlType t) {
   Model m;
@@ -131,6 +141,18 @@ Model build_model(GgmlType t) {
     for (size_t i = 0; i < n16; ++i) p16[i] = fp32_to_fp16(((int)(rnd() >> 16) % 2001 - 1000) * 1e-5f);
   } else if (t == GgmlType::BF16) {
     for (size_t i = 0; i < n16; ++i) p16[i] = fp32_to_bf16(((int)(rnd() >> 16) % 2001 - 1000) * 1e-5f);
+  } else if (t == GgmlType::F8_E4M3) {
+    for (size_t i = 0; i < m.bytes; ++i) {
+      const uint8_t c = (uint8_t)(rnd() >> 16);
+      m.buf[i] = (c & 0x7f) == 0x7f ? 0 : c;  // no NaN codes
+    }
+  } else if (t == GgmlType::TERNARY) {
+    uint32_t* w = (uint32_t*)m.buf;
+    for (size_t i = 0; i < m.bytes / 4; ++i) {
+      uint32_t v = 0;
+      for (int k = 0; k < 16; ++k) v |= ((rnd() >> 16) % 3) << (2 * k);
+      w[i] = v;
+    }
   } else {
     BlockQ8_0* b = (BlockQ8_0*)m.buf;
     for (size_t i = 0; i < m.bytes / sizeof(BlockQ8_0); ++i) {
@@ -138,10 +160,21 @@ Model build_model(GgmlType t) {
       for (int j = 0; j < 32; ++j) b[i].qs[j] = (int8_t)((int)(rnd() >> 16) % 255 - 127);
     }
   }
-  size_t off = 0;
+  size_t total_rows = 0;
+  for (const Shape& s : shapes) total_rows += s.rows;
+  const bool scaled = t == GgmlType::F8_E4M3 || t == GgmlType::TERNARY;
+  if (scaled) m.scales.assign(total_rows, 0.01f);
+  size_t off = 0, row0 = 0;
   for (const Shape& s : shapes) {
-    m.mats.push_back(WeightView{t, m.buf + off, s.rows, s.cols, rb_of(t, s.cols)});
+    WeightView w{t, m.buf + off, s.rows, s.cols, rb_of(t, s.cols)};
+    if (scaled) {
+      w.scale = m.scales.data() + row0;
+      w.scale_group = s.cols;
+      w.scale_row_stride = 1;
+    }
+    m.mats.push_back(w);
     off += s.rows * rb_of(t, s.cols);
+    row0 += s.rows;
   }
   return m;
 }
@@ -189,15 +222,15 @@ int main(int argc, char** argv) {
   std::vector<float> x((size_t)kPrefill * kFfn), y((size_t)kPrefill * kVocab);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7919) % 2001) * 1e-3f - 1.0f;
   size_t n_scratch = 1;
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
+  for (GgmlType t : kTypes)
     n_scratch =
         std::max(n_scratch, matmul_scratch_floats(WeightView{t, nullptr, kVocab, kFfn, rb_of(t, kFfn)},
                                                   kPrefill, std::max(threads, 1)));
   std::vector<float> scratch(n_scratch);
 
   std::printf("\ndecode: 12 layers x 7 matrices + 32000x768 output, one token, best of %d\n", reps);
-  std::printf("%-5s %7s %3s %9s %8s %8s %9s\n", "type", "MB", "thr", "ms/token", "GB/s", "%bw", "tok/s");
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+  std::printf("%-7s %7s %3s %9s %8s %8s %9s\n", "type", "MB", "thr", "ms/token", "GB/s", "%bw", "tok/s");
+  for (GgmlType t : kTypes) {
     Model m = build_model(t);
     for (size_t i = 0; i < tcounts.size(); ++i) {
       ThreadPool pool(tcounts[i]);
@@ -209,15 +242,15 @@ int main(int argc, char** argv) {
         best = std::min(best, now() - t0);
       }
       const double gbs = m.bytes / best / 1e9;
-      std::printf("%-5s %7.1f %3d %9.3f %8.1f %7.1f%% %9.1f\n", std::string(type_name(t)).c_str(),
+      std::printf("%-7s %7.1f %3d %9.3f %8.1f %7.1f%% %9.1f\n", std::string(type_name(t)).c_str(),
                   m.bytes / 1e6, tcounts[i], best * 1e3, gbs, 100.0 * gbs / bw[i], 1.0 / best);
     }
     std::free(m.buf);
   }
 
   std::printf("\nprefill: %d tokens through the 12 layers' 84 matrices (no output), best of 3\n", kPrefill);
-  std::printf("%-5s %3s %9s %9s\n", "type", "thr", "ms", "GFLOP/s");
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+  std::printf("%-7s %3s %9s %9s\n", "type", "thr", "ms", "GFLOP/s");
+  for (GgmlType t : kTypes) {
     Model m = build_model(t);
     double flops = 0;
     for (size_t i = 0; i + 1 < m.mats.size(); ++i) flops += 2.0 * m.mats[i].rows * m.mats[i].cols * kPrefill;
@@ -229,7 +262,7 @@ int main(int argc, char** argv) {
         forward(pool, m, kPrefill, false, x, y, scratch);
         best = std::min(best, now() - t0);
       }
-      std::printf("%-5s %3d %9.1f %9.1f\n", std::string(type_name(t)).c_str(), tcounts[i], best * 1e3,
+      std::printf("%-7s %3d %9.1f %9.1f\n", std::string(type_name(t)).c_str(), tcounts[i], best * 1e3,
                   flops / best / 1e9);
     }
     std::free(m.buf);

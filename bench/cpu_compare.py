@@ -2,7 +2,9 @@
 """ultra vs llama.cpp on the CPU, side by side in one script, same GGUF files and thread count.
 
 For each weight type (f32, f16, q8_0) it makes a random-weight ~110M-parameter Llama GGUF (dim 768,
-12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) with tools/make_bench_gguf.py, runs
+12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) with tools/make_bench_gguf.py (the low-bit
+types fp8, ternary, tq2_0, tq1_0: `ultra quantize` of the f16 file; llama.cpp cannot load fp8 and ternary,
+so their peer columns are empty), runs
 `ultra bench` (prefill of P tokens, then G single-token decode steps) and llama.cpp through
 node-llama-cpp (bench/llamacpp_peer.mjs) on it, and prints decode/prefill tokens/s, the ratio
 ultra / llama.cpp, and the bytes/s each decode reaches against this machine's read bandwidth measured by
@@ -52,10 +54,17 @@ def main():
     print(f"read bandwidth ({args.threads} threads): {bw / 1e9:.1f} GB/s" if bw else "read bandwidth: n/a")
 
     rows = []
+    lowbit = ("fp8", "ternary", "tq2_0", "tq1_0")
     for t in args.types.split(","):
         path = os.path.join(args.dir, f"llama110m-tied-{t}.gguf")
         if not os.path.exists(path):
-            run([sys.executable, "tools/make_bench_gguf.py", "--type", t, "--tie-embeddings", "-o", path])
+            if t in lowbit:
+                f16 = os.path.join(args.dir, "llama110m-tied-f16.gguf")
+                if not os.path.exists(f16):
+                    run([sys.executable, "tools/make_bench_gguf.py", "--type", "f16", "--tie-embeddings", "-o", f16])
+                run([ultra, "quantize", f16, path, "--type", t])
+            else:
+                run([sys.executable, "tools/make_bench_gguf.py", "--type", t, "--tie-embeddings", "-o", path])
         def ultra_bench(binary):
             u = json.loads(run([binary, "bench", "-m", path, "-p", str(args.prompt), "-n", str(args.gen), "-r",
                                 str(args.reps), "-t", str(args.threads), "--json"]))
@@ -76,14 +85,18 @@ def main():
             u, pp_u, tg_u = ultra_bench(ultra)
         if args.no_peer:
             continue
-        p = json.loads(run(["node", "bench/llamacpp_peer.mjs", "--model", path, "--threads", str(args.threads),
-                            "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps", str(args.reps)]))
-        pp_l = p["pp_tps_llama_mean"]
-        tg_l = p["tg_tps_llama_mean"]
+        if t in ("fp8", "ternary"):  # ultra's own GGUF types: llama.cpp refuses the file
+            pp_l = tg_l = None
+        else:
+            p = json.loads(run(["node", "bench/llamacpp_peer.mjs", "--model", path, "--threads", str(args.threads),
+                                "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps", str(args.reps)]))
+            pp_l = p["pp_tps_llama_mean"]
+            tg_l = p["tg_tps_llama_mean"]
         bytes_tok = u["size_bytes"]  # every weight byte is read once per decoded token (tied: embd = output)
         row = dict(type=t, size_mb=bytes_tok / 1e6, tg_ultra=tg_u, tg_llama=tg_l, pp_ultra=pp_u, pp_llama=pp_l,
-                   tg_ratio=tg_u / tg_l, pp_ratio=pp_u / pp_l,
-                   bw_ultra=tg_u * bytes_tok / bw if bw else None, bw_llama=tg_l * bytes_tok / bw if bw else None)
+                   tg_ratio=tg_u / tg_l if tg_l else None, pp_ratio=pp_u / pp_l if pp_l else None,
+                   bw_ultra=tg_u * bytes_tok / bw if bw else None,
+                   bw_llama=tg_l * bytes_tok / bw if bw and tg_l else None)
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -93,10 +106,12 @@ def main():
           f" pp{args.prompt} ultra | pp{args.prompt} llama.cpp | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        pct = lambda x: f"{100 * x:.0f}%" if x is not None else "n/a"
-        print(f"| {r['type']} | {r['size_mb']:.0f} | {r['tg_ultra']:.1f} | {r['tg_llama']:.1f} | {r['tg_ratio']:.2f}x |"
-              f" {pct(r['bw_ultra'])} | {pct(r['bw_llama'])} | {r['pp_ultra']:.1f} | {r['pp_llama']:.1f} |"
-              f" {r['pp_ratio']:.2f}x |")
+        pct = lambda x: f"{100 * x:.0f}%" if x is not None else "-"
+        num = lambda x: f"{x:.1f}" if x is not None else "-"
+        rat = lambda x: f"{x:.2f}x" if x is not None else "-"
+        print(f"| {r['type']} | {r['size_mb']:.0f} | {r['tg_ultra']:.1f} | {num(r['tg_llama'])} | {rat(r['tg_ratio'])} |"
+              f" {pct(r['bw_ultra'])} | {pct(r['bw_llama'])} | {r['pp_ultra']:.1f} | {num(r['pp_llama'])} |"
+              f" {rat(r['pp_ratio'])} |")
 
 
 if __name__ == "__main__":

@@ -174,6 +174,35 @@ namespace {
 // a writer appears (forever), a directory read as a text file gives empty input.
 // Speculative decoding from the command line: the bundled pair (--speculative) and -md with prompt
 // lookup give plain greedy's tokens, and the timing block reports the rounds.
+// ultra quantize: progress per tensor, a summary line, the file runs with ultra run; clear errors.
+TEST(Cli, QuantizeThenRun) {
+  const TmpDir tmp("ultra_cli");
+  const std::string target = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string();
+  for (const char* type : {"fp8", "ternary", "tq2_0"}) {
+    const std::string out = tmp.file(std::string("q-") + type + ".gguf");
+    const Out q = ultra("quantize " + target + " " + out + " --type " + type);
+    ASSERT_EQ(q.code, 0) << q.err;
+    EXPECT_NE(q.err.find("blk.7.ffn_down.weight"), std::string::npos) << q.err;  // progress
+    EXPECT_NE(q.err.find("wrote " + out), std::string::npos) << q.err;
+    if (std::string(type) == "tq2_0")  // 384-column rows fall back to Q8_0, with a warning
+      EXPECT_NE(
+          q.err.find("warning: blk.0.attn_q.weight: 384 columns are not a multiple of 256; written as Q8_0"),
+          std::string::npos)
+          << q.err;
+    const Out o = ultra("run -m " + out + " --prompt-ids 814,26 -n 8 --temp 0 --json");
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_EQ(json::parse(o.out)["generated_ids"].size(), 8u);
+  }
+  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " --type q4_k",
+               "unknown output type 'q4_k'");
+  expect_error("quantize " + tmp.file("missing.gguf") + " " + tmp.file("x.gguf") + " --type fp8",
+               "no such file or directory");
+  expect_error("quantize " + target + " " + target + " --type fp8", "refusing to overwrite");
+  const Out h = ultra("quantize " + target + " " + tmp.file("x.gguf"));  // --type is required
+  EXPECT_NE(h.code, 0);
+  EXPECT_NE(h.err.find("--type"), std::string::npos) << h.err;
+}
+
 TEST(Cli, RunSpeculative) {
   const std::string plain = "run -p ROMEO: -n 40 --temp 0 --json";
   const Out ref = ultra(plain);

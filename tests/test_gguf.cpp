@@ -447,7 +447,7 @@ TEST(Gguf, WriterRejectsInvalidInput) {
   expect_msg([&] { w.add_tensor("a", GgmlType::Q8_0, {16}, data, 17); },
              "not a multiple of the Q8_0 block size 32");
   expect_msg([&] { w.add_tensor("a", GgmlType::F32, {}, data, 0); }, "has 0 dims");
-  expect_msg([&] { w.add_tensor("a", (GgmlType)77, {4}, data, 16); }, "unknown ggml type 77");
+  expect_msg([&] { w.add_tensor("a", (GgmlType)77, {4}, data, 16); }, "unknown tensor type id 77");
   w.add_tensor("a", GgmlType::F32, {4}, data, 16);
   expect_msg([&] { w.add_tensor("a", GgmlType::F32, {4}, data, 16); }, "duplicate tensor 'a'");
   expect_msg([&] { w.add_tensor(std::string(64, 'n'), GgmlType::F32, {4}, data, 16); },
@@ -690,7 +690,7 @@ TEST(Gguf, RejectsBadTensorInfos) {
   };
   const std::vector<uint8_t> ok = one({4, 2}, GgmlType::F32, 0, 32);
   EXPECT_NO_THROW(Reader::parse(ok.data(), ok.size(), "ok.gguf"));
-  expect_error(one({4, 2}, (GgmlType)99, 0, 32), "tensor 'blk.0.w' has unknown ggml type 99");
+  expect_error(one({4, 2}, (GgmlType)99, 0, 32), "tensor 'blk.0.w' has unknown tensor type id 99");
   expect_error(one({4, 0}, GgmlType::F32, 0, 32), "tensor 'blk.0.w' has ne[1] = 0");
   expect_error(one({1, 1, 1, 1, 1}, GgmlType::F32, 0, 32), "has 5 dims, expected 1 to 4");
   expect_error(one({}, GgmlType::F32, 0, 32), "has 0 dims, expected 1 to 4");

@@ -175,7 +175,8 @@ TEST(Safetensors, OpensAFileAndEveryDtypeSize) {
     ASSERT_TRUE(t) << name;
     EXPECT_EQ(t->n_bytes, (uint64_t)size) << name;
     EXPECT_EQ(t->file, path);
-    EXPECT_EQ(t->type_supported, name == "F32" || name == "F16" || name == "BF16") << name;
+    EXPECT_EQ(t->type_supported, name == "F32" || name == "F16" || name == "BF16" || name == "F8_E4M3")
+        << name;
   }
   EXPECT_EQ(find(*f, "f4")->n_bytes, 3u);
   expect_error(one_tensor("F4", "[3]", "[0, 2]", 2), "is not a whole number of bytes");

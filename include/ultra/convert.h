@@ -14,7 +14,13 @@
 namespace ultra {
 
 struct ConvertOptions {
-  std::string out_type = "f16";  // "f32", "f16", "bf16" or "q8_0" (case-insensitive)
+  // "f32", "f16", "bf16", "q8_0", or the low-bit types of `ultra quantize` (docs/QUANTIZATION.md): "fp8"
+  // (F8_E4M3, one scale per row), "ternary" (BitNet b1.58), "tq1_0", "tq2_0" (llama.cpp's). Case-insensitive.
+  std::string out_type = "f16";
+  // Leave token_embd and output (the LM head) in their input type instead of out_type.
+  bool keep_embeddings = false;
+  // ternary: one scale per output row instead of one per tensor.
+  bool ternary_per_row = false;
   // Called with (tensors done, tensors total, name) as conversion proceeds (progress output).
   std::function<void(int, int, const std::string&)> progress;
   // Called with warnings (e.g. no tokenizer found); may be empty.
@@ -26,5 +32,12 @@ struct ConvertOptions {
 // ultra::Error on bad input or I/O failure, leaving nothing behind.
 int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path,
                        const ConvertOptions& opt = {});
+
+// `ultra quantize`: a GGUF file or an HF directory -> GGUF with every 2-D weight matrix in opt.out_type
+// (token_embd / output kept with keep_embeddings). From GGUF, the metadata (tokenizer included) and the
+// 1-D tensors are copied as they are. A matrix whose row length the type cannot hold (TQ1_0 / TQ2_0: a
+// multiple of 256; ternary: 16) is written as Q8_0 (F16 when not a multiple of 32) with a warning, as
+// llama.cpp's quantize falls back. Same output-path rules and return value as convert_hf_to_gguf.
+int quantize_model(const std::string& in_path, const std::string& out_path, const ConvertOptions& opt);
 
 }  // namespace ultra

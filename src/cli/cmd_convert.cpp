@@ -14,7 +14,9 @@ int cmd_convert(int argc, char** argv) {
   std::string in, out, type = "f16";
   app.add_option("HF_DIR", in, "HF model directory")->required();
   app.add_option("-o,--outfile", out, "output GGUF path")->required();
-  app.add_option("--outtype", type, "weight type of the 2-D matrices: f32, f16, bf16, q8_0")
+  app.add_option("--outtype", type,
+                 "weight type of the 2-D matrices: f32, f16, bf16, q8_0 (or fp8, ternary, tq1_0, tq2_0: see "
+                 "ultra quantize)")
       ->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -7,6 +7,7 @@ namespace ultra::cli {
 int cmd_run(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_serve(int argc, char** argv);

@@ -44,6 +44,14 @@ std::optional<TypeTraits> type_traits(GgmlType t) {
       return TypeTraits{"Q6_K", 256, 210};
     case GgmlType::Q8_K:
       return TypeTraits{"Q8_K", 256, 292};
+    case GgmlType::TQ1_0:
+      return TypeTraits{"TQ1_0", 256, 54};
+    case GgmlType::TQ2_0:
+      return TypeTraits{"TQ2_0", 256, 66};
+    case GgmlType::F8_E4M3:
+      return TypeTraits{"F8_E4M3", 1, 1};
+    case GgmlType::TERNARY:
+      return TypeTraits{"TERNARY", 16, 4};
   }
   return std::nullopt;
 }

@@ -1,5 +1,7 @@
 // Element types of weights and activations, and scalar conversions between them.
 // The numeric ids of GgmlType are those of the GGUF format (ggml_type) so they can be read and written as is.
+// F8_E4M3 and TERNARY are ultra's own GGUF tensor types (docs/QUANTIZATION.md): their ids lie far outside
+// ggml_type's range (0..42 in the llama.cpp release we build against) so they can never mean a ggml type.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +33,27 @@ enum class GgmlType : uint32_t {
   I64 = 27,
   F64 = 28,
   BF16 = 30,
+  TQ1_0 = 34,  // llama.cpp ternary, 256 per block: 5 trits per byte + f16 scale (54 bytes)
+  TQ2_0 = 35,  // llama.cpp ternary, 256 per block: 2 bits per trit + f16 scale (66 bytes)
+  // ultra's own ids ("UT" 0x5554 in the high half): one byte per element (core/fp8.h), and 16 trits per u32
+  // (core/ternary.h); both with a separate F32 tensor "<name>.scale" (docs/QUANTIZATION.md).
+  F8_E4M3 = 0x55540001u,
+  TERNARY = 0x55540002u,
 };
+
+// TQ1_0 / TQ2_0 blocks, exactly as ggml-common.h's block_tq1_0 / block_tq2_0.
+constexpr int kQK_K = 256;
+struct BlockTQ1_0 {
+  uint8_t qs[(kQK_K - 4 * kQK_K / 64) / 5];  // 48 bytes, 5 trits each (base 3, fixed point)
+  uint8_t qh[kQK_K / 64];                    // 4 bytes, 4 trits each
+  uint16_t d;                                // f16 scale
+};
+static_assert(sizeof(BlockTQ1_0) == 54);
+struct BlockTQ2_0 {
+  uint8_t qs[kQK_K / 4];  // 2 bits per trit (0, 1, 2 -> -1, 0, +1)
+  uint16_t d;             // f16 scale
+};
+static_assert(sizeof(BlockTQ2_0) == 66);
 
 // Q8_0: blocks of 32 weights, one f16 scale then 32 int8: w[i] = d * q[i].
 constexpr int kQ8_0Block = 32;

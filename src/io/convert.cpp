@@ -3,14 +3,19 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/lowbit.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/lowbit_weights.h"
 #include "model/model.h"
 #include "tokenizer/gguf_export.h"
 
@@ -23,7 +28,11 @@ GgmlType parse_out_type(const std::string& s) {
   if (l == "f16") return GgmlType::F16;
   if (l == "bf16") return GgmlType::BF16;
   if (l == "q8_0") return GgmlType::Q8_0;
-  fail("unknown output type '{}' (choose f32, f16, bf16 or q8_0)", s);
+  if (l == "fp8" || l == "f8_e4m3") return GgmlType::F8_E4M3;
+  if (l == "ternary") return GgmlType::TERNARY;
+  if (l == "tq1_0") return GgmlType::TQ1_0;
+  if (l == "tq2_0") return GgmlType::TQ2_0;
+  fail("unknown output type '{}' (choose f32, f16, bf16, q8_0, fp8, ternary, tq1_0 or tq2_0)", s);
 }
 
 namespace {
@@ -39,6 +48,13 @@ uint32_t file_type(GgmlType t) {
       return 7;
     case GgmlType::BF16:
       return 32;
+    case GgmlType::TQ1_0:
+      return 36;
+    case GgmlType::TQ2_0:
+      return 37;
+    case GgmlType::F8_E4M3:  // no llama.cpp file type: ultra's type id (docs/QUANTIZATION.md)
+    case GgmlType::TERNARY:
+      return (uint32_t)t;
     default:
       return 0;
   }
@@ -49,48 +65,121 @@ void row_f32(const WeightView& w, int64_t r, float* out) {
   cpu::dequant_row(w, r, out);
 }
 
+// The type a matrix of `cols` columns is written in when `t` cannot hold its rows (llama.cpp's quantize
+// falls back the same way); t itself when it can.
+GgmlType fallback_type(GgmlType t, int64_t cols) {
+  const auto tt = type_traits(t);
+  if (cols % tt->block_elems == 0) return t;
+  return cols % kQ8_0Block == 0 ? GgmlType::Q8_0 : GgmlType::F16;
+}
+
 // Adds tensors to the writer as producers: each matrix is converted when write() reaches it, so only one
 // converted tensor is in memory at a time. Every produced tensor reports progress.
 struct Emitter {
   gguf::Writer& wr;
   std::function<void(const std::string&)> done;
+  std::function<void(const std::string&)> warn;
+  bool ternary_per_row = false;
   int count = 0;
 
   // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
+  // F8_E4M3 and TERNARY add their F32 scale tensor "<base>.scale" (core/views.h).
   template <class RowMap>
   void matrix(const std::string& name, const WeightView& w, GgmlType t, RowMap row_src) {
-    if (t == GgmlType::Q8_0 && w.cols % kQ8_0Block != 0)
-      fail("{}: {} columns are not a multiple of 32; cannot write Q8_0", name, w.cols);
-    ++count;
-    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows}, [this, name, w, t, row_src](uint8_t* dst) {
-      const size_t rb = row_bytes(*type_traits(t), w.cols);
+    if (const GgmlType f = fallback_type(t, w.cols); f != t) {
+      if (warn)
+        warn(fmt::format("{}: {} columns are not a multiple of {}; written as {} instead of {}", name, w.cols,
+                         type_traits(t)->block_elems, type_name(f), type_name(t)));
+      t = f;
+    }
+    // Scales of the scaled types, computed once (by whichever producer runs first): [rows] or [1].
+    auto scales = std::make_shared<std::vector<float>>();
+    const bool per_tensor = t == GgmlType::TERNARY && !ternary_per_row;
+    auto get_scales = [w, t, row_src, scales, per_tensor]() -> const std::vector<float>& {
+      if (!scales->empty()) return *scales;
       std::vector<float> row(w.cols);
+      double sum_all = 0;
       for (int64_t r = 0; r < w.rows; ++r) {
         row_f32(w, row_src(r), row.data());
-        uint8_t* d = dst + rb * r;
-        switch (t) {
-          case GgmlType::F32:
-            std::memcpy(d, row.data(), rb);
-            break;
-          case GgmlType::F16:
-            for (int64_t c = 0; c < w.cols; ++c) {
-              const uint16_t h = fp32_to_fp16(row[c]);
-              std::memcpy(d + 2 * c, &h, 2);
-            }
-            break;
-          case GgmlType::BF16:
-            for (int64_t c = 0; c < w.cols; ++c) {
-              const uint16_t h = fp32_to_bf16(row[c]);
-              std::memcpy(d + 2 * c, &h, 2);
-            }
-            break;
-          case GgmlType::Q8_0:
-            cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
-            break;
-          default:
-            fail("unsupported output type {}", type_name(t));
+        if (t == GgmlType::F8_E4M3) {
+          scales->push_back(fp8_row_scale(row.data(), w.cols));
+        } else {
+          double sum = 0;
+          for (float v : row) sum += std::fabs(v);
+          sum_all += sum;
+          if (!per_tensor) scales->push_back(ternary_scale(sum, w.cols));
         }
       }
+      if (per_tensor) scales->push_back(ternary_scale(sum_all, w.rows * w.cols));
+      return *scales;
+    };
+    ++count;
+    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
+                  [this, name, w, t, row_src, get_scales, per_tensor](uint8_t* dst) {
+                    const size_t rb = row_bytes(*type_traits(t), w.cols);
+                    std::vector<float> row(w.cols);
+                    const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
+                    for (int64_t r = 0; r < w.rows; ++r) {
+                      row_f32(w, row_src(r), row.data());
+                      uint8_t* d = dst + rb * r;
+                      switch (t) {
+                        case GgmlType::F32:
+                          std::memcpy(d, row.data(), rb);
+                          break;
+                        case GgmlType::F16:
+                          for (int64_t c = 0; c < w.cols; ++c) {
+                            const uint16_t h = fp32_to_fp16(row[c]);
+                            std::memcpy(d + 2 * c, &h, 2);
+                          }
+                          break;
+                        case GgmlType::BF16:
+                          for (int64_t c = 0; c < w.cols; ++c) {
+                            const uint16_t h = fp32_to_bf16(row[c]);
+                            std::memcpy(d + 2 * c, &h, 2);
+                          }
+                          break;
+                        case GgmlType::Q8_0:
+                          cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
+                          break;
+                        case GgmlType::F8_E4M3:
+                          quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
+                          break;
+                        case GgmlType::TERNARY:
+                          quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
+                                               reinterpret_cast<uint32_t*>(d));
+                          break;
+                        case GgmlType::TQ1_0:
+                          quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
+                          break;
+                        case GgmlType::TQ2_0:
+                          quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
+                          break;
+                        default:
+                          fail("unsupported output type {}", type_name(t));
+                      }
+                    }
+                    done(name);
+                  });
+    if (has_scale_tensor(t)) {
+      const std::string sn = scale_tensor_name(name);
+      ++count;
+      wr.add_tensor(sn, GgmlType::F32, {(uint64_t)(per_tensor ? 1 : w.rows)},
+                    [this, sn, get_scales](uint8_t* dst) {
+                      const std::vector<float>& sc = get_scales();
+                      std::memcpy(dst, sc.data(), 4 * sc.size());
+                      done(sn);
+                    });
+    }
+  }
+
+  // A tensor copied as it is (bytes stay in the mapped input until written).
+  void copy(const gguf::TensorInfo& t) {
+    ++count;
+    const std::string name = t.name;
+    const uint8_t* src = t.data;
+    const uint64_t n = t.n_bytes;
+    wr.add_tensor(t.name, t.type, t.ne, [this, name, src, n](uint8_t* dst) {
+      std::memcpy(dst, src, n);
       done(name);
     });
   }
@@ -132,8 +221,6 @@ std::vector<std::string> files_in(const std::string& dir) {
 
 int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, const ConvertOptions& opt) {
   const GgmlType t = parse_out_type(opt.out_type);
-  if (t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::Q8_0)
-    fail("unsupported output type {}", type_name(t));
   // The output is checked before any work: it must be a new path or a regular file, and no input.
   gguf::check_output_path(out_path);
   check_not_an_input(out_path, files_in(hf_dir));
@@ -193,7 +280,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   if (hp.eos_id >= 0) wr.set_u32("tokenizer.ggml.eos_token_id", hp.eos_id);
 
   int written = 0;
-  Emitter E{wr, {}};
+  Emitter E{wr, {}, opt.warn, opt.ternary_per_row};
   E.done = [&](const std::string& name) {
     ++written;
     if (opt.progress) opt.progress(written, E.count, name);
@@ -206,9 +293,12 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     const int64_t h = r / hd, i = r % hd, j = i / 2, a = i % 2;
     return h * hd + a * half + j;
   };
-  E.matrix("token_embd.weight", m->tok_embd, t, same);
+  // --keep-embeddings: the input's own type (F32 / F16 / BF16 from safetensors)
+  const GgmlType t_embd = opt.keep_embeddings ? m->tok_embd.type : t;
+  E.matrix("token_embd.weight", m->tok_embd, t_embd, same);
   E.vec("output_norm.weight", m->output_norm, hp.dim);
-  if (!hp.tie_embeddings) E.matrix("output.weight", m->output, t, same);
+  if (!hp.tie_embeddings)
+    E.matrix("output.weight", m->output, opt.keep_embeddings ? m->output.type : t, same);
   const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = m->layers[il];
@@ -274,6 +364,77 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   }
   wr.write(out_path);
   return written;
+}
+
+}  // namespace ultra
+
+namespace ultra {
+
+namespace {
+
+// GGUF -> GGUF with the matrices in the type of opt (see quantize_model).
+int quantize_gguf(const std::string& in_path, const std::string& out_path, const ConvertOptions& opt) {
+  const GgmlType t = parse_out_type(opt.out_type);
+  gguf::check_output_path(out_path);
+  check_not_an_input(out_path, {in_path});
+  const gguf::Reader r = gguf::Reader::open(in_path);
+  gguf::Writer wr;
+  for (const auto& [key, v] : r.metadata())
+    if (key != "general.alignment") wr.set_value(key, v);
+  wr.set_u32("general.file_type", file_type(t));
+  wr.set_u32("general.quantization_version", 2);
+
+  int written = 0;
+  Emitter E{wr, {}, opt.warn, opt.ternary_per_row};
+  E.done = [&](const std::string& name) {
+    ++written;
+    if (opt.progress) opt.progress(written, E.count, name);
+  };
+  // Scale tensors of scaled input matrices: rewritten with their matrix (or copied with it, when kept).
+  std::unordered_set<std::string> input_scales;
+  for (const auto& ti : r.tensors())
+    if (has_scale_tensor(ti.type)) input_scales.insert(scale_tensor_name(ti.name));
+  auto same = [](int64_t row) { return row; };
+  for (const auto& ti : r.tensors()) {
+    if (input_scales.count(ti.name)) continue;
+    const bool matrix = ti.ne.size() == 2 && ti.name.size() > 7 && ti.name.ends_with(".weight");
+    const bool embedding = ti.name == "token_embd.weight" || ti.name == "output.weight";
+    if (!matrix || (embedding && opt.keep_embeddings)) {
+      E.copy(ti);
+      if (has_scale_tensor(ti.type)) E.copy(*r.find_tensor(scale_tensor_name(ti.name)));
+      continue;
+    }
+    const WeightView w = gguf_matrix_view(r, ti, nullptr);
+    switch (w.type) {
+      case GgmlType::F32:
+      case GgmlType::F16:
+      case GgmlType::BF16:
+      case GgmlType::Q8_0:
+      case GgmlType::F8_E4M3:
+      case GgmlType::TERNARY:
+      case GgmlType::TQ1_0:
+      case GgmlType::TQ2_0:
+        break;
+      default:
+        fail(
+            "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
+            "TQ1_0, TQ2_0)",
+            in_path, ti.name, type_name(w.type));
+    }
+    E.matrix(ti.name, w, t, same);
+  }
+  wr.write(out_path);
+  return written;
+}
+
+}  // namespace
+
+int quantize_model(const std::string& in_path, const std::string& out_path, const ConvertOptions& opt) {
+  parse_out_type(opt.out_type);  // an unknown type fails before any work
+  std::error_code ec;
+  if (std::filesystem::is_directory(in_path, ec)) return convert_hf_to_gguf(in_path, out_path, opt);
+  if (!std::filesystem::exists(in_path, ec)) fail("{}: no such file or directory", in_path);
+  return quantize_gguf(in_path, out_path, opt);
 }
 
 }  // namespace ultra

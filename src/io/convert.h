@@ -9,6 +9,7 @@
 
 namespace ultra {
 
-GgmlType parse_out_type(const std::string& s);  // "f32" | "f16" | "bf16" | "q8_0" (case-insensitive)
+GgmlType parse_out_type(
+    const std::string& s);  // "f32" | "f16" | "bf16" | "q8_0" | "fp8" | "ternary" | "tq1_0" | "tq2_0"
 
 }  // namespace ultra

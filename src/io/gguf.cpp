@@ -309,7 +309,12 @@ TensorSize tensor_size(std::string_view where, const std::vector<uint64_t>& ne, 
   }
   const auto type = static_cast<GgmlType>(type_id);
   const auto tt = type_traits(type);
-  if (!tt) fail("{} has unknown ggml type {}", where, type_id);
+  if (!tt)
+    fail(
+        "{} has unknown tensor type id {} (0x{:x}): neither a ggml_type this reader knows nor one of ultra's "
+        "own "
+        "(F8_E4M3 = 0x55540001, TERNARY = 0x55540002; docs/QUANTIZATION.md)",
+        where, type_id, type_id);
   if (ne[0] % tt->block_elems != 0) {
     fail("{}: row length ne[0] = {} is not a multiple of the {} block size {}", where, ne[0], tt->name,
          tt->block_elems);

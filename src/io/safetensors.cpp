@@ -29,12 +29,12 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {"F64", 64, std::nullopt},    {"F32", 32, GgmlType::F32},   {"F16", 16, GgmlType::F16},
-    {"BF16", 16, GgmlType::BF16}, {"I64", 64, std::nullopt},    {"I32", 32, std::nullopt},
-    {"I16", 16, std::nullopt},    {"I8", 8, std::nullopt},      {"U64", 64, std::nullopt},
-    {"U32", 32, std::nullopt},    {"U16", 16, std::nullopt},    {"U8", 8, std::nullopt},
-    {"BOOL", 8, std::nullopt},    {"F8_E4M3", 8, std::nullopt}, {"F8_E5M2", 8, std::nullopt},
-    {"F8_E8M0", 8, std::nullopt}, {"F6_E2M3", 6, std::nullopt}, {"F6_E3M2", 6, std::nullopt},
+    {"F64", 64, std::nullopt},    {"F32", 32, GgmlType::F32},        {"F16", 16, GgmlType::F16},
+    {"BF16", 16, GgmlType::BF16}, {"I64", 64, std::nullopt},         {"I32", 32, std::nullopt},
+    {"I16", 16, std::nullopt},    {"I8", 8, std::nullopt},           {"U64", 64, std::nullopt},
+    {"U32", 32, std::nullopt},    {"U16", 16, std::nullopt},         {"U8", 8, std::nullopt},
+    {"BOOL", 8, std::nullopt},    {"F8_E4M3", 8, GgmlType::F8_E4M3}, {"F8_E5M2", 8, std::nullopt},
+    {"F8_E8M0", 8, std::nullopt}, {"F6_E2M3", 6, std::nullopt},      {"F6_E3M2", 6, std::nullopt},
     {"F4", 4, std::nullopt},      {"C64", 64, std::nullopt},
 };
 

@@ -18,8 +18,8 @@ namespace ultra::safetensors {
 struct Tensor {
   std::string name;
   std::string dtype;              // "F32", "F16", "BF16", ... as in the header
-  GgmlType type = GgmlType::F32;  // F32/F16/BF16 (others: the loader rejects them by name)
-  bool type_supported = false;    // false for dtypes other than F32/F16/BF16
+  GgmlType type = GgmlType::F32;  // F32/F16/BF16/F8_E4M3 (others: the loader rejects them by name)
+  bool type_supported = false;    // false for dtypes other than F32/F16/BF16/F8_E4M3 (F8: matrices only)
   std::vector<uint64_t> shape;    // row-major, as in PyTorch: shape[0] is the slowest
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "model/loader_util.h"
+#include "model/lowbit_weights.h"
 #include "model/model.h"
 
 namespace ultra {
@@ -54,10 +55,26 @@ struct GgufLoader {
     if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_string(t.ne),
            cols, rows);
-    if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16 &&
-        t.type != GgmlType::Q8_0)
-      fail("{}: tensor '{}' has type {}, supported: F32, F16, BF16, Q8_0", r.path(), name, type_name(t.type));
-    return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
+    switch (t.type) {
+      case GgmlType::F32:
+      case GgmlType::F16:
+      case GgmlType::BF16:
+      case GgmlType::Q8_0:
+        return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
+      case GgmlType::F8_E4M3:
+      case GgmlType::TERNARY:
+      case GgmlType::TQ1_0:
+      case GgmlType::TQ2_0: {
+        std::string scale_name;
+        const WeightView w = gguf_matrix_view(r, t, &scale_name);
+        if (!scale_name.empty()) used.insert(scale_name);
+        m.weight_bytes += t.n_bytes + (w.scale ? (w.scale_row_stride ? rows : 1) * 4 : 0);
+        return prepare_lowbit(m, w, fmt::format("{}: tensor '{}'", r.path(), name));
+      }
+      default:
+        fail("{}: tensor '{}' has type {}, supported: F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, TQ1_0, TQ2_0",
+             r.path(), name, type_name(t.type));
+    }
   }
 
   const float* vec(const std::string& name, int64_t n, bool optional = false) {

@@ -4,13 +4,23 @@
 // self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and post_feedforward_layernorm
 // (post_attention_layernorm is then the attention output's norm) and store norms as w for x * (1 + w): loaded
 // as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj.
+// FP8 checkpoints (safetensors dtype F8_E4M3): each FP8 matrix X.weight has a scale X.weight_scale
+// (compressed-tensors / llm-compressor) or X.weight_scale_inv (DeepSeek, Qwen FP8), which multiplies either
+// way: one value (per tensor), [rows] or [rows, 1] (per output channel), or [ceil(rows / Br), ceil(cols /
+// Bc)] for config.json's quantization_config.weight_block_size [Br, Bc] (default [128, 128]); block
+// scales are expanded at load to one per row and Bc columns. X.input_scale (static activation scales) is
+// accepted and not used: activations stay f32.
 #include <cstring>
 #include <filesystem>
 #include <unordered_set>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/loader_util.h"
+#include "model/lowbit_weights.h"
 #include "model/model.h"
 
 namespace ultra {
@@ -28,16 +38,63 @@ struct HfLoader {
     if (!t) fail("{}: missing tensor '{}'", dir, name);
     used.insert(name);
     if (!t->type_supported)
-      fail("{}: tensor '{}' has dtype {}, supported: F32, F16, BF16", t->file, name, t->dtype);
+      fail("{}: tensor '{}' has dtype {}, supported: F32, F16, BF16 (and F8_E4M3 matrices)", t->file, name,
+           t->dtype);
     return *t;
   }
+
+  int64_t block_rows = 128, block_cols = 128;  // quantization_config.weight_block_size
 
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const auto& t = get(name);
     if (t.shape.size() != 2 || (int64_t)t.shape[0] != rows || (int64_t)t.shape[1] != cols)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_string(t.shape), rows,
            cols);
+    if (t.type == GgmlType::F8_E4M3) return fp8_matrix(t, name, rows, cols);
     return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
+  }
+
+  // An F8_E4M3 matrix with its scales (see the top of the file), as WeightView scale groups.
+  WeightView fp8_matrix(const safetensors::Tensor& t, const std::string& name, int64_t rows, int64_t cols) {
+    std::string sn = name + "_scale";
+    const safetensors::Tensor* s = ck.find(sn);
+    if (!s) s = ck.find(sn = name + "_scale_inv");
+    if (!s)
+      fail("{}: FP8 tensor '{}' has no scale tensor '{}_scale' or '{}_scale_inv'", dir, name, name, name);
+    used.insert(sn);
+    const std::string base =
+        name.size() > 7 && name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+    if (ck.find(base + ".input_scale")) used.insert(base + ".input_scale");
+    uint64_t n = 1;
+    for (uint64_t d : s->shape) n *= d;
+    std::vector<float> sv(n);
+    if (!to_f32(s->type, s->data, (int64_t)n, sv.data()))
+      fail("{}: scale tensor '{}' has dtype {}, expected F32, F16 or BF16", s->file, sn, s->dtype);
+    WeightView w = m.add_matrix(GgmlType::F8_E4M3, t.data, rows, cols, t.n_bytes);
+    m.weight_bytes += s->n_bytes;
+    const int64_t sr = (rows + block_rows - 1) / block_rows, sc = (cols + block_cols - 1) / block_cols;
+    if (n == 1) {  // per tensor
+      w.scale_group = cols;
+      w.scale_row_stride = 0;
+    } else if ((int64_t)n == rows && (s->shape.size() == 1 || (s->shape.size() == 2 && s->shape[1] == 1))) {
+      w.scale_group = cols;  // per output channel
+      w.scale_row_stride = 1;
+    } else if (s->shape.size() == 2 && (int64_t)s->shape[0] == sr && (int64_t)s->shape[1] == sc) {
+      std::vector<float> e((size_t)(rows * sc));  // block (r / Br, g) -> every row r of the block
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < sc; ++g) e[(size_t)(r * sc + g)] = sv[(size_t)((r / block_rows) * sc + g)];
+      sv = std::move(e);
+      w.scale_group = block_cols;
+      w.scale_row_stride = sc;
+    } else {
+      fail(
+          "{}: scale tensor '{}' has shape {}; expected one value, [{}] or [{}, 1] (per channel), or [{}, "
+          "{}] "
+          "(blocks of {}x{}, quantization_config.weight_block_size)",
+          s->file, sn, shape_string(s->shape), rows, rows, sr, sc, block_rows, block_cols);
+    }
+    w.scale = m.owned.emplace_back(std::move(sv)).data();
+    return prepare_lowbit(m, w, fmt::format("{}: tensor '{}'", t.file, name));
   }
 
   const float* vec(const std::string& name, int64_t n, bool optional = false, float shift = 0) {
@@ -92,6 +149,22 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
   m->st = std::make_shared<safetensors::Checkpoint>(safetensors::Checkpoint::open_dir(dir));
   const HParams& hp = m->hp;
   HfLoader L{*m, *m->st, dir, {}};
+  {
+    std::ifstream f(cfg);
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("quantization_config") && j["quantization_config"].is_object()) {
+      const auto& q = j["quantization_config"];
+      if (q.contains("weight_block_size") && q["weight_block_size"].is_array() &&
+          q["weight_block_size"].size() == 2 && q["weight_block_size"][0].is_number_unsigned() &&
+          q["weight_block_size"][1].is_number_unsigned()) {
+        L.block_rows = q["weight_block_size"][0].get<int64_t>();
+        L.block_cols = q["weight_block_size"][1].get<int64_t>();
+        if (L.block_rows < 1 || L.block_cols < 1 || L.block_rows > (1 << 20) || L.block_cols > (1 << 20))
+          fail("{}: quantization_config.weight_block_size [{}, {}] is out of range", cfg, L.block_rows,
+               L.block_cols);
+      }
+    }
+  }
   const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
 
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;

@@ -46,6 +46,7 @@ inline WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
   WeightView s = w;
   s.data = static_cast<const uint8_t*>(w.data) + (size_t)r0 * w.row_bytes;
   s.rows = n;
+  if (w.scale) s.scale = w.scale + r0 * w.scale_row_stride;
   return s;
 }
 
@@ -82,6 +83,7 @@ struct ModelData : WeightTable {
   std::shared_ptr<gguf::Reader> gguf;
   std::shared_ptr<safetensors::Checkpoint> st;
   std::vector<std::vector<float>> owned;
+  std::vector<std::vector<uint32_t>> owned_words;  // TQ1_0 / TQ2_0 matrices repacked to TERNARY
 };
 
 // "[a, b, c]" for error messages.

@@ -45,13 +45,24 @@ struct MatmulArgs {
   int n_tokens;
   float* y;
   const float* bias;
+  // F8_E4M3 / TERNARY (WeightView's scales): row r, column group g has scale[r * scale_row_stride + g]
+  const float* scale = nullptr;
+  int64_t scale_group = 0;
+  int64_t scale_row_stride = 0;
 };
 using MatmulRangeFn = void (*)(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 struct MatmulKernels {
   MatmulRangeFn f32, f16, bf16, q8_0;
+  MatmulRangeFn fp8, ternary;  // F8_E4M3 (matmul_fp8*.cpp), TERNARY (matmul_ternary*.cpp)
   const char* name;
 };
+
+// The F8_E4M3 and TERNARY range kernels of each SIMD level (matmul_fp8_avx2.cpp, ...).
+void matmul_fp8_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_fp8_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_ternary_avx2(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_ternary_avx512(const MatmulArgs& a, int64_t r0, int64_t r1);
 
 // Scalar (matmul_ref's arithmetic on a row range, matmul.cpp), AVX2+FMA+F16C (matmul_avx2.cpp) and AVX-512
 // (matmul_avx512.cpp). Call the SIMD ones only when cpu_supports() their level.

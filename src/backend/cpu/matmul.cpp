@@ -24,6 +24,8 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
+#include "core/fp8.h"
+#include "core/ternary.h"
 
 namespace ultra::cpu {
 
@@ -52,6 +54,11 @@ inline double weight_at(const WeightView& w, int64_t r, int64_t c) {
       const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / kQ8_0Block];
       return (double)fp16_to_fp32(b.d) * b.qs[c % kQ8_0Block];
     }
+    case GgmlType::F8_E4M3:
+      return (double)fp8_e4m3_to_fp32(row[c]) * w.scale[r * w.scale_row_stride + c / w.scale_group];
+    case GgmlType::TERNARY:
+      return (double)ternary_trit(((const uint32_t*)row)[c / kTernaryPerWord], (int)(c % kTernaryPerWord)) *
+             w.scale[r * w.scale_row_stride + c / w.scale_group];
     default:
       unsupported("matmul_ref", w.type);
   }
@@ -74,7 +81,8 @@ void ref_rows(const WeightView& w, const float* x, int n_tokens, float* y, const
 // and under ULTRA_NO_SIMD=1).
 template <GgmlType T>
 void range_scalar(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  ref_rows(WeightView{T, a.w, a.rows, a.cols, a.row_bytes}, a.x, a.n_tokens, a.y, a.bias, r0, r1);
+  ref_rows(WeightView{T, a.w, a.rows, a.cols, a.row_bytes, a.scale, a.scale_group, a.scale_row_stride}, a.x,
+           a.n_tokens, a.y, a.bias, r0, r1);
 }
 
 const MatmulKernels* g_override = nullptr;
@@ -84,8 +92,13 @@ const MatmulKernels* g_override = nullptr;
 namespace detail {
 
 const MatmulKernels& matmul_kernels_scalar() {
-  static const MatmulKernels k{range_scalar<GgmlType::F32>, range_scalar<GgmlType::F16>,
-                               range_scalar<GgmlType::BF16>, range_scalar<GgmlType::Q8_0>, "scalar"};
+  static const MatmulKernels k{range_scalar<GgmlType::F32>,
+                               range_scalar<GgmlType::F16>,
+                               range_scalar<GgmlType::BF16>,
+                               range_scalar<GgmlType::Q8_0>,
+                               range_scalar<GgmlType::F8_E4M3>,
+                               range_scalar<GgmlType::TERNARY>,
+                               "scalar"};
   return k;
 }
 
@@ -145,7 +158,8 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   if (n_tokens <= 0 || w.rows <= 0) return;
   const MatmulKernels& k = g_override ? *g_override : detail::matmul_kernels();
   MatmulCtx ctx;
-  ctx.a = MatmulArgs{(const uint8_t*)w.data, w.row_bytes, w.rows, w.cols, x, n_tokens, y, bias};
+  ctx.a = MatmulArgs{(const uint8_t*)w.data, w.row_bytes,       w.rows, w.cols, x, n_tokens, y, bias, w.scale,
+                     w.scale_group,          w.scale_row_stride};
   ctx.chunk = chunk_rows(w.rows, pool.size());
   switch (w.type) {
     case GgmlType::F32:
@@ -159,6 +173,12 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
       break;
     case GgmlType::Q8_0:
       ctx.fn = k.q8_0;
+      break;
+    case GgmlType::F8_E4M3:
+      ctx.fn = k.fp8;
+      break;
+    case GgmlType::TERNARY:
+      ctx.fn = k.ternary;
       break;
     default:
       unsupported("matmul", w.type);

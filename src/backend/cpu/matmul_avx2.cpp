@@ -175,7 +175,7 @@ struct Avx2 {
 }  // namespace
 
 const MatmulKernels& matmul_kernels_avx2() {
-  static constexpr MatmulKernels k = driver::kernels<Avx2>("avx2");
+  static constexpr MatmulKernels k = driver::kernels<Avx2>("avx2", matmul_fp8_avx2, matmul_ternary_avx2);
   return k;
 }
 

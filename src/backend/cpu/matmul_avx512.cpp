@@ -194,7 +194,8 @@ struct Avx512 {
 }  // namespace
 
 const MatmulKernels& matmul_kernels_avx512() {
-  static constexpr MatmulKernels k = driver::kernels<Avx512>("avx512");
+  static constexpr MatmulKernels k =
+      driver::kernels<Avx512>("avx512", matmul_fp8_avx512, matmul_ternary_avx512);
   return k;
 }
 

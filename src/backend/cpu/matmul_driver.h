@@ -92,9 +92,61 @@ void range_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
 }
 
 template <class Isa>
-constexpr MatmulKernels kernels(const char* name) {
-  return MatmulKernels{range_f<Isa, typename Isa::F32>, range_f<Isa, typename Isa::F16>,
-                       range_f<Isa, typename Isa::BF16>, range_f<Isa, typename Isa::Q8>, name};
+constexpr MatmulKernels kernels(const char* name, MatmulRangeFn fp8, MatmulRangeFn ternary) {
+  return MatmulKernels{range_f<Isa, typename Isa::F32>,
+                       range_f<Isa, typename Isa::F16>,
+                       range_f<Isa, typename Isa::BF16>,
+                       range_f<Isa, typename Isa::Q8>,
+                       fp8,
+                       ternary,
+                       name};
+}
+
+// The driver of the scaled types (F8_E4M3, TERNARY: matmul_fp8_*.cpp, matmul_ternary_*.cpp), the same walk
+// as range_f: decode one row at a time, prefill in R x T tiles over L2-sized token chunks. K is a kernel
+// struct with internal linkage:
+//   static constexpr int kR, kT;
+//   static float dot_row(const MatmulArgs& a, int64_t r);             // row r . x[0], scales applied
+//   template <int R, int T> static void tile(const MatmulArgs& a, int64_t r, int t);
+//     // y[(t + i) * rows + r + j] for j < R, i < T, scales and bias applied
+template <class K, int R>
+inline void scaled_tokens(const MatmulArgs& a, int64_t r, int t0, int t1) {
+  constexpr int kT = K::kT;
+  static_assert(kT == 4, "scaled_tokens handles tails of up to 3 tokens");
+  int t = t0;
+  for (; t + kT <= t1; t += kT) K::template tile<R, kT>(a, r, t);
+  switch (t1 - t) {
+    case 3:
+      K::template tile<R, 3>(a, r, t);
+      break;
+    case 2:
+      K::template tile<R, 2>(a, r, t);
+      break;
+    case 1:
+      K::template tile<R, 1>(a, r, t);
+      break;
+    default:
+      break;
+  }
+}
+
+template <class K>
+void range_scaled(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  if (a.n_tokens == 1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float s = K::dot_row(a, r);
+      a.y[r] = a.bias ? s + a.bias[r] : s;
+    }
+    return;
+  }
+  constexpr int kR = K::kR;
+  const int chunk = token_chunk<K>(a.cols * 4, K::kT);
+  for (int tc = 0; tc < a.n_tokens; tc += chunk) {
+    const int tc1 = tc + chunk < a.n_tokens ? tc + chunk : a.n_tokens;
+    int64_t r = r0;
+    for (; r + kR <= r1; r += kR) scaled_tokens<K, kR>(a, r, tc, tc1);
+    for (; r < r1; ++r) scaled_tokens<K, 1>(a, r, tc, tc1);
+  }
 }
 
 }  // namespace ultra::cpu::detail::driver

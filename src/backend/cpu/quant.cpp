@@ -7,6 +7,9 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
+#include "core/fp8.h"
+#include "core/lowbit.h"
+#include "core/ternary.h"
 
 namespace ultra::cpu {
 
@@ -48,6 +51,23 @@ void dequant_row(const WeightView& w, int64_t r, float* out) {
       }
       return;
     }
+    case GgmlType::F8_E4M3: {
+      const float* s = w.scale + r * w.scale_row_stride;
+      for (int64_t c = 0; c < n; ++c) out[c] = fp8_e4m3_to_fp32(row[c]) * s[c / w.scale_group];
+      return;
+    }
+    case GgmlType::TERNARY: {
+      const uint32_t* words = (const uint32_t*)row;
+      const float* s = w.scale + r * w.scale_row_stride;
+      for (int64_t c = 0; c < n; ++c)
+        out[c] = (float)ternary_trit(words[c / kTernaryPerWord], (int)(c % kTernaryPerWord)) *
+                 s[c / w.scale_group];
+      return;
+    }
+    case GgmlType::TQ1_0:
+      return dequantize_row_tq1_0((const BlockTQ1_0*)row, n, out);
+    case GgmlType::TQ2_0:
+      return dequantize_row_tq2_0((const BlockTQ2_0*)row, n, out);
     default:
       std::fprintf(stderr, "ultra: dequant_row: unsupported type %s\n",
                    std::string(type_name(w.type)).c_str());
