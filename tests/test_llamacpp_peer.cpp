@@ -130,7 +130,8 @@ void expect_llamacpp_matches_hf(const std::vector<const char*>& archs) {
 TEST(LlamaCppPeer, ConvertedArchitecturesMatchHf) {
   if (!have_node_llama_cpp())
     GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
-  expect_llamacpp_matches_hf({"llama_gqa", "llama_tied_rope3", "mistral", "qwen2_bias", "qwen3", "gemma3"});
+  expect_llamacpp_matches_hf(
+      {"llama_gqa", "llama_tied_rope3", "mistral", "qwen2_bias", "qwen3", "gemma3", "phi3_long"});
 }
 
 // Known to differ (2026-12-01, the llama.cpp of node-llama-cpp's prebuilt binaries, source of 2026-09-28):
@@ -139,8 +140,10 @@ TEST(LlamaCppPeer, ConvertedArchitecturesMatchHf) {
 //    which is right for the released Gemma 2 models (query_pre_attn_scalar = head_dim for 2B / 9B, dim /
 //    heads for 27B) but not for this fixture: llama.cpp repeats token 204 where HF continues 204, 156, 156,
 //    ...
-//  * Phi-3 (short factors, 16 + 32 positions of an original 64): every token differs; not yet explained (the
-//    LongRoPE attention factor, which HF applies to cos / sin at every length, is the first suspect).
+//  * Phi-3 with short factors: llama.cpp pads every context to a multiple of 256 positions and picks the long
+//    factors when that exceeds the original context, which this fixture sets at 64; HF (and ultra, given a
+//    64-position context) use the short ones, so every token differs. (phi3_long, which HF runs with the
+//    long factors, matches above.)
 // ultra reads these same files to HF's logits within 1e-4 (test_model_fixtures). Run with
 // --gtest_also_run_disabled_tests.
 TEST(LlamaCppPeer, DISABLED_ConvertedGemma2AndPhi3MatchHf) {
