@@ -23,13 +23,7 @@ int cmd_convert(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  ConvertOptions opt;
-  opt.out_type = type;
-  opt.progress = [](int done, int total, const std::string& what) {
-    fmt::print(stderr, "\r[{:3}/{:3}] {:<40}", done, total, what);
-    if (done == total) fmt::print(stderr, "\n");
-  };
-  opt.warn = [](const std::string& w) { fmt::print(stderr, "warning: {}\n", w); };
+  ConvertOptions opt = convert_options(type);
   const auto t0 = std::chrono::steady_clock::now();
   const int n = convert_hf_to_gguf(in, out, opt);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

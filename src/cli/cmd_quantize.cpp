@@ -28,15 +28,9 @@ int cmd_quantize(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  ConvertOptions opt;
-  opt.out_type = type;
+  ConvertOptions opt = convert_options(type);
   opt.keep_embeddings = keep_embeddings;
   opt.ternary_per_row = per_row;
-  opt.progress = [](int done, int total, const std::string& what) {
-    fmt::print(stderr, "\r[{:3}/{:3}] {:<40}", done, total, what);
-    if (done == total) fmt::print(stderr, "\n");
-  };
-  opt.warn = [](const std::string& w) { fmt::print(stderr, "warning: {}\n", w); };
   const auto t0 = std::chrono::steady_clock::now();
   const int n = quantize_model(in, out, opt);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

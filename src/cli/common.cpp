@@ -163,4 +163,15 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
+ConvertOptions convert_options(const std::string& type) {
+  ConvertOptions opt;
+  opt.out_type = type;
+  opt.progress = [](int done, int total, const std::string& what) {
+    fmt::print(stderr, "\r[{:3}/{:3}] {:<40}", done, total, what);
+    if (done == total) fmt::print(stderr, "\n");
+  };
+  opt.warn = [](const std::string& w) { fmt::print(stderr, "warning: {}\n", w); };
+  return opt;
+}
+
 }  // namespace ultra::cli

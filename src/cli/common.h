@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ultra/context.h"
+#include "ultra/convert.h"
 #include "ultra/error.h"
 
 namespace ultra::cli {
@@ -66,6 +67,10 @@ std::string human_bytes(double bytes);
 // The whole content of a text input ("-": standard input). Anything but a regular file (a directory, a
 // FIFO that would block, a device) is refused before it is opened: "<path>: <what> is a directory, ...".
 std::string read_text_file(const std::string& path, const char* what);
+
+// Options for convert / quantize of output type `type`, with a one-line progress counter and warnings on
+// stderr.
+ConvertOptions convert_options(const std::string& type);
 
 inline double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
