@@ -184,11 +184,12 @@ TEST(Cli, QuantizeThenRun) {
     ASSERT_EQ(q.code, 0) << q.err;
     EXPECT_NE(q.err.find("blk.7.ffn_down.weight"), std::string::npos) << q.err;  // progress
     EXPECT_NE(q.err.find("wrote " + out), std::string::npos) << q.err;
-    if (std::string(type) == "tq2_0")  // 384-column rows fall back to Q8_0, with a warning
+    if (std::string(type) == "tq2_0") {  // 384-column rows fall back to Q8_0, with a warning
       EXPECT_NE(
           q.err.find("warning: blk.0.attn_q.weight: 384 columns are not a multiple of 256; written as Q8_0"),
           std::string::npos)
           << q.err;
+    }
     const Out o = ultra("run -m " + out + " --prompt-ids 814,26 -n 8 --temp 0 --json");
     ASSERT_EQ(o.code, 0) << o.err;
     EXPECT_EQ(json::parse(o.out)["generated_ids"].size(), 8u);
