@@ -7,18 +7,12 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/simd_math.h"
 #include "core/dtype.h"
 
 namespace ultra::cpu::detail {
 
 namespace {
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Loaders: 8 weights -> 8 floats, plus a scalar for tails.
 struct LoadF32 {
@@ -63,7 +57,7 @@ inline void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, fl
   }
   for (int j = 0; j < R; ++j) {
     for (int t = 0; t < T; ++t) {
-      float s = hsum8(acc[j][t]);
+      float s = hsum256(acc[j][t]);
       for (int64_t k = c; k < cols; ++k) s += L::scalar(wr[j][k]) * x[t * cols + k];
       y[t * ldy + j] = bias ? s + bias[j] : s;
     }
@@ -84,7 +78,7 @@ inline float dot_row_f(const uint8_t* wb, const float* x, int64_t cols) {
     a3 = _mm256_fmadd_ps(L::load8(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
   }
   for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(L::load8(w + c), _mm256_loadu_ps(x + c), a0);
-  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; c < cols; ++c) s += L::scalar(w[c]) * x[c];
   return s;
 }
@@ -125,7 +119,7 @@ inline void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, f
   }
   for (int j = 0; j < R; ++j) {
     for (int t = 0; t < T; ++t) {
-      const float s = hsum8(acc[j][t]);
+      const float s = hsum256(acc[j][t]);
       y[t * ldy + j] = bias ? s + bias[j] : s;
     }
   }
@@ -144,7 +138,7 @@ inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
     a2 = _mm256_fmadd_ps(q8_part(b[i], 2, d), _mm256_loadu_ps(xi + 16), a2);
     a3 = _mm256_fmadd_ps(q8_part(b[i], 3, d), _mm256_loadu_ps(xi + 24), a3);
   }
-  return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
 struct Avx2 {

@@ -9,18 +9,12 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/simd_math.h"
 #include "core/fp8.h"
 
 namespace ultra::cpu::detail {
 
 namespace {
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 8 codes at w + c -> 8 floats (each 2^-8 times its E4M3 value).
 inline __m256 load8(const uint8_t* w, int64_t c) {
@@ -39,7 +33,7 @@ inline float dot_span(const uint8_t* w, const float* x, int64_t n) {
     a3 = _mm256_fmadd_ps(load8(w, c + 24), _mm256_loadu_ps(x + c + 24), a3);
   }
   for (; c + 8 <= n; c += 8) a0 = _mm256_fmadd_ps(load8(w, c), _mm256_loadu_ps(x + c), a0);
-  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; c < n; ++c) s += fp8_e4m3_to_fp32(w[c]) * (1.0f / 256.0f) * x[c];
   return s;
 }
@@ -82,7 +76,7 @@ struct Fp8 {
         const float sc = a.scale[(r + j) * a.scale_row_stride + g0 / G];
         const uint8_t* wj = w + j * a.row_bytes;
         for (int i = 0; i < T; ++i) {
-          float s = hsum8(acc[j][i]);
+          float s = hsum256(acc[j][i]);
           for (int64_t k = c; k < g1; ++k) s += fp8_e4m3_to_fp32(wj[k]) * (1.0f / 256.0f) * x[i * cols + k];
           tot[j][i] += s * sc;
         }

@@ -10,17 +10,11 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/simd_math.h"
 
 namespace ultra::cpu::detail {
 
 namespace {
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 struct Bits {  // lane i of the low half: bit 2i (+1) and 2i + 1 (-1); the high half: trits 8..15
   __m256i p_lo = _mm256_setr_epi32(1 << 0, 1 << 2, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 12, 1 << 14);
@@ -64,7 +58,7 @@ struct Ternary {
       const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
       tot = _mm256_fmadd_ps(_mm256_set1_ps(sc[g]), s, tot);
     }
-    return hsum8(tot);
+    return hsum256(tot);
   }
 
   template <int R, int T>
@@ -93,7 +87,7 @@ struct Ternary {
       }
       for (int j = 0; j < R; ++j) {
         const float s = a.scale[(r + j) * a.scale_row_stride + g];
-        for (int i = 0; i < T; ++i) tot[j][i] += s * hsum8(acc[j][i]);
+        for (int i = 0; i < T; ++i) tot[j][i] += s * hsum256(acc[j][i]);
       }
     }
     for (int j = 0; j < R; ++j)
