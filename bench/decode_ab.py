@@ -8,11 +8,15 @@ For each shape (random weights made with transformers, as bench/cuda_compare.py 
   pdl        ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=0: every kernel but attention with programmatic launch
   pdl+rkv    ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=1: RoPE and the KV write in one kernel (the default)
   +silu      ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=3: silu_mul fused into the down projection as well
-  +attn      the default plus ULTRA_CUDA_ATTENTION_PDL=1
+  +attn      pdl+rkv plus attention with programmatic launch (ULTRA_CUDA_ATTENTION_PDL=1)
   default    the defaults
   colsplit   every gemv through the column-split kernel (ULTRA_CUDA_GEMV=1); splitk: the split-K one (2)
   late       gemv kernels trigger the next launch after their loads (ULTRA_CUDA_GEMV_TRIGGER=2)
   chunkN     the default with attention splits of at least N positions (ULTRA_CUDA_ATTN_CHUNK)
+  attn-nopdl attention's two kernels launched the ordinary way (ULTRA_CUDA_ATTENTION_PDL=0; the default
+             launches both programmatically); cpdl-only: only the merge kernel programmatically
+             (ULTRA_CUDA_ATTN_COMBINE_PDL=1); attn-trigN: the split kernel lets the next kernel launch at its
+             start (0) or after its tiles (1) instead of at exit (ULTRA_CUDA_ATTN_TRIGGER)
 Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
 (best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
 the same run) and the host launch time per step.
@@ -47,6 +51,10 @@ VARIANTS = [
     ("chunk64", {"ULTRA_CUDA_ATTN_CHUNK": "64"}),
     ("chunk256", {"ULTRA_CUDA_ATTN_CHUNK": "256"}),
     ("chunk1024", {"ULTRA_CUDA_ATTN_CHUNK": "1024"}),
+    ("attn-nopdl", {"ULTRA_CUDA_ATTENTION_PDL": "0"}),
+    ("cpdl-only", {"ULTRA_CUDA_ATTENTION_PDL": "0", "ULTRA_CUDA_ATTN_COMBINE_PDL": "1"}),
+    ("attn-trig0", {"ULTRA_CUDA_ATTN_TRIGGER": "0"}),
+    ("attn-trig1", {"ULTRA_CUDA_ATTN_TRIGGER": "1"}),
 ]
 
 
@@ -107,6 +115,7 @@ def main():
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.1f}% | {r[5]:.2f} |")
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_ab.json"), "w") as f:
         json.dump(dict(read_bw=bw, rows=rows), f, indent=1)
 

@@ -1289,10 +1289,21 @@ int main(int argc, char** argv) {
       }
     }
     tuning::set_attention_min_chunk(64);
-    // with programmatic dependent launch
-    tuning::set_attention_pdl(true);
-    for (GgmlType t : types) test_attention({t, 128, 32, 8, {4096, 700, 12}, {1, 2, 0}, 0});
+    // without programmatic dependent launch (the default has it), and with the split kernel's other triggers
     tuning::set_attention_pdl(false);
+    for (GgmlType t : types) test_attention({t, 128, 32, 8, {4096, 700, 12}, {1, 2, 0}, 0});
+    tuning::set_attention_pdl(true);
+    for (int trig : {0, 1}) {
+      tuning::set_attention_trigger(trig);
+      for (GgmlType t : types) test_attention({t, 128, 32, 8, {4096, 700, 12}, {1, 2, 0}, 0});
+    }
+    tuning::set_attention_trigger(2);
+    // 9 consecutive rows of one sequence (a verification step's shape)
+    {
+      std::vector<int32_t> vp, vs;
+      for (int i = 0; i < 9; ++i) vp.push_back(1000 + i), vs.push_back(2);
+      for (GgmlType t : types) test_attention({t, 128, 32, 8, vp, vs, 0});
+    }
     // one K/V tile in flight per block (the plan's split count follows)
     tuning::set_attention_stages(1);
     for (GgmlType t : types) {

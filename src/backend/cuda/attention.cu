@@ -18,9 +18,12 @@
 // else the partial (m, l, unnormalised out) goes to the workspace and attn_combine merges the splits.
 // Steps of many rows (prefill chunks) go to the tiled kernel of attention_prefill.cu instead when the plan
 // allows it (attention_tiled).
-// Both kernels wait (griddepcontrol.wait) before reading anything, so they may be launched with
-// programmatic dependent launch (tuning::set_attention_pdl); by default they are not: measured on the H200,
-// the early start made 8-row decode at long contexts 30-40% slower (docs/CUDA.md).
+// Both kernels are launched with programmatic dependent launch (tuning::set_attention_pdl). The split kernel
+// reads pos / seq and starts the copies of K / V tiles that this step cannot have written before its
+// griddepcontrol.wait; it lets the next kernel launch only at its exit (tuning::set_attention_trigger), and
+// attn_combine only after its wait: a projection launched while the split kernel still ran made the decode
+// step slower (measured on the H200, docs/CUDA.md), as did the split kernel launched during the QKV
+// projection (RoPE + KV write, the kernel in between, therefore triggers after its wait).
 #include "backend/cuda/attention_tiled.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -30,7 +33,14 @@ namespace ultra::cuda {
 
 namespace tuning {
 int g_attention_stage = 0, g_attention_stages = 0, g_attention_tiled = 0, g_attention_min_chunk = 64;
-bool g_attention_pdl = false;
+bool g_attention_pdl = true, g_attention_combine_pdl = false;
+int g_attention_trigger = 2;
+void set_attention_combine_pdl(bool on) {
+  g_attention_combine_pdl = on;
+}
+void set_attention_trigger(int where) {
+  g_attention_trigger = where;
+}
 void set_attention_tiled(int mode) {
   g_attention_tiled = mode;
 }
@@ -77,6 +87,7 @@ struct AttnArgs {
   float* out;          // [n, n_heads, hd]
   float* ws_acc;       // [n, n_heads, n_splits, hd]
   float* ws_ml;        // [n, n_heads, n_splits, 2]: max (log2 domain), sum
+  int trigger;         // split kernel's pdl_trigger: 0 at the start, 1 after the tile loop, 2 never (at exit)
 };
 
 // Dynamic shared memory: the q fragments [ceil(hd / 32)][4][32 lanes] uint4 (qh0, qh1, ql0, ql1), the
@@ -134,17 +145,19 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
   const int h0 = kvh * a.group + hc * kHeads;
   const int nh = a.group - hc * kHeads < kHeads ? a.group - hc * kHeads : kHeads;  // <= HEADS
 
-  pdl_trigger();
-  pdl_wait();
-
+  if (a.trigger == 0) pdl_trigger();
+  // pos and seq are step inputs (copied in before the step's first kernel; no kernel writes them), so they
+  // are read before the wait.
   const int len = row_len(a, t);
   const int chunk = split_chunk(len > 0 ? len : 1, a.n_splits, a.min_chunk);
   const bool whole = a.n_splits == 1 || chunk >= len;  // one split covers the row: write the output here
   const int start = split * chunk;
   const int end = start + chunk < len ? start + chunk : len;
-  if (start >= end) {  // padding row or empty split
-    if (a.n_splits == 1)
+  if (start >= end) {  // padding row or empty split: exits without writing, or waits first
+    if (a.n_splits == 1) {
+      pdl_wait();
       for (int i = tid; i < nh * hd; i += kThreads) a.out[((int64_t)t * a.n_heads + h0) * hd + i] = 0.0f;
+    }
     return;  // with splits, attn_combine writes the padding rows and skips empty splits
   }
   const int n_tiles = (end - start + kTile - 1) / kTile;
@@ -168,8 +181,19 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
     mbar_init_fence();
   }
   __syncthreads();
+  // This step writes the cache of this row's sequence only at its rows' positions, which are consecutive
+  // and at most gridDim.z many: tiles wholly below pos[t] - gridDim.z + 1 hold K / V of earlier steps, and
+  // their copies start before the wait (overlapping the previous kernel when launched programmatically).
+  int issued = 0;
+  if (tid == 0) {
+    const int safe = __ldcg(a.pos + t) - (int)gridDim.z + 1;
+    while (issued < S && issued < n_tiles &&
+           (start + (issued + 1) * kTile < end ? start + (issued + 1) * kTile : end) <= safe)
+      issue(issued++);
+  }
+  pdl_wait();
   if (tid == 0)
-    for (int i = 0; i < S && i < n_tiles; ++i) issue(i);
+    for (int i = issued; i < S && i < n_tiles; ++i) issue(i);
 
   // q of the 8 heads (zero past the group) as the B fragments of each lane: entry (kb, s, lane (g, t4)) holds
   // q[g][c + 2s], q[g][c + 2s + 1] split into TF32 hi + lo, c = 32 kb + 8 t4 (zero past head_dim).
@@ -341,6 +365,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
     }
   }
 
+  if (a.trigger == 1) pdl_trigger();
+
   // ---- reduce the position groups, 4 heads at a time, and write (red reuses the drained stage area)
   float* red = reinterpret_cast<float*>(stage0);
 #pragma unroll
@@ -380,8 +406,10 @@ __global__ void __launch_bounds__(kCThreads) attn_combine_kernel(AttnArgs a) {
   __shared__ __align__(16) float red[kCThreads / 32][kMaxHd];
   __shared__ float wmax[kCThreads / 32];
   __shared__ float inv_s;
-  pdl_trigger();
+  // The output projection follows: it may launch once the split kernel is done, not earlier (measured on the
+  // H200, a projection launched during the split kernel slowed the 1B decode step by ~4-7 us per layer).
   pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.y, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hd = a.kv.head_dim;
   const int64_t row = (int64_t)t * a.n_heads + h;
@@ -538,6 +566,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   a.out = out;
   a.ws_acc = static_cast<float*>(workspace);
   a.ws_ml = a.ws_acc ? a.ws_acc + (size_t)plan.max_rows * plan.n_heads * plan.n_splits * hd : nullptr;
+  a.trigger = tuning::g_attention_trigger;
   const uint32_t eb = kv.type == GgmlType::F32 ? 4 : 2;
   a.row_bytes = (uint32_t)hd * eb;
   a.stages = stages_for(a.row_bytes);
@@ -564,7 +593,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   if (e != cudaSuccess) return e;
   if (plan.n_splits > 1 && tuning::g_attention_stage != 1) {
     e = launch_ex(attn_combine_kernel, dim3(plan.n_heads, n), dim3(kCThreads), 0, stream, 1,
-                  tuning::g_attention_pdl, a);
+                  tuning::g_attention_pdl || tuning::g_attention_combine_pdl, a);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();

@@ -135,9 +135,9 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   // A/B switches of the decode step's launch mode and fusions (process-wide where they set kernels.h
   // switches): ULTRA_CUDA_PDL=0 launches every kernel the ordinary way, 1 only the kernels that used
   // programmatic launch before the row and elementwise ops did (sampler, split-K gemv), 2 (default) all;
-  // ULTRA_CUDA_ATTENTION_PDL=1 adds the attention kernels; ULTRA_CUDA_FUSE is a mask of the fusions: 1 RoPE
-  // and the KV write in one kernel (default), 2 silu_mul into the down projection's gemv (off by default:
-  // measured slower, docs/CUDA.md), 0 none.
+  // ULTRA_CUDA_ATTENTION_PDL=0 takes the attention kernels out (in by default); ULTRA_CUDA_FUSE is a mask of
+  // the fusions: 1 RoPE and the KV write in one kernel (default), 2 silu_mul into the down projection's gemv
+  // (off by default: measured slower, docs/CUDA.md), 0 none.
   if (const char* e = std::getenv("ULTRA_CUDA_PDL"); e && *e) {
     const int level = std::atoi(e);
     cuda::set_programmatic_launch(level > 0);
@@ -163,6 +163,12 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   // (tuning::set_attention_min_chunk).
   if (const char* e = std::getenv("ULTRA_CUDA_ATTN_CHUNK"); e && *e)
     cuda::tuning::set_attention_min_chunk(std::atoi(e));
+  // ULTRA_CUDA_ATTN_COMBINE_PDL=0|1: the attention merge kernel with programmatic launch
+  // (tuning::set_attention_combine_pdl); ULTRA_CUDA_ATTN_TRIGGER=0|1|2: tuning::set_attention_trigger.
+  if (const char* e = std::getenv("ULTRA_CUDA_ATTN_COMBINE_PDL"); e && *e)
+    cuda::tuning::set_attention_combine_pdl(*e != '0');
+  if (const char* e = std::getenv("ULTRA_CUDA_ATTN_TRIGGER"); e && *e)
+    cuda::tuning::set_attention_trigger(std::atoi(e));
   // Timing experiments only (wrong results): ULTRA_CUDA_SKIP=op,op,... leaves those ops out of every step,
   // so that the step time's change measures an op's cost inside the replayed graph. Ops: rmsnorm, rope
   // (RoPE and the KV write), attention, silu, qkv, o, gate_up, down, lm_head.

@@ -33,8 +33,12 @@ struct RopeArgs {
 // max_ctx) are rotated but not stored).
 template <GgmlType T, bool kCache>
 __global__ void rope_kernel(RopeArgs a) {
-  pdl_trigger();
+  // With kCache attention comes next: it may launch only once the projection before this kernel is done (its
+  // blocks are large; early they would hold SMs that projection still needs), so the trigger follows the
+  // wait.
+  if constexpr (!kCache) pdl_trigger();
   pdl_wait();
+  if constexpr (kCache) pdl_trigger();
   const int t = blockIdx.x, hd = a.head_dim, half = hd / 2;
   const int pairs = (a.n_heads + a.n_kv) * half;
   const int idx = blockIdx.y * blockDim.x + threadIdx.x;

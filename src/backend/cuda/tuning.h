@@ -32,9 +32,17 @@ extern int g_attention_stage, g_sampler_stage;
 // from the resulting blocks per SM, so call it before plan_attention.
 void set_attention_stages(int stages);
 extern int g_attention_stages;
-// Attention: launch its two kernels with programmatic dependent launch (off by default: measured slower).
+// Attention: launch its two kernels with programmatic dependent launch (the default).
 void set_attention_pdl(bool on);
 extern bool g_attention_pdl;
+// Attention: launch the merge kernel (attn_combine) with programmatic dependent launch; it lets the next
+// kernel launch once its wait has returned (the split kernel is done), not at its start.
+void set_attention_combine_pdl(bool on);
+extern bool g_attention_combine_pdl;
+// Where the split kernel lets the next kernel launch (programmatic launch): 0 at its start, 1 once its blocks
+// have read their K / V tiles, 2 (the default) at their exit.
+void set_attention_trigger(int where);
+extern int g_attention_trigger;
 // Attention: the fewest positions one split takes (rounded up to 64; default 64): rows up to this length run
 // as one split per (row, kv head) with no merge kernel work. Measured on the H200 (docs/CUDA.md), 256 and
 // 1024 were slower than 64 at depths 128 and 4096: more splits in flight beat the saved merge.
