@@ -238,12 +238,21 @@ void bench_gemv(cudaStream_t st, double ceiling) {
     const char* name;
     int64_t rows, cols;
   };
-  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
-                                 {"ffn up 14336x4096", 14336, 4096},
-                                 {"ffn down 4096x14336", 4096, 14336},
-                                 {"lm_head 128256x4096", 128256, 4096}};
+  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},       {"ffn up 14336x4096", 14336, 4096},
+                                 {"ffn down 4096x14336", 4096, 14336}, {"lm_head 128256x4096", 128256, 4096},
+                                 {"1B qkv 3072x2048", 3072, 2048},     {"1B gate_up 16384x2048", 16384, 2048},
+                                 {"1B down 2048x8192", 2048, 8192}};
   const std::vector<int> ns = g_quick ? std::vector<int>{1, 8, 32} : std::vector<int>{1, 2, 4, 8, 16, 32};
   std::vector<GemvVariant> vs = {{"auto", {}, true}};
+  {  // the weight-streaming kernel (n = 1; other n fall back to the column-split kernel)
+    tuning::GemvTuning t;
+    t.kernel = 3;
+    vs.push_back({"stream", t, true});
+    t.smem_budget = 96 << 10;
+    vs.push_back({"stream-96K", t, true});
+    t.smem_budget = 48 << 10;
+    vs.push_back({"stream-48K", t, true});
+  }
   if (g_sweep) {
     tuning::GemvTuning t;
     vs.push_back({"no-PDL", t, false});

@@ -17,6 +17,9 @@ For each shape (random weights made with transformers, as bench/cuda_compare.py 
              launches both programmatically); cpdl-only: only the merge kernel programmatically
              (ULTRA_CUDA_ATTN_COMBINE_PDL=1); attn-trigN: the split kernel lets the next kernel launch at its
              start (0) or after its tiles (1) instead of at exit (ULTRA_CUDA_ATTN_TRIGGER)
+  stream     every one-row gemv through the weight-streaming kernel (ULTRA_CUDA_GEMV=3), x and its slots in
+             the default 192 KB, 96 KB or 48 KB of shared memory (ULTRA_CUDA_GEMV_SMEM); no-stream: the
+             automatic choice without it (ULTRA_CUDA_GEMV_STREAM=0; the default takes it for one row)
 Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
 (best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
 the same run) and the host launch time per step.
@@ -55,6 +58,10 @@ VARIANTS = [
     ("cpdl-only", {"ULTRA_CUDA_ATTENTION_PDL": "0", "ULTRA_CUDA_ATTN_COMBINE_PDL": "1"}),
     ("attn-trig0", {"ULTRA_CUDA_ATTN_TRIGGER": "0"}),
     ("attn-trig1", {"ULTRA_CUDA_ATTN_TRIGGER": "1"}),
+    ("stream", {"ULTRA_CUDA_GEMV": "3"}),
+    ("no-stream", {"ULTRA_CUDA_GEMV_STREAM": "0"}),
+    ("stream-96K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "98304"}),
+    ("stream-48K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "49152"}),
 ]
 
 

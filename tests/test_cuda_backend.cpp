@@ -242,16 +242,19 @@ TEST(CudaBackend, MixedBatchMatchesCpu) {
 // way with RoPE / KV write and silu / down projection as separate kernels, against programmatic launch of
 // every kernel (attention included) with the fused kernels. The kernels are deterministic and the fused
 // ones do the same arithmetic, so the logits of 1-, 2- and 4-row graph steps are bit-identical; a kernel that
-// read an activation before the previous kernel finished would show as a difference.
+// read an activation before the previous kernel finished would show as a difference. The silu fusion extends
+// the column-split gemv, so that pair runs without the weight-streaming kernel (ULTRA_CUDA_GEMV_STREAM=0)
+// that one-row steps take by default.
 TEST(CudaBackend, LaunchModesAndFusionsAgree) {
   const Model m = Model::load(kBundled.string());
   std::mt19937 rng(11);
   std::vector<int32_t> prompt(40);
   for (int32_t& x : prompt) x = (int32_t)(rng() % (uint32_t)m.tokenizer()->n_vocab());
-  auto run = [&](const char* pdl, const char* attn_pdl, const char* fuse) {
+  auto run = [&](const char* pdl, const char* attn_pdl, const char* fuse, const char* stream) {
     setenv("ULTRA_CUDA_PDL", pdl, 1);
     setenv("ULTRA_CUDA_ATTENTION_PDL", attn_pdl, 1);
     setenv("ULTRA_CUDA_FUSE", fuse, 1);
+    setenv("ULTRA_CUDA_GEMV_STREAM", stream, 1);
     Context cu(m, gpu(256, 64, 8, KvType::f16, 4));
     Batch b(64);
     std::vector<float> all;
@@ -273,21 +276,28 @@ TEST(CudaBackend, LaunchModesAndFusionsAgree) {
     }
     return all;
   };
-  const std::vector<float> plain = run("0", "0", "0");
-  const std::vector<float> fused = run("2", "1", "3");
-  const std::vector<float> fused_default = run("2", "0", "1");
+  const std::vector<float> plain = run("0", "0", "0", "1");
+  const std::vector<float> fused_default = run("2", "1", "1", "1");
+  const std::vector<float> plain_ns = run("0", "0", "0", "0");
+  const std::vector<float> fused = run("2", "1", "3", "0");
   unsetenv("ULTRA_CUDA_PDL");
   unsetenv("ULTRA_CUDA_ATTENTION_PDL");
   unsetenv("ULTRA_CUDA_FUSE");
-  cuda::tuning::set_attention_pdl(false);
+  unsetenv("ULTRA_CUDA_GEMV_STREAM");
+  // the process-wide switches the runs set, back to their defaults
+  cuda::set_programmatic_launch(true);
+  cuda::set_programmatic_launch_level(2);
+  cuda::tuning::set_attention_pdl(true);
+  cuda::tuning::set_gemv_tuning({});
   ASSERT_EQ(plain.size(), fused.size());
+  ASSERT_EQ(plain.size(), plain_ns.size());
   size_t diff = 0, diff2 = 0;
   for (size_t i = 0; i < plain.size(); ++i) {
-    diff += std::memcmp(&plain[i], &fused[i], 4) != 0;
+    diff += std::memcmp(&plain_ns[i], &fused[i], 4) != 0;
     diff2 += std::memcmp(&plain[i], &fused_default[i], 4) != 0;
   }
-  std::printf("[cuda launch modes] %zu logits: %zu / %zu differ (all PDL + fused / default)\n", plain.size(),
-              diff, diff2);
+  std::printf("[cuda launch modes] %zu logits: %zu / %zu differ (all PDL + fused silu / default)\n",
+              plain.size(), diff, diff2);
   EXPECT_EQ(diff, 0u);
   EXPECT_EQ(diff2, 0u);
 }

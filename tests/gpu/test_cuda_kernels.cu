@@ -478,7 +478,13 @@ void test_gemv_silu(GgmlType t, int64_t rows, int64_t cols, int n, bool acc) {
     return;
   }
   CK(silu_mul(dg.p, du.p, (int64_t)n * cols, dh.p, 0));
-  CK(gemv(w, dh.p, n, dy2.p, nullptr, acc, 0, GemvPath::tensor_core));
+  {  // against the column-split kernel, which gemv_silu extends (one row would take the streaming kernel)
+    tuning::GemvTuning t;
+    t.kernel = 1;
+    tuning::set_gemv_tuning(t);
+    CK(gemv(w, dh.p, n, dy2.p, nullptr, acc, 0, GemvPath::tensor_core));
+    tuning::set_gemv_tuning({});
+  }
   CK(cudaDeviceSynchronize());
   std::vector<double> ref((size_t)n * rows);
   for (int tk = 0; tk < n; ++tk)
@@ -1206,7 +1212,14 @@ int main(int argc, char** argv) {
     test_gemv(GgmlType::F16, 4096, 4096, 1, false, true, GemvPath::tensor_core);
     // the automatic choice for tall BF16 matrices: the split-K kernel (ring 8 for n <= 4; no L2 prefetch
     // for 9 <= n <= 16 on >= 65536 rows)
-    for (int n : {1, 4}) test_gemv(GgmlType::BF16, 8192 + 37, 1024, n, n == 1, n == 4, GemvPath::automatic);
+    // (one row goes to the weight-streaming kernel unless no_stream asks for the choice before it)
+    {
+      tuning::GemvTuning t;
+      t.no_stream = true;
+      tuning::set_gemv_tuning(t);
+      for (int n : {1, 4}) test_gemv(GgmlType::BF16, 8192 + 37, 1024, n, n == 1, n == 4, GemvPath::automatic);
+      tuning::set_gemv_tuning({});
+    }
     test_gemv(GgmlType::BF16, 65536 + 5, 256, 12, true, true, GemvPath::automatic);
     // every variant of the split-K kernel the benchmark can select (tuning.h): MMA flavour x block shape x
     // split-K, and a tiny shared-memory budget that stages x in many sub-slices
@@ -1230,6 +1243,29 @@ int main(int argc, char** argv) {
       t.kernel = 2, t.trigger = trig, t.pf_steps = trig == 1 ? -1 : 0;
       tuning::set_gemv_tuning(t);
       for (int n : {1, 8, 17}) test_gemv(GgmlType::BF16, 1000, 4096, n, true, n == 8, GemvPath::automatic);
+    }
+    tuning::set_gemv_tuning({});
+    // the weight-streaming kernel (n = 1, F16 / BF16; anything else falls back): odd shapes, padded rows,
+    // budgets from one slot per warp to the most, rows of one to four segments
+    for (int budget : {0, 96 << 10, 20 << 10}) {
+      if (g_quick && budget == (20 << 10)) continue;
+      tuning::GemvTuning t;
+      t.kernel = 3, t.smem_budget = budget;
+      tuning::set_gemv_tuning(t);
+      out("     variant [stream budget %d]\n", budget);
+      for (GgmlType ty : {GgmlType::BF16, GgmlType::F16}) {
+        test_gemv(ty, 257, 1000, 1, true, false, GemvPath::automatic);
+        test_gemv(ty, 3, 64, 1, false, true, GemvPath::automatic);
+        test_gemv(ty, 4096 + 3, 4096, 1, true, true, GemvPath::automatic);
+        test_gemv(ty, 1000, 14336, 1, false, true, GemvPath::automatic);
+        test_gemv(ty, 70, 264, 1, true, false, GemvPath::automatic, 16);  // padded rows
+        if (!g_quick)
+          for (int cols : {2048, 6144, 10240, 11008, 12288, 16384})
+            test_gemv(ty, 300, cols, 1, true, true, GemvPath::automatic);
+      }
+      test_gemv(GgmlType::F32, 257, 1000, 1, true, false, GemvPath::automatic);   // falls back
+      test_gemv(GgmlType::BF16, 257, 1000, 3, true, false, GemvPath::automatic);  // n = 3: falls back
+      test_gemv(GgmlType::BF16, 64, 16392, 1, true, false, GemvPath::automatic);  // too wide: falls back
     }
     tuning::set_gemv_tuning({});
     tuning::GemvTuning old;

@@ -146,8 +146,10 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION_PDL"); e && *e)
     cuda::tuning::set_attention_pdl(*e != '0');
   if (const char* e = std::getenv("ULTRA_CUDA_FUSE"); e && *e) fuse_ = std::atoi(e);
-  // ULTRA_CUDA_GEMV=1|2: every gemv through the column-split (1) or split-K (2) kernel instead of the
-  // automatic choice; ULTRA_CUDA_GEMV_TRIGGER=2: gemv kernels let the next kernel launch only once their
+  // ULTRA_CUDA_GEMV=1|2|3: every gemv through the column-split (1), split-K (2) or, for one row, the
+  // weight-streaming (3; ULTRA_CUDA_GEMV_SMEM=bytes of its shared memory) kernel instead of the automatic
+  // choice (ULTRA_CUDA_GEMV_STREAM=0: that choice without the streaming kernel, which it takes for one row);
+  // ULTRA_CUDA_GEMV_TRIGGER=2: gemv kernels let the next kernel launch only once their
   // weight loads are all issued (1: at their start).
   {
     cuda::tuning::GemvTuning t;
@@ -155,7 +157,12 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
     const char* tr = std::getenv("ULTRA_CUDA_GEMV_TRIGGER");
     if (k && *k) t.kernel = std::atoi(k);
     if (tr && *tr) t.trigger = std::atoi(tr);
-    if (t.kernel || t.trigger) cuda::tuning::set_gemv_tuning(t);
+    const char* sm = std::getenv("ULTRA_CUDA_GEMV_SMEM");
+    const char* st = std::getenv("ULTRA_CUDA_GEMV_STREAM");
+    if (sm && *sm) t.smem_budget = std::atoi(sm);
+    if (st && *st) t.no_stream = *st == '0';
+    // any of them set: all of them (process-wide), so that one context's choice does not outlive it
+    if ((k && *k) || (tr && *tr) || (sm && *sm) || (st && *st)) cuda::tuning::set_gemv_tuning(t);
     if (const char* e = std::getenv("ULTRA_CUDA_GEMV_L2"); e && *e) cuda::tuning::set_gemv_l2_all(*e != '0');
     if (const char* e = std::getenv("ULTRA_CUDA_GEMV_L1"); e && *e) cuda::tuning::set_gemv_l1_all(*e != '0');
   }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_stream.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tuning.h"
 
@@ -622,12 +623,33 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
         }
     }
   };
+  // The MMA accumulators are added into f32 sums every kFlush iterations (512 columns): one tensor-core
+  // accumulation chain over a warp's whole column range loses accuracy (1.0e-5 relative measured at 16392
+  // columns against ~2e-6 for chains of 512 columns).
+  constexpr int kFlush = 512 / kSpan > 1 ? 512 / kSpan : 1;
+  float sum[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sum[m][j][r] = 0.0f;
+  int since_flush = 0;
   if (warp < n_iter) load_w(warp);
   if (!a.late_trigger) pdl_trigger();
   pdl_wait();
   for (int64_t it = warp; it < n_iter; it += kWarps) {
     const int64_t c0 = it * kSpan + t4 * 8;
     if (it != warp) load_w(it);
+    if (++since_flush > kFlush) {
+      since_flush = 1;
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) sum[m][j][r] += acc[m][j][r], acc[m][j][r] = 0.0f;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + u * 32;
@@ -675,7 +697,13 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
   }
 
   if (a.late_trigger) pdl_trigger();  // every weight load of this block is issued
-    // Cross-warp reduction. C fragment: acc[m][j][r] is row m*16 + g + 8*(r/2), token j*8 + 2*t4 + (r%2).
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[m][j][r] += sum[m][j][r];
+        // Cross-warp reduction. C fragment: acc[m][j][r] is row m*16 + g + 8*(r/2), token j*8 + 2*t4 + (r%2).
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -773,6 +801,9 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
   // programmatic launch wins for tall BF16 matrices only (ring 8 for n <= 4 on >= 8192 rows; ring 4 without
   // the L2 prefetch for 9 <= n <= 16 on >= 65536 rows); everywhere else the column-split kernel is faster.
   tuning::GemvTuning tu = g_tune;
+  // One row of F16 / BF16 weights: the weight-streaming kernel (gemv_stream.cu), measured faster in the
+  // decode step on the H200 (8B 202 -> 219 tok/s, 1B 831 -> 863; docs/CUDA.md).
+  if (tu.kernel == 0 && a.n == 1 && WT != GgmlType::F32 && !tu.no_stream) tu.kernel = 3;
   if (tu.kernel == 0) {
     tu.kernel = 1;
     if (WT == GgmlType::BF16 && a.rows >= 8192 && a.n <= 4) {
@@ -783,7 +814,13 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
       if (tu.pf_steps < 0) tu.pf_steps = 0;
     }
   }
-  if (tu.kernel == 1) {
+  if (tu.kernel == 3 && a.n == 1 && WT != GgmlType::F32) {
+    const cudaError_t e = gemv_stream(WT, a.w, a.rows, a.cols, a.row_bytes, a.x, a.y, a.bias, a.accumulate,
+                                      tu.smem_budget, stream);
+    if (e != cudaErrorNotSupported) return e;
+    tu.kernel = 1;  // a shape it does not take: the column-split kernel
+  }
+  if (tu.kernel == 1 || tu.kernel == 3) {
     GemvArgs b = a;
     b.late_trigger = tu.trigger == 2;
     if (cudaError_t e = dispatch_tc<WT>(b, stream)) return e;

@@ -5,14 +5,17 @@
 namespace ultra::cuda::tuning {
 
 struct GemvTuning {
-  int kernel = 0;       // 0 automatic; 1 the column-split kernel; 2 the split-K kernel
-  int mma = 0;          // 0 automatic; 1 TF32 hi + lo; 2 BF16 x three parts (BF16 weights only)
-  int config = -1;      // -1 automatic; else an index below gemv_config_count() (BF16 weights only)
-  int splits = 0;       // 0 automatic; else the split-K cluster size 1, 2, 4 or 8
-  int smem_budget = 0;  // bytes of shared memory for the staged activations; 0 automatic
+  int kernel = 0;   // 0 automatic; 1 the column-split kernel; 2 the split-K kernel; 3 the weight-streaming
+                    // kernel for n = 1, F16 / BF16 (gemv_stream.cu; else the column-split one)
+  int mma = 0;      // 0 automatic; 1 TF32 hi + lo; 2 BF16 x three parts (BF16 weights only)
+  int config = -1;  // -1 automatic; else an index below gemv_config_count() (BF16 weights only)
+  int splits = 0;   // 0 automatic; else the split-K cluster size 1, 2, 4 or 8
+  int smem_budget = 0;  // bytes of shared memory for the staged activations (split-K) or the weight stages
+                        // (streaming kernel); 0 automatic
   int pf_steps = -1;    // 32-column steps kept requested into L2 ahead of the register ring; -1 automatic
   int trigger = 0;  // programmatic launch of the next kernel: 0 automatic, 1 at the start, 2 after the loads
                     // (both kernels)
+  bool no_stream = false;  // automatic choice without the weight-streaming kernel (as before 2026-12-01)
 };
 void set_gemv_tuning(const GemvTuning& t);
 // The column-split kernel: programmatic launch with x through L2 for every n (set_gemv_l2_all), or an
