@@ -489,8 +489,10 @@ void bench_sampler(cudaStream_t st) {
     int k;
     float top_p, min_p;
     float rp;
+    int n_probs = 5;
   };
   const C cases[] = {{"greedy", 0.0f, 0, 1.0f, 0.0f, 1.0f},
+                     {"greedy, no top logprobs", 0.0f, 0, 1.0f, 0.0f, 1.0f, 0},
                      {"top_k=40 top_p=0.95 min_p=0.05", 0.8f, 40, 0.95f, 0.05f, 1.0f},
                      {"top_k=40 + repeat penalty (64)", 0.8f, 40, 0.95f, 0.05f, 1.1f},
                      {"top_k=0 top_p=0.9", 1.0f, 0, 0.9f, 0.0f, 1.0f},
@@ -503,7 +505,7 @@ void bench_sampler(cudaStream_t st) {
       SamplerRow& p = rows[r];
       p = SamplerRow{};
       p.temperature = c.T, p.top_k = c.k, p.top_p = c.top_p, p.min_p = c.min_p, p.repeat_penalty = c.rp;
-      p.n_probs = 5, p.seed = 42 + r, p.position = 1000, p.hist = hist, p.n_hist = 64, p.logits_row = r;
+      p.n_probs = c.n_probs, p.seed = 42 + r, p.position = 1000, p.hist = hist, p.n_hist = 64, p.logits_row = r;
     }
     CK(cudaMemcpy(drows, rows.data(), rows.size() * sizeof(SamplerRow), cudaMemcpyHostToDevice));
     double t[2];

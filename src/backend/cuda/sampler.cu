@@ -796,6 +796,10 @@ __global__ void __launch_bounds__(kPThreads) sampler_part_kernel(SampArgs a) {
   if (tid == 0) *meta = PartMeta{kb, 0, m_b, 0.0f, s_b};
 }
 
+__device__ unsigned merge_candidates(Smem& s, const u64* keys, unsigned total, unsigned K);
+__device__ void finish_merged(const SampArgs& a, const SamplerRow& p, const RowMode& md, Smem& s,
+                              const OutPtrs& o, const PartMeta* meta, int nb, unsigned m0);
+
 // Greedy and top_k <= 1024 rows: merge the segments' candidates (sampler_part_kernel) and finish.
 __device__ void sample_row_merged(const SampArgs& a, int row, const SamplerRow& p, const RowMode& md, Smem& s,
                                   const OutPtrs& o) {
@@ -814,6 +818,45 @@ __device__ void sample_row_merged(const SampArgs& a, int row, const SamplerRow& 
   const u64* keys = a.part_keys + (size_t)row * a.part_cap;
   const unsigned K = md.K;
   const unsigned total = (unsigned)nb * K;
+  unsigned m0;
+  if (total <= (unsigned)kThreads) {
+    // At most one candidate per thread (greedy, K = max(1, n_probs) <= 16 with 64 segments): the K best by K
+    // rounds of a block-wide maximum (keys are distinct: they hold the token id), two barriers per round,
+    // instead of the buffer, compaction and bitonic sort below (~45 barriers).
+    const unsigned i = threadIdx.x, b = i / K;
+    u64 mine = i < total && i - b * K < s.pcnt[b] ? __ldcg(keys + i) : 0ull;
+    const unsigned valid = (unsigned)__syncthreads_count(mine != 0ull);
+    m0 = valid < K ? valid : K;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (unsigned j = 0; j < m0; ++j) {
+      u64 mx = mine;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const u64 y = __shfl_xor_sync(kFullMask, mx, off);
+        mx = y > mx ? y : mx;
+      }
+      if (lane == 0) s.hist_fx[warp] = mx;
+      __syncthreads();
+      if (warp == 0) {
+        u64 v = lane < kWarps ? s.hist_fx[lane] : 0ull;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const u64 y = __shfl_xor_sync(kFullMask, v, off);
+          v = y > v ? y : v;
+        }
+        if (lane == 0) s.buf[j] = v;
+      }
+      __syncthreads();
+      if (mine == s.buf[j]) mine = 0ull;
+    }
+  } else {
+    m0 = merge_candidates(s, keys, total, K);
+  }
+  finish_merged(a, p, md, s, o, meta, nb, m0);
+}
+
+// The general merge: candidates through the buffer with threshold admission and compaction, then sorted.
+__device__ unsigned merge_candidates(Smem& s, const u64* keys, unsigned total, unsigned K) {
   constexpr int E = 2 * kSub;
   for (unsigned base = 0; base < total; base += kThreads * E) {
     u64 kv[E];
@@ -840,6 +883,12 @@ __device__ void sample_row_merged(const SampArgs& a, int row, const SamplerRow& 
   compact(s, K);
   const unsigned m0 = s.count;  // >= 1
   sort_desc(s, m0);
+  return m0;
+}
+
+// s.buf[0, m0): the row's best candidates, sorted descending.
+__device__ void finish_merged(const SampArgs& a, const SamplerRow& p, const RowMode& md, Smem& s,
+                              const OutPtrs& o, const PartMeta* meta, int nb, unsigned m0) {
   if (md.greedy) {
     const float M = key_val(s.buf[0]);
     for (int b = threadIdx.x; b < nb; b += kThreads)
