@@ -1,6 +1,8 @@
 // Decode / small-batch matmul (n <= 32 rows of activations): y[n, rows] = x[n, cols] . W^T (+ bias) (+= y).
 //
-// Two tensor-core kernels; dispatch() picks one from the shape (measured on the H200, docs/CUDA.md):
+// One row of F16 / BF16 weights goes to the weight-streaming kernel (gemv_stream.cu) unless the tuning says
+// otherwise; for the rest, two tensor-core kernels; dispatch() picks one from the shape (measured on the
+// H200, docs/CUDA.md):
 //  * column-split (gemv_tc_kernel, the default): a block owns 16 or 32 rows, its 8 warps split the
 //    columns, x is read through L1, ordinary launch. TF32 hi/lo MMAs (see its comment below).
 //  * split-K (gemv2_kernel): BF16 weights with >= 8192 rows and n <= 4, or >= 65536 rows and 9 <= n <= 16;

@@ -41,17 +41,18 @@ cudaError_t query_device(int device, DeviceInfo* out);
 // completion before it reads any data a kernel may have written and before it writes anything; in between
 // it only issues its first weight loads (gemv), so its start-up and the weight stream overlap the previous
 // kernel's tail. The one assumption: gemv weights (WeightView::data) are not written by kernels of the same
-// stream (they are loaded once, by copies). Works inside graph capture. The attention kernels can use it
-// too but do not by default (measured slower). On by default; set_programmatic_launch(false) launches all
-// of them the ordinary way (process-wide, for launches made afterwards).
+// stream (they are loaded once, by copies). Works inside graph capture. The attention kernels use it too
+// (tuning::set_attention_pdl, on by default; they start their K / V copies of positions the step does not
+// write before the wait). On by default; set_programmatic_launch(false) launches all of them the ordinary
+// way (process-wide, for launches made afterwards).
 void set_programmatic_launch(bool enabled);
 bool programmatic_launch();
-// Which kernels use it when it is on: 1 = the sampler, the split-K gemv (and attention when
-// tuning::set_attention_pdl asks); 2 (the default) = also every row and elementwise op (embed, rmsnorm,
-// silu_mul, add, gather_rows, convert_f32), RoPE, the KV write, rope_kv_write and the column-split gemv
-// (gemv_silu included), so that a decode step's chain of kernels overlaps each launch with the kernel before.
-// Every one of these kernels waits before it reads activations and before it writes, and reads activations
-// through L2 after the wait.
+// Which kernels use it when it is on: 1 = the sampler, the split-K gemv and attention (unless
+// tuning::set_attention_pdl(false)); 2 (the default) = also every row and elementwise op (embed, rmsnorm,
+// silu_mul, add, gather_rows, convert_f32), RoPE, the KV write, rope_kv_write, the column-split gemv
+// (gemv_silu included) and the weight-streaming gemv, so that a decode step's chain of kernels overlaps each
+// launch with the kernel before. Every one of these kernels waits before it reads activations and before it
+// writes, and reads activations through L2 after the wait.
 void set_programmatic_launch_level(int level);
 int programmatic_launch_level();
 
