@@ -4,17 +4,31 @@
 For each weight type (f32, f16, q8_0) it makes a random-weight ~110M-parameter Llama GGUF (dim 768,
 12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) with tools/make_bench_gguf.py (the low-bit
 types fp8, ternary, tq2_0, tq1_0: `ultra quantize` of the f16 file; llama.cpp cannot load fp8 and ternary,
-so their peer columns are empty), runs
-`ultra bench` (prefill of P tokens, then G single-token decode steps) and llama.cpp through
-node-llama-cpp (bench/llamacpp_peer.mjs) on it, and prints decode/prefill tokens/s, the ratio
+so their peer columns are empty), then runs `ultra bench` (prefill of P tokens, then G single-token decode
+steps) and the peer on it, interleaved (one repetition of each in turn, `--reps` rounds; the best round of
+each counts, since noise on a shared machine only slows a run down), and prints tokens/s, the ratio
 ultra / llama.cpp, and the bytes/s each decode reaches against this machine's read bandwidth measured by
 bench_matmul in the same run (weights read per token / time per token).
 
-    python3 bench/cpu_compare.py [--threads 2] [--prompt 128] [--gen 128] [--reps 3] [--build build]
-                                 [--baseline OTHER_ULTRA_BINARY] [--no-peer]
+The peer (--peer):
+  native  llama.cpp's llama-bench built from the source that the node-llama-cpp npm package ships
+          (bench/node_modules/node-llama-cpp/llama/gitRelease.bundle), with -DGGML_NATIVE=ON so that it
+          uses every instruction set of this CPU; cloned and built once into --llama-dir (default
+          ~/.cache/ultra/llama.cpp-native, outside the repo), reused while its commit matches the bundle.
+          If that build dies of SIGILL (its AMX Q8_0 kernel, on VMs that do not grant the tile state), the
+          script switches to a build with every extension up to AVX-512 VNNI / BF16 but AMX
+          (--llama-variant noamx) and says so.
+  node    node-llama-cpp's prebuilt binary (bench/llamacpp_peer.mjs): generic, 2-3x slower on some CPUs;
+          kept as the GGUF-compatibility check.
+
+    python3 bench/cpu_compare.py [--threads 2] [--prompt 512] [--gen 128] [--reps 3] [--build build]
+                                 [--peer native|node] [--llama-dir DIR] [--baseline OTHER_ULTRA_BINARY]
+                                 [--no-peer] [--env K=V ...]
 --baseline runs a second ultra binary (e.g. one built from an earlier commit) on the same files,
 alternating with this build's, and prints this build / baseline: the before-and-after check of a change.
-Needs: a built tree (cmake --build build), and `cd bench && npm ci` (unless --no-peer).
+--env K=V sets an environment variable for ultra's runs only (A/B switches such as ULTRA_CPU_PANEL=0).
+Needs: a built tree (cmake --build build); `cd bench && npm ci` (the bundle, or the node peer); for the
+native peer cmake, a C++ compiler and git.
 """
 import argparse
 import json
@@ -33,10 +47,43 @@ def run(cmd, **kw):
     return r.stdout
 
 
+NOAMX_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_BMI2=ON", "-DGGML_FMA=ON",
+               "-DGGML_F16C=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
+               "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"]
+
+
+def llama_bench_binary(llama_dir, variant="native"):
+    """Clones llama.cpp from node-llama-cpp's bundle into llama_dir and builds llama-bench once per variant:
+    native (-DGGML_NATIVE=ON) or noamx (every x86 extension up to AVX-512 BF16 / VNNI, without AMX: the
+    native build's AMX Q8_0 kernel dies of SIGILL on some VMs, where the tile state is not granted)."""
+    bundle = os.path.join(ROOT, "bench", "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle")
+    if not os.path.exists(bundle):
+        sys.exit(f"{bundle} not found: run `cd bench && npm ci` first")
+    head = subprocess.run(["git", "bundle", "list-heads", bundle], capture_output=True, text=True).stdout.split()
+    want = head[0] if head else ""
+    src = os.path.join(llama_dir, "src")
+    build = os.path.join(llama_dir, "build" if variant == "native" else "build-" + variant)
+    binary = os.path.join(build, "bin", "llama-bench")
+    have = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() \
+        if os.path.isdir(src) else ""
+    if have != want or not os.path.exists(binary):
+        print(f"building llama-bench (llama.cpp {want[:10]}, {variant}) in {build} ...", flush=True)
+        if have != want:
+            subprocess.run(["rm", "-rf", llama_dir], check=True)
+            os.makedirs(llama_dir, exist_ok=True)
+            subprocess.run(["git", "clone", "-q", bundle, src], check=True)
+        flags = ["-DGGML_NATIVE=ON"] if variant == "native" else NOAMX_FLAGS
+        subprocess.run(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                        "-DLLAMA_BUILD_TESTS=OFF"] + flags, check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2), "--target", "llama-bench"],
+                       check=True, capture_output=True)
+    return binary
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--build", default="build")
@@ -44,7 +91,22 @@ def main():
     ap.add_argument("--types", default="f32,f16,q8_0")
     ap.add_argument("--baseline", help="another ultra binary to compare with, interleaved")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--peer", choices=["native", "node"], default="native")
+    ap.add_argument("--llama-dir", default=os.path.expanduser("~/.cache/ultra/llama.cpp-native"))
+    ap.add_argument("--llama-variant", choices=["native", "noamx"], default="native")
+    ap.add_argument("--env", action="append", default=[], help="K=V for ultra's runs")
     args = ap.parse_args()
+    uenv = dict(os.environ)
+    for kv in args.env:
+        k, _, v = kv.partition("=")
+        uenv[k] = v
+    llama_bench = None
+    if not args.no_peer and args.peer == "native":
+        llama_bench = llama_bench_binary(args.llama_dir, args.llama_variant)
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+           if re.search(rf"\b{f}\b", flags)]
+    print(f"CPU features: {' '.join(isa) or 'n/a'}; {args.threads} threads", flush=True)
     os.makedirs(args.dir, exist_ok=True)
     ultra = os.path.join(ROOT, args.build, "ultra")
 
@@ -65,11 +127,29 @@ def main():
                 run([ultra, "quantize", f16, path, "--type", t])
             else:
                 run([sys.executable, "tools/make_bench_gguf.py", "--type", t, "--tie-embeddings", "-o", path])
-        def ultra_bench(binary):
+        def ultra_bench(binary, reps=args.reps):
             u = json.loads(run([binary, "bench", "-m", path, "-p", str(args.prompt), "-n", str(args.gen), "-r",
-                                str(args.reps), "-t", str(args.threads), "--json"]))
+                                str(reps), "-t", str(args.threads), "--json"], env=uenv))
             res = {r["test"]: r for r in u["results"]}
             return u, res[f"pp{args.prompt}"]["tps_mean"], res[f"tg{args.gen}"]["tps_mean"]
+
+        def native_bench():
+            nonlocal llama_bench
+            cmd = [llama_bench, "-m", path, "-t", str(args.threads), "-p", str(args.prompt), "-n", str(args.gen),
+                   "-r", "1", "-o", "json"]
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if r.returncode == -4 and args.llama_variant == "native":  # SIGILL: AMX without the tile state
+                print("llama-bench (native) died of SIGILL (AMX); switching to the build without AMX", flush=True)
+                args.llama_variant = "noamx"
+                llama_bench = llama_bench_binary(args.llama_dir, "noamx")
+                cmd[0] = llama_bench
+                r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+            out = json.loads(r.stdout)
+            pp = next(r["avg_ts"] for r in out if r["n_prompt"] == args.prompt and r["n_gen"] == 0)
+            tg = next(r["avg_ts"] for r in out if r["n_gen"] == args.gen and r["n_prompt"] == 0)
+            return pp, tg
 
         if args.baseline:
             # Alternate baseline and this build twice and keep each one's better run (noise is one-sided).
@@ -81,12 +161,20 @@ def main():
                 pp_u, tg_u = max(pp_u, pp), max(tg_u, tg)
             print(json.dumps(dict(type=t, tg_new=tg_u, tg_baseline=tg_b, tg_ratio=tg_u / tg_b, pp_new=pp_u,
                                   pp_baseline=pp_b, pp_ratio=pp_u / pp_b)), flush=True)
-        else:
+        elif args.no_peer or args.peer == "node" or t in ("fp8", "ternary"):
             u, pp_u, tg_u = ultra_bench(ultra)
         if args.no_peer:
             continue
         if t in ("fp8", "ternary"):  # ultra's own GGUF types: llama.cpp refuses the file
             pp_l = tg_l = None
+        elif args.peer == "native":
+            # Interleaved: one repetition of each in turn; the best of each counts.
+            pp_u = tg_u = pp_l = tg_l = 0.0
+            for _ in range(args.reps):
+                u, pp, tg = ultra_bench(ultra, reps=1)
+                pp_u, tg_u = max(pp_u, pp), max(tg_u, tg)
+                pp, tg = native_bench()
+                pp_l, tg_l = max(pp_l, pp), max(tg_l, tg)
         else:
             p = json.loads(run(["node", "bench/llamacpp_peer.mjs", "--model", path, "--threads", str(args.threads),
                                 "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps", str(args.reps)]))
@@ -102,6 +190,11 @@ def main():
 
     if not rows:
         return
+    has = lambda f: re.search(rf"\b{f}\b", flags) is not None
+    ultra_isa = ("avx512" if all(has(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")) else
+                 "avx2" if has("avx2") else "scalar")
+    print(f"\nultra kernels: {ultra_isa} (its run-time choice on these CPU features); llama.cpp: "
+          f"{'llama-bench, ' + args.llama_variant if args.peer == 'native' else 'node-llama-cpp prebuilt'}")
     print(f"\n| type | MB | tg{args.gen} ultra | tg{args.gen} llama.cpp | ratio | ultra % of bw | llama.cpp % of bw |"
           f" pp{args.prompt} ultra | pp{args.prompt} llama.cpp | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -204,7 +204,8 @@ TEST(Matmul, RefMatchesDirectFormula) {
 
 // Every weight type is converted exactly to f32 in registers (F16/BF16 widen; Q8_0's q * d has at most
 // 7 + 11 significant bits), so the kernels differ from the float64 reference only by f32 rounding in the
-// FMA chains. With L lanes each lane sums cols/L products; the rounding errors are independent, giving
+// FMA chains. With L lanes each lane sums cols/L products (the AVX-512 panel GEMM of prefill: one chain of
+// cols products per output, ~4x the error of 16 lanes, still 4x inside the bound); the rounding errors are independent, giving
 // ~u*sqrt(cols)*sum|w x| (u = 6e-8) with a generous factor:
 //   |y - ref| <= 1e-6 * sqrt(cols) * sum_c |w_c x_c|.
 // Dropping one column changes y by |w_c x_c| ~ sum|w x|/cols, e.g. 2.4e-4*sum for cols 4128 (vs 6.4e-5 tol);
@@ -216,7 +217,7 @@ TEST(Matmul, FastMatchesRef) {
     for (int64_t cols : {32, 96, 768, 4128}) {
       for (int64_t rows : {1, 7, 33, 513}) {
         auto w = make_weights(t, rows, cols, ++seed);
-        for (int nt : {1, 2, 3, 5, 8, 13, 17}) {
+        for (int nt : {1, 2, 3, 5, 8, 13, 17, 24}) {  // >= 16: the AVX-512 panel GEMM
           const auto x = randn(nt * cols, ++seed);
           const auto bias = randn(rows, ++seed);
           const float* b = (nt % 2) ? bias.data() : nullptr;  // with and without bias
@@ -274,7 +275,7 @@ TEST(Matmul, Q8_0BlockScales) {
       for (int64_t r = 0; r < rows; ++r)
         quantize_row_q8_0(f.data() + r * cols, cols, (BlockQ8_0*)(w.bytes.data() + r * rb));
       w.view = WeightView{GgmlType::Q8_0, w.bytes.data(), rows, cols, rb};
-      for (int nt : {1, 2, 4, 7, 9}) {
+      for (int nt : {1, 2, 4, 7, 9, 19}) {
         const auto x = randn(nt * cols, (uint32_t)(cols + 7 * rows + nt));
         std::vector<float> ref(rows * nt);
         matmul_ref(w.view, x.data(), nt, ref.data(), nullptr);
@@ -308,7 +309,7 @@ TEST(Matmul, OneHotColumnsExact) {
       KernelOverride ko(ks);
       const int64_t cols = 96, rows = 11;
       auto w = make_weights(t, rows, cols, 5);
-      for (int nt : {1, 5}) {
+      for (int nt : {1, 5, 16}) {
         for (int64_t c = 0; c < cols; ++c) {
           std::vector<float> x(nt * cols, 0.0f);
           for (int tk = 0; tk < nt; ++tk)
@@ -332,7 +333,7 @@ TEST(Matmul, FloatTypesOddCols) {
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
       for (int64_t cols : {1, 3, 20, 50, 127}) {
         auto w = make_weights(t, 13, cols, (uint32_t)cols);
-        for (int nt : {1, 3, 6}) {
+        for (int nt : {1, 3, 6, 18}) {
           const auto x = randn(nt * cols, (uint32_t)(cols + nt));
           std::vector<float> ref(13 * nt);
           matmul_ref(w.view, x.data(), nt, ref.data(), nullptr);

@@ -74,6 +74,9 @@ const MatmulKernels& matmul_kernels();
 // Whether this CPU can run matmul_kernels_avx2() / matmul_kernels_avx512().
 bool cpu_has_avx2();
 bool cpu_has_avx512();
+// Whether prefill steps may take an ISA's packed-panel GEMM (matmul_driver.h): true unless the environment
+// has ULTRA_CPU_PANEL=0 (A/B measurements; read once).
+bool panel_gemm_enabled();
 // Tests/benchmarks: make matmul() use k (nullptr: back to matmul_kernels()). Not thread-safe w.r.t. running
 // matmuls; call between them.
 void set_matmul_kernels_override(const MatmulKernels* k);

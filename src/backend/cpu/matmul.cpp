@@ -7,7 +7,11 @@
 // token vectors. Decode (T = 1) reads one row at a time (one sequential stream per thread) with four
 // independent accumulator chains to hide the FMA latency; prefill walks the tokens in tiles of T for every
 // row tile, so the R rows (a few KiB) are read from DRAM once and then reused from L1 for all tokens of
-// the chunk. Rows are handed to threads in chunks from a shared counter (see matmul()).
+// the chunk. Steps of 16 tokens or more take the packed-panel GEMM instead (matmul_panel_avx2.h,
+// matmul_panel_avx512.h): weights converted to f32 once per 16/32-row x 256-column panel, k-major, and an
+// outer-product micro-kernel (rows as vector lanes, tokens broadcast) that is FMA-bound with no horizontal
+// sums (~1.5-2x the tiles' rate, docs/BENCHMARKS.md; ULTRA_CPU_PANEL=0 turns it off for A/B runs). Rows are
+// handed to threads in chunks from a shared counter (see matmul()).
 //
 // Q8_0: the weights are dequantised in registers (int8 -> int32 -> f32, times the block's f16 scale d) and
 // FMA'd against the f32 activations exactly like the float types. q * d (|q| <= 127, d with an 11-bit
@@ -115,6 +119,14 @@ const MatmulKernels& matmul_kernels() {
     return matmul_kernels_scalar();
   }();
   return k;
+}
+
+bool panel_gemm_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("ULTRA_CPU_PANEL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
 }
 
 void set_matmul_kernels_override(const MatmulKernels* k) {

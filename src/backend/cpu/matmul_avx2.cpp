@@ -4,9 +4,11 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/matmul_panel_avx2.h"
 #include "backend/cpu/simd_math.h"
 #include "core/dtype.h"
 
@@ -141,12 +143,39 @@ inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
   return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
+// Loaders of the prefill GEMM's panel packing (matmul_panel_avx2.h): 8 f32 from column c of a row, and one.
+template <class L>
+struct PackF {
+  using E = typename L::E;
+  static __m256 load8(const uint8_t* row, int64_t c) { return L::load8((const E*)row + c); }
+  static float scalar(const uint8_t* row, int64_t c) { return L::scalar(((const E*)row)[c]); }
+};
+struct PackQ8 {  // cols % 32 == 0: columns come in whole blocks, so scalar() serves no tail in practice
+  static __m256 load8(const uint8_t* row, int64_t c) {
+    const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / kQ8_0Block];
+    return q8_part(b, (int)(c % kQ8_0Block) / 8, q8_scale(b));
+  }
+  static float scalar(const uint8_t* row, int64_t c) {
+    const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / kQ8_0Block];
+    return _cvtsh_ss(b.d) * (float)b.qs[c % kQ8_0Block];
+  }
+};
+
 struct Avx2 {
   using F32 = LoadF32;
   using F16 = LoadF16;
   using BF16 = LoadBF16;
   using Q8 = LoadQ8;
   static constexpr int kR = 2, kT = 4;  // 8 accumulators + 2 weight + 1 activation register of 16
+  // Prefill of at least this many tokens: the packed-panel GEMM (matmul_panel_avx2.h).
+  static constexpr int kPanelMinTokens = 16;
+  template <class L>
+  static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    if constexpr (std::is_same_v<L, LoadQ8>)
+      panel::gemm<PackQ8>(a, r0, r1);
+    else
+      panel::gemm<PackF<L>>(a, r0, r1);
+  }
   template <class L, int R, int T>
   static void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
                      const float* bias) {

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/matmul_driver.h"
+#include "backend/cpu/matmul_panel_avx512.h"
 #include "core/dtype.h"
 
 namespace ultra::cpu::detail {
@@ -103,8 +104,6 @@ inline float dot_row_f(const uint8_t* w, const float* x, int64_t cols) {
 // Block b of a row, weights 16h .. 16h+15: sign-extended to int32, converted, times the block's scale d
 // (exact in f32). Own tile/row loops (rather than a loader for tile_f/dot_row_f) so that the scale is
 // converted once per block and the block addresses are plain pointer steps.
-struct LoadQ8 {};  // tag: Q8_0 has its own tile/row loops
-
 inline __m512 q8_scale(const BlockQ8_0& b) {
   return _mm512_set1_ps(_cvtsh_ss(b.d));
 }
@@ -112,6 +111,16 @@ inline __m512 q8_half(const BlockQ8_0& b, int h, __m512 d) {
   const __m128i q = _mm_loadu_si128((const __m128i*)(b.qs + 16 * h));
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
 }
+
+// Q8_0 has its own tile/row loops; load() (16 dequantised weights from column c, a multiple of 16) serves the
+// panel packing of the prefill GEMM (cols % 32 == 0, so no column tail: load_mask is never reached).
+struct LoadQ8 {
+  static __m512 load(const void* p, int64_t c) {
+    const BlockQ8_0& b = ((const BlockQ8_0*)p)[c / kQ8_0Block];
+    return q8_half(b, (int)(c % kQ8_0Block) / 16, q8_scale(b));
+  }
+  static __m512 load_mask(const void* p, int64_t c, __mmask16) { return load(p, c); }
+};
 
 template <int R, int T>
 inline void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
@@ -172,6 +181,12 @@ struct Avx512 {
   using BF16 = LoadBF16;
   using Q8 = LoadQ8;
   static constexpr int kR = 4, kT = 4;  // 16 accumulators + 4 weight + 1 activation register of 32
+  // Prefill of at least this many tokens: the packed-panel GEMM (matmul_panel_avx512.h).
+  static constexpr int kPanelMinTokens = 16;
+  template <class L>
+  static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    panel::gemm<L>(a, r0, r1);
+  }
   template <class L, int R, int T>
   static void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
                      const float* bias) {

@@ -10,6 +10,8 @@
 //     template <int R, int T> static void tile_q8(w, rb, x, cols, y, ldy, bias);           // Q8_0
 //     template <class L> static float dot_row_f(const uint8_t* w, const float* x, int64_t cols);
 //     static float dot_row_q8(const uint8_t* w, const float* x, int64_t cols);
+//     static constexpr int kPanelMinTokens = ...;  // > 0: steps of at least this many tokens go to
+//     template <class L> static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1);  // (rows r0..r1)
 //   };
 //
 // and gets its kernel table from driver::kernels<Isa>(name). Every template here takes Isa, a type with
@@ -80,6 +82,9 @@ inline void tokens_f(const MatmulArgs& a, const uint8_t* w, int64_t r, int t0, i
 template <class Isa, class L>
 void range_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
   if (a.n_tokens == 1) return decode_f<Isa, L>(a, r0, r1);
+  // An ISA with a packed-panel GEMM (Isa::kPanelMinTokens > 0) takes steps of at least that many tokens.
+  if constexpr (Isa::kPanelMinTokens > 0)
+    if (a.n_tokens >= Isa::kPanelMinTokens && panel_gemm_enabled()) return Isa::template gemm<L>(a, r0, r1);
   constexpr int kR = Isa::kR, kT = Isa::kT;
   static_assert(kT == 4, "tokens_f handles tails of up to 3 tokens");
   const int chunk = token_chunk<Isa>(a.cols * 4, kT);

@@ -1,0 +1,137 @@
+// Prefill matmul for AVX2+FMA (included by matmul_avx2.cpp only, compiled with its ISA flags): the
+// outer-product GEMM over packed weight panels of matmul_panel_avx512.h with 8-wide vectors: panels of
+// kMR = 16 rows (two vectors) x kKC = 256 columns (16 KB of f32, k-major), micro-tiles of kNR = 6 tokens,
+// 12 vector accumulators (2 loads + 6 broadcasts per 12 FMAs). Same numerics: f32 FMA chains of <= 256
+// columns per output, added block by block, weights converted exactly (Q8_0 dequantised exactly), no
+// activation quantisation.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace ultra::cpu::detail {
+namespace {  // internal linkage: this header is compiled with the AVX2 flags of one file only
+namespace panel {
+
+constexpr int kMR = 16;   // rows per panel: two vectors
+constexpr int kNR = 6;    // tokens per micro-tile: 2 x 6 accumulators
+constexpr int kKC = 256;  // columns per packed block
+
+// v[i] = row i (8 floats) -> v[j] = column j.
+inline void transpose8(__m256* v) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+    s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_permute2f128_ps(s[j], s[j + 4], 0x20);
+    v[j + 4] = _mm256_permute2f128_ps(s[j], s[j + 4], 0x31);
+  }
+}
+
+// Packs rows [0, nr) of w (row stride rb bytes; rows nr..15 as zeros) x columns [kc, kc + kn) into
+// p[k][kMR]. P::load8(row, c): 8 f32 from column c; P::scalar(row, c): one (column tails).
+template <class P>
+inline void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p) {
+  const int kv = kn / 8 * 8;
+  for (int h = 0; h < kMR; h += 8) {
+    for (int k0 = 0; k0 < kv; k0 += 8) {
+      __m256 v[8];
+      for (int i = 0; i < 8; ++i)
+        v[i] = h + i < nr ? P::load8(w + (h + i) * rb, kc + k0) : _mm256_setzero_ps();
+      transpose8(v);
+      for (int j = 0; j < 8; ++j) _mm256_store_ps(p + (size_t)(k0 + j) * kMR + h, v[j]);
+    }
+    for (int k = kv; k < kn; ++k)
+      for (int i = 0; i < 8; ++i)
+        p[(size_t)k * kMR + h + i] = h + i < nr ? P::scalar(w + (h + i) * rb, kc + k) : 0.0f;
+  }
+}
+
+inline __m256i row_mask(int left) {  // lanes < left
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx);
+}
+
+// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[t * ldx + k] (+ bias[i]) for i < nr (NV vectors of 8
+// rows), t < NT.
+template <int NV, int NT>
+inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,
+                  bool first, const float* bias) {
+  __m256 acc[NV][NT];
+  __m256i m[NV];
+  for (int v = 0; v < NV; ++v) m[v] = row_mask(nr - 8 * v);
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < NV; ++v) acc[v][t] = _mm256_setzero_ps();
+  for (int k = 0; k < kn; ++k) {
+    __m256 wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = _mm256_load_ps(p + (size_t)k * kMR + 8 * v);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + t * ldx + k);
+      for (int v = 0; v < NV; ++v) acc[v][t] = _mm256_fmadd_ps(wv[v], xb, acc[v][t]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * v, m[v]) : _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) {
+      __m256 r = first ? acc[v][t] : _mm256_add_ps(_mm256_maskload_ps(y + t * ldy + 8 * v, m[v]), acc[v][t]);
+      if (bias) r = _mm256_add_ps(r, b);
+      _mm256_maskstore_ps(y + t * ldy + 8 * v, m[v], r);
+    }
+  }
+}
+
+template <int NV>
+inline void micro_nt(int nt, const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy,
+                     int nr, bool first, const float* bias) {
+  switch (nt) {
+    case 6:
+      return micro<NV, 6>(p, kn, x, ldx, y, ldy, nr, first, bias);
+    case 5:
+      return micro<NV, 5>(p, kn, x, ldx, y, ldy, nr, first, bias);
+    case 4:
+      return micro<NV, 4>(p, kn, x, ldx, y, ldy, nr, first, bias);
+    case 3:
+      return micro<NV, 3>(p, kn, x, ldx, y, ldy, nr, first, bias);
+    case 2:
+      return micro<NV, 2>(p, kn, x, ldx, y, ldy, nr, first, bias);
+    default:
+      return micro<NV, 1>(p, kn, x, ldx, y, ldy, nr, first, bias);
+  }
+}
+
+// Rows [r0, r1) of every token (MatmulArgs a, pack loader P).
+template <class P, class Args>
+void gemm(const Args& a, int64_t r0, int64_t r1) {
+  alignas(32) float p[kKC * kMR];
+  for (int64_t r = r0; r < r1; r += kMR) {
+    const int nr = r1 - r < kMR ? (int)(r1 - r) : kMR;
+    for (int64_t kc = 0; kc < a.cols; kc += kKC) {
+      const int kn = a.cols - kc < kKC ? (int)(a.cols - kc) : kKC;
+      pack<P>(a.w + r * a.row_bytes, a.row_bytes, nr, kc, kn, p);
+      const bool first = kc == 0;
+      const float* bias = a.bias && kc + kn == a.cols ? a.bias + r : nullptr;
+      for (int t = 0; t < a.n_tokens; t += kNR) {
+        const int nt = a.n_tokens - t < kNR ? a.n_tokens - t : kNR;
+        const float* x = a.x + (int64_t)t * a.cols + kc;
+        float* y = a.y + (int64_t)t * a.rows + r;
+        if (nr > 8)
+          micro_nt<2>(nt, p, kn, x, a.cols, y, a.rows, nr, first, bias);
+        else
+          micro_nt<1>(nt, p, kn, x, a.cols, y, a.rows, nr, first, bias);
+      }
+    }
+  }
+}
+
+}  // namespace panel
+}  // namespace
+}  // namespace ultra::cpu::detail
