@@ -181,7 +181,8 @@ def main():
             pp_l = p["pp_tps_llama_mean"]
             tg_l = p["tg_tps_llama_mean"]
         bytes_tok = u["size_bytes"]  # every weight byte is read once per decoded token (tied: embd = output)
-        row = dict(type=t, size_mb=bytes_tok / 1e6, tg_ultra=tg_u, tg_llama=tg_l, pp_ultra=pp_u, pp_llama=pp_l,
+        peer = ("-" if pp_l is None else args.llama_variant) if args.peer == "native" else "node"
+        row = dict(type=t, peer=peer, size_mb=bytes_tok / 1e6, tg_ultra=tg_u, tg_llama=tg_l, pp_ultra=pp_u, pp_llama=pp_l,
                    tg_ratio=tg_u / tg_l if tg_l else None, pp_ratio=pp_u / pp_l if pp_l else None,
                    bw_ultra=tg_u * bytes_tok / bw if bw else None,
                    bw_llama=tg_l * bytes_tok / bw if bw and tg_l else None)
@@ -194,15 +195,15 @@ def main():
     ultra_isa = ("avx512" if all(has(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")) else
                  "avx2" if has("avx2") else "scalar")
     print(f"\nultra kernels: {ultra_isa} (its run-time choice on these CPU features); llama.cpp: "
-          f"{'llama-bench, ' + args.llama_variant if args.peer == 'native' else 'node-llama-cpp prebuilt'}")
-    print(f"\n| type | MB | tg{args.gen} ultra | tg{args.gen} llama.cpp | ratio | ultra % of bw | llama.cpp % of bw |"
+          f"{'llama-bench (native, or noamx where the table says)' if args.peer == 'native' else 'node-llama-cpp prebuilt'}")
+    print(f"\n| type | llama.cpp build | MB | tg{args.gen} ultra | tg{args.gen} llama.cpp | ratio | ultra % of bw | llama.cpp % of bw |"
           f" pp{args.prompt} ultra | pp{args.prompt} llama.cpp | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         pct = lambda x: f"{100 * x:.0f}%" if x is not None else "-"
         num = lambda x: f"{x:.1f}" if x is not None else "-"
         rat = lambda x: f"{x:.2f}x" if x is not None else "-"
-        print(f"| {r['type']} | {r['size_mb']:.0f} | {r['tg_ultra']:.1f} | {num(r['tg_llama'])} | {rat(r['tg_ratio'])} |"
+        print(f"| {r['type']} | {r['peer']} | {r['size_mb']:.0f} | {r['tg_ultra']:.1f} | {num(r['tg_llama'])} | {rat(r['tg_ratio'])} |"
               f" {pct(r['bw_ultra'])} | {pct(r['bw_llama'])} | {r['pp_ultra']:.1f} | {num(r['pp_llama'])} |"
               f" {rat(r['pp_ratio'])} |")
 

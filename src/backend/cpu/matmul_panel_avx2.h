@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "backend/cpu/matmul_panel_driver.h"
+
 namespace ultra::cpu::detail {
 namespace {  // internal linkage: this header is compiled with the AVX2 flags of one file only
 namespace panel {
@@ -90,77 +92,24 @@ inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y,
   }
 }
 
-template <int NV>
-inline void micro_nt(int nt, const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy,
-                     int nr, bool first, const float* bias) {
-  switch (nt) {
-    case 6:
-      return micro<NV, 6>(p, kn, x, ldx, y, ldy, nr, first, bias);
-    case 5:
-      return micro<NV, 5>(p, kn, x, ldx, y, ldy, nr, first, bias);
-    case 4:
-      return micro<NV, 4>(p, kn, x, ldx, y, ldy, nr, first, bias);
-    case 3:
-      return micro<NV, 3>(p, kn, x, ldx, y, ldy, nr, first, bias);
-    case 2:
-      return micro<NV, 2>(p, kn, x, ldx, y, ldy, nr, first, bias);
-    default:
-      return micro<NV, 1>(p, kn, x, ldx, y, ldy, nr, first, bias);
+// The kernel struct of the shared block walk (matmul_panel_driver.h).
+struct Kernel {
+  static constexpr int kMR = panel::kMR, kNR = panel::kNR, kKC = panel::kKC, kMC = panel::kMC, kVec = 8;
+  template <class P>
+  static void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p) {
+    panel::pack<P>(w, rb, nr, kc, kn, p);
   }
-}
-
-// Requests the weights of the block packed after (rows [rb, re), columns from kc) into L2 while this one's
-// micro-tiles run: a block is kMC short row segments, which the hardware prefetchers (made for long streams)
-// fetch late.
-template <class Args>
-inline void prefetch_next(const Args& a, int64_t rb, int64_t re, int64_t r1, int64_t kc, int kn) {
-  int64_t nb = rb, ne = re, nkc = kc + kn;
-  if (nkc >= a.cols) nb = re, ne = r1 - re < kMC ? r1 : re + kMC, nkc = 0;
-  if (nb >= r1) return;
-  const double bpc = (double)a.row_bytes / (double)a.cols;  // bytes per column (rows are contiguous)
-  const int64_t b0 = (int64_t)(nkc * bpc), b1 = (int64_t)((nkc + kKC < a.cols ? nkc + kKC : a.cols) * bpc);
-  for (int64_t r = nb; r < ne; ++r) {
-    const char* row = (const char*)a.w + r * a.row_bytes;
-    for (int64_t b = b0 & ~(int64_t)63; b < b1; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+  template <int NV, int NT>
+  static void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,
+                    bool first, const float* bias) {
+    panel::micro<NV, NT>(p, kn, x, ldx, y, ldy, nr, first, bias);
   }
-}
+};
 
-// Rows [r0, r1) of every token, in blocks of kMC rows: per column block, the block's panels are packed into
-// an L2-resident buffer (kMC x kKC f32, 128 KB), then each token tile runs over all of them, so that the
-// tile's x rows (12 x 1 KB) stay in L1 across the panels while the panels stream from L2 (one sequential
-// stream).
+// Rows [r0, r1) of every token (MatmulArgs a, pack loader P).
 template <class P, class Args>
 void gemm(const Args& a, int64_t r0, int64_t r1) {
-  alignas(64) float buf[kMC * kKC];
-  for (int64_t rb = r0; rb < r1; rb += kMC) {
-    const int64_t re = r1 - rb < kMC ? r1 : rb + kMC;
-    const int np = (int)((re - rb + kMR - 1) / kMR);
-    for (int64_t kc = 0; kc < a.cols; kc += kKC) {
-      const int kn = a.cols - kc < kKC ? (int)(a.cols - kc) : kKC;
-      for (int i = 0; i < np; ++i) {
-        const int64_t r = rb + (int64_t)i * kMR;
-        const int nr = re - r < kMR ? (int)(re - r) : kMR;
-        pack<P>(a.w + r * a.row_bytes, a.row_bytes, nr, kc, kn, buf + (size_t)i * kKC * kMR);
-      }
-      prefetch_next(a, rb, re, r1, kc, kn);
-      const bool first = kc == 0, last = kc + kn == a.cols;
-      for (int t = 0; t < a.n_tokens; t += kNR) {
-        const int nt = a.n_tokens - t < kNR ? a.n_tokens - t : kNR;
-        const float* x = a.x + (int64_t)t * a.cols + kc;
-        for (int i = 0; i < np; ++i) {
-          const int64_t r = rb + (int64_t)i * kMR;
-          const int nr = re - r < kMR ? (int)(re - r) : kMR;
-          const float* p = buf + (size_t)i * kKC * kMR;
-          const float* bias = a.bias && last ? a.bias + r : nullptr;
-          float* y = a.y + (int64_t)t * a.rows + r;
-          if (nr > 8)
-            micro_nt<2>(nt, p, kn, x, a.cols, y, a.rows, nr, first, bias);
-          else
-            micro_nt<1>(nt, p, kn, x, a.cols, y, a.rows, nr, first, bias);
-        }
-      }
-    }
-  }
+  panel_driver::gemm<Kernel, P>(a, r0, r1);
 }
 
 }  // namespace panel
