@@ -505,7 +505,8 @@ void bench_sampler(cudaStream_t st) {
       SamplerRow& p = rows[r];
       p = SamplerRow{};
       p.temperature = c.T, p.top_k = c.k, p.top_p = c.top_p, p.min_p = c.min_p, p.repeat_penalty = c.rp;
-      p.n_probs = c.n_probs, p.seed = 42 + r, p.position = 1000, p.hist = hist, p.n_hist = 64, p.logits_row = r;
+      p.n_probs = c.n_probs, p.seed = 42 + r, p.position = 1000, p.hist = hist, p.n_hist = 64,
+      p.logits_row = r;
     }
     CK(cudaMemcpy(drows, rows.data(), rows.size() * sizeof(SamplerRow), cudaMemcpyHostToDevice));
     double t[2];

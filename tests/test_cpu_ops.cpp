@@ -204,9 +204,9 @@ TEST(Matmul, RefMatchesDirectFormula) {
 
 // Every weight type is converted exactly to f32 in registers (F16/BF16 widen; Q8_0's q * d has at most
 // 7 + 11 significant bits), so the kernels differ from the float64 reference only by f32 rounding in the
-// FMA chains. With L lanes each lane sums cols/L products (the AVX-512 panel GEMM of prefill: one chain of
-// cols products per output, ~4x the error of 16 lanes, still 4x inside the bound); the rounding errors are independent, giving
-// ~u*sqrt(cols)*sum|w x| (u = 6e-8) with a generous factor:
+// FMA chains. With L lanes each lane sums cols/L products (the panel GEMM of prefill, nt >= 16: chains of
+// <= 256 columns added block by block); the rounding errors are independent, giving ~u*sqrt(cols)*sum|w x|
+// (u = 6e-8) with a generous factor:
 //   |y - ref| <= 1e-6 * sqrt(cols) * sum_c |w_c x_c|.
 // Dropping one column changes y by |w_c x_c| ~ sum|w x|/cols, e.g. 2.4e-4*sum for cols 4128 (vs 6.4e-5 tol);
 // dropping a Q8_0 block or applying another block's scale is off by ~32 times that.
