@@ -119,6 +119,16 @@ __device__ __forceinline__ float e_of(float l, float l0, float T) {
   return l == l0 ? 1.0f : expf(__fdiv_rn(__fsub_rn(l, l0), T));
 }
 
+// The largest key of the warp, in every lane.
+__device__ __forceinline__ u64 warp_max_key(u64 k) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u64 y = __shfl_xor_sync(kFullMask, k, o);
+    k = y > k ? y : k;
+  }
+  return k;
+}
+
 __device__ __forceinline__ unsigned lanemask_lt() {
   unsigned m;
   asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
@@ -749,11 +759,7 @@ __global__ void __launch_bounds__(kPThreads) sampler_part_kernel(SampArgs a) {
   // the segment's best key
   u64 mx = 0;
   for (int i = tid; i < cnt; i += kPThreads) mx = s.keys[i] > mx ? s.keys[i] : mx;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u64 y = __shfl_xor_sync(kFullMask, mx, o);
-    mx = y > mx ? y : mx;
-  }
+  mx = warp_max_key(mx);
   if ((tid & 31) == 0) s.red_k[tid >> 5] = mx;
   __syncthreads();
   mx = s.red_k[0];
@@ -829,21 +835,11 @@ __device__ void sample_row_merged(const SampArgs& a, int row, const SamplerRow& 
     m0 = valid < K ? valid : K;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (unsigned j = 0; j < m0; ++j) {
-      u64 mx = mine;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const u64 y = __shfl_xor_sync(kFullMask, mx, off);
-        mx = y > mx ? y : mx;
-      }
+      const u64 mx = warp_max_key(mine);
       if (lane == 0) s.hist_fx[warp] = mx;
       __syncthreads();
       if (warp == 0) {
-        u64 v = lane < kWarps ? s.hist_fx[lane] : 0ull;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          const u64 y = __shfl_xor_sync(kFullMask, v, off);
-          v = y > v ? y : v;
-        }
+        const u64 v = warp_max_key(lane < kWarps ? s.hist_fx[lane] : 0ull);
         if (lane == 0) s.buf[j] = v;
       }
       __syncthreads();
