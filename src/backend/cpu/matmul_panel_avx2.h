@@ -59,6 +59,14 @@ inline void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float*
   }
 }
 
+// Packs tokens [0, nt) (nt <= kNR) x columns [0, kn) of x (row stride ldx) into xp[k][kNR], k-major.
+inline void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
+  for (int t = 0; t < nt; ++t)
+    for (int k = 0; k < kn; ++k) xp[(size_t)k * kNR + t] = x[t * ldx + k];
+  for (int t = nt; t < kNR; ++t)
+    for (int k = 0; k < kn; ++k) xp[(size_t)k * kNR + t] = 0.0f;
+}
+
 inline __m256i row_mask(int left) {  // lanes < left
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx);
@@ -78,7 +86,7 @@ inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y,
     __m256 wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = _mm256_load_ps(p + (size_t)k * kMR + 8 * v);
     for (int t = 0; t < NT; ++t) {
-      const __m256 xb = _mm256_broadcast_ss(x + t * ldx + k);
+      const __m256 xb = _mm256_broadcast_ss(x + k * kNR + t);  // packed x tile (ldx unused)
       for (int v = 0; v < NV; ++v) acc[v][t] = _mm256_fmadd_ps(wv[v], xb, acc[v][t]);
     }
   }
@@ -98,6 +106,9 @@ struct Kernel {
   template <class P>
   static void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p) {
     panel::pack<P>(w, rb, nr, kc, kn, p);
+  }
+  static void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
+    panel::pack_x(x, ldx, nt, kn, xp);
   }
   template <int NV, int NT>
   static void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,

@@ -82,6 +82,19 @@ inline void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float*
   }
 }
 
+// Packs tokens [0, nt) (nt <= kNR) x columns [0, kn) of x (row stride ldx) into xp[k][kNR], k-major.
+inline void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
+  for (int k0 = 0; k0 < kn; k0 += 16) {
+    const int kw = kn - k0 < 16 ? kn - k0 : 16;
+    const __mmask16 m = (__mmask16)((1u << kw) - 1);
+    __m512 v[16];
+    for (int t = 0; t < 16; ++t)
+      v[t] = t < nt ? _mm512_maskz_loadu_ps(m, x + t * ldx + k0) : _mm512_setzero_ps();
+    transpose16(v);
+    for (int j = 0; j < kw; ++j) _mm512_mask_storeu_ps(xp + (size_t)(k0 + j) * kNR, (__mmask16)0x0fff, v[j]);
+  }
+}
+
 // y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[t * ldx + k] (+ bias[i]) for i < nr (NV vectors of
 // 16 rows), t < NT.
 template <int NV, int NT>
@@ -99,7 +112,7 @@ inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y,
     __m512 wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(p + (size_t)k * kMR + 16 * v);
     for (int t = 0; t < NT; ++t) {
-      const __m512 xb = _mm512_set1_ps(x[t * ldx + k]);
+      const __m512 xb = _mm512_set1_ps(x[k * kNR + t]);  // packed x tile (ldx unused)
       for (int v = 0; v < NV; ++v) acc[v][t] = _mm512_fmadd_ps(wv[v], xb, acc[v][t]);
     }
   }
@@ -120,6 +133,9 @@ struct Kernel {
   template <class P>
   static void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p) {
     panel::pack<P>(w, rb, nr, kc, kn, p);
+  }
+  static void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
+    panel::pack_x(x, ldx, nt, kn, xp);
   }
   template <int NV, int NT>
   static void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,

@@ -50,6 +50,7 @@ inline void prefetch_next(const Args& a, int64_t rb, int64_t re, int64_t r1, int
 template <class K, class P, class Args>
 void gemm(const Args& a, int64_t r0, int64_t r1) {
   alignas(64) float buf[K::kMC * K::kKC];
+  alignas(64) float xp[K::kKC * K::kNR];
   for (int64_t rb = r0; rb < r1; rb += K::kMC) {
     const int64_t re = r1 - rb < K::kMC ? r1 : rb + K::kMC;
     const int np = (int)((re - rb + K::kMR - 1) / K::kMR);
@@ -65,7 +66,8 @@ void gemm(const Args& a, int64_t r0, int64_t r1) {
       const bool first = kc == 0, last = kc + kn == a.cols;
       for (int t = 0; t < a.n_tokens; t += K::kNR) {
         const int nt = a.n_tokens - t < K::kNR ? a.n_tokens - t : K::kNR;
-        const float* x = a.x + (int64_t)t * a.cols + kc;
+        K::pack_x(a.x + (int64_t)t * a.cols + kc, a.cols, nt, kn, xp);
+        const float* x = xp;
         for (int i = 0; i < np; ++i) {
           const int64_t r = rb + (int64_t)i * K::kMR;
           const int nr = re - r < K::kMR ? (int)(re - r) : K::kMR;
