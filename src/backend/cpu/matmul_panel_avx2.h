@@ -72,7 +72,7 @@ inline __m256i row_mask(int left) {  // lanes < left
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx);
 }
 
-// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[t * ldx + k] (+ bias[i]) for i < nr (NV vectors of 8
+// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[k * kNR + t] (+ bias[i]) for i < nr (NV vectors of 8
 // rows), t < NT.
 template <int NV, int NT>
 inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,

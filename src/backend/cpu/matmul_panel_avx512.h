@@ -4,7 +4,8 @@
 // y[t, r] = sum_c W[r, c] x[t, c] for a thread's rows [r0, r1): for each panel of kMR = 32 rows and each
 // block of kKC = 256 columns, the weights are converted to f32 once and packed k-major (p[k][32], 32 KB: the
 // panel stays in L1), then every token tile of up to kNR = 12 tokens runs the micro-kernel: per column k,
-// two 16-row vectors of the panel times x[t, k] broadcast for each of the 12 tokens, into 24 vector
+// two 16-row vectors of the panel times x[t, k] broadcast for each of the 12 tokens (x of the tile packed
+// k-major first, so the broadcasts read one stream), into 24 vector
 // accumulators (2 loads + 12 broadcasts per 24 FMAs: FMA-bound, and no horizontal sums). Each column block
 // sums from zero and is then added to y (the first one stores), so no FMA chain is longer than kKC columns
 // (one chain over all columns lost 1e-5 against the dot-product tiles on the bundled model's logits); the
@@ -95,7 +96,7 @@ inline void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
   }
 }
 
-// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[t * ldx + k] (+ bias[i]) for i < nr (NV vectors of
+// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[k * kNR + t] (+ bias[i]) for i < nr (NV vectors of
 // 16 rows), t < NT.
 template <int NV, int NT>
 inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,

@@ -3,10 +3,11 @@
 //   static constexpr int kMR, kNR, kKC, kMC, kVec;  // panel rows, tokens per tile, columns per block, rows
 //                                                   // per L2 block, rows per vector
 //   template <class P> static void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p);
+//   static void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp);  // xp[k][kNR], zero past nt
 //   template <int NV, int NT> static void micro(const float* p, int kn, const float* x, int64_t ldx, float*
 //   y,
 //                                               int64_t ldy, int nr, bool first, const float* bias);
-//     // y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[t * ldx + k] (+ bias[i]), i < nr (NV vectors),
+//     // y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[k * kNR + t] (+ bias[i]), i < nr (NV vectors),
 //     // t < NT
 #pragma once
 
@@ -45,7 +46,8 @@ inline void prefetch_next(const Args& a, int64_t rb, int64_t re, int64_t r1, int
 
 // Rows [r0, r1) of every token, in blocks of kMC rows: per column block, the block's panels are packed into
 // an L2-resident buffer (kMC x kKC f32, 128 KB), then each token tile runs over all of them, so that the
-// tile's x rows stay in L1 across the panels while the panels stream from L2 (one sequential stream). P is
+// tile's x, packed k-major (K::pack_x: 12 or 6 floats per column, one sequential stream), stays in L1 across
+// the panels while the panels stream from L2 (one more sequential stream). P is
 // the pack loader (weights of one type -> f32).
 template <class K, class P, class Args>
 void gemm(const Args& a, int64_t r0, int64_t r1) {
