@@ -366,6 +366,45 @@ TEST(Vocab, GgufVocabularyOnlyFile) {
   EXPECT_EQ(tok.decode(tok.encode("x<|end|>", false, true), true), "x");
 }
 
+// tokenizer.ggml.model "gemma4" (llama.cpp's SentencePiece-style BPE): spaces become U+2581 with no
+// prefix, BPE merges run on UTF-8 characters of each line, characters without a token become <0xNN> tokens,
+// a run of newlines that is a token is taken whole, and BOS is added even when the file says not to.
+TEST(Vocab, GgufGemma4) {
+  const std::string m = "\xe2\x96\x81";  // U+2581
+  std::vector<std::string> toks = {"<pad>", "<eos>", "<bos>", "<unk>", "\n", "\n\n",  "\n\n\n",
+                                   m,       "a",     "b",     m + "a", "ab", m + "ab"};
+  std::vector<int32_t> types = {3, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const int32_t byte0 = (int32_t)toks.size();
+  for (int b = 0; b < 256; ++b) {
+    toks.push_back(fmt::format("<0x{:02X}>", b));
+    types.push_back(6);
+  }
+  gguf::Writer w;
+  w.set_string("tokenizer.ggml.model", "gemma4");
+  w.set_string("tokenizer.ggml.pre", "gpt-2");  // ignored for gemma4, as in llama.cpp
+  w.set_array_string("tokenizer.ggml.tokens", toks);
+  w.set_array_i32("tokenizer.ggml.token_type", types);
+  w.set_array_string("tokenizer.ggml.merges", {"\n \n", "a b", m + " a", m + "a b"});
+  w.set_u32("tokenizer.ggml.bos_token_id", 2);
+  w.set_u32("tokenizer.ggml.eos_token_id", 1);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 3);
+  w.set_bool("tokenizer.ggml.add_bos_token", false);
+  TempDir dir;
+  const fs::path p = dir.path / "gemma4.gguf";
+  w.write(p.string());
+  Tokenizer tok = Tokenizer::from_file(p.string());
+  EXPECT_EQ(tok.pre(), "gemma4");
+  EXPECT_TRUE(tok.add_bos());
+  // Line "ab_ab" (_ = U+2581): 'a b' (rank 1) beats '_ a' (rank 2), so no '_ab'. "\n\n\n" is a token: whole;
+  // "\n\n\n\n" is not: merged by rank 0 into two "\n\n". 'é' has no token: its two bytes.
+  const std::string text = "ab ab\n\n\n\u00e9 b\n\n\n\n";
+  const auto ids = tok.encode(text);
+  const std::vector<int32_t> want = {11, 7, 11, 6, byte0 + 0xC3, byte0 + 0xA9, 7, 9, 5, 5};
+  EXPECT_EQ(ids, want) << show(ids);
+  EXPECT_EQ(tok.decode(ids), text);
+  EXPECT_EQ(tok.encode("a", true), (std::vector<int32_t>{2, 8}));
+}
+
 // A token of type BYTE must be <0xHH> (std::stoi threw std::invalid_argument for "<0xZZ>"; found by
 // fuzz_gguf_vocab).
 TEST(Vocab, ByteTokensMustBeHex) {
@@ -738,12 +777,20 @@ TEST(PreTokenizer, Gpt2AndLlama3Regexes) {
   EXPECT_EQ(split(llama3, "I'LL DO IT'S 12345"), (Strs{"I", "'LL", " DO", " IT", "'S", " ", "123", "45"}));
   EXPECT_TRUE(pre_tokenizer_for("llama-bpe").ignore_merges);
   EXPECT_EQ(split(pre_tokenizer_for("qwen2").splits, "x 12"), (Strs{"x", " ", "1", "2"}));
+  // Qwen3.5 keeps combining marks in letter runs (e + U+0301); qwen2 splits them off.
+  EXPECT_EQ(split(pre_tokenizer_for("qwen35").splits, "cafe\u0301 ok!"), (Strs{"cafe\u0301", " ok", "!"}));
+  EXPECT_EQ(split(pre_tokenizer_for("qwen2").splits, "cafe\u0301 ok"), (Strs{"cafe", "\u0301", " ok"}));
+  // gemma4: only newline runs are cut out of the (U+2581-escaped) text.
+  EXPECT_EQ(split(pre_tokenizer_for("gemma4").splits, "a\u2581b\n\nc\r\n"),
+            (Strs{"a\u2581b", "\n\n", "c\r", "\n"}));
+  EXPECT_TRUE(pre_tokenizer_for("gemma4").spm_style);
   EXPECT_EQ(split(pre_tokenizer_for("deepseek-coder").splits, "ab\n12"), (Strs{"ab", "\n", "1", "2"}));
   EXPECT_EQ(split(pre_tokenizer_for("deepseek-llm").splits, "Hello 世界 123"),
             (Strs{"Hello", " ", "世界", " ", "123"}));
-  for (const char* pre : {"default", "llama3", "qwen2", "deepseek-llm", "deepseek-coder", "deepseek-v3",
-                          "falcon", "starcoder", "refact", "mpt", "gpt-2", "tekken", "gpt-4o", "poro-chat",
-                          "viking", "seed-coder", "bailingmoe", "chatglm-bpe"})
+  for (const char* pre :
+       {"default",   "llama3",     "qwen2",      "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon",
+        "starcoder", "refact",     "mpt",        "gpt-2",        "tekken",         "gpt-4o",      "poro-chat",
+        "viking",    "seed-coder", "bailingmoe", "chatglm-bpe",  "qwen35",         "gemma4"})
     EXPECT_NO_THROW({ PreTokenizer p(pre_tokenizer_for(pre).splits); }) << pre;
   EXPECT_THROW(pre_tokenizer_for("nonsense"), Error);
 }

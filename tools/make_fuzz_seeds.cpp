@@ -214,6 +214,29 @@ void gguf_vocab_seeds(const fs::path& out) {
     }
     std::printf("  %s (%ju bytes)\n", seed.c_str(), (uintmax_t)fs::file_size(seed));
   }
+
+  // tokenizer.ggml.model "gemma4" (SentencePiece-style BPE: U+2581, <0xNN> byte fallback, newline runs):
+  // llama.cpp's vector file is 16 MB and not in the fixtures, so a small one made here.
+  const std::string m = "\xe2\x96\x81";
+  std::vector<std::string> toks = {"<pad>", "<eos>", "<bos>", "<unk>", "\n", "\n\n",
+                                   m,       "a",     "b",     m + "a", "ab"};
+  std::vector<int32_t> types = {3, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1};
+  for (int b = 0; b < 256; ++b) {
+    toks.push_back(fmt::format("<0x{:02X}>", b));
+    types.push_back(6);
+  }
+  Writer w;
+  w.set_string("tokenizer.ggml.model", "gemma4");
+  w.set_array_string("tokenizer.ggml.tokens", toks);
+  w.set_array_i32("tokenizer.ggml.token_type", types);
+  w.set_array_string("tokenizer.ggml.merges", {"\n \n", "a b", m + " a"});
+  w.set_u32("tokenizer.ggml.bos_token_id", 2);
+  w.set_u32("tokenizer.ggml.eos_token_id", 1);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 3);
+  const fs::path seed = out / "seed_gemma4_mini.gguf";
+  w.write(seed.string());
+  fuzz::exercise(tok::Tokenizer(tok::load_gguf(Reader::open(seed.string()))));
+  std::printf("  %s (%ju bytes)\n", seed.c_str(), (uintmax_t)fs::file_size(seed));
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ BpeModel::BpeModel(const Vocab& v, const TokenIndex& index)
     : index_(index),
       byte_level_(v.byte_level),
       ignore_merges_(v.ignore_merges),
+      whole_newlines_(v.whole_newlines),
       byte_fallback_(v.byte_fallback),
       fuse_unk_(v.fuse_unk),
       unk_(v.unk) {
@@ -99,7 +100,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   if (word.empty()) return;
   BpeScratch& s = bpe_scratch();
 
-  if (ignore_merges_) {
+  if (ignore_merges_ || (whole_newlines_ && word.find_first_not_of('\n') == std::string_view::npos)) {
     std::string_view key = word;
     if (byte_level_) {
       s.mapped.clear();

@@ -34,7 +34,7 @@ class BpeModel {
   static constexpr uint64_t kEmpty = ~0ull;
 
   const TokenIndex& index_;
-  bool byte_level_, ignore_merges_, byte_fallback_, fuse_unk_;
+  bool byte_level_, ignore_merges_, whole_newlines_, byte_fallback_, fuse_unk_;
   int32_t unk_;
   std::array<int32_t, 256> unit_id_;      // byte-level: id of the mapped character of each byte
   std::array<int32_t, 256> fallback_id_;  // <0xNN> ids, -1 where missing

@@ -22,8 +22,9 @@ bool is_hole(const Vocab& v, size_t i) {
 
 std::string find_pre_name(const Vocab& v) {
   // The names whose regexes llama.cpp and this tokenizer know; the first whose rules match wins.
-  static const char* const kNames[] = {"gpt-2",  "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder",
-                                       "falcon", "starcoder", "mpt",   "refact",       "default"};
+  static const char* const kNames[] = {"gpt-2",        "llama-bpe",      "qwen2",  "qwen35",
+                                       "deepseek-llm", "deepseek-coder", "falcon", "starcoder",
+                                       "mpt",          "refact",         "default"};
   for (const char* name : kNames) {
     PreTokenizerInfo info;
     try {

@@ -22,6 +22,9 @@ const char* const kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* const kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen3.5: as qwen2, but letter runs take combining marks (\p{M}) too, and punctuation runs leave them out.
+const char* const kQwen35Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* const kTekkenPattern =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* const kGpt4oPattern =
@@ -99,6 +102,14 @@ PreTokenizerInfo pre_tokenizer_for(std::string_view pre) {
     info.splits = isolated({kGpt2Pattern});
   } else if (one_of(pre, {"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan"})) {
     info.splits = isolated({kQwen2Pattern});
+  } else if (pre == "qwen35") {
+    info.splits = isolated({kQwen35Pattern});
+  } else if (one_of(pre, {"gemma4", "granite-embed-multi-311m"})) {
+    // BPE over the whole escaped text; only runs of newlines are cut out (llama.cpp's "[^\n]+|[\n]+").
+    info.splits = isolated({R"([^\n]+|\n+)"});
+    info.spm_style = true;
+    info.add_bos = true;
+    info.force_add_bos = true;
   } else if (one_of(pre, {"poro-chat", "bloom", "gpt3-finnish"})) {
     info.splits = isolated({kPoroPattern});
   } else if (pre == "viking") {
@@ -115,10 +126,9 @@ PreTokenizerInfo pre_tokenizer_for(std::string_view pre) {
     info.splits = isolated({kBailingPattern});
   } else {
     fail(
-        "unknown pre-tokenizer '{}' (tokenizer.ggml.pre); supported: default, llama-bpe, qwen2, "
-        "deepseek-llm, "
-        "deepseek-coder, deepseek-v3, falcon, starcoder, refact, mpt, gpt-2, tekken, gpt-4o and their "
-        "aliases",
+        "unknown pre-tokenizer '{}' (tokenizer.ggml.pre); supported: default, llama-bpe, qwen2, qwen35, "
+        "gemma4, deepseek-llm, deepseek-coder, deepseek-v3, falcon, starcoder, refact, mpt, gpt-2, tekken, "
+        "gpt-4o and their aliases",
         pre);
   }
   return info;

@@ -19,7 +19,11 @@ extern const char* const kGpt2Pattern;
 struct PreTokenizerInfo {
   std::vector<SplitRule> splits;
   bool ignore_merges = false;
-  bool add_bos = false;  // default for add_bos when the GGUF does not say
+  bool add_bos = false;        // default for add_bos when the GGUF does not say
+  bool force_add_bos = false;  // add_bos even when the GGUF says false (llama.cpp's gemma4 override)
+  // SentencePiece-style BPE (gemma4): no byte-level mapping, spaces escaped to U+2581, <0xNN> byte fallback,
+  // and a pre-token of newlines only that is itself a token is emitted whole.
+  bool spm_style = false;
 };
 
 // The pre-tokenizer for a GGUF tokenizer.ggml.pre value, following llama.cpp's mapping (PCRE2 patterns are

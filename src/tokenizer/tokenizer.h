@@ -1,5 +1,6 @@
 // Text <-> token ids, matching HF tokenizers (and llama.cpp) on byte-level BPE (gpt-2, llama-3, qwen2,
-// deepseek, falcon, starcoder, mpt, refact, ...) and SentencePiece BPE (llama, phi-3) vocabularies.
+// qwen35, deepseek, falcon, starcoder, mpt, refact, ...), SentencePiece BPE (llama, phi-3) and llama.cpp's
+// SentencePiece-style BPE by merge rank (gemma4) vocabularies.
 //
 // encode():
 //   1. special / added tokens are cut out of the text whole (leftmost, then longest match): user-defined

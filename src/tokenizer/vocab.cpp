@@ -103,15 +103,20 @@ Vocab load_gguf(const gguf::Reader& r) {
   Vocab v;
   v.source = r.path();
   const std::string model = r.get_string("tokenizer.ggml.model");
+  v.pre = r.get_string_opt("tokenizer.ggml.pre").value_or("default");
   if (model == "gpt2") {
     v.kind = ModelKind::Bpe;
+  } else if (model == "gemma4") {
+    v.kind = ModelKind::Bpe;
+    v.pre = "gemma4";  // llama.cpp ignores tokenizer.ggml.pre for this model
   } else if (model == "llama") {
     v.kind = ModelKind::Spm;
   } else {
-    fail("{}: tokenizer.ggml.model '{}' is not supported (gpt2 = byte-level BPE, llama = SentencePiece)",
-         v.source, model);
+    fail(
+        "{}: tokenizer.ggml.model '{}' is not supported (gpt2 = byte-level BPE, llama = SentencePiece, "
+        "gemma4 = SentencePiece-style BPE)",
+        v.source, model);
   }
-  v.pre = r.get_string_opt("tokenizer.ggml.pre").value_or("default");
 
   if (!r.find("tokenizer.ggml.tokens"))
     fail("{}: key 'tokenizer.ggml.tokens' missing (no vocabulary)", v.source);
@@ -150,7 +155,7 @@ Vocab load_gguf(const gguf::Reader& r) {
 
   if (v.kind == ModelKind::Bpe) {
     if (!r.find("tokenizer.ggml.merges"))
-      fail("{}: BPE vocabulary (tokenizer.ggml.model gpt2) without tokenizer.ggml.merges", v.source);
+      fail("{}: BPE vocabulary (tokenizer.ggml.model {}) without tokenizer.ggml.merges", v.source, model);
     const gguf::Array& a = gguf_array(r, "tokenizer.ggml.merges", (size_t)-1);
     if (a.elem_type != gguf::ValueType::STRING)
       fail("{}: tokenizer.ggml.merges holds {}, expected strings", v.source,
@@ -167,8 +172,17 @@ Vocab load_gguf(const gguf::Reader& r) {
     PreTokenizerInfo info = pre_tokenizer_for(v.pre);
     v.splits = std::move(info.splits);
     v.ignore_merges = info.ignore_merges;
-    v.byte_level = true;
-    v.add_bos = r.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(info.add_bos);
+    v.byte_level = !info.spm_style;
+    if (info.spm_style) {
+      // Spaces become U+2581 (no prefix), merges run over UTF-8 characters, characters without a token
+      // fall back to <0xNN> tokens, decoding maps U+2581 back to spaces. (Where some <0xNN> token is
+      // missing llama.cpp drops that byte and this gives the unknown token; Gemma 4 has all 256.)
+      v.escape_spaces = true;
+      v.prepend = PrependScheme::Never;
+      v.byte_fallback = true;
+      v.whole_newlines = true;
+    }
+    v.add_bos = r.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(info.add_bos) || info.force_add_bos;
   } else {
     const bool prefix = r.get_bool_opt("tokenizer.ggml.add_space_prefix").value_or(true);
     v.escape_spaces = true;

@@ -90,6 +90,7 @@ struct Vocab {
   // BPE options.
   bool byte_level = true;         // GPT-2 byte-to-unicode mapping before the merges
   bool ignore_merges = false;     // a pre-token that is itself a token is emitted whole (llama-3)
+  bool whole_newlines = false;    // ... only for pre-tokens made of '\n' alone (llama.cpp's gemma4 rule)
   bool byte_fallback = false;     // unknown characters become <0xNN> tokens
   bool fuse_unk = false;          // consecutive unknown characters become one unknown token
   std::vector<SplitRule> splits;  // pre-tokenizer regexes, applied in order, each within the previous pieces
@@ -119,9 +120,10 @@ class TokenIndex {
   size_t max_len_ = 0;
 };
 
-// tokenizer.ggml.model "gpt2" (byte-level BPE) or "llama" (SentencePiece); the pre-tokenizer from
-// tokenizer.ggml.pre. Throws ultra::Error naming the file and the problem (missing or mistyped keys,
-// lengths that disagree, unknown model or pre-tokenizer).
+// tokenizer.ggml.model "gpt2" (byte-level BPE), "llama" (SentencePiece) or "gemma4" (BPE over U+2581-escaped
+// UTF-8 with <0xNN> byte fallback); the pre-tokenizer from tokenizer.ggml.pre (gemma4: its own). Throws
+// ultra::Error naming the file and the problem (missing or mistyped keys, lengths that disagree, unknown
+// model or pre-tokenizer).
 Vocab load_gguf(const gguf::Reader& reader);
 Vocab load_gguf_file(const std::string& path);
 
