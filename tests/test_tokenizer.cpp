@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -39,16 +41,22 @@ fs::path fixture_dir() {
   return fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "vocab";
 }
 
-// llama.cpp's test-tokenizer-0 format: inputs separated (and terminated) by "\n__ggml_vocab_test__\n";
-// one line of space-separated expected ids per input.
+// llama.cpp's test-tokenizer-0 format: inputs separated by "\n__ggml_vocab_test__\n" (usually also
+// terminated by it; an unterminated last input counts, as in test-tokenizer-0); one line of space-separated
+// expected ids per input.
 std::vector<std::string> read_inputs(const fs::path& p) {
-  std::string text = read_file(p);
+  const std::string text = read_file(p);
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> out;
-  size_t pos;
-  while ((pos = text.find(sep)) != std::string::npos) {
-    out.push_back(text.substr(0, pos));
-    text.erase(0, pos + sep.size());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t next = text.find(sep, pos);
+    if (next == std::string::npos) {
+      out.push_back(text.substr(pos));
+      break;
+    }
+    out.push_back(text.substr(pos, next - pos));
+    pos = next + sep.size();
   }
   return out;
 }
@@ -82,32 +90,45 @@ std::string show(const std::vector<int32_t>& ids) {
   return s;
 }
 
-class VocabFixture : public ::testing::TestWithParam<std::string> {};
-
-}  // namespace
-
-TEST_P(VocabFixture, MatchesReferenceIds) {
-  const fs::path gguf = fixture_dir() / GetParam();
+// Encodes every input of a llama.cpp test vector file (gguf + ".inp" / ".out") without special tokens, as
+// test-tokenizer-0 does: every case must give the expected ids, and decode(encode(x)) must give x back.
+void check_vocab_vectors(const Tokenizer& tok, const fs::path& gguf, const std::string& label) {
   const auto inputs = read_inputs(gguf.string() + ".inp");
   const auto expected = read_outputs(gguf.string() + ".out");
-  ASSERT_EQ(inputs.size(), expected.size());
-  ASSERT_GT(inputs.size(), 0u);
-  Tokenizer tok = Tokenizer::from_file(gguf.string());
+  ASSERT_EQ(inputs.size(), expected.size()) << gguf;
+  ASSERT_GT(inputs.size(), 0u) << gguf;
   size_t pass = 0, roundtrip = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto ids = tok.encode(inputs[i], false, false);
     if (ids == expected[i]) {
       ++pass;
     } else {
-      ADD_FAILURE() << GetParam() << " case " << i << " '" << inputs[i] << "'\n  got:      " << show(ids)
+      ADD_FAILURE() << label << " case " << i << " '" << inputs[i] << "'\n  got:      " << show(ids)
                     << "\n  expected: " << show(expected[i]);
     }
-    if (tok.decode(ids) == inputs[i]) ++roundtrip;
+    if (tok.decode(ids) == inputs[i]) {
+      ++roundtrip;
+    } else {
+      ADD_FAILURE() << label << " case " << i << " '" << inputs[i] << "' decodes to '" << tok.decode(ids)
+                    << "'";
+    }
   }
-  std::printf("[ vocab    ] %-32s %zu/%zu cases pass, %zu/%zu decode(encode(x)) == x\n", GetParam().c_str(),
-              pass, inputs.size(), roundtrip, inputs.size());
+  std::printf("[ vocab    ] %-32s %zu/%zu cases pass, %zu/%zu decode(encode(x)) == x\n", label.c_str(), pass,
+              inputs.size(), roundtrip, inputs.size());
   EXPECT_EQ(pass, inputs.size());
   EXPECT_EQ(roundtrip, inputs.size());
+}
+
+void check_vocab_vectors(const fs::path& gguf, const std::string& label) {
+  check_vocab_vectors(Tokenizer::from_file(gguf.string()), gguf, label);
+}
+
+class VocabFixture : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(VocabFixture, MatchesReferenceIds) {
+  check_vocab_vectors(fixture_dir() / GetParam(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VocabFixture, ::testing::ValuesIn(fixture_vocabs()),
@@ -117,6 +138,171 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, VocabFixture, ::testing::ValuesIn(fixture_voc
                              if (!std::isalnum((unsigned char)c)) c = '_';
                            return n;
                          });
+
+// ---------------------------------------------------------------------------------------------------------
+// llama.cpp's own vocabulary test vectors (models/ggml-vocab-*.gguf + .inp/.out, 6-16 MB each, so not in
+// tests/fixtures). They come from, in order: $ULTRA_LLAMA_CPP_SRC (a llama.cpp source tree), else a cache
+// in the build directory extracted from the llama.cpp git bundle that node-llama-cpp ships
+// (bench/node_modules/node-llama-cpp/llama/gitRelease.bundle, installed by `cd bench && npm install`, as
+// .ci/run does); else the tests skip.
+
+namespace {
+
+// The vocabularies taken from the bundle (the tree from $ULTRA_LLAMA_CPP_SRC has them all).
+const char* const kLlamaCppVocabs[] = {"gemma-4", "qwen35", "llama-bpe", "qwen2"};
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs a shell command; its stdout, or nullopt when it fails.
+std::optional<std::string> run_command(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  size_t k;
+  while ((k = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, k);
+  return pclose(p) == 0 ? std::optional<std::string>(out) : std::nullopt;
+}
+
+// Extracts models/ggml-vocab-{kLlamaCppVocabs}.gguf{,.inp,.out} from the bundle into
+// <build>/llama_cpp_vocab/<commit>/ (once: later runs find them there). A file the bundle's commit lacks
+// is left out. Returns the directory, or "" with the reason in `why`.
+fs::path extract_from_bundle(std::string& why) {
+  const fs::path bundle = fs::path(ULTRA_SOURCE_DIR) / "bench" / "node_modules" / "node-llama-cpp" / "llama" /
+                          "gitRelease.bundle";
+  std::error_code ec;
+  if (!fs::is_regular_file(bundle, ec)) {
+    why = "neither ULTRA_LLAMA_CPP_SRC (a llama.cpp source tree) is set nor " + bundle.string() +
+          " exists (cd bench && npm install)";
+    return {};
+  }
+  const auto heads = run_command("git bundle list-heads " + shell_quote(bundle.string()) + " 2>/dev/null");
+  if (!heads || heads->size() < 40) {
+    why = "cannot read " + bundle.string() + " with `git bundle list-heads` (is git installed?)";
+    return {};
+  }
+  const fs::path root = fs::path(ULTRA_ULTRA_BIN).parent_path() / "llama_cpp_vocab";
+  const fs::path dir = root / heads->substr(0, 12);
+  if (fs::exists(dir / "complete", ec)) return dir;
+
+  // Extract into a fresh directory and rename it into place, so that concurrent runs never see a partial
+  // cache.
+  fs::create_directories(root, ec);
+  std::string tmpl = (root / "tmp.XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) {
+    why = "cannot create a directory under " + root.string();
+    return {};
+  }
+  const fs::path tmp = tmpl;
+  const fs::path repo = tmp / "repo";
+  const auto cloned = run_command("git clone --no-checkout -q " + shell_quote(bundle.string()) + " " +
+                                  shell_quote(repo.string()) + " 2>&1");
+  if (!cloned) {
+    fs::remove_all(tmp, ec);
+    why = "`git clone` of " + bundle.string() + " failed";
+    return {};
+  }
+  for (const char* name : kLlamaCppVocabs) {
+    for (const char* ext : {"", ".inp", ".out"}) {
+      const std::string file = std::string("ggml-vocab-") + name + ".gguf" + ext;
+      const fs::path out = tmp / file;
+      const std::string cmd = "git --git-dir=" + shell_quote((repo / ".git").string()) +
+                              " show HEAD:models/" + file + " > " + shell_quote(out.string()) +
+                              " 2>/dev/null";
+      if (std::system(cmd.c_str()) != 0) fs::remove(out, ec);
+    }
+  }
+  fs::remove_all(repo, ec);
+  std::ofstream(tmp / "complete") << heads->substr(0, 40) << "\n";
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp, ec);  // another run got there first
+  if (!fs::exists(dir / "complete", ec)) {
+    why = "cannot create " + dir.string();
+    return {};
+  }
+  return dir;
+}
+
+// llama.cpp's models/ directory (or the bundle cache), found once per process.
+const fs::path& llama_cpp_models(std::string& why) {
+  static std::string reason;
+  static const fs::path dir = [] {
+    if (const char* src = std::getenv("ULTRA_LLAMA_CPP_SRC"); src && *src) {
+      const fs::path models = fs::path(src) / "models";
+      std::error_code ec;
+      if (!fs::is_directory(models, ec))
+        reason = "ULTRA_LLAMA_CPP_SRC=" + std::string(src) + " has no models/";
+      return fs::is_directory(models, ec) ? models : fs::path();
+    }
+    return extract_from_bundle(reason);
+  }();
+  why = reason;
+  return dir;
+}
+
+class LlamaCppVocab : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(LlamaCppVocab, MatchesReferenceIds) {
+  std::string why;
+  const fs::path& dir = llama_cpp_models(why);
+  if (dir.empty()) GTEST_SKIP() << "llama.cpp vocabulary vectors not found: " << why;
+  const std::string file = "ggml-vocab-" + GetParam() + ".gguf";
+  std::error_code ec;
+  for (const char* ext : {"", ".inp", ".out"})
+    if (!fs::is_regular_file(dir / (file + ext), ec))
+      GTEST_SKIP() << dir / (file + ext) << " not found (a llama.cpp older than its " << GetParam()
+                   << " vectors?)";
+  check_vocab_vectors(dir / file, file);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, LlamaCppVocab,
+                         ::testing::ValuesIn(std::vector<std::string>(std::begin(kLlamaCppVocabs),
+                                                                      std::end(kLlamaCppVocabs))),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum((unsigned char)c)) c = '_';
+                           return n;
+                         });
+
+// Every other vocabulary with vectors in the tree (with ULTRA_LLAMA_CPP_SRC; the bundle cache holds only
+// the ones above): each passes, or its loader refuses it with ultra::Error (a tokenizer type not
+// implemented here, e.g. bert's WordPiece).
+TEST(LlamaCppVocabAll, EveryVocabularyPassesOrIsRefused) {
+  std::string why;
+  const fs::path& dir = llama_cpp_models(why);
+  if (dir.empty()) GTEST_SKIP() << "llama.cpp vocabulary vectors not found: " << why;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    const bool listed =
+        std::any_of(std::begin(kLlamaCppVocabs), std::end(kLlamaCppVocabs),
+                    [&](const char* n) { return f == std::string("ggml-vocab-") + n + ".gguf"; });
+    if (!listed && f.starts_with("ggml-vocab-") && e.path().extension() == ".gguf" &&
+        fs::exists(e.path().string() + ".inp", ec) && fs::exists(e.path().string() + ".out", ec))
+      names.push_back(f);
+  }
+  std::sort(names.begin(), names.end());
+  if (names.empty()) GTEST_SKIP() << "no other vocabularies with vectors in " << dir;
+  for (const std::string& f : names) {
+    SCOPED_TRACE(f);
+    std::optional<Tokenizer> tok;
+    try {
+      tok.emplace(Tokenizer::from_file((dir / f).string()));
+    } catch (const Error& e) {
+      std::printf("[ vocab    ] %-32s refused: %s\n", f.c_str(), e.what());
+      continue;
+    }
+    check_vocab_vectors(*tok, dir / f, f);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // Allocation counting (for the Detokenizer's no-allocation guarantee).
