@@ -3,7 +3,7 @@
 // slot per stream; each client thread sends streaming /v1/completions requests one after another and
 // timestamps every SSE event as it arrives.
 //
-//   bench_server [-m MODEL] [-t THREADS] [-c CTX]
+//   bench_server [-m MODEL] [-t THREADS] [-c CTX] [--device cpu|cuda] [--kv-type f32|f16|bf16]
 //                [--streams 1,8,32] [-n 64] [--requests 2] [--prompt-ids N] [--json]
 //   bench_server --url http://HOST:PORT [--streams 1,8,32] [-n 64] [--requests 2] [--prompt-ids N] [--json]
 //
@@ -16,6 +16,7 @@
 // the same requests, e.g. llama.cpp's llama-server, which takes the same fields (max_tokens is its
 // n_predict; ignore_eos, seed, top_k, min_p, stream_options.include_usage); bench/server_compare.py runs
 // both. The external server must have at least as many parallel slots as the largest stream count.
+// --device / --kv-type pass through to the context as `ultra serve --device cuda` does (bench/server_gpu.py).
 #include <httplib.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/common.h"
 #include "server/server.h"
 #include "ultra/model.h"
 
@@ -159,17 +161,18 @@ bool parse_url(const std::string& url, Target& t) {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: bench_server [-m MODEL] [-t THREADS] [-c CTX]\n"
-               "                    [--streams 1,8,32] [-n 64] [--requests 2] [--prompt-ids N] [--json]\n"
-               "       bench_server --url http://HOST:PORT [--streams 1,8,32] [-n 64] [--requests 2]\n"
-               "                    [--prompt-ids N] [--json]\n");
+  std::fprintf(
+      stderr,
+      "usage: bench_server [-m MODEL] [-t THREADS] [-c CTX] [--device cpu|cuda] [--kv-type f32|f16|bf16]\n"
+      "                    [--streams 1,8,32] [-n 64] [--requests 2] [--prompt-ids N] [--json]\n"
+      "       bench_server --url http://HOST:PORT [--streams 1,8,32] [-n 64] [--requests 2]\n"
+      "                    [--prompt-ids N] [--json]\n");
   return 2;
 }
 
 int run(int argc, char** argv) {
   std::string model_path = std::string(ULTRA_SOURCE_DIR) + "/models/target.gguf";
-  std::string url;
+  std::string url, device = "cpu", kv_type;
   std::vector<int> streams = {1, 8, 32};
   Load load;
   int n_requests = 2, n_threads = 0, n_ctx = 0;
@@ -197,6 +200,10 @@ int run(int argc, char** argv) {
       ok = number(v, 0, 4096, n_threads), server_flags = true;
     else if (a == "-c")
       ok = number(v, 0, 1 << 24, n_ctx), server_flags = true;
+    else if (a == "--device")
+      device = v, ok = device == "cpu" || device == "cuda", server_flags = true;
+    else if (a == "--kv-type")
+      kv_type = v, ok = kv_type == "f32" || kv_type == "f16" || kv_type == "bf16", server_flags = true;
     else if (a == "-n")
       ok = number(v, 1, 1 << 20, load.n_tokens);
     else if (a == "--requests")
@@ -234,7 +241,7 @@ int run(int argc, char** argv) {
   if (!url.empty()) {
     if (server_flags) {
       std::fprintf(stderr,
-                   "bench_server: -m, -t and -c are the in-process server's; "
+                   "bench_server: -m, -t, -c, --device and --kv-type are the in-process server's; "
                    "with --url the external server has its own\n");
       return 2;
     }
@@ -249,6 +256,7 @@ int run(int argc, char** argv) {
     cp.n_slots = max_streams;
     cp.n_threads = n_threads;
     cp.n_ctx = n_ctx;
+    ultra::cli::apply_device_flags(device, kv_type, cp);  // as `ultra serve --device/--kv-type`
     sched = std::make_shared<ultra::server::Scheduler>(*model, cp, 4 * max_streams);
     for (const std::string& w : sched->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     ultra::server::ServerOptions so;
@@ -258,8 +266,8 @@ int run(int argc, char** argv) {
     if (target.port < 0) throw ultra::Error("cannot bind a loopback port");
     srv->attach(sched);
     th = std::thread([&] { srv->listen(); });
-    what = "ultra (in process): " + model_path + ", " + std::to_string(sched->n_slots()) + " slots of " +
-           std::to_string(sched->n_ctx()) + " tokens";
+    what = "ultra (in process, " + device + "): " + model_path + ", " + std::to_string(sched->n_slots()) +
+           " slots of " + std::to_string(sched->n_ctx()) + " tokens";
   }
   const std::string prompts = load.prompt_ids > 0 ? std::to_string(load.prompt_ids) + " prompt token ids"
                                                   : std::string("text prompts");
