@@ -37,6 +37,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llamacpp_build import DEFAULT_LLAMA_DIR, llama_binary  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,37 +50,10 @@ def run(cmd, **kw):
     return r.stdout
 
 
-NOAMX_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_BMI2=ON", "-DGGML_FMA=ON",
-               "-DGGML_F16C=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
-               "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"]
-
-
 def llama_bench_binary(llama_dir, variant="native"):
-    """Clones llama.cpp from node-llama-cpp's bundle into llama_dir and builds llama-bench once per variant:
-    native (-DGGML_NATIVE=ON) or noamx (every x86 extension up to AVX-512 BF16 / VNNI, without AMX: the
-    native build's AMX Q8_0 kernel dies of SIGILL on some VMs, where the tile state is not granted)."""
-    bundle = os.path.join(ROOT, "bench", "node_modules", "node-llama-cpp", "llama", "gitRelease.bundle")
-    if not os.path.exists(bundle):
-        sys.exit(f"{bundle} not found: run `cd bench && npm ci` first")
-    head = subprocess.run(["git", "bundle", "list-heads", bundle], capture_output=True, text=True).stdout.split()
-    want = head[0] if head else ""
-    src = os.path.join(llama_dir, "src")
-    build = os.path.join(llama_dir, "build" if variant == "native" else "build-" + variant)
-    binary = os.path.join(build, "bin", "llama-bench")
-    have = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() \
-        if os.path.isdir(src) else ""
-    if have != want or not os.path.exists(binary):
-        print(f"building llama-bench (llama.cpp {want[:10]}, {variant}) in {build} ...", flush=True)
-        if have != want:
-            subprocess.run(["rm", "-rf", llama_dir], check=True)
-            os.makedirs(llama_dir, exist_ok=True)
-            subprocess.run(["git", "clone", "-q", bundle, src], check=True)
-        flags = ["-DGGML_NATIVE=ON"] if variant == "native" else NOAMX_FLAGS
-        subprocess.run(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                        "-DLLAMA_BUILD_TESTS=OFF"] + flags, check=True, capture_output=True)
-        subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count() or 2), "--target", "llama-bench"],
-                       check=True, capture_output=True)
-    return binary
+    """llama-bench built natively (bench/llamacpp_build.py: cloned from node-llama-cpp's bundle, built once
+    per variant: native, or noamx where the native build's AMX Q8_0 kernel dies of SIGILL)."""
+    return llama_binary(llama_dir, "llama-bench", variant)
 
 
 def main():
@@ -92,7 +68,7 @@ def main():
     ap.add_argument("--baseline", help="another ultra binary to compare with, interleaved")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--peer", choices=["native", "node"], default="native")
-    ap.add_argument("--llama-dir", default=os.path.expanduser("~/.cache/ultra/llama.cpp-native"))
+    ap.add_argument("--llama-dir", default=DEFAULT_LLAMA_DIR)
     ap.add_argument("--llama-variant", choices=["native", "noamx"], default="native")
     ap.add_argument("--env", action="append", default=[], help="K=V for ultra's runs")
     args = ap.parse_args()

@@ -4,6 +4,7 @@
 // whitespace control, loops, macros, namespaces, errors naming the construct and line, and hostile templates
 // that must fail cleanly.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <ctime>
 #include <filesystem>
@@ -13,7 +14,11 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
+#include "chat/builtin_templates.h"
 #include "chat/chat_template.h"
+#include "cli/common.h"
 #include "core/error.h"
 #include "ultra/model.h"
 
@@ -232,6 +237,69 @@ TEST(ChatTemplate, MacrosAndTests) {
   EXPECT_EQ(R("{% generation %}g{% endgeneration %}{{ bos_token }}{{ eos_token }}"), "g<s></s>");
 }
 
+// Macros are closures over the scopes they are defined in, as in jinja2 (the expected strings are jinja2
+// 3.1.6's renderings): a loop's variables, an enclosing macro's parameters, names set in those scopes after
+// the definition (late binding), recursion through the macro's own name. Each of these templates stores the
+// macro in the very scope it closes over (some also in a namespace): a reference cycle (scope -> macro ->
+// scope) that leaks on every render if the macro holds its scopes strongly (checked by making it so:
+// LeakSanitizer then reports ~70 KB per render of these, and the heap grows by 25 MB over the 300 renders
+// below). LeakSanitizer reports such a leak at exit (the suite's ASan run sets detect_leaks=1); without ASan
+// the test checks that the heap in use does not grow over 300 renders of them.
+TEST(ChatTemplate, MacroClosures) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{% for i in [1,2] %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}", "12"},
+      {"{% macro outer(x) %}{% macro inner() %}[{{ x }}]{% endmacro %}{{ inner() }}{% endmacro %}{{ outer(5) "
+       "}}",
+       "[5]"},
+      {"{% set y = 1 %}{% macro m() %}{{ y }}{% endmacro %}{% set y = 2 %}{{ m() }}", "2"},
+      {"{% for i in [1,2] %}{% set z = i * 10 %}{% macro m() %}{{ z }}{% endmacro %}{{ m() }}{% endfor %}",
+       "1020"},
+      {"{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(3) }}", "0123"},
+      {"{% for i in [1] %}{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{{ i }}{% endmacro %}"
+       "{{ f(2) }}{% endfor %}",
+       "011121"},
+      {"{% macro outer() %}{% macro inner(n) %}{% if n > 0 %}{{ inner(n - 1) }}{% endif %}{{ n }}{% endmacro "
+       "%}"
+       "{{ inner(2) }}{% endmacro %}{{ outer() }}",
+       "012"},
+      {"{% for i in [1,2] %}{% macro m() %}{{ i }}{% endmacro %}{% set i = 7 %}{{ m() }}{% endfor %}", "77"},
+      {"{% set ns = namespace(n=0) %}{% macro m() %}{{ ns.n }}{% endmacro %}{% set ns.m = m %}{% set ns.n = "
+       "1 %}"
+       "{{ ns.m() }}",
+       "1"},
+      {"{% macro m(x) %}{% set x = x + 1 %}{{ x }}{% endmacro %}{% set x = 10 %}{{ m(1) }}{{ x }}", "210"},
+      {"{% macro m() %}{% set t = 5 %}{{ t }}{% endmacro %}{% set t = 1 %}{{ m() }}{{ t }}", "51"},
+      {"{% for a in [1, 2] %}{% for b in [3] %}{% macro m(c) %}{{ a }}{{ b }}{{ c }}{% endmacro %}"
+       "{{ m(loop.index) }}{% endfor %}{% endfor %}",
+       "131231"},
+      {"{% macro outer(x) %}{% macro inner(y) %}{{ x }}{{ y }}{% endmacro %}{{ inner(x * 2) }}{% endmacro %}"
+       "{% for i in [1,2] %}{{ outer(i) }}{% endfor %}",
+       "1224"},
+      {"{% macro a() %}A{{ b() }}{% endmacro %}{% macro b() %}B{% endmacro %}{{ a() }}", "AB"},
+      // Called after its loop ended (kept in a namespace), a macro no longer sees the loop's names (jinja2
+      // prints its internal sentinel there: "[missing]").
+      {"{% set ns = namespace() %}{% for i in [1] %}{% macro m() %}[{{ i }}]{% endmacro %}{% set ns.f = m %}"
+       "{% endfor %}{{ ns.f() }}",
+       "[]"},
+  };
+  for (const auto& [src, want] : cases) EXPECT_EQ(R(src), want) << src;
+
+#if !defined(__SANITIZE_ADDRESS__)
+  std::vector<ChatTemplate> parsed;
+  for (const auto& c : cases) parsed.emplace_back(c.first);
+  auto render_all = [&](int times) {
+    for (int k = 0; k < times; ++k)
+      for (const ChatTemplate& t : parsed) t.apply(json::array(), false);
+  };
+  render_all(10);
+  const size_t before = mallinfo2().uordblks;
+  render_all(300);
+  const size_t after = mallinfo2().uordblks;
+  EXPECT_LT(after, before + (64u << 10))
+      << "the heap in use grew by " << after - before << " bytes over 300 renders of each template";
+#endif
+}
+
 TEST(ChatTemplate, Errors) {
   EXPECT_NE(Err("{{ raise_exception('boom') }}").find("boom"), std::string::npos);
   EXPECT_NE(Err("\n\n{% call x() %}{% endcall %}").find("line 3: unsupported statement 'call'"),
@@ -306,6 +374,187 @@ TEST(ChatTemplate, BundledPlayScriptTemplate) {
   // Both bundled models carry it.
   for (const char* m : {"target.gguf", "draft.gguf"})
     EXPECT_EQ(Model::load((fs::path(ULTRA_SOURCE_DIR) / "models" / m).string()).chat_template(), src) << m;
+}
+
+}  // namespace
+
+namespace {
+
+// ---- built-in templates (--chat-template NAME) ----
+
+const ChatTemplateOptions& fixture_options() {
+  static const ChatTemplateOptions o{renderings()["bos_token"], renderings()["eos_token"], fixture_now()};
+  return o;
+}
+
+// The built-in `name` rendering fixture conversation `conv`.
+std::string render_builtin(const std::string& name, size_t conv, bool agp) {
+  const BuiltinChatTemplate* b = find_builtin_chat_template(name);
+  if (!b) throw Error("no built-in " + name);
+  return ChatTemplate(std::string(b->source), fixture_options())
+      .apply(renderings()["conversations"][conv], agp);
+}
+
+// renderings.json's output of real template `fixture` for conversation `conv` ("" when it raised).
+std::string fixture_output(const std::string& fixture, size_t conv, bool agp) {
+  for (const json& c : renderings()["templates"][fixture]["cases"])
+    if (c["conversation"].get<size_t>() == conv && c["add_generation_prompt"].get<bool>() == agp)
+      return c.value("output", "");
+  ADD_FAILURE() << fixture << " has no case " << conv;
+  return "";
+}
+
+// Each built-in renders conversation 2 of renderings.json (a system message, then user, assistant, user:
+// three turns), with the generation prompt, as written here (bos_token <BOS>, eos_token <EOS>).
+TEST(BuiltinChatTemplates, SystemAndThreeTurns) {
+  const std::map<std::string, std::string> want = {
+      {"chatml",
+       "<|im_start|>system\nYou answer in one short sentence.<|im_end|>\n<|im_start|>user\nName a "
+       "colour.<|im_end|>\n<|im_start|>assistant\nBlue.<|im_end|>\n<|im_start|>user\nAnother one, "
+       "please.<|im_end|>\n<|im_start|>assistant\n"},
+      {"llama2",
+       "<BOS>[INST] <<SYS>>\nYou answer in one short sentence.\n<</SYS>>\n\nName a colour. [/INST] Blue. "
+       "<EOS><BOS>[INST] Another one, please. [/INST]"},
+      {"llama3",
+       "<BOS><|start_header_id|>system<|end_header_id|>\n\nYou answer in one short "
+       "sentence.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nName a "
+       "colour.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nBlue.<|eot_id|><|start_header_id|>"
+       "user<|end_header_id|>\n\nAnother one, please.<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+       "\n\n"},
+      {"mistral-v3-tekken",
+       "<BOS>[INST]Name a colour.[/INST]Blue.<EOS>[INST]You answer in one short sentence.\n\nAnother one, "
+       "please.[/INST]"},
+      {"mistral-v7",
+       "<BOS>[SYSTEM_PROMPT] You answer in one short sentence.[/SYSTEM_PROMPT][INST] Name a colour.[/INST] "
+       "Blue.<EOS>[INST] Another one, please.[/INST]"},
+      {"mistral-v7-tekken",
+       "<BOS>[SYSTEM_PROMPT]You answer in one short sentence.[/SYSTEM_PROMPT][INST]Name a "
+       "colour.[/INST]Blue.<EOS>[INST]Another one, please.[/INST]"},
+      {"phi3",
+       "<|system|>\nYou answer in one short sentence.<|end|>\n<|user|>\nName a "
+       "colour.<|end|>\n<|assistant|>\nBlue.<|end|>\n<|user|>\nAnother one, please.<|end|>\n<|assistant|>\n"},
+      {"gemma",
+       "<BOS><start_of_turn>user\nYou answer in one short sentence.\n\nName a "
+       "colour.<end_of_turn>\n<start_of_turn>model\nBlue.<end_of_turn>\n<start_of_turn>user\nAnother one, "
+       "please.<end_of_turn>\n<start_of_turn>model\n"},
+      {"zephyr",
+       "<|system|>\nYou answer in one short sentence.<EOS>\n<|user|>\nName a "
+       "colour.<EOS>\n<|assistant|>\nBlue.<EOS>\n<|user|>\nAnother one, please.<EOS>\n<|assistant|>\n"},
+      {"vicuna",
+       "You answer in one short sentence.\n\nUSER: Name a colour.\nASSISTANT: Blue.<EOS>\nUSER: Another one, "
+       "please.\nASSISTANT:"},
+      {"deepseek",
+       "<BOS>You answer in one short sentence.### Instruction:\nName a colour.\n### "
+       "Response:\nBlue.\n<|EOT|>\n### Instruction:\nAnother one, please.\n### Response:\n"},
+      {"deepseek3",
+       "<BOS>You answer in one short sentence.<｜User｜>Name a "
+       "colour.<｜Assistant｜>Blue.<｜end▁of▁sentence｜><｜User｜>Another one, please.<｜Assistant｜>"},
+      {"command-r",
+       "<BOS><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You answer in one short "
+       "sentence.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>Name a "
+       "colour.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Blue.<|END_OF_TURN_TOKEN|><|"
+       "START_"
+       "OF_TURN_TOKEN|><|USER_TOKEN|>Another one, "
+       "please.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"},
+      {"granite",
+       "<|start_of_role|>system<|end_of_role|>You answer in one short "
+       "sentence.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Name a "
+       "colour.<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>Blue.<|end_of_text|>\n<|start_of_"
+       "role|>user<|end_of_role|>Another one, please.<|end_of_text|>\n<|start_of_role|>assistant<|end_of_"
+       "role|>"},
+      {"rwkv-world",
+       "<BOS>System: You answer in one short sentence.\n\nUser: Name a colour.\n\nAssistant: Blue.\n\nUser: "
+       "Another one, please.\n\nAssistant:"},
+  };
+  ASSERT_EQ(want.size(), builtin_chat_templates().size());
+  for (const BuiltinChatTemplate& b : builtin_chat_templates()) {
+    const std::string name(b.name);
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_EQ(render_builtin(name, 2, true), want.at(name)) << name;
+    // Every built-in renders every fixture conversation, with and without the generation prompt.
+    for (size_t c = 0; c < renderings()["conversations"].size(); ++c)
+      for (bool agp : {false, true}) EXPECT_NO_THROW(render_builtin(name, c, agp)) << name << " " << c;
+  }
+}
+
+// The built-ins against the real templates of tests/fixtures/templates (renderings.json: jinja2's output)
+// where one is there: every case of the conversations listed. The real ones add things to conversations
+// without a system message (Qwen2.5, Mistral Small, Granite: a default system message; Gemma 2 refuses a
+// system message), so those conversations are left out where they differ.
+TEST(BuiltinChatTemplates, RenderAsTheRealTemplates) {
+  struct Case {
+    const char* builtin;
+    const char* fixture;
+    std::vector<size_t> conversations;
+  };
+  const Case cases[] = {
+      {"chatml", "Qwen-Qwen2.5-7B-Instruct", {1, 2}},
+      {"phi3", "microsoft-Phi-3.5-mini-instruct", {0, 1, 2, 3}},
+      {"gemma", "google-gemma-2-2b-it", {0, 3}},
+      {"mistral-v3-tekken", "mistralai-Mistral-Nemo-Instruct-2407", {0, 1, 2, 3}},
+      {"mistral-v7-tekken", "Mistral-Small-3.2-24B-Instruct-2506", {1, 2}},
+      {"mistral-v7-tekken", "mistralai-Ministral-3-14B-Reasoning-2512", {1, 2}},
+      {"granite", "ibm-granite-granite-3.3-2B-Instruct", {1, 2}},
+      {"rwkv-world", "llama-cpp-rwkv-world", {0, 1, 2, 3}},
+  };
+  for (const Case& c : cases)
+    for (size_t conv : c.conversations)
+      for (bool agp : {false, true})
+        EXPECT_EQ(render_builtin(c.builtin, conv, agp), fixture_output(c.fixture, conv, agp))
+            << c.builtin << " vs " << c.fixture << " conversation " << conv << " agp " << agp;
+
+  for (size_t conv = 0; conv < 4; ++conv) {
+    // DeepSeek R1's template is V3's plus "<think>\n" after the generation prompt.
+    EXPECT_EQ(render_builtin("deepseek3", conv, false),
+              fixture_output("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", conv, false));
+    EXPECT_EQ(render_builtin("deepseek3", conv, true) + "<think>\n",
+              fixture_output("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", conv, true));
+  }
+  for (size_t conv : {1, 2})
+    for (bool agp : {false, true}) {
+      // Llama 3.1's template is Llama 3's plus a dated preamble in the system message.
+      std::string l31 = fixture_output("meta-llama-Llama-3.1-8B-Instruct", conv, agp);
+      const std::string preamble = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+      ASSERT_NE(l31.find(preamble), std::string::npos);
+      l31.erase(l31.find(preamble), preamble.size());
+      EXPECT_EQ(render_builtin("llama3", conv, agp), l31) << conv << " " << agp;
+    }
+  // Command R+'s tool-use template writes the same turns after its long system preamble.
+  const std::string turns =
+      "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Name a colour.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|"
+      "CHATBOT_TOKEN|>Blue.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>Another one, "
+      "please.<|END_OF_TURN_TOKEN|>";
+  EXPECT_NE(render_builtin("command-r", 2, false).find(turns), std::string::npos);
+  EXPECT_NE(fixture_output("CohereForAI-c4ai-command-r-plus-tool_use", 2, false).find(turns),
+            std::string::npos);
+}
+
+// --chat-template's value: a file, else a built-in's name, else an error that lists the names.
+TEST(BuiltinChatTemplates, ChatTemplateArgument) {
+  std::string label;
+  EXPECT_EQ(cli::chat_template_from_arg("llama3", &label), find_builtin_chat_template("llama3")->source);
+  EXPECT_EQ(label, "the built-in 'llama3'");
+  const fs::path file = fs::temp_directory_path() / fmt::format("ultra_tmpl_{}.jinja", getpid());
+  std::ofstream(file) << "{{ messages | length }}";
+  EXPECT_EQ(cli::chat_template_from_arg(file.string(), &label), "{{ messages | length }}");
+  EXPECT_EQ(label, file.string());
+  fs::remove(file);
+  for (const char* bad : {"chatml2", "ChatML", "", "/no/such/dir/t.jinja"}) {
+    try {
+      cli::chat_template_from_arg(bad);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(
+          msg.find(fmt::format("--chat-template '{}': no such file, and not the name of a built-in", bad)),
+          std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(builtin_chat_template_names()), std::string::npos) << msg;
+    }
+  }
+  // A directory is a path, refused as a file.
+  EXPECT_THROW(cli::chat_template_from_arg(fs::temp_directory_path().string()), Error);
+  EXPECT_NE(cli::chat_template_help().find("chatml, llama2, llama3"), std::string::npos);
 }
 
 }  // namespace

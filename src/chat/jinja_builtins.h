@@ -17,7 +17,15 @@ class Interp {
 
   Globals globals;
   Limits limits;
-  std::vector<std::map<std::string, Value>> frames_;
+  // The scopes in effect, outermost first: the template's top level, then one per loop iteration and macro
+  // call. Shared because a macro refers to the scopes it was defined in (jinja2's closures: a macro defined
+  // in a loop or in another macro sees that loop's or macro's names when it is called) -- weakly, since the
+  // innermost of them holds the macro itself: a strong reference would be a cycle (scope -> macro ->
+  // scope) that is never freed. A macro called after its scope ended (stored in a namespace) no longer sees
+  // that scope's names.
+  using Scope = std::map<std::string, Value>;
+  std::vector<std::shared_ptr<Scope>> frames_;
+  void push_scope() { frames_.push_back(std::make_shared<Scope>()); }
   std::string* out_ = nullptr;
   uint64_t steps_ = 0;
   int call_depth_ = 0;

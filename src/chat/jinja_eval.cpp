@@ -1,6 +1,7 @@
 // Jinja evaluator: statements, expressions, scoping (jinja2's: a for loop's body is a fresh scope each
-// iteration, a macro sees the template's top-level names), loop variables, macros, and the limits that
-// keep a hostile template from running away (nesting, macro recursion, steps, output size).
+// iteration, each macro call another, and a macro sees the scopes it was defined in: a closure, referring to
+// them weakly, see Interp::frames_), loop variables, macros, and the limits that keep a hostile template
+// from running away (nesting, macro recursion, steps, output size).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -75,8 +76,11 @@ class InterpImpl : public Interp {
       }
       case NK::Macro: {
         const Node* node = &n;
-        set_var(n.targets[0], Value::function(n.targets[0], [node](Interp& in, CallArgs& a) {
-                  return static_cast<InterpImpl&>(in).call_macro(*node, a);
+        // The closure: weak references to the scopes the macro is defined in (see Interp::frames_).
+        std::vector<std::weak_ptr<Scope>> scopes(frames_.begin(), frames_.end());
+        set_var(n.targets[0],
+                Value::function(n.targets[0], [node, scopes = std::move(scopes)](Interp& in, CallArgs& a) {
+                  return static_cast<InterpImpl&>(in).call_macro(*node, scopes, a);
                 }));
         return Flow::Normal;
       }
@@ -115,7 +119,7 @@ class InterpImpl : public Interp {
     if (n.filter) {
       for (auto& x : all) {
         step(n.line);
-        frames_.emplace_back();
+        push_scope();
         try {
           bind_targets(n, x);
           const bool keep = eval(*n.filter).truthy();
@@ -136,7 +140,7 @@ class InterpImpl : public Interp {
     const int64_t len = int64_t(items.size());
     for (int64_t k = 0; k < len; ++k) {
       step(n.line);
-      frames_.emplace_back();
+      push_scope();
       try {
         Value loop = Value::make_dict();
         Dict& d = *loop.dict;
@@ -179,15 +183,18 @@ class InterpImpl : public Interp {
     for (size_t k = 0; k < parts.size(); ++k) set_var(n.targets[k], parts[k]);
   }
 
-  Value call_macro(const Node& m, CallArgs& a) {
+  Value call_macro(const Node& m, const std::vector<std::weak_ptr<Scope>>& scopes, CallArgs& a) {
     if (call_depth_ >= limits.max_call_depth) error_at(m.line, "macro calls nested too deeply");
     if (a.pos.size() > m.params.size())
       error_at(a.line,
                fmt::format("macro '{}' takes no more than {} argument(s)", m.targets[0], m.params.size()));
-    std::vector<std::map<std::string, Value>> saved;
+    // The macro sees the scopes it was defined in that still exist (their names as they are now: jinja2's
+    // late binding), and sets names in a scope of its own.
+    std::vector<std::shared_ptr<Scope>> saved;
     saved.swap(frames_);
-    frames_.push_back(saved.front());  // top-level names (a copy: a macro's sets stay in the macro)
-    frames_.emplace_back();
+    for (const auto& w : scopes)
+      if (auto sc = w.lock()) frames_.push_back(std::move(sc));
+    push_scope();
     std::string buf;
     std::string* saved_out = out_;
     out_ = &buf;
@@ -518,14 +525,14 @@ void Interp::step(int line) {
 
 Value Interp::lookup(const std::string& name) const {
   for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
-    auto f = it->find(name);
-    if (f != it->end()) return f->second;
+    auto f = (*it)->find(name);
+    if (f != (*it)->end()) return f->second;
   }
   return Value::undefined(name);
 }
 
 void Interp::set_var(const std::string& name, Value v) {
-  frames_.back()[name] = std::move(v);
+  (*frames_.back())[name] = std::move(v);
 }
 
 Value Interp::eval_expr(const Expr& e) {
@@ -535,7 +542,7 @@ Value Interp::eval_expr(const Expr& e) {
 std::string render(const Body& body, const Globals& g, const nlohmann::json& messages,
                    bool add_generation_prompt, const nlohmann::json& extra, const Limits& limits) {
   InterpImpl in(g, limits);
-  in.frames_.emplace_back();
+  in.push_scope();
   install_globals(in);
   if (extra.is_object())
     for (auto it = extra.begin(); it != extra.end(); ++it) in.set_var(it.key(), from_json(it.value()));

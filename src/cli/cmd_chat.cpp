@@ -119,8 +119,7 @@ int cmd_chat(int argc, char** argv) {
   int n_predict = -1;
   bool verbose = false, no_cache = false;
   app.add_option("--system", system_prompt, "a system message that starts the conversation");
-  app.add_option("--chat-template", template_file,
-                 "a Jinja chat template file to use instead of the model's own");
+  app.add_option("--chat-template", template_file, chat_template_help())->type_name("FILE|NAME");
   app.add_option("-n,--n-predict", n_predict, "most tokens per reply (-1: until the model ends it)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 24));
@@ -144,21 +143,25 @@ int cmd_chat(int argc, char** argv) {
   // The bundled play-script model never writes an end-of-text token: a speech ends at a blank line.
   if (bundled && !app.count("--stop")) stops = {"\n\n"};
 
+  // --chat-template before the model: a bad name fails at once.
+  const bool own_template = app.count("--chat-template") > 0;
+  std::string template_label;
+  const std::string own_source = own_template ? chat_template_from_arg(template_file, &template_label) : "";
+
   const Model model = Model::load(mf.model);
   const Tokenizer* tok = model.tokenizer();
   if (!tok) fail("{}: this model has no tokenizer, which a chat needs", model.info().path);
   std::optional<ChatTemplate> tmpl;
-  const std::string source =
-      template_file.empty() ? model.chat_template() : read_text_file(template_file, "chat template");
+  const std::string& source = own_template ? own_source : model.chat_template();
   const char* template_from = "fallback";
   if (!source.empty()) {
     try {
       tmpl.emplace(source, server::chat_template_options(model));
     } catch (const Error& e) {
-      fail("{}'s chat template cannot be run: {} (give one with --chat-template FILE)",
-           template_file.empty() ? model.info().path : template_file, e.what());
+      fail("{}'s chat template cannot be run: {} (give one with --chat-template FILE or NAME)",
+           own_template ? template_label : model.info().path, e.what());
     }
-    template_from = template_file.empty() ? "the model's" : template_file.c_str();
+    template_from = own_template ? template_label.c_str() : "the model's";
   }
   ContextParams cp = mf.context_params();
   cp.n_slots = 1;

@@ -1,5 +1,6 @@
 // ultra serve: an OpenAI-compatible HTTP server with continuous batching (src/server/).
 //   ultra serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [-c CTX] [-t N] [--api-key KEY]
+//               [--chat-template FILE|NAME]
 // Listens before the model is loaded (/health answers 503 until it is); SIGINT/SIGTERM stop it: queued and
 // running requests are cancelled (streams end with finish_reason "length"), and it exits 0.
 #include <fmt/format.h>
@@ -40,15 +41,18 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-body", max_body, "largest request body in bytes; larger get 413")
       ->capture_default_str();
   app.add_option("--api-key", api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
-  std::string chat_template_file;
-  app.add_option("--chat-template", chat_template_file,
-                 "a Jinja chat template file to use instead of the model's own");
+  std::string chat_template_arg;
+  app.add_option("--chat-template", chat_template_arg, chat_template_help())->type_name("FILE|NAME");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   mf.resolve_model();
+  std::string chat_template_label;
+  const std::string chat_template = app.count("--chat-template")
+                                        ? chat_template_from_arg(chat_template_arg, &chat_template_label)
+                                        : std::string();
 
   // SIGINT/SIGTERM are taken by a thread of ours (blocked everywhere else, before any thread starts).
   sigset_t sigs;
@@ -63,7 +67,8 @@ int cmd_serve(int argc, char** argv) {
   so.max_body = max_body;
   so.n_http_threads = http_threads;
   so.model_name = mf.model;
-  if (!chat_template_file.empty()) so.chat_template = read_text_file(chat_template_file, "chat template");
+  so.chat_template = chat_template;
+  if (!chat_template_label.empty()) so.chat_template_label = chat_template_label;
   server::Server srv(so);
   const int bound = srv.bind(host, port);
   if (bound < 0) fail("cannot listen on {}:{}", host, port);

@@ -9,6 +9,8 @@
 #include <random>
 #include <sstream>
 
+#include "chat/builtin_templates.h"
+
 namespace ultra::cli {
 
 std::string bundled_model_path(const char* name) {
@@ -154,6 +156,25 @@ std::string read_text_file(const std::string& path, const char* what) {
   ss << f.rdbuf();
   if (f.bad()) fail("{}: read error", path);
   return ss.str();
+}
+
+std::string chat_template_from_arg(const std::string& value, std::string* label) {
+  std::error_code ec;
+  if (value == "-" || std::filesystem::exists(value, ec)) {
+    if (label) *label = value;
+    return read_text_file(value, "chat template");
+  }
+  if (const BuiltinChatTemplate* t = find_builtin_chat_template(value)) {
+    if (label) *label = fmt::format("the built-in '{}'", t->name);
+    return std::string(t->source);
+  }
+  fail("--chat-template '{}': no such file, and not the name of a built-in template (built-ins: {})", value,
+       builtin_chat_template_names());
+}
+
+std::string chat_template_help() {
+  return "a Jinja chat template FILE to use instead of the model's own, or the NAME of a built-in one: " +
+         builtin_chat_template_names();
 }
 
 std::string human_bytes(double b) {

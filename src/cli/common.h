@@ -68,6 +68,14 @@ std::string human_bytes(double bytes);
 // FIFO that would block, a device) is refused before it is opened: "<path>: <what> is a directory, ...".
 std::string read_text_file(const std::string& path, const char* what);
 
+// --chat-template's value (chat and serve): the content of a file, or else the source of the built-in
+// template of that name (src/chat/builtin_templates.h, llama.cpp's names); an existing path wins. label, when
+// given, is set to what to call it in messages ("the built-in 'chatml'" or the path). Throws ultra::Error
+// listing the built-in names when the value is neither.
+std::string chat_template_from_arg(const std::string& value, std::string* label = nullptr);
+// The help text of --chat-template, with the built-in names.
+std::string chat_template_help();
+
 // Options for convert / quantize of output type `type`, with a one-line progress counter and warnings on
 // stderr.
 ConvertOptions convert_options(const std::string& type);

@@ -353,16 +353,16 @@ void Server::attach(std::shared_ptr<Scheduler> scheduler) {
     try {
       tmpl_ = std::make_unique<ChatTemplate>(src, tmpl_opts_);
     } catch (const Error& e) {
-      fail("{}'s chat template cannot be run: {} (give one with --chat-template FILE)",
-           opts_.chat_template.empty() ? m.info().path : std::string("--chat-template"), e.what());
+      fail("{}'s chat template cannot be run: {} (give one with --chat-template FILE or NAME)",
+           opts_.chat_template.empty() ? m.info().path : opts_.chat_template_label, e.what());
     }
-    tmpl_source_ = opts_.chat_template.empty() ? "model" : "--chat-template";
+    tmpl_source_ = opts_.chat_template.empty() ? "model" : opts_.chat_template_label;
   }
   sched_ = std::move(scheduler);
   ready_ = true;
 }
 
-const char* Server::chat_template_source() const {
+const std::string& Server::chat_template_source() const {
   return tmpl_source_;
 }
 

@@ -26,8 +26,9 @@ struct ServerOptions {
   size_t max_body = 1 << 20;         // bytes; larger bodies get 413
   int n_http_threads = 32;           // connections served at once
   // The chat template's source (--chat-template): "" = the model's own, else the fallback format when the
-  // model has none.
+  // model has none. chat_template_label: what messages call it (a path, "the built-in 'chatml'").
   std::string chat_template;
+  std::string chat_template_label = "--chat-template";
 };
 
 class Server {
@@ -45,8 +46,8 @@ class Server {
   // Parses the chat template (options' or the model's): throws ultra::Error naming what the interpreter
   // cannot run.
   void attach(std::shared_ptr<Scheduler> scheduler);
-  // "model", "--chat-template" or "fallback": where chat prompts come from.
-  const char* chat_template_source() const;
+  // "model", the options' chat_template_label or "fallback": where chat prompts come from.
+  const std::string& chat_template_source() const;
 
  private:
   void routes();
@@ -56,7 +57,7 @@ class Server {
   std::shared_ptr<Scheduler> sched_;
   std::unique_ptr<ChatTemplate> tmpl_;  // null: the fallback format
   ChatTemplateOptions tmpl_opts_;       // the model's BOS / EOS text
-  const char* tmpl_source_ = "fallback";
+  std::string tmpl_source_ = "fallback";
   std::atomic<bool> ready_{false};
 };
 
