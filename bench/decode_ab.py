@@ -20,6 +20,9 @@ For each shape (random weights made with transformers, as bench/cuda_compare.py 
   stream     every one-row gemv through the weight-streaming kernel (ULTRA_CUDA_GEMV=3), x and its slots in
              the default 192 KB, 96 KB or 48 KB of shared memory (ULTRA_CUDA_GEMV_SMEM); no-stream: the
              automatic choice without it (ULTRA_CUDA_GEMV_STREAM=0; the default takes it for one row)
+  norm-only, swiglu-only, head-only: one of those fusions each (ULTRA_CUDA_FUSE=5, 9, 17)
+  no-prologue the rmsnorms, silu_mul and the LM head's gather as their own kernels (ULTRA_CUDA_FUSE=1; the
+             default fuses them into the x of the streaming gemv after them)
 Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
 (best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
 the same run) and the host launch time per step.
@@ -60,6 +63,10 @@ VARIANTS = [
     ("attn-trig1", {"ULTRA_CUDA_ATTN_TRIGGER": "1"}),
     ("stream", {"ULTRA_CUDA_GEMV": "3"}),
     ("no-stream", {"ULTRA_CUDA_GEMV_STREAM": "0"}),
+    ("no-prologue", {"ULTRA_CUDA_FUSE": "1"}),
+    ("norm-only", {"ULTRA_CUDA_FUSE": "5"}),
+    ("swiglu-only", {"ULTRA_CUDA_FUSE": "9"}),
+    ("head-only", {"ULTRA_CUDA_FUSE": "17"}),
     ("stream-96K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "98304"}),
     ("stream-48K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "49152"}),
 ]

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 build="${1:-build}"
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devpack
-for b in ultra test_cuda_backend test_cuda_kernels bench_cuda_kernels; do
+for b in ultra test_cuda_backend test_cuda_kernels bench_cuda_kernels bench_server; do
   [ -x "$build/$b" ] && cp "$build/$b" .devbin/
 done
 strip .devbin/*

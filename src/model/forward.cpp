@@ -23,9 +23,11 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
   if (hp.embed_scale > 0) ops.scale(b.x, (int64_t)n * dim, hp.embed_scale);
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = w.layers[il];
-    ops.rmsnorm(b.x, l.attn_norm, n, dim, hp.rms_eps, b.xb);
     float *q = b.q, *k = b.k, *v = b.v;
-    ops.qkv(il, l, b.xb, n, q, k, v);
+    if (!ops.norm_qkv(il, l, b.x, n, hp.rms_eps, q, k, v)) {
+      ops.rmsnorm(b.x, l.attn_norm, n, dim, hp.rms_eps, b.xb);
+      ops.qkv(il, l, b.xb, n, q, k, v);
+    }
     if (hp.qk_norm) {  // [n * heads] rows of head_dim, in place
       ops.rmsnorm(q, l.q_norm, n * hp.n_heads, hp.head_dim, hp.rms_eps, q);
       ops.rmsnorm(k, l.k_norm, n * hp.n_kv_heads, hp.head_dim, hp.rms_eps, k);
@@ -41,9 +43,11 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
       ops.matmul(l.wo, b.att, n, b.x, nullptr, true);
     }
 
-    ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
     float *gate = b.hb, *up = b.hb2;
-    ops.gate_up(il, l, b.xb, n, gate, up);
+    if (!ops.norm_gate_up(il, l, b.x, n, hp.rms_eps, gate, up)) {
+      ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
+      ops.gate_up(il, l, b.xb, n, gate, up);
+    }
     if (!hp.gelu && !hp.post_norms && ops.silu_matmul(l.w_down, gate, up, n, b.x, true)) continue;
     if (hp.gelu)
       ops.gelu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
@@ -57,9 +61,12 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     }
   }
   if (rows.n_out == 0) return;
-  ops.gather_rows(b.x, rows.out_row, rows.n_out, dim, b.xb);
-  ops.rmsnorm(b.xb, w.output_norm, rows.n_out, dim, hp.rms_eps, b.out_x);
-  ops.matmul(w.output, b.out_x, rows.n_out, b.logits, nullptr, false);
+  if (rows.n_out != 1 ||
+      !ops.norm_matmul1(w.output, w.output_norm, b.x, rows.out_row, hp.rms_eps, b.logits)) {
+    ops.gather_rows(b.x, rows.out_row, rows.n_out, dim, b.xb);
+    ops.rmsnorm(b.xb, w.output_norm, rows.n_out, dim, hp.rms_eps, b.out_x);
+    ops.matmul(w.output, b.out_x, rows.n_out, b.logits, nullptr, false);
+  }
   if (hp.final_softcap > 0) ops.softcap(b.logits, (int64_t)rows.n_out * hp.n_vocab, hp.final_softcap);
 }
 

@@ -95,6 +95,25 @@ class ForwardOps {
   // out[r] = x[rows[r]] for r < n_rows, rows of dim floats.
   virtual void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) = 0;
 
+  // The rmsnorm before a projection fused into it, where the backend does that (it then need not write the
+  // normed rows anywhere); each returns false when it does not (the default), and the caller runs the ops
+  // one by one:
+  //   norm_qkv:     rmsnorm(x, l.attn_norm) then qkv(il, l, ...)
+  //   norm_gate_up: rmsnorm(x, l.ffn_norm) then gate_up(il, l, ...)
+  //   norm_matmul1: gather_rows(x, row, 1) then rmsnorm(., norm_w) then matmul(w, ., 1, y): one output row.
+  virtual bool norm_qkv(int /*il*/, const LayerWeights&, const float* /*x*/, int /*n*/, float /*eps*/,
+                        float*& /*q*/, float*& /*k*/, float*& /*v*/) {
+    return false;
+  }
+  virtual bool norm_gate_up(int /*il*/, const LayerWeights&, const float* /*x*/, int /*n*/, float /*eps*/,
+                            float*& /*gate*/, float*& /*up*/) {
+    return false;
+  }
+  virtual bool norm_matmul1(const WeightView& /*w*/, const float* /*norm_w*/, const float* /*x*/,
+                            const int32_t* /*row*/, float /*eps*/, float* /*y*/) {
+    return false;
+  }
+
  private:
   [[noreturn]] static void unsupported(const char* op) { fail("backend: the {} op is not implemented", op); }
 };

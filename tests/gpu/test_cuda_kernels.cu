@@ -503,6 +503,81 @@ void test_gemv_silu(GgmlType t, int64_t rows, int64_t cols, int n, bool acc) {
          same ? "" : "differs from silu_mul + gemv");
 }
 
+// The one-row ops fused into the streaming gemv's x (gemv_rmsnorm, gemv_swiglu) against float64 and
+// bit-identical to the ops one by one (gather_rows + rmsnorm + gemv; silu_mul + gemv), which is what lets
+// the decode step use them with unchanged results. `row`: the gathered row of a 3-row x (-1: a zero row,
+// -2: no row pointer, row 0).
+void test_gemv_fused_input(GgmlType t, int64_t rows, int64_t cols, bool swiglu, int row, bool bias,
+                           bool acc) {
+  std::vector<double> wd;
+  auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
+  const int nx = 3;
+  auto x = randn((size_t)nx * cols), u = randn(cols), nw = randu(cols, 0.5f, 1.5f), b = randn(rows),
+       y0 = randn(rows);
+  for (auto& v : x) v *= swiglu ? 3.0f : 7.0f;
+  Dev<uint8_t> dw(wb.size());
+  Dev<float> dx(x.size()), du(cols), dnw(cols), db(rows), dy(rows), dy2(rows), dh(cols), dg(cols);
+  Dev<int32_t> dr(1);
+  dw.up(wb), dx.up(x), du.up(u), dnw.up(nw), db.up(b);
+  dr.up(std::vector<int32_t>{row});
+  if (acc)
+    dy.up(y0), dy2.up(y0);
+  else
+    dy.poison(), dy2.poison();
+  WeightView w{t, dw.p, rows, cols, (size_t)cols * tsize(t)};
+  const float eps = 1e-5f;
+  const std::string shape =
+      fmt("%s rows=%lld cols=%lld%s%s%s", tname(t), (long long)rows, (long long)cols,
+          swiglu ? "" : fmt(" row=%d", row).c_str(), bias ? " bias" : "", acc ? " acc" : "");
+  const char* name = swiglu ? "gemv_swiglu" : "gemv_rmsnorm";
+  const float* bp = swiglu ? nullptr : (bias ? db.p : nullptr);
+  const cudaError_t e0 =
+      swiglu ? gemv_swiglu(w, dx.p, du.p, dy.p, acc, 0)
+             : gemv_rmsnorm(w, dx.p, row == -2 ? nullptr : dr.p, dnw.p, eps, dy.p, bp, acc, 0);
+  if (e0 != cudaSuccess) {
+    report(false, name, shape, NAN, 0, cudaGetErrorString(e0));
+    return;
+  }
+  if (swiglu) {
+    CK(silu_mul(dx.p, du.p, cols, dh.p, 0));
+  } else {
+    if (row == -2)
+      dg.up(std::vector<float>(x.begin(), x.begin() + cols));
+    else
+      CK(gather_rows(dx.p, dr.p, 1, (int)cols, dg.p, 0));
+    CK(rmsnorm(dg.p, dnw.p, 1, (int)cols, eps, dh.p, 0));
+  }
+  CK(gemv(w, dh.p, 1, dy2.p, bp, acc, 0));
+  CK(cudaDeviceSynchronize());
+  // float64: the input row, its transform, the products.
+  std::vector<double> h(cols);
+  const int src = row == -2 ? 0 : row;
+  if (swiglu) {
+    for (int64_t c = 0; c < cols; ++c) h[c] = x[c] / (1.0 + std::exp(-(double)x[c])) * u[c];
+  } else {
+    double ss = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double v = src < 0 ? 0.0 : x[(size_t)src * cols + c];
+      ss += v * v;
+    }
+    const double sc = 1.0 / std::sqrt(ss / (double)cols + eps);
+    for (int64_t c = 0; c < cols; ++c) h[c] = (src < 0 ? 0.0 : x[(size_t)src * cols + c]) * sc * nw[c];
+  }
+  std::vector<double> ref(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = acc ? y0[r] : 0.0;
+    if (bp) sum += b[r];
+    for (int64_t c = 0; c < cols; ++c) sum += wd[r * cols + c] * h[c];
+    ref[r] = sum;
+  }
+  const auto got = dy.down();
+  const double e = rel_err(got, ref);
+  const bool same = got == dy2.down();
+  report(ok_err(e, 1e-5) && same, name,
+         shape + (swiglu ? " (== silu_mul + gemv bit-exact)" : " (== gather + rmsnorm + gemv bit-exact)"), e,
+         1e-5, same ? "" : "differs from the ops one by one");
+}
+
 // Prefill GEMM through cuBLASLt: x is rounded to the weight type, so the error is that rounding: for BF16
 // each x has relative error <= 2^-9 (~2^-9 / sqrt(3) ~ 1.1e-3 rms), F16 2^-11; random-sign errors add in
 // quadrature, so ||err|| / ||ref|| stays near those values. Bounds 1e-2 (BF16) and 3e-3 (F16) leave margin;
@@ -1182,6 +1257,22 @@ int main(int argc, char** argv) {
       test_gemv_silu(t, 4096, 1024, 1, true);
       test_gemv_silu(t, 257, 3000, 3, false);
       test_gemv_silu(t, 100, 136, 4, true);
+    }
+
+  if (enabled("gemv_fused"))
+    for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) {
+      // Llama-3 8B's and 1B's qkv / gate_up / down / LM head widths, odd sizes (the rmsnorm replay with
+      // 1..4 float4 per virtual thread and partial virtual warps), zero and absent row pointers.
+      test_gemv_fused_input(t, 6144, 4096, false, 1, false, false);
+      test_gemv_fused_input(t, 1000, 2048, false, 2, true, false);
+      test_gemv_fused_input(t, 333, 16384, false, 0, false, true);
+      test_gemv_fused_input(t, 129, 5128, false, -1, true, false);
+      test_gemv_fused_input(t, 700, 1032, false, -2, false, true);
+      test_gemv_fused_input(t, 200, 12296, false, 2, false, false);
+      test_gemv_fused_input(t, 4096, 14336, true, 0, false, true);
+      test_gemv_fused_input(t, 517, 1032, true, 0, false, false);
+      test_gemv_fused_input(t, 64, 8, true, 0, false, true);
+      test_gemv_fused_input(t, 64, 8, false, 0, false, true);
     }
 
   if (enabled("gemv")) {

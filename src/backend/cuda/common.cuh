@@ -42,6 +42,17 @@ __device__ __forceinline__ float silu_f(float g) {
   return g / (1.0f + expf(-g));
 }
 
+// x^2 + y^2 + z^2 + w^2 in a fixed order (explicit roundings: no contraction choices left to the compiler,
+// so that rmsnorm and the gemv prologue that replays it agree bit for bit).
+__device__ __forceinline__ float sumsq4(float4 v) {
+  return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+
+// rmsnorm's scale from the sum of squares of a row of dim floats.
+__device__ __forceinline__ float rms_scale(float ss, int dim, float eps) {
+  return 1.0f / sqrtf(ss / (float)dim + eps);
+}
+
 __device__ __forceinline__ float4 ld_f4(const float* p) {
   return __ldg(reinterpret_cast<const float4*>(p));
 }

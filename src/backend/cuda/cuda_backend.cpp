@@ -136,8 +136,10 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   // switches): ULTRA_CUDA_PDL=0 launches every kernel the ordinary way, 1 only the kernels that used
   // programmatic launch before the row and elementwise ops did (sampler, split-K gemv), 2 (default) all;
   // ULTRA_CUDA_ATTENTION_PDL=0 takes the attention kernels out (in by default); ULTRA_CUDA_FUSE is a mask of
-  // the fusions: 1 RoPE and the KV write in one kernel (default), 2 silu_mul into the down projection's gemv
-  // (off by default: measured slower, docs/CUDA.md), 0 none.
+  // the fusions: 1 RoPE and the KV write in one kernel (default), 2 silu_mul into the down projection's
+  // column-split gemv (off by default: measured slower), and for one-row steps into the x of the
+  // weight-streaming gemv after them: 4 the rmsnorms before qkv and gate_up, 8 silu_mul, 16 the LM head's
+  // row gather and rmsnorm (on by default: 29); 0 none.
   if (const char* e = std::getenv("ULTRA_CUDA_PDL"); e && *e) {
     const int level = std::atoi(e);
     cuda::set_programmatic_launch(level > 0);
@@ -736,15 +738,67 @@ void CudaBackend::rope_kv_write(int il, float* q, int n_heads, float* k, const f
                                 int n, int head_dim, const int32_t* pos, const int32_t* seq,
                                 bool interleaved) {
   if (skip_ & kSkipRope) return;
-  if (!fuse_)
+  if (!(fuse_ & 1))
     return ForwardOps::rope_kv_write(il, q, n_heads, k, v, n_kv_heads, n, head_dim, pos, seq, interleaved);
   prof_begin("rope + kv_write");
   check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, rope_inv_freq_, interleaved, stream_),
         "rope_kv_write");
   prof_end();
 }
+bool CudaBackend::fused(cudaError_t e, const char* what) {
+  if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {  // nothing launched
+    cudaGetLastError();
+    return false;
+  }
+  check(e, what);
+  return true;
+}
+bool CudaBackend::norm_qkv(int il, const LayerWeights& l, const float* x, int n, float eps, float*& q,
+                           float*& k, float*& v) {
+  const Fused& f = fused_[il];
+  if (!(fuse_ & 4) || skip_ || n != 1 || !f.qkv.data) return false;
+  prof_begin("rmsnorm + matmul qkv (fused)");
+  const bool ok =
+      fused(cuda::gemv_rmsnorm(f.qkv, x, nullptr, l.attn_norm, eps, qkv1_, f.qkv_bias, false, stream_),
+            "gemv_rmsnorm");
+  prof_end();
+  if (!ok) return false;
+  q = qkv1_;
+  k = q + l.wq.rows;
+  v = k + l.wk.rows;
+  return true;
+}
+bool CudaBackend::norm_gate_up(int il, const LayerWeights& l, const float* x, int n, float eps, float*& gate,
+                               float*& up) {
+  const Fused& f = fused_[il];
+  if (!(fuse_ & 4) || skip_ || n != 1 || !f.gate_up.data) return false;
+  prof_begin("rmsnorm + matmul gate_up (fused)");
+  const bool ok =
+      fused(cuda::gemv_rmsnorm(f.gate_up, x, nullptr, l.ffn_norm, eps, gu1_, nullptr, false, stream_),
+            "gemv_rmsnorm");
+  prof_end();
+  if (!ok) return false;
+  gate = gu1_;
+  up = gu1_ + l.w_gate.rows;
+  return true;
+}
+bool CudaBackend::norm_matmul1(const WeightView& w, const float* norm_w, const float* x, const int32_t* row,
+                               float eps, float* y) {
+  if (!(fuse_ & 16) || skip_) return false;
+  prof_begin("gather + rmsnorm + matmul lm_head (fused)");
+  const bool ok =
+      fused(cuda::gemv_rmsnorm(w, x, row, norm_w, eps, y, nullptr, false, stream_), "gemv_rmsnorm");
+  prof_end();
+  return ok;
+}
 bool CudaBackend::silu_matmul(const WeightView& w, const float* gate, const float* up, int n, float* y,
                               bool accumulate) {
+  if ((fuse_ & 8) && !skip_ && n == 1) {
+    prof_begin("silu_mul + matmul down (+ residual, fused)");
+    const bool ok = fused(cuda::gemv_swiglu(w, gate, up, y, accumulate, stream_), "gemv_swiglu");
+    prof_end();
+    if (ok) return true;
+  }
   if (!(fuse_ & 2) || n > cuda::kGemvSiluMaxRows) return false;
   prof_begin("silu + matmul down (+ residual)");
   const cudaError_t e = cuda::gemv_silu(w, gate, up, n, y, accumulate, stream_);

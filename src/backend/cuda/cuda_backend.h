@@ -87,6 +87,15 @@ class CudaBackend final : public Backend, private ForwardOps {
   void qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) override;
   void gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) override;
   void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
+  bool norm_qkv(int il, const LayerWeights& l, const float* x, int n, float eps, float*& q, float*& k,
+                float*& v) override;
+  bool norm_gate_up(int il, const LayerWeights& l, const float* x, int n, float eps, float*& gate,
+                    float*& up) override;
+  bool norm_matmul1(const WeightView& w, const float* norm_w, const float* x, const int32_t* row, float eps,
+                    float* y) override;
+  // A fused launch's result: true when it ran; false when the kernel does not take the case (nothing
+  // launched: the caller runs the ops one by one).
+  bool fused(cudaError_t e, const char* what);
 
   void check(cudaError_t e, const char* what) const;
   void upload_weights();
@@ -124,7 +133,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   cuda::AttentionPlan eager_plan_;
   std::array<cuda::AttentionPlan, kBuckets.size()> bucket_plans_;
   const cuda::AttentionPlan* cur_plan_ = nullptr;
-  int fuse_ = 1;     // fusions (ULTRA_CUDA_FUSE): 1 rope_kv_write, 2 silu_matmul
+  int fuse_ = 29;    // fusions (ULTRA_CUDA_FUSE), a mask: 1 rope_kv_write; 2 silu_matmul (column-split
+                     // gemv_silu, off: measured slower); one-row ops into the streaming gemv's x: 4 the
+                     // rmsnorms before qkv and gate_up, 8 silu_mul, 16 the LM head's gather + rmsnorm
   enum : unsigned {  // ULTRA_CUDA_SKIP (timing experiments)
     kSkipRmsnorm = 1,
     kSkipRope = 2,
@@ -137,6 +148,8 @@ class CudaBackend final : public Backend, private ForwardOps {
     kSkipLmHead = 256
   };
   unsigned skip_ = 0;
+  bool l2_prefetch_ =
+      true;  // ULTRA_CUDA_L2_PREFETCH: the output projection's weights into L2 during attention
 
   // Step inputs and results: one pinned host block and its device mirror each, same layout.
   struct Layout {

@@ -91,9 +91,9 @@ __global__ void rmsnorm_vec_kernel(const float* x, const float* w, int dim, floa
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int k = 0; k < V; ++k) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  for (int k = 0; k < V; ++k) ss = __fadd_rn(ss, sumsq4(v[k]));
   ss = block_sum(ss, scratch);
-  const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+  const float scale = rms_scale(ss, dim, eps);
   float4* o = reinterpret_cast<float4*>(out + (int64_t)blockIdx.x * dim);
 #pragma unroll
   for (int k = 0; k < V; ++k) {

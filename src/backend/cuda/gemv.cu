@@ -920,4 +920,33 @@ cudaError_t gemv_silu(const WeightView& w, const float* gate, const float* up, i
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
+namespace {
+cudaError_t gemv_stream_input(const WeightView& w, const float* x, const detail::StreamInput& in, float* y,
+                              const float* bias, bool accumulate, cudaStream_t stream) {
+  const tuning::GemvTuning& tu = g_tune;
+  if ((tu.kernel != 0 && tu.kernel != 3) || tu.no_stream || !w.data || !x || !y || !in.w)
+    return cudaErrorNotSupported;
+  return detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
+                             (int64_t)w.row_bytes, x, y, bias, accumulate, tu.smem_budget, stream, in);
+}
+}  // namespace
+
+cudaError_t gemv_rmsnorm(const WeightView& w, const float* x, const int32_t* row, const float* norm_w,
+                         float eps, float* y, const float* bias, bool accumulate, cudaStream_t stream) {
+  detail::StreamInput in;
+  in.kind = detail::StreamInput::rmsnorm;
+  in.w = norm_w;
+  in.eps = eps;
+  in.row = row;
+  return gemv_stream_input(w, x, in, y, bias, accumulate, stream);
+}
+
+cudaError_t gemv_swiglu(const WeightView& w, const float* gate, const float* up, float* y, bool accumulate,
+                        cudaStream_t stream) {
+  detail::StreamInput in;
+  in.kind = detail::StreamInput::silu_mul;
+  in.w = up;
+  return gemv_stream_input(w, gate, in, y, nullptr, accumulate, stream);
+}
+
 }  // namespace ultra::cuda

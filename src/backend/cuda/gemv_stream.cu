@@ -8,9 +8,11 @@
 // completing on the slot's mbarrier); a slot is refilled as soon as the warp's lanes are done with it
 // (__syncwarp, then a proxy fence). The first segments are requested before griddepcontrol.wait: weights are
 // never written by kernels, so under programmatic dependent launch they stream while the previous kernel
-// still runs. After the wait the block copies x into shared memory once; a lane multiplies its 16-byte chunks
-// of a segment with x from there (two FMA chains), and a row's 32 lane sums are added by warp shuffles
-// (deterministic).
+// still runs. After the wait the block forms x in shared memory once (copied, or computed by a fused
+// prologue: the rmsnorm before a projection, the SwiGLU product before the down projection; every block
+// computes it redundantly, from L2, while its first weight segments are in flight); a lane multiplies its
+// 16-byte chunks of a segment with x from there (two FMA chains), and a row's 32 lane sums are added by warp
+// shuffles (deterministic).
 //
 // A first version (one ring per block, stages of whole rows, two block barriers per stage) was slower than
 // the register-ring kernels of gemv.cu at every budget (docs/CUDA.md): its barriers, not memory, set the
@@ -42,13 +44,113 @@ struct StreamArgs {
   bool accumulate;
   int slots, grid;
   uint32_t x_bytes;  // cols * 4 rounded up to 128
+  StreamInput in;
+  int norm_threads, norm_v;  // rmsnorm: the block size and float4s per thread of cuda::rmsnorm for cols
 };
 
-size_t smem_bytes(const StreamArgs& a) {
-  return a.x_bytes + (size_t)kWarps * a.slots * a.seg_bytes + (size_t)kWarps * a.slots * sizeof(uint64_t);
+constexpr int kXPer = kMaxCols / 4 / kThreads;  // float4 of x per thread at most: 16
+
+// x[cols] into shared memory, as a.in says. Every load a thread makes is issued before any is used (the
+// loops are unrolled over kXPer, predicated): with the block's weight copies in flight an L2 round trip is
+// slow, and the prologue costs about one of them instead of one per loop trip. The rmsnorm reduction
+// replays cuda::rmsnorm's (rmsnorm_vec_kernel with norm_threads threads of norm_v float4 each, then
+// block_sum) with the 8 warps standing for its norm_threads / 32 (warp w for w, w + 8, w + 16, w + 24),
+// so that the fused result is bit-identical to rmsnorm followed by the gemv.
+template <int kKind>
+__device__ __forceinline__ void form_x(const StreamArgs& a, float* xs, float* red, int tid, int lane,
+                                       int warp) {
+  const int d4 = a.cols >> 2;
+  float4* xs4 = reinterpret_cast<float4*>(xs);
+  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if constexpr (kKind == StreamInput::silu_mul) {
+    const float4* g4 = reinterpret_cast<const float4*>(a.x);
+    const float4* u4 = reinterpret_cast<const float4*>(a.in.w);
+    float4 g[kXPer], u[kXPer];
+#pragma unroll
+    for (int j = 0; j < kXPer; ++j) {
+      const int i = tid + j * kThreads;
+      g[j] = i < d4 ? __ldcg(g4 + i) : zero4;
+      u[j] = i < d4 ? __ldcg(u4 + i) : zero4;
+    }
+#pragma unroll
+    for (int j = 0; j < kXPer; ++j) {
+      const int i = tid + j * kThreads;
+      if (i < d4)
+        xs4[i] = make_float4(silu_f(g[j].x) * u[j].x, silu_f(g[j].y) * u[j].y, silu_f(g[j].z) * u[j].z,
+                             silu_f(g[j].w) * u[j].w);
+    }
+    __syncthreads();
+    return;
+  }
+  const float* src = a.x;
+  bool zero = false;
+  if (a.in.row) {
+    const int32_t r = __ldcg(a.in.row);
+    zero = r < 0;
+    src += zero ? 0 : (int64_t)r * a.cols;
+  }
+  const float4* x4 = reinterpret_cast<const float4*>(src);
+  if constexpr (kKind == StreamInput::plain) {
+    float4 v[kXPer];
+#pragma unroll
+    for (int j = 0; j < kXPer; ++j) {
+      const int i = tid + j * kThreads;
+      v[j] = i < d4 ? __ldcg(x4 + i) : zero4;
+    }
+#pragma unroll
+    for (int j = 0; j < kXPer; ++j) {
+      const int i = tid + j * kThreads;
+      if (i < d4) xs4[i] = v[j];
+    }
+    __syncthreads();
+    return;
+  }
+  // rmsnorm. Item j of this thread: virtual warp warp + 8 (j / 4), its float4 k = j % 4 (none past norm_v).
+  const int vwarps = a.norm_threads >> 5;
+  const float4* w4 = reinterpret_cast<const float4*>(a.in.w);
+  auto index = [&](int j) {
+    const int vw = warp + kWarps * (j >> 2), k = j & 3;
+    const int i = vw * 32 + lane + k * a.norm_threads;
+    return vw < vwarps && k < a.norm_v && i < d4 ? i : -1;
+  };
+  float4 v[kXPer], w[kXPer];
+#pragma unroll
+  for (int j = 0; j < kXPer; ++j) {
+    const int i = index(j);
+    v[j] = i >= 0 && !zero ? __ldcg(x4 + i) : zero4;
+    w[j] = i >= 0 ? __ldg(w4 + i) : zero4;
+  }
+#pragma unroll
+  for (int q = 0; q < kXPer / 4; ++q) {
+    float ss = 0.0f;  // the virtual thread's sum; its terms past norm_v are +0 and change no bit
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ss = __fadd_rn(ss, sumsq4(v[4 * q + k]));
+    ss = warp_sum(ss);
+    const int vw = warp + kWarps * q;
+    if (lane == 0 && vw < vwarps) red[vw] = ss;
+  }
+  __syncthreads();
+  const float ss = warp_sum(lane < vwarps ? red[lane] : 0.0f);
+  const float scale = rms_scale(ss, a.cols, a.in.eps);
+#pragma unroll
+  for (int j = 0; j < kXPer; ++j) {
+    const int i = index(j);
+    if (i >= 0)
+      xs4[i] = make_float4(v[j].x * scale * w[j].x, v[j].y * scale * w[j].y, v[j].z * scale * w[j].z,
+                           v[j].w * scale * w[j].w);
+  }
+  __syncthreads();
 }
 
-template <GgmlType WT>
+// x, the slots, their mbarriers, the rmsnorm prologue's 32 partial sums (dynamic shared memory only: the
+// kernel asks for the device's whole opt-in size, which leaves no room for static shared memory).
+__host__ __device__ inline size_t smem_bytes(const StreamArgs& a) {
+  return a.x_bytes + (size_t)kWarps * a.slots * a.seg_bytes + (size_t)kWarps * a.slots * sizeof(uint64_t) +
+         32 * sizeof(float);
+}
+
+// kKind: a.in.kind (one instance per prologue, so the plain kernel keeps the registers of the plain load).
+template <GgmlType WT, int kKind>
 __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(StreamArgs a) {
   extern __shared__ __align__(128) uint8_t sm[];
   float* xs = reinterpret_cast<float*>(sm);
@@ -77,9 +179,7 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(StreamArgs a) {
   }
   pdl_trigger();
   pdl_wait();
-  for (int i = tid; i < a.cols / 4; i += kThreads)
-    reinterpret_cast<float4*>(xs)[i] = __ldcg(reinterpret_cast<const float4*>(a.x) + i);
-  __syncthreads();
+  form_x<kKind>(a, xs, reinterpret_cast<float*>(sm + smem_bytes(a) - 32 * sizeof(float)), tid, lane, warp);
 
   float acc0 = 0.0f, acc1 = 0.0f;
   for (int k = 0; k < items; ++k) {
@@ -124,17 +224,30 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(StreamArgs a) {
   }
 }
 
-template <GgmlType WT>
-cudaError_t launch(const StreamArgs& a, cudaStream_t stream) {
+template <GgmlType WT, int kKind>
+cudaError_t launch_kind(const StreamArgs& a, cudaStream_t stream) {
   static const cudaError_t attr = [] {
     int dev = 0, optin = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return cudaFuncSetAttribute(gemv_stream_kernel<WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    return cudaFuncSetAttribute(gemv_stream_kernel<WT, kKind>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                optin);
   }();
   if (attr != cudaSuccess) return attr;
-  return launch_ex(gemv_stream_kernel<WT>, dim3((unsigned)a.grid), dim3(kThreads), smem_bytes(a), stream, 1,
-                   kPdlAll, a);
+  return launch_ex(gemv_stream_kernel<WT, kKind>, dim3((unsigned)a.grid), dim3(kThreads), smem_bytes(a),
+                   stream, 1, kPdlAll, a);
+}
+
+template <GgmlType WT>
+cudaError_t launch(const StreamArgs& a, cudaStream_t stream) {
+  switch (a.in.kind) {
+    case StreamInput::rmsnorm:
+      return launch_kind<WT, StreamInput::rmsnorm>(a, stream);
+    case StreamInput::silu_mul:
+      return launch_kind<WT, StreamInput::silu_mul>(a, stream);
+    default:
+      return launch_kind<WT, StreamInput::plain>(a, stream);
+  }
 }
 
 int device_int(cudaDeviceAttr attr, int fallback) {
@@ -148,9 +261,10 @@ int device_int(cudaDeviceAttr attr, int fallback) {
 
 cudaError_t gemv_stream(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float* x, float* y, const float* bias, bool accumulate, int smem_budget,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const StreamInput& in) {
   if ((type != GgmlType::F16 && type != GgmlType::BF16) || rows <= 0 || cols <= 0 || cols % 8 != 0 ||
-      cols > kMaxCols || row_bytes % 16 != 0 || row_bytes < cols * 2 || !aligned16(w) || !aligned16(x))
+      cols > kMaxCols || row_bytes % 16 != 0 || row_bytes < cols * 2 || !aligned16(w) || !aligned16(x) ||
+      (in.kind != StreamInput::plain && !aligned16(in.w)))
     return cudaErrorNotSupported;
   static const int n_sms = device_int(cudaDevAttrMultiProcessorCount, 132);
   static const int optin = device_int(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 << 10);
@@ -163,6 +277,10 @@ cudaError_t gemv_stream(GgmlType type, const uint8_t* w, int64_t rows, int64_t c
   a.x = x, a.y = y, a.bias = bias, a.accumulate = accumulate;
   a.grid = (int)(rows < n_sms ? rows : n_sms);
   a.x_bytes = (uint32_t)((cols * 4 + 127) / 128 * 128);
+  a.in = in;
+  const int d4 = (int)(cols / 4);
+  a.norm_v = (d4 + 1023) / 1024;                                     // as cuda::rmsnorm (cols <= 16384: <= 4)
+  a.norm_threads = ((d4 + a.norm_v - 1) / a.norm_v + 31) / 32 * 32;  // <= 1024
   size_t budget = smem_budget > 0 ? (size_t)smem_budget : (size_t)kDefaultBudget;
   if (budget > (size_t)optin) budget = (size_t)optin;
   // As many slots per warp as the budget holds after x (1..kMaxSlots), no more than the busiest warp has

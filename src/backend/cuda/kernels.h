@@ -174,6 +174,26 @@ cudaError_t gemv_silu(const WeightView& w,  // [rows, cols]
                       float* y,  // [n, rows]
                       bool accumulate, cudaStream_t stream);
 
+// One row through the weight-streaming kernel (F16 / BF16 weights) with the op before the projection fused
+// into how it forms x (gemv_stream.h): cudaErrorNotSupported, with nothing launched, where that kernel does
+// not apply (other weight types or shapes, or the tuning switches it off); the caller then runs the two ops.
+// y = W . (rmsnorm(x[*row]) * norm_w) + bias (+= y): bit-identical to gather_rows + rmsnorm + gemv (row
+// null: row 0 of x; *row < 0: a zero row).
+cudaError_t gemv_rmsnorm(const WeightView& w,  // [rows, cols]
+                         const float* x,       // [*, cols]
+                         const int32_t* row,   // [1] device memory, or null
+                         const float* norm_w,  // [cols]
+                         float eps,
+                         float* y,           // [rows]
+                         const float* bias,  // [rows] or null
+                         bool accumulate, cudaStream_t stream);
+// y = W . (silu(gate) * up) (+= y): bit-identical to silu_mul + gemv.
+cudaError_t gemv_swiglu(const WeightView& w,  // [rows, cols]
+                        const float* gate,    // [cols]
+                        const float* up,      // [cols]
+                        float* y,             // [rows]
+                        bool accumulate, cudaStream_t stream);
+
 // Matmul for any n: gemv for n <= kGemvMaxRows, else (prefill) cuBLASLt on tensor cores: x converted to the
 // weight type (BF16 / F16) into the workspace, GEMM with f32 accumulation and f32 output, bias by the
 // cuBLASLt epilogue, accumulate by beta = 1. F32 weights use an f32 GEMM (CUBLAS_COMPUTE_32F). The cuBLASLt
