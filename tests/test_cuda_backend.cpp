@@ -244,7 +244,8 @@ TEST(CudaBackend, MixedBatchMatchesCpu) {
 // ones do the same arithmetic, so the logits of 1-, 2- and 4-row graph steps are bit-identical; a kernel that
 // read an activation before the previous kernel finished would show as a difference. The silu fusion extends
 // the column-split gemv, so that pair runs without the weight-streaming kernel (ULTRA_CUDA_GEMV_STREAM=0)
-// that one-row steps take by default.
+// that one-row steps take by default; with it, the default fusions (29) put the one-row rmsnorms, silu_mul and
+// the LM head's gather into the streaming gemv's x.
 TEST(CudaBackend, LaunchModesAndFusionsAgree) {
   const Model m = Model::load(kBundled.string());
   std::mt19937 rng(11);
@@ -277,7 +278,7 @@ TEST(CudaBackend, LaunchModesAndFusionsAgree) {
     return all;
   };
   const std::vector<float> plain = run("0", "0", "0", "1");
-  const std::vector<float> fused_default = run("2", "1", "1", "1");
+  const std::vector<float> fused_default = run("2", "1", "29", "1");
   const std::vector<float> plain_ns = run("0", "0", "0", "0");
   const std::vector<float> fused = run("2", "1", "3", "0");
   unsetenv("ULTRA_CUDA_PDL");
