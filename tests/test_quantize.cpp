@@ -116,8 +116,9 @@ TEST(Quantize, EveryTypeLoadsGeneratesAndKeepsPerplexity) {
     for (int32_t t : toks) EXPECT_TRUE(t >= 0 && t < 4096) << t;
     const double p = ppl(out);
     EXPECT_TRUE(std::isfinite(p)) << p;
-    if (c.max_rel > 0 && !kSanitized)
+    if (c.max_rel > 0 && !kSanitized) {
       EXPECT_LE(std::fabs(p - base) / base, c.max_rel) << "ppl " << p << " vs F16 " << base;
+    }
     std::printf("[ quantize ] %-8s ppl %.3f (F16 %.3f), file %.2f MiB\n", c.type.c_str(), p, base,
                 (double)fs::file_size(out) / (1 << 20));
   }

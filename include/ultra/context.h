@@ -54,6 +54,10 @@ struct ContextParams {
   // MemAvailable). The footprint is computed first and a context that does not fit is refused with one line
   // naming the sizes, before anything is allocated.
   size_t mem_limit = 0;
+  // GPU backend: record an event before and after every replayed step, so that StepStats::gpu_idle_us
+  // gets the GPU's idle time between consecutive replays (host work between steps); about 1 us of host
+  // time per step. `ultra bench` turns it on.
+  bool gpu_timing = false;
 };
 
 // Memory a context holds, in bytes.
@@ -116,6 +120,10 @@ struct StepStats {
   // per-token dispatch cost).
   int64_t n_graph_launches = 0;
   double launch_us = 0;
+  // With ContextParams::gpu_timing: the GPU's idle time between the end of a replayed step and the start of
+  // the next one, summed over n_gpu_gaps consecutive pairs.
+  double gpu_idle_us = 0;
+  int64_t n_gpu_gaps = 0;
 };
 
 class Context {

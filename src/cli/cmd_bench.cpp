@@ -79,6 +79,7 @@ int cmd_bench(int argc, char** argv) {
   if (cp.n_batch > std::max(n_prompt, max_par) && n_prompt > 0) cp.n_batch = std::max(n_prompt, max_par);
   cp.n_slots = max_par;
   cp.n_outputs = max_par;
+  cp.gpu_timing = true;  // GPU: the idle time between replayed steps (printed below)
   Context ctx(model, cp);
   print_warnings(ctx);
   const int n_vocab = model.info().n_vocab;
@@ -155,6 +156,7 @@ int cmd_bench(int argc, char** argv) {
     const StepStats& st = ctx.stats();
     j["graph_launches"] = st.n_graph_launches;
     j["launch_us_mean"] = st.n_graph_launches ? st.launch_us / (double)st.n_graph_launches : 0.0;
+    j["gpu_idle_us_mean"] = st.n_gpu_gaps ? st.gpu_idle_us / (double)st.n_gpu_gaps : 0.0;
     for (const auto& r : rows)
       j["results"].push_back(
           {{"test", r.test}, {"tps_mean", r.tps.mean}, {"tps_sd", r.tps.sd}, {"samples", r.samples}});
@@ -169,6 +171,12 @@ int cmd_bench(int argc, char** argv) {
     fmt::print("| {:<30} | {:>10} | {:>9.2f} M | {:<7} | {:>7} | {:>10} | {:>20} |\n", name,
                human_bytes(size), params / 1e6, ctx.backend_name(), threads, r.test,
                fmt::format("{:.2f} ± {:.2f}", r.tps.mean, r.tps.sd));
+  if (const StepStats& st = ctx.stats(); st.n_graph_launches > 0)
+    fmt::print(
+        "\n{}: {} steps replayed as graphs, host launch {:.2f} us per step, GPU idle between steps "
+        "{:.2f} us (mean of {} gaps)\n",
+        ctx.backend_name(), st.n_graph_launches, st.launch_us / (double)st.n_graph_launches,
+        st.n_gpu_gaps ? st.gpu_idle_us / (double)st.n_gpu_gaps : 0.0, st.n_gpu_gaps);
   return 0;
 }
 

@@ -287,6 +287,9 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
     prof_.name.resize(kMaxOps);
     for (cudaEvent_t& ev : prof_.ev) check(cudaEventCreate(&ev), "event creation");
   }
+  if (p_.gpu_timing)
+    for (auto& pair : gap_ev_)
+      for (cudaEvent_t& ev : pair) check(cudaEventCreate(&ev), "event creation");
   check(cudaStreamSynchronize(stream_), "initialisation");
 }
 
@@ -296,6 +299,9 @@ CudaBackend::~CudaBackend() {
     print_profile();
     for (cudaEvent_t ev : prof_.ev) cudaEventDestroy(ev);
   }
+  for (auto& pair : gap_ev_)
+    for (cudaEvent_t ev : pair)
+      if (ev) cudaEventDestroy(ev);
   for (cudaGraphExec_t g : graphs_)
     if (g) cudaGraphExecDestroy(g);
   if (h_in_) cudaFreeHost(h_in_);
@@ -558,12 +564,15 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
   if (prof_.on) bi = -1;  // every step runs directly, op by op
   prof_.recording = prof_.on && n == 1;
   prof_.n_ops = 0;
-  if (bi >= 0 && graphs_[bi]) {
+  const bool replay = bi >= 0 && graphs_[bi];
+  if (replay) {
+    if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[gap_cur_][0], stream_), "timing event");
     const auto tl = std::chrono::steady_clock::now();
     check(cudaGraphLaunch(graphs_[bi], stream_), "graph launch");
     last_launch_us_ = ms_since(tl) * 1e3;
     ++stats.n_graph_launches;
     stats.launch_us += last_launch_us_;
+    if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[gap_cur_][1], stream_), "timing event");
   } else {
     enqueue(n_eff, n_out_eff, bi >= 0 || n_jobs > 0, *plan);
     if (bi >= 0) {
@@ -590,6 +599,17 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
   }
   check(cudaStreamSynchronize(stream_), "step");
   stats.forward_ms += ms_since(t0);  // sampling included: it runs inside the step on the device
+  if (p_.gpu_timing) {
+    if (replay && gap_prev_) {  // from the end of the previous replay to the start of this one
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, gap_ev_[gap_cur_ ^ 1][1], gap_ev_[gap_cur_][0]) == cudaSuccess) {
+        stats.gpu_idle_us += 1e3 * ms;
+        ++stats.n_gpu_gaps;
+      }
+    }
+    gap_prev_ = replay;
+    if (replay) gap_cur_ ^= 1;
+  }
   if (prof_.recording && prof_.n_ops > 0) {
     for (int i = 0; i < prof_.n_ops; ++i) {
       float ms = 0;

@@ -182,6 +182,11 @@ class CudaBackend final : public Backend, private ForwardOps {
   void prof_end();
   void print_profile() const;
 
+  // ContextParams::gpu_timing: events before / after the replays of two consecutive steps.
+  cudaEvent_t gap_ev_[2][2]{};
+  int gap_cur_ = 0;
+  bool gap_prev_ = false;  // the previous step was a timed replay
+
   std::array<cudaGraphExec_t, kBuckets.size() + 1> graphs_{};
   std::array<int, kBuckets.size() + 1> graph_nodes_{};
   double last_launch_us_ = 0;
