@@ -93,11 +93,14 @@ bool is_space(char c) {
 }
 
 // Word -> ids cache for BPE pre-tokens: open addressing over flat arrays (keys and ids in arenas), so a hit
-// costs one hash of the word and usually one probe. Bounded: it starts over when full.
+// costs one hash of the word and usually one probe. Bounded: it starts over when it holds max_entries words.
+// Not thread-safe: see ShardedWordCache.
 class WordCache {
  public:
   static constexpr size_t kMaxWord = 64;
-  static constexpr size_t kMaxEntries = 1 << 18;
+
+  explicit WordCache(size_t max_entries, size_t first_slots)
+      : max_entries_(max_entries), first_slots_(first_slots) {}
 
   static uint64_t hash(std::string_view w) {
     const char* p = w.data();
@@ -134,7 +137,7 @@ class WordCache {
 
   void insert(std::string_view w, uint64_t h, const int32_t* ids, size_t n) {
     if (w.size() > kMaxWord || n > 0xFFFF) return;
-    if (count_ >= kMaxEntries) clear();
+    if (count_ >= max_entries_) clear();
     if ((count_ + 1) * 2 > slots_.size()) grow();
     size_t i = h & mask_;
     for (; slots_[i].hash != 0; i = (i + 1) & mask_)
@@ -161,13 +164,14 @@ class WordCache {
     uint16_t key_len = 0, n_ids = 0;
   };
   std::vector<Slot> slots_;
+  size_t max_entries_, first_slots_;
   size_t mask_ = 0, count_ = 0;
   std::string keys_;
   std::vector<int32_t> ids_;
 
   void grow() {
     std::vector<Slot> old = std::move(slots_);
-    slots_.assign(old.empty() ? 4096 : old.size() * 2, Slot{});
+    slots_.assign(old.empty() ? first_slots_ : old.size() * 2, Slot{});
     mask_ = slots_.size() - 1;
     for (const Slot& s : old) {
       if (s.hash == 0) continue;
@@ -177,6 +181,43 @@ class WordCache {
     }
   }
 };
+
+// The word cache shared by all threads that encode with one Tokenizer: kShards WordCaches, each behind its
+// own mutex, picked by the top bits of the word's hash (the slot index uses the low bits), so threads working
+// on different words rarely wait for each other. The size bound holds in total: each shard keeps at most
+// kMaxEntries / kShards words.
+class ShardedWordCache {
+ public:
+  static constexpr size_t kMaxEntries = 1 << 18;
+  static constexpr size_t kShards = 64;
+
+  bool find(std::string_view w, uint64_t h, std::vector<int32_t>& out) const {
+    Shard& s = shard(h);
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.cache.find(w, h, out);
+  }
+  void insert(std::string_view w, uint64_t h, const int32_t* ids, size_t n) {
+    Shard& s = shard(h);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.cache.insert(w, h, ids, n);
+  }
+  void clear() {
+    for (Shard& s : shards_) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.cache.clear();
+    }
+  }
+
+ private:
+  struct alignas(64) Shard {
+    std::mutex mu;
+    WordCache cache{kMaxEntries / kShards, 256};
+  };
+  mutable std::array<Shard, kShards> shards_;
+
+  Shard& shard(uint64_t h) const { return shards_[h >> 58]; }
+};
+static_assert(ShardedWordCache::kShards == 64, "shard() takes the top 6 bits of the hash");
 
 struct EncodeScratch {
   std::string norm;
@@ -201,8 +242,7 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> special_flag;
   size_t max_piece = 0;
 
-  mutable std::mutex cache_mu;
-  mutable WordCache cache;
+  mutable ShardedWordCache cache;
 
   explicit Impl(Vocab vocab);
   void encode_raw(std::string_view frag, bool at_text_start, std::vector<int32_t>& out) const;
@@ -312,13 +352,9 @@ void Tokenizer::Impl::encode_word(std::string_view w, std::vector<int32_t>& out)
     return;
   }
   const uint64_t h = WordCache::hash(w);
-  {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    if (cache.find(w, h, out)) return;
-  }
+  if (cache.find(w, h, out)) return;
   const size_t before = out.size();
   bpe->encode_word(w, out);
-  std::lock_guard<std::mutex> lock(cache_mu);
   cache.insert(w, h, out.data() + before, out.size() - before);
 }
 
@@ -477,7 +513,6 @@ size_t Tokenizer::max_piece_bytes() const {
 }
 
 void Tokenizer::clear_cache() const {
-  std::lock_guard<std::mutex> lock(impl_->cache_mu);
   impl_->cache.clear();
 }
 
