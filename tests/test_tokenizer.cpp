@@ -898,8 +898,9 @@ TEST(Concurrency, ManyThreadsGiveTheOneThreadIds) {
   // Texts of each thread's own words (distinct across threads: they start with the thread's tag).
   std::vector<std::vector<std::string>> own_texts(kThreads);
   for (int t = 0; t < kThreads; ++t) {
+    const std::string tag = {'T', char('a' + t)};
     std::vector<std::string> words;
-    for (int i = 0; i < 300; ++i) words.push_back(random_word(rng, "T" + std::string(1, char('a' + t))));
+    for (int i = 0; i < 300; ++i) words.push_back(random_word(rng, tag));
     for (int i = 0; i < 12; ++i) own_texts[t].push_back(make_text(words, 60, rng) + make_text(pool, 20, rng));
   }
 
@@ -955,6 +956,39 @@ TEST(Concurrency, ManyThreadsGiveTheOneThreadIds) {
 
   // And after all that, the cache (now warm) still agrees with a fresh single-threaded encode.
   for (const auto& [s, ids] : expected) EXPECT_EQ(tok.encode(s), ids) << s;
+}
+
+// More distinct words than the cache holds (2^18), from 4 threads: the cache starts over under them.
+TEST(Concurrency, CacheStartsOverWhenFull) {
+  const fs::path gguf = fixture_dir() / "ggml-vocab-gpt-2.gguf";
+  Tokenizer tok = Tokenizer::from_file(gguf.string());
+  Tokenizer ref_tok = Tokenizer::from_file(gguf.string());
+  constexpr int kThreads = 4, kParts = 64;
+  // 300000 distinct words " <base-20 number>" over letters, cut into parts.
+  std::vector<std::string> parts(kParts);
+  for (int i = 0; i < 300000; ++i) {
+    std::string w = " ";
+    for (int k = i; k > 0 || w.size() == 1; k /= 20) w += char('b' + k % 20);
+    parts[i % kParts] += w;
+  }
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : parts) expected.push_back(ref_tok.encode(p));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Thread t: parts t, t + 4, ..., then (a second pass, mostly hits) all parts from its own start.
+      for (int i = t; i < kParts; i += kThreads)
+        if (tok.encode(parts[i]) != expected[i]) ++mismatches;
+      for (int k = 0; k < kParts; k += 7) {
+        const int i = (k + t * kParts / kThreads) % kParts;
+        const auto ids = tok.encode(parts[i]);
+        if (ids != expected[i] || tok.decode(ids) != parts[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------------------
