@@ -169,7 +169,7 @@ class WordCache {
       }
       auto* e = new (chunks_.back().get() + chunk_used_) Entry{(uint16_t)w.size(), (uint16_t)n};
       chunk_used_ += units;
-      std::memcpy(e->ids(), ids, n * sizeof(int32_t));
+      if (n) std::memcpy(e->ids(), ids, n * sizeof(int32_t));  // ids may be null when n == 0
       std::memcpy(e->key(), w.data(), w.size());
       a->slot[i].entry.store(e, std::memory_order_relaxed);
       a->slot[i].hash.store(h, std::memory_order_release);  // publishes the entry
