@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "../fuzz/fuzz_harness.h"
 #include "cli/commands.h"
@@ -848,6 +850,145 @@ TEST(InvalidUtf8, EncodesRawBytesLosslessly) {
       EXPECT_TRUE(valid_utf8(stream(tok, ids, Detokenizer(tok).max_bytes_per_push())));
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Thread safety: one Tokenizer, many threads (as the server's HTTP threads), with the word cache cleared
+// under them. The cache must never change a result.
+
+namespace {
+
+// Text of `n` words drawn from `words`, with the separators the GPT-2 regex splits in different ways.
+std::string make_text(const std::vector<std::string>& words, size_t n, std::mt19937& rng) {
+  static const char* seps[] = {" ", " ", " ", "  ", "\n", ", ", ". ", "'s ", "\n\n", " 12 ", "\t"};
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += words[rng() % words.size()];
+    s += seps[rng() % std::size(seps)];
+  }
+  return s;
+}
+
+std::string random_word(std::mt19937& rng, const std::string& tag) {
+  static const char* parts[] = {"a", "e",    "th", "in", "er", "on", "q", "x", "z", "é",
+                                "ü", "日本", "中", "й",  "ß",  "0",  "7", "-", "'", "\xff"};
+  std::string w = tag;
+  const size_t n = 1 + rng() % 8;
+  for (size_t i = 0; i < n; ++i) w += parts[rng() % std::size(parts)];
+  return w;
+}
+
+}  // namespace
+
+TEST(Concurrency, ManyThreadsGiveTheOneThreadIds) {
+  const fs::path gguf = fixture_dir() / "ggml-vocab-gpt-2.gguf";
+  Tokenizer tok = Tokenizer::from_file(gguf.string());
+  Tokenizer ref_tok = Tokenizer::from_file(gguf.string());
+  constexpr int kThreads = 8;
+  std::mt19937 rng(20261201);
+
+  // Shared texts (every thread encodes them: the same words from many threads at once): the fixture inputs
+  // and texts over a common pool of words, some longer than the cache's word limit.
+  std::vector<std::string> shared_texts = read_inputs(gguf.string() + ".inp");
+  std::vector<std::string> pool;
+  for (int i = 0; i < 600; ++i) pool.push_back(random_word(rng, ""));
+  pool.push_back(std::string(70, 'a'));
+  pool.push_back(std::string(100, 'x') + "é");
+  for (int i = 0; i < 24; ++i) shared_texts.push_back(make_text(pool, 80, rng));
+  // Texts of each thread's own words (distinct across threads: they start with the thread's tag).
+  std::vector<std::vector<std::string>> own_texts(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    const std::string tag = {'T', char('a' + t)};
+    std::vector<std::string> words;
+    for (int i = 0; i < 300; ++i) words.push_back(random_word(rng, tag));
+    for (int i = 0; i < 12; ++i) own_texts[t].push_back(make_text(words, 60, rng) + make_text(pool, 20, rng));
+  }
+
+  // One thread's ids, on another Tokenizer; the cache is cleared before each text so no text's result comes
+  // from another's cache entries. decode(ids) == text below also checks them on their own.
+  std::map<std::string, std::vector<int32_t>> expected;
+  auto ref = [&](const std::string& s) {
+    ref_tok.clear_cache();
+    expected[s] = ref_tok.encode(s);
+  };
+  for (const auto& s : shared_texts) ref(s);
+  for (const auto& texts : own_texts)
+    for (const auto& s : texts) ref(s);
+
+  std::atomic<int> mismatches{0}, running{kThreads};
+  std::atomic<size_t> clears{0};
+  std::mutex first_mu;
+  std::string first;  // the first mismatch, for the message
+  auto worker = [&](int t) {
+    std::vector<const std::string*> mine;
+    for (const auto& s : shared_texts) mine.push_back(&s);
+    for (const auto& s : own_texts[t]) mine.push_back(&s);
+    std::mt19937 r(t);
+    for (int round = 0; round < 4; ++round) {
+      std::shuffle(mine.begin(), mine.end(), r);
+      for (const std::string* s : mine) {
+        std::vector<int32_t> ids = tok.encode(*s);
+        if (ids != expected.at(*s) || tok.decode(ids) != *s) {
+          if (mismatches++ == 0) {
+            std::lock_guard<std::mutex> lock(first_mu);
+            first = "thread " + std::to_string(t) + " '" + *s + "'\n  got:      " + show(ids) +
+                    "\n  expected: " + show(expected.at(*s));
+          }
+        }
+      }
+    }
+    --running;
+  };
+  // Clears race with the encodes: every few hundred microseconds while the workers run.
+  std::thread clearer([&] {
+    while (running > 0) {
+      tok.clear_cache();
+      ++clears;
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  clearer.join();
+  EXPECT_EQ(mismatches.load(), 0) << first;
+  EXPECT_GT(clears.load(), 0u);
+
+  // And after all that, the cache (now warm) still agrees with a fresh single-threaded encode.
+  for (const auto& [s, ids] : expected) EXPECT_EQ(tok.encode(s), ids) << s;
+}
+
+// More distinct words than the cache holds (2^18), from 4 threads: the cache starts over under them.
+TEST(Concurrency, CacheStartsOverWhenFull) {
+  const fs::path gguf = fixture_dir() / "ggml-vocab-gpt-2.gguf";
+  Tokenizer tok = Tokenizer::from_file(gguf.string());
+  Tokenizer ref_tok = Tokenizer::from_file(gguf.string());
+  constexpr int kThreads = 4, kParts = 64;
+  // 300000 distinct words " <base-20 number>" over letters, cut into parts.
+  std::vector<std::string> parts(kParts);
+  for (int i = 0; i < 300000; ++i) {
+    std::string w = " ";
+    for (int k = i; k > 0 || w.size() == 1; k /= 20) w += char('b' + k % 20);
+    parts[i % kParts] += w;
+  }
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : parts) expected.push_back(ref_tok.encode(p));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Thread t: parts t, t + 4, ..., then (a second pass, mostly hits) all parts from its own start.
+      for (int i = t; i < kParts; i += kThreads)
+        if (tok.encode(parts[i]) != expected[i]) ++mismatches;
+      for (int k = 0; k < kParts; k += 7) {
+        const int i = (k + t * kParts / kThreads) % kParts;
+        const auto ids = tok.encode(parts[i]);
+        if (ids != expected[i] || tok.decode(ids) != parts[i]) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------------------

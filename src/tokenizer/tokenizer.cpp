@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -92,8 +95,13 @@ bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-// Word -> ids cache for BPE pre-tokens: open addressing over flat arrays (keys and ids in arenas), so a hit
-// costs one hash of the word and usually one probe. Bounded: it starts over when full.
+// Word -> ids cache for BPE pre-tokens, shared by all threads that encode with one Tokenizer. A hit costs
+// one hash of the word, usually one probe and no lock: the cache is a series of tables (generations); a
+// table's entries are written once, under the table's mutex, and published with a release store of the slot's
+// hash, so readers only load. Each encode call pins the current table (a shared_ptr copy, once per call, not
+// per word). Bounded: a table holds at most kMaxEntries words; when full, or on clear(), a new empty table
+// replaces it and the old one is marked retired; an encode that holds a retired table moves to the current
+// one at its next word, so a retired table lives until the encodes using it reach their next word.
 class WordCache {
  public:
   static constexpr size_t kMaxWord = 64;
@@ -119,62 +127,145 @@ class WordCache {
     return (h ^ (h >> 32)) | 1;  // 0 marks an empty slot
   }
 
-  bool find(std::string_view w, uint64_t h, std::vector<int32_t>& out) const {
-    if (slots_.empty()) return false;
-    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.hash == 0) return false;
-      if (s.hash == h && s.key_len == w.size() &&
-          std::memcmp(keys_.data() + s.key_off, w.data(), w.size()) == 0) {
-        out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.n_ids);
-        return true;
+  class Table;
+  using Pin = std::shared_ptr<Table>;
+
+  class Table {
+   public:
+    bool retired() const { return retired_.load(std::memory_order_relaxed); }
+
+    bool find(std::string_view w, uint64_t h, std::vector<int32_t>& out) const {
+      const Slots* a = slots_.load(std::memory_order_acquire);
+      if (!a) return false;
+      for (size_t i = h & a->mask;; i = (i + 1) & a->mask) {
+        const uint64_t sh = a->slot[i].hash.load(std::memory_order_acquire);
+        if (sh == 0) return false;
+        if (sh != h) continue;
+        const Entry* e = a->slot[i].entry.load(std::memory_order_relaxed);  // stored before the hash
+        if (e->key_len == w.size() && std::memcmp(e->key(), w.data(), w.size()) == 0) {
+          out.insert(out.end(), e->ids(), e->ids() + e->n_ids);
+          return true;
+        }
       }
     }
+
+    // False when the table is full (nothing inserted).
+    bool insert(std::string_view w, uint64_t h, const int32_t* ids, size_t n) {
+      const size_t units = 1 + n + (w.size() + 3) / 4;  // int32 units: Entry header, ids, key
+      if (w.size() > kMaxWord || n > 0xFFFF || units > kChunkUnits) return true;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (count_ >= kMaxEntries) return false;
+      Slots* a = slots_.load(std::memory_order_relaxed);  // only written under mu_
+      if (!a || (count_ + 1) * 2 > a->mask + 1) a = grow(a);
+      size_t i = h & a->mask;
+      for (uint64_t sh; (sh = a->slot[i].hash.load(std::memory_order_relaxed)) != 0; i = (i + 1) & a->mask) {
+        const Entry* e = a->slot[i].entry.load(std::memory_order_relaxed);
+        if (sh == h && e->key_len == w.size() && std::memcmp(e->key(), w.data(), w.size()) == 0)
+          return true;  // another thread got there first
+      }
+      if (chunk_used_ + units > kChunkUnits) {
+        chunks_.push_back(std::make_unique<int32_t[]>(kChunkUnits));
+        chunk_used_ = 0;
+      }
+      auto* e = new (chunks_.back().get() + chunk_used_) Entry{(uint16_t)w.size(), (uint16_t)n};
+      chunk_used_ += units;
+      if (n) std::memcpy(e->ids(), ids, n * sizeof(int32_t));  // ids may be null when n == 0
+      std::memcpy(e->key(), w.data(), w.size());
+      a->slot[i].entry.store(e, std::memory_order_relaxed);
+      a->slot[i].hash.store(h, std::memory_order_release);  // publishes the entry
+      ++count_;
+      return true;
+    }
+
+   private:
+    friend class WordCache;
+    static constexpr size_t kChunkUnits = 1 << 14;  // 64 KiB arena chunks
+
+    struct Entry {
+      uint16_t key_len, n_ids;
+      int32_t* ids() { return reinterpret_cast<int32_t*>(this + 1); }
+      const int32_t* ids() const { return reinterpret_cast<const int32_t*>(this + 1); }
+      char* key() { return reinterpret_cast<char*>(ids() + n_ids); }
+      const char* key() const { return reinterpret_cast<const char*>(ids() + n_ids); }
+    };
+    static_assert(sizeof(Entry) == sizeof(int32_t));
+    struct Slot {
+      std::atomic<uint64_t> hash{0};
+      std::atomic<const Entry*> entry{nullptr};
+    };
+    struct Slots {
+      size_t mask;
+      std::unique_ptr<Slot[]> slot;
+    };
+
+    // Read by every lookup, written rarely: a cache line of its own, away from the writers' state.
+    alignas(64) std::atomic<Slots*> slots_{nullptr};
+    std::atomic<bool> retired_{false};
+
+    alignas(64) std::mutex mu_;
+    size_t count_ = 0;
+    // Every slot array stays until the table goes (a reader may still probe an outgrown one): at most twice
+    // the last one's size.
+    std::vector<std::unique_ptr<Slots>> all_slots_;
+    std::vector<std::unique_ptr<int32_t[]>> chunks_;
+    size_t chunk_used_ = kChunkUnits;
+
+    Slots* grow(const Slots* old) {
+      const size_t size = old ? (old->mask + 1) * 2 : 4096;
+      auto a = std::make_unique<Slots>(Slots{size - 1, std::make_unique<Slot[]>(size)});
+      if (old) {
+        for (size_t k = 0; k <= old->mask; ++k) {
+          const uint64_t h = old->slot[k].hash.load(std::memory_order_relaxed);
+          if (h == 0) continue;
+          size_t i = h & a->mask;
+          while (a->slot[i].hash.load(std::memory_order_relaxed) != 0) i = (i + 1) & a->mask;
+          a->slot[i].entry.store(old->slot[k].entry.load(std::memory_order_relaxed),
+                                 std::memory_order_relaxed);
+          a->slot[i].hash.store(h, std::memory_order_relaxed);
+        }
+      }
+      Slots* p = a.get();
+      all_slots_.push_back(std::move(a));
+      slots_.store(p, std::memory_order_release);  // publishes the copied slots
+      return p;
+    }
+  };
+
+  // Makes `pin` hold the current table, unless it already holds one that is not retired.
+  void refresh(Pin& pin) const {
+    if (pin && !pin->retired()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    pin = cur_;
   }
 
-  void insert(std::string_view w, uint64_t h, const int32_t* ids, size_t n) {
-    if (w.size() > kMaxWord || n > 0xFFFF) return;
-    if (count_ >= kMaxEntries) clear();
-    if ((count_ + 1) * 2 > slots_.size()) grow();
-    size_t i = h & mask_;
-    for (; slots_[i].hash != 0; i = (i + 1) & mask_)
-      if (slots_[i].hash == h && slots_[i].key_len == w.size() &&
-          std::memcmp(keys_.data() + slots_[i].key_off, w.data(), w.size()) == 0)
-        return;  // another thread got there first
-    slots_[i] = Slot{h, (uint32_t)keys_.size(), (uint32_t)ids_.size(), (uint16_t)w.size(), (uint16_t)n};
-    keys_.append(w);
-    ids_.insert(ids_.end(), ids, ids + n);
-    ++count_;
+  // Inserts into the pinned table; when that is full, starts a new one (unless another thread already did)
+  // and moves `pin` to it.
+  void insert(Pin& pin, std::string_view w, uint64_t h, const int32_t* ids, size_t n) {
+    if (pin->insert(w, h, ids, n)) return;
+    const Pin full = std::move(pin);  // released after the lock
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cur_ == full) replace_locked();
+      pin = cur_;
+    }
+    pin->insert(w, h, ids, n);
   }
 
   void clear() {
-    std::fill(slots_.begin(), slots_.end(), Slot{});
-    keys_.clear();
-    ids_.clear();
-    count_ = 0;
+    Pin old;
+    std::lock_guard<std::mutex> lock(mu_);
+    old = replace_locked();
   }
 
  private:
-  struct Slot {
-    uint64_t hash = 0;
-    uint32_t key_off = 0, ids_off = 0;
-    uint16_t key_len = 0, n_ids = 0;
-  };
-  std::vector<Slot> slots_;
-  size_t mask_ = 0, count_ = 0;
-  std::string keys_;
-  std::vector<int32_t> ids_;
+  mutable std::mutex mu_;
+  Pin cur_ = std::make_shared<Table>();
 
-  void grow() {
-    std::vector<Slot> old = std::move(slots_);
-    slots_.assign(old.empty() ? 4096 : old.size() * 2, Slot{});
-    mask_ = slots_.size() - 1;
-    for (const Slot& s : old) {
-      if (s.hash == 0) continue;
-      size_t i = s.hash & mask_;
-      while (slots_[i].hash != 0) i = (i + 1) & mask_;
-      slots_[i] = s;
-    }
+  // Puts an empty table in place of the current one and retires that; returns it.
+  Pin replace_locked() {
+    Pin old = std::exchange(cur_, std::make_shared<Table>());
+    old->retired_.store(true, std::memory_order_relaxed);
+    return old;
   }
 };
 
@@ -201,12 +292,13 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> special_flag;
   size_t max_piece = 0;
 
-  mutable std::mutex cache_mu;
   mutable WordCache cache;
 
   explicit Impl(Vocab vocab);
-  void encode_raw(std::string_view frag, bool at_text_start, std::vector<int32_t>& out) const;
-  void encode_word(std::string_view w, std::vector<int32_t>& out) const;
+  // pin: the word cache table this encode call uses (see WordCache).
+  void encode_raw(std::string_view frag, bool at_text_start, WordCache::Pin& pin,
+                  std::vector<int32_t>& out) const;
+  void encode_word(std::string_view w, WordCache::Pin& pin, std::vector<int32_t>& out) const;
   // The first piece of a decoded text, after the leading-space rule (tmp: scratch for the result).
   std::string_view lead(int32_t id, std::string_view p, std::string& tmp) const {
     switch (v.leading_space) {
@@ -306,23 +398,21 @@ Tokenizer::Impl::Impl(Vocab vocab) : v(std::move(vocab)) {
   }
 }
 
-void Tokenizer::Impl::encode_word(std::string_view w, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::encode_word(std::string_view w, WordCache::Pin& pin, std::vector<int32_t>& out) const {
   if (w.size() > WordCache::kMaxWord) {
     bpe->encode_word(w, out);
     return;
   }
   const uint64_t h = WordCache::hash(w);
-  {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    if (cache.find(w, h, out)) return;
-  }
+  cache.refresh(pin);
+  if (pin->find(w, h, out)) return;
   const size_t before = out.size();
   bpe->encode_word(w, out);
-  std::lock_guard<std::mutex> lock(cache_mu);
-  cache.insert(w, h, out.data() + before, out.size() - before);
+  cache.insert(pin, w, h, out.data() + before, out.size() - before);
 }
 
-void Tokenizer::Impl::encode_raw(std::string_view frag, bool at_text_start, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::encode_raw(std::string_view frag, bool at_text_start, WordCache::Pin& pin,
+                                 std::vector<int32_t>& out) const {
   EncodeScratch& s = encode_scratch();
   std::string_view text = frag;
   const bool prepend =
@@ -349,13 +439,13 @@ void Tokenizer::Impl::encode_raw(std::string_view frag, bool at_text_start, std:
     return;
   }
   if (pre->empty()) {
-    encode_word(text, out);
+    encode_word(text, pin, out);
     return;
   }
   auto& words = s.words;
   words.clear();
   pre->split(text, words);
-  for (auto w : words) encode_word(w, out);
+  for (auto w : words) encode_word(w, pin, out);
 }
 
 Tokenizer::Tokenizer(Vocab vocab) : impl_(std::make_shared<Impl>(std::move(vocab))) {}
@@ -374,6 +464,7 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool ad
                        bool parse_special) const {
   const Impl& m = *impl_;
   if (add_special && m.v.add_bos) out.push_back(m.v.bos);
+  WordCache::Pin pin;  // taken at the first cached word
   size_t pos = 0;
   while (pos < text.size()) {
     size_t b = 0, e = 0;
@@ -382,7 +473,7 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool ad
     size_t raw_end = found ? b : text.size();
     if (found && (m.v.attrs[id] & kAttrLstrip))
       while (raw_end > pos && is_space(text[raw_end - 1])) --raw_end;
-    if (raw_end > pos) m.encode_raw(text.substr(pos, raw_end - pos), pos == 0, out);
+    if (raw_end > pos) m.encode_raw(text.substr(pos, raw_end - pos), pos == 0, pin, out);
     if (!found) break;
     out.push_back(id);
     pos = e;
@@ -477,7 +568,6 @@ size_t Tokenizer::max_piece_bytes() const {
 }
 
 void Tokenizer::clear_cache() const {
-  std::lock_guard<std::mutex> lock(impl_->cache_mu);
   impl_->cache.clear();
 }
 

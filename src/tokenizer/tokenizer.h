@@ -10,6 +10,8 @@
 //      hit a word -> ids cache;
 //   3. with add_special, BOS / EOS are added as the vocabulary asks (add_bos / add_eos).
 // Invalid UTF-8 never throws: byte-level BPE encodes the raw bytes, SPM byte-falls back to <0xNN>.
+// Threads: every method is const and one Tokenizer may be used from many threads at once (the word cache is
+// shared between them and synchronised inside).
 //
 // Decoding: token_to_piece() is the exact byte string of a token (byte-level mapping undone, U+2581 ->
 // space, <0xNN> -> that byte; control tokens give their text), so decode(encode(x)) == x for lossless
@@ -75,7 +77,8 @@ class Tokenizer {
   // Longest token_to_piece() over the vocabulary.
   size_t max_piece_bytes() const;
 
-  // Drops the word -> ids cache (it is bounded; this is for benchmarks).
+  // Drops the word -> ids cache (it is bounded; this is for benchmarks). Like encode(), safe to call from
+  // any thread while others encode.
   void clear_cache() const;
 
   struct Impl;
