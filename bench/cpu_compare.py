@@ -21,9 +21,12 @@ The peer (--peer):
   node    node-llama-cpp's prebuilt binary (bench/llamacpp_peer.mjs): generic, 2-3x slower on some CPUs;
           kept as the GGUF-compatibility check.
 
-    python3 bench/cpu_compare.py [--threads 2] [--prompt 512] [--gen 128] [--reps 3] [--build build]
+    python3 bench/cpu_compare.py [--arch llama|qwen3|gemma3] [--threads 2] [--prompt 512] [--gen 128] [--reps 3] [--build build]
                                  [--peer native|node] [--llama-dir DIR] [--baseline OTHER_ULTRA_BINARY]
                                  [--no-peer] [--env K=V ...]
+--arch picks the generator's preset (tools/make_bench_gguf.py --arch: llama, the default, writes
+llama110m-tied-TYPE.gguf; qwen3 and gemma3 ~110M shapes with q/k norms, head_dim 128 and GQA write
+ARCH-110m-TYPE.gguf), e.g. python3 bench/cpu_compare.py --arch gemma3 --types f16,q8_0.
 --baseline runs a second ultra binary (e.g. one built from an earlier commit) on the same files,
 alternating with this build's, and prints this build / baseline: the before-and-after check of a change.
 --env K=V sets an environment variable for ultra's runs only (A/B switches such as ULTRA_CPU_PANEL=0).
@@ -58,6 +61,8 @@ def llama_bench_binary(llama_dir, variant="native"):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3"], default="llama",
+                    help="model shape written by tools/make_bench_gguf.py --arch")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
@@ -93,16 +98,19 @@ def main():
 
     rows = []
     lowbit = ("fp8", "ternary", "tq2_0", "tq1_0")
+    stem = "llama110m-tied" if args.arch == "llama" else f"{args.arch}-110m"
+    gen = [sys.executable, "tools/make_bench_gguf.py", "--arch", args.arch, "--tie-embeddings"]
+    print(f"model: {args.arch} ({stem}-TYPE.gguf in {args.dir})", flush=True)
     for t in args.types.split(","):
-        path = os.path.join(args.dir, f"llama110m-tied-{t}.gguf")
+        path = os.path.join(args.dir, f"{stem}-{t}.gguf")
         if not os.path.exists(path):
             if t in lowbit:
-                f16 = os.path.join(args.dir, "llama110m-tied-f16.gguf")
+                f16 = os.path.join(args.dir, f"{stem}-f16.gguf")
                 if not os.path.exists(f16):
-                    run([sys.executable, "tools/make_bench_gguf.py", "--type", "f16", "--tie-embeddings", "-o", f16])
+                    run(gen + ["--type", "f16", "-o", f16])
                 run([ultra, "quantize", f16, path, "--type", t])
             else:
-                run([sys.executable, "tools/make_bench_gguf.py", "--type", t, "--tie-embeddings", "-o", path])
+                run(gen + ["--type", t, "-o", path])
         def ultra_bench(binary, reps=args.reps):
             u = json.loads(run([binary, "bench", "-m", path, "-p", str(args.prompt), "-n", str(args.gen), "-r",
                                 str(reps), "-t", str(args.threads), "--json"], env=uenv))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a random-weight Llama GGUF (v3) file for speed benchmarks.
+"""Write a random-weight Llama, Qwen3 or Gemma-3 GGUF (v3) file for speed benchmarks.
 
 Pure Python standard library (struct, array, random); no numpy.
 
@@ -8,9 +8,30 @@ convert_hf_to_gguf.py, ggml tensor names, ne[0] = number of columns), so both
 ultra and llama.cpp (e.g. through node-llama-cpp) load it:
 
     python3 tools/make_bench_gguf.py --type q8_0 -o /tmp/ultra-bench/llama110m-q8_0.gguf
+    python3 tools/make_bench_gguf.py --arch qwen3 --type f16 -o /tmp/ultra-bench/qwen3-110m-f16.gguf
+    python3 tools/make_bench_gguf.py --arch gemma3 --type f16 -o /tmp/ultra-bench/gemma3-110m-f16.gguf
 
-Default shape: the ~110M-parameter Llama (dim 768, 12 layers, 12 heads,
-12 kv heads, ffn 2048, vocab 32000, context 2048).
+Shapes (every option below overrides its part of the preset):
+  llama   the ~110M-parameter Llama: dim 768, 12 layers, 12 heads, 12 kv heads
+          (head_dim 64), ffn 2048, vocab 32000, context 2048, rope base 1e4.
+  qwen3   a ~110M Qwen3 shape: dim 768, 12 layers, 8 heads, 4 kv heads,
+          head_dim 128 (q width 1024 != dim, as in Qwen3), ffn 2048, vocab 32000,
+          rope base 1e6, rms eps 1e-6; per-head RMSNorm weights
+          blk.N.attn_q_norm / attn_k_norm [head_dim], no QKV bias, keys qwen3.*.
+  gemma3  a ~105M Gemma-3 shape: dim 768, 12 layers, 8 heads, 2 kv heads,
+          head_dim 128, ffn 2048 (GeGLU: ffn_gate/ffn_up/ffn_down, the activation
+          is implied by the architecture), vocab 32000, tied embeddings (always),
+          q/k norms, blk.N.post_attention_norm / post_ffw_norm, sliding window 512
+          on 5 of every 6 layers (gemma3.attention.sliding_window_pattern = 6,
+          layers 5 and 11 global), rope base 1e6 global / 1e4 local
+          (gemma3.rope.freq_base_swa), rms eps 1e-6, keys gemma3.*.
+Both engines load all three (llama.cpp's loaders: src/models/qwen3.cpp and
+gemma3.cpp; ultra's: src/model/load_gguf.cpp).
+
+RMSNorm weights (every 1-D tensor) are written as 1.0: llama.cpp and ultra
+multiply by the stored value as it is, and llama.cpp's converter stores Gemma's
+(1 + w) already shifted (conversion/gemma.py, norm_shift), so 1.0 is the
+identity norm for every architecture.
 
 The weights are NOT independent samples.  Drawing ~110M gaussians one by one
 in pure Python takes minutes, so one pool of POOL_SIZE values ~ N(0, std) is
@@ -45,6 +66,15 @@ Q8_0_BLOCK_BYTES = 2 + QK8_0  # f16 scale + 32 int8
 # llama_ftype (general.file_type)
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
 GGML_TYPE = {"f32": GGML_F32, "f16": GGML_F16, "q8_0": GGML_Q8_0}
+
+# Preset shapes per --arch (see the docstring); None = derived.
+_COMMON = dict(dim=768, layers=12, ffn=2048, vocab=32000, ctx=2048)
+PRESETS = {
+    "llama": dict(_COMMON, heads=12, kv_heads=None, head_dim=None, rope_theta=10000.0, rms_eps=1e-5),
+    "qwen3": dict(_COMMON, heads=8, kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_eps=1e-6),
+    "gemma3": dict(_COMMON, heads=8, kv_heads=2, head_dim=128, rope_theta=1000000.0, rms_eps=1e-6,
+                   sliding_window=512, swa_pattern=6, rope_theta_swa=10000.0),
+}
 
 # llama_token_type (tokenizer.ggml.token_type)
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
@@ -181,31 +211,45 @@ def pad_to(n, align=ALIGNMENT):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", choices=sorted(PRESETS), default="llama", help="architecture and its preset shape")
     ap.add_argument("--type", choices=["f32", "f16", "q8_0"], default="f32", help="weight type of the 2-D tensors (norms stay F32)")
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
-    ap.add_argument("--dim", type=int, default=768)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
-    ap.add_argument("--ffn", type=int, default=2048)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--rms-eps", type=float, default=1e-5)
+    ap.add_argument("--dim", type=int)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--kv-heads", type=int, help="default: the preset's (llama: --heads)")
+    ap.add_argument("--head-dim", type=int, help="default: the preset's (llama: dim / heads)")
+    ap.add_argument("--ffn", type=int)
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--ctx", type=int)
+    ap.add_argument("--rope-theta", type=float)
+    ap.add_argument("--rms-eps", type=float)
+    ap.add_argument("--sliding-window", type=int, help="gemma3: window of the local layers (0: none)")
+    ap.add_argument("--swa-pattern", type=int, help="gemma3: every n-th layer is global")
+    ap.add_argument("--rope-theta-swa", type=float, help="gemma3: rope base of the local layers")
     ap.add_argument("--std", type=float, default=0.02, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--tie-embeddings", action="store_true",
                     help="omit output.weight (the output projection then reuses token_embd.weight)")
     args = ap.parse_args()
+    arch = args.arch
+    for k, v in PRESETS[arch].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if arch == "gemma3":
+        args.tie_embeddings = True  # Gemma's output projection is the embedding
 
     dim, n_layers, n_heads, ffn, n_vocab = args.dim, args.layers, args.heads, args.ffn, args.vocab
     n_kv = args.kv_heads or n_heads
-    if dim % n_heads or n_heads % n_kv:
-        sys.exit("dim must be divisible by heads, heads by kv-heads")
-    head_dim = dim // n_heads
+    if n_heads % n_kv:
+        sys.exit("heads must be divisible by kv-heads")
+    if args.head_dim is None and dim % n_heads:
+        sys.exit("dim must be divisible by heads (or give --head-dim)")
+    head_dim = args.head_dim or dim // n_heads
+    q_dim = n_heads * head_dim
     kv_dim = n_kv * head_dim
-    if args.type == "q8_0" and (dim % QK8_0 or ffn % QK8_0):
-        sys.exit("q8_0 needs dim and ffn to be multiples of 32")
+    if args.type == "q8_0" and (dim % QK8_0 or ffn % QK8_0 or q_dim % QK8_0):
+        sys.exit("q8_0 needs dim, ffn and heads * head_dim to be multiples of 32")
 
     t0 = time.time()
     rng = random.Random(args.seed)
@@ -217,35 +261,55 @@ def main():
         p = "blk.%d." % i
         tensors += [
             (p + "attn_norm.weight", [dim], GGML_F32),
-            (p + "attn_q.weight", [dim, dim], wt),
+            (p + "attn_q.weight", [dim, q_dim], wt),
             (p + "attn_k.weight", [dim, kv_dim], wt),
             (p + "attn_v.weight", [dim, kv_dim], wt),
-            (p + "attn_output.weight", [dim, dim], wt),
+            (p + "attn_output.weight", [q_dim, dim], wt),
+        ]
+        if arch in ("qwen3", "gemma3"):
+            tensors += [(p + "attn_q_norm.weight", [head_dim], GGML_F32),
+                        (p + "attn_k_norm.weight", [head_dim], GGML_F32)]
+        if arch == "gemma3":
+            tensors.append((p + "post_attention_norm.weight", [dim], GGML_F32))
+        tensors += [
             (p + "ffn_norm.weight", [dim], GGML_F32),
             (p + "ffn_gate.weight", [dim, ffn], wt),
             (p + "ffn_up.weight", [dim, ffn], wt),
             (p + "ffn_down.weight", [ffn, dim], wt),
         ]
+        if arch == "gemma3":
+            tensors.append((p + "post_ffw_norm.weight", [dim], GGML_F32))
     tensors.append(("output_norm.weight", [dim], GGML_F32))
     if not args.tie_embeddings:
         tensors.append(("output.weight", [dim, n_vocab], wt))
 
     tokens, scores, types = make_vocab(n_vocab)
     kvs = [
-        enc_kv("general.architecture", T_STRING, "llama"),
-        enc_kv("general.name", T_STRING, "ultra-bench random llama %s" % args.type),
+        enc_kv("general.architecture", T_STRING, arch),
+        enc_kv("general.name", T_STRING, "ultra-bench random %s %s" % (arch, args.type)),
         enc_kv("general.alignment", T_UINT32, ALIGNMENT),
         enc_kv("general.file_type", T_UINT32, FILE_TYPE[args.type]),
-        enc_kv("llama.vocab_size", T_UINT32, n_vocab),
-        enc_kv("llama.context_length", T_UINT32, args.ctx),
-        enc_kv("llama.embedding_length", T_UINT32, dim),
-        enc_kv("llama.block_count", T_UINT32, n_layers),
-        enc_kv("llama.feed_forward_length", T_UINT32, ffn),
-        enc_kv("llama.attention.head_count", T_UINT32, n_heads),
-        enc_kv("llama.attention.head_count_kv", T_UINT32, n_kv),
-        enc_kv("llama.rope.freq_base", T_FLOAT32, args.rope_theta),
-        enc_kv("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, args.rms_eps),
-        enc_kv("llama.rope.dimension_count", T_UINT32, head_dim),
+        enc_kv(arch + ".vocab_size", T_UINT32, n_vocab),
+        enc_kv(arch + ".context_length", T_UINT32, args.ctx),
+        enc_kv(arch + ".embedding_length", T_UINT32, dim),
+        enc_kv(arch + ".block_count", T_UINT32, n_layers),
+        enc_kv(arch + ".feed_forward_length", T_UINT32, ffn),
+        enc_kv(arch + ".attention.head_count", T_UINT32, n_heads),
+        enc_kv(arch + ".attention.head_count_kv", T_UINT32, n_kv),
+        enc_kv(arch + ".rope.freq_base", T_FLOAT32, args.rope_theta),
+        enc_kv(arch + ".attention.layer_norm_rms_epsilon", T_FLOAT32, args.rms_eps),
+        enc_kv(arch + ".rope.dimension_count", T_UINT32, head_dim),
+    ]
+    if arch != "llama" or head_dim * n_heads != dim:  # (llama files stay as before: dim / heads implied)
+        kvs += [enc_kv(arch + ".attention.key_length", T_UINT32, head_dim),
+                enc_kv(arch + ".attention.value_length", T_UINT32, head_dim)]
+    if arch == "gemma3" and args.sliding_window > 0:
+        kvs += [
+            enc_kv(arch + ".attention.sliding_window", T_UINT32, args.sliding_window),
+            enc_kv(arch + ".attention.sliding_window_pattern", T_UINT32, args.swa_pattern),
+            enc_kv(arch + ".rope.freq_base_swa", T_FLOAT32, args.rope_theta_swa),
+        ]
+    kvs += [
         enc_kv("tokenizer.ggml.model", T_STRING, "llama"),
         enc_kv("tokenizer.ggml.tokens", T_ARRAY, tokens, T_STRING),
         enc_kv("tokenizer.ggml.scores", T_ARRAY, scores, T_FLOAT32),
