@@ -244,8 +244,8 @@ TEST(CudaBackend, MixedBatchMatchesCpu) {
 // ones do the same arithmetic, so the logits of 1-, 2- and 4-row graph steps are bit-identical; a kernel that
 // read an activation before the previous kernel finished would show as a difference. The silu fusion extends
 // the column-split gemv, so that pair runs without the weight-streaming kernel (ULTRA_CUDA_GEMV_STREAM=0)
-// that one-row steps take by default; with it, the default fusions (29) put the one-row rmsnorms, silu_mul and
-// the LM head's gather into the streaming gemv's x.
+// that one-row steps take by default; with it, the default fusions (29) put the one-row rmsnorms, silu_mul
+// and the LM head's gather into the streaming gemv's x.
 TEST(CudaBackend, LaunchModesAndFusionsAgree) {
   const Model m = Model::load(kBundled.string());
   std::mt19937 rng(11);
