@@ -821,14 +821,9 @@ bool CudaBackend::silu_matmul(const WeightView& w, const float* gate, const floa
   }
   if (!(fuse_ & 2) || n > cuda::kGemvSiluMaxRows) return false;
   prof_begin("silu + matmul down (+ residual)");
-  const cudaError_t e = cuda::gemv_silu(w, gate, up, n, y, accumulate, stream_);
+  const bool ok = fused(cuda::gemv_silu(w, gate, up, n, y, accumulate, stream_), "gemv_silu");
   prof_end();
-  if (e == cudaErrorInvalidValue) {  // shape or alignment the fused kernel does not take: nothing launched
-    cudaGetLastError();
-    return false;
-  }
-  check(e, "gemv_silu");
-  return true;
+  return ok;
 }
 void CudaBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {
   prof_begin("gather_rows");
