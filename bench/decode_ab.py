@@ -23,9 +23,14 @@ For each shape (random weights made with transformers, as bench/cuda_compare.py 
   norm-only, swiglu-only, head-only: one of those fusions each (ULTRA_CUDA_FUSE=5, 9, 17)
   no-prologue the rmsnorms, silu_mul and the LM head's gather as their own kernels (ULTRA_CUDA_FUSE=1; the
              default fuses them into the x of the streaming gemv after them)
+  io-copy    the step's input upload and result download as copy nodes in its graph (ULTRA_CUDA_STEP_IO=copy;
+             the default does them with kernels over the bus: a graph of kernel nodes only)
+  no-queue   each decode step waited for before the next is submitted (ULTRA_BENCH_QUEUE=0; the default
+             queues one step ahead, the next token fed on the device)
 Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
 (best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
-the same run) and the host launch time per step.
+the same run), the host's time per step (the graph launch call, and all of submit()) and the GPU's idle
+time between steps.
 
     python3 bench/decode_ab.py --ultra .devbin/ultra [--shapes 8b,1b] [--depth 128] [--rounds 2]
 """
@@ -69,6 +74,8 @@ VARIANTS = [
     ("head-only", {"ULTRA_CUDA_FUSE": "17"}),
     ("stream-96K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "98304"}),
     ("stream-48K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "49152"}),
+    ("io-copy", {"ULTRA_CUDA_STEP_IO": "copy"}),
+    ("no-queue", {"ULTRA_BENCH_QUEUE": "0"}),
 ]
 
 
@@ -105,6 +112,8 @@ def main():
             bpt = cc.bytes_per_token(cfg, depth)
             res = {name: [] for name, _ in variants}
             launch = {name: [] for name, _ in variants}
+            submit = {name: [] for name, _ in variants}
+            idle = {name: [] for name, _ in variants}
             for rnd in range(args.rounds):
                 for name, env in variants:
                     p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n",
@@ -117,18 +126,23 @@ def main():
                     tps = [x["tps_mean"] for x in u["results"] if x["test"].startswith("tg")][0]  # aggregate
                     res[name].append(tps)
                     launch[name].append(u.get("launch_us_mean", 0))
+                    submit[name].append(u.get("decode_submit_us_mean", 0))
+                    idle[name].append(u.get("gpu_idle_us_mean", 0))
                     print(f"[{shape} d{depth}] round {rnd} {name:24s} {tps:8.1f} tok/s  "
-                          f"{100 * tps * bpt / bw:5.1f}% of read  launch {launch[name][-1]:.2f} us", flush=True)
+                          f"{100 * tps * bpt / bw:5.1f}% of read  launch {launch[name][-1]:.2f} us  "
+                          f"submit {submit[name][-1]:.2f} us  GPU idle {idle[name][-1]:.2f} us", flush=True)
             for name, _ in variants:
                 if not res[name]:
                     continue
                 best, mean = max(res[name]), sum(res[name]) / len(res[name])
-                rows.append((f"{shape} d{depth}", name, best, mean, 100 * best * bpt / bw,
-                             sum(launch[name]) / len(launch[name])))
-    print(f"\n| shape | variant | tok/s best | tok/s mean | % read roofline (best) | host launch us |")
-    print("|---|---|---:|---:|---:|---:|")
+                avg = lambda v: sum(v[name]) / len(v[name])  # noqa: E731
+                rows.append((f"{shape} d{depth}", name, best, mean, 100 * best * bpt / bw, avg(launch),
+                             avg(submit), avg(idle)))
+    print("\n| shape | variant | tok/s best | tok/s mean | % read roofline (best) | host launch us | host submit us "
+          "| GPU idle us |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.1f}% | {r[5]:.2f} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.1f}% | {r[5]:.2f} | {r[6]:.2f} | {r[7]:.2f} |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_ab.json"), "w") as f:
         json.dump(dict(read_bw=bw, rows=rows), f, indent=1)

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/model_impl.h"
+#include "engine/testing.h"
 #include "greedy_util.h"
 #include "sampling/sampler.h"
 #include "tmp_dir.h"
@@ -339,6 +340,129 @@ TEST(Context, GenerateStopsOnEveryEndOfGenerationId) {
     return true;
   });
   EXPECT_EQ(got.size(), 10u);
+}
+
+// Queued steps (submit / wait, one step ahead) give the tokens of plain steps, on the CPU (submit runs the
+// step) and with the steps deferred as a GPU backend runs them (testing::defer_steps: a kSampled token from
+// the step still queued is fed by the backend, and the host learns it only when that step is waited for).
+// Three sequences: greedy, sampled (temperature, top-k: no penalties, see defer_steps) and a greedy one that
+// joins every other step only, so that its kSampled comes from an older, finished step.
+TEST(Context, QueuedStepsGiveTheTokensOfPlainSteps) {
+  const Model m = Model::load(kFixture.string());
+  const int n_vocab = m.info().n_vocab;
+  const std::array<std::vector<int32_t>, 3> prompts = {
+      random_tokens(7, n_vocab, 1), random_tokens(12, n_vocab, 2), random_tokens(4, n_vocab, 3)};
+  SamplingParams sampled;
+  sampled.temperature = 0.9f;
+  sampled.top_k = 20;
+  sampled.seed = 77;
+  // mode 0: plain steps; 1: queued, synchronous backend; 2: queued, deferred backend.
+  auto run = [&](int mode) {
+    Context ctx(m, {.n_ctx = 64, .n_slots = 3, .n_threads = 1});
+    if (mode == 2) ultra::testing::defer_steps(ctx);
+    EXPECT_EQ(ctx.asynchronous(), mode == 2);
+    for (int s = 0; s < 3; ++s) ctx.set_sampling(s, s == 1 ? sampled : SamplingParams::greedy());
+    Batch b(16);
+    for (int s = 0; s < 3; ++s) {
+      b.clear();
+      b.add_sequence(prompts[s], 0, s, Output::sample);
+      ctx.step(b);
+    }
+    std::array<std::vector<int32_t>, 3> got;
+    for (int i = 0; i < 20; ++i) {
+      b.clear();
+      for (int s = 0; s < 3; ++s)
+        if (s != 2 || i % 2 == 0) b.add(Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+      auto record = [&] {  // the rows of the step just waited for
+        for (int r = 0; r < 3; ++r)
+          if (r < 2 || i % 2 == (mode == 0 ? 0 : 1)) got[r].push_back(ctx.sampled(r));
+      };
+      if (mode == 0) {
+        ctx.step(b);
+        record();
+      } else {
+        ctx.submit(b);
+        if (ctx.n_queued() == 2) {
+          ctx.wait();  // step i - 1: three rows when i - 1 was even
+          record();
+        }
+      }
+    }
+    if (mode != 0) {
+      ctx.wait();  // step 19: two rows
+      for (int r = 0; r < 2; ++r) got[r].push_back(ctx.sampled(r));
+    }
+    std::array<std::vector<int32_t>, 3> seqs;
+    for (int s = 0; s < 3; ++s) seqs[s].assign(ctx.seq_tokens(s).begin(), ctx.seq_tokens(s).end());
+    return std::make_pair(got, seqs);
+  };
+  const auto plain = run(0);
+  for (int mode : {1, 2}) {
+    const auto q = run(mode);
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_EQ(q.first[s], plain.first[s]) << "mode " << mode << " sequence " << s;
+      EXPECT_EQ(q.second[s], plain.second[s]) << "mode " << mode << " sequence " << s;
+    }
+  }
+  EXPECT_EQ(plain.first[2].size(), 10u);
+  EXPECT_EQ(plain.second[0].size(), 7u + 20u);
+}
+
+// The queue's rules: at most two steps queued; wait() with none queued, and crop(), logits() and step()
+// while steps are queued, are errors that change nothing; a kSampled row whose source step sampled nothing
+// is refused at submit(). generate() with lookahead stops where plain steps stop (a step queued past an
+// end-of-generation token or a stop from the caller is dropped).
+TEST(Context, QueueRulesAndLookahead) {
+  const Model m = Model::load(kFixture.string());
+  const auto prompt = random_tokens(5, m.info().n_vocab, 9);
+  Context ctx(m, {.n_ctx = 64, .n_threads = 1});
+  ultra::testing::defer_steps(ctx);
+  ctx.set_sampling(0, SamplingParams::greedy());
+  Batch b(8);
+  b.add_sequence(prompt, 0, 0, Output::sample);
+  ctx.submit(b);
+  b.clear();
+  b.add(Batch::kSampled, 5, 0, Output::logits);  // fed from the queued step; samples nothing itself
+  ctx.submit(b);
+  EXPECT_EQ(ctx.n_queued(), 2);
+  EXPECT_EQ(ctx.seq_len(0), 6);
+  EXPECT_EQ(ctx.seq_tokens(0)[5], -1);  // only the backend knows it yet
+  b.clear();
+  b.add(1, 6, 0);
+  EXPECT_THROW(ctx.submit(b), Error);
+  EXPECT_THROW(ctx.crop(0, 2), Error);
+  EXPECT_THROW(ctx.step(b), Error);
+  EXPECT_THROW(ctx.logits(0), Error);
+  EXPECT_EQ(ctx.seq_len(0), 6);
+  ctx.wait();
+  const int32_t first = ctx.sampled(4);  // the prompt's last row
+  ctx.wait();
+  EXPECT_EQ(ctx.seq_tokens(0)[5], first);
+  EXPECT_EQ(ctx.logits(0).size(), (size_t)m.info().n_vocab);
+  EXPECT_THROW(ctx.wait(), Error);
+  b.clear();
+  b.add(Batch::kSampled, 6, 0, Output::sample);  // the last step sampled nothing for sequence 0
+  EXPECT_THROW(ctx.submit(b), Error);
+  EXPECT_EQ(ctx.n_queued(), 0);
+
+  // generate(): lookahead on the deferred backend against plain steps, stopped by the caller at 5 tokens.
+  Context plain(m, {.n_ctx = 64, .n_threads = 1});
+  plain.set_sampling(0, SamplingParams::greedy());
+  for (Context* c : {&ctx, &plain}) {
+    std::vector<int32_t> got;
+    GenerateParams gp;
+    gp.n_predict = 20;
+    gp.ignore_eos = true;
+    const GenerateResult r = generate(*c, prompt, gp, [&](int32_t t, Context&, int) {
+      got.push_back(t);
+      return got.size() < 5;
+    });
+    EXPECT_TRUE(r.stopped_by_caller);
+    EXPECT_EQ(got.size(), 5u);
+    EXPECT_EQ(c->seq_len(0), 5 + 4);  // the prompt and the 4 tokens fed back
+    EXPECT_EQ(c->n_queued(), 0);
+  }
+  EXPECT_TRUE(std::equal(ctx.seq_tokens(0).begin(), ctx.seq_tokens(0).end(), plain.seq_tokens(0).begin()));
 }
 
 // The footprint is checked before anything is allocated: a context that does not fit in the memory

@@ -487,6 +487,77 @@ TEST(CudaBackend, ZeroAllocationPerStep) {
               g_allocs.load());
 }
 
+// Queued steps (Context::submit one step ahead, each kSampled token fed on the device from the step still
+// running): the same tokens as plain steps, with penalties on (the device's copy of each sequence's tokens
+// must hold the fed tokens) and three sequences sampled in different ways; and no host (stepping thread) or
+// device allocation across queued steps once both sets of graphs (one per in-flight step) are captured.
+TEST(CudaBackend, QueuedStepsFeedTokensOnTheDevice) {
+  const Model m = Model::load(kBundled.string());
+  SamplingParams pen;
+  pen.temperature = 0.8f;
+  pen.top_k = 40;
+  pen.repeat_penalty = 1.3f;
+  pen.presence_penalty = 0.2f;
+  pen.seed = 5;
+  SamplingParams pen2 = pen;
+  pen2.top_k = 0;
+  pen2.top_p = 0.9f;
+  pen2.seed = 6;
+  auto run = [&](bool queued, long* host_allocs, long* dev_allocs) {
+    Context ctx(m, gpu(256, 64, 8, KvType::f16, 3));
+    ctx.set_sampling(0, SamplingParams::greedy());
+    ctx.set_sampling(1, pen);
+    ctx.set_sampling(2, pen2);
+    Batch b(64);
+    for (int s = 0; s < 3; ++s) {
+      std::vector<int32_t> prompt(5 + 3 * s);
+      for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = (int32_t)((i * 131 + 17 * s + 3) % 4000);
+      b.clear();
+      b.add_sequence(prompt, 0, s, Output::sample);
+      ctx.step(b);
+    }
+    long dev0 = 0;
+    for (int i = 0; i < 96; ++i) {
+      if (i == 32) {  // warm: every graph of both parities captured
+        dev0 = DeviceAllocator::total_calls();
+        count_this_thread();
+        g_allocs = g_allocs_mine = 0;
+        g_counting = true;
+      }
+      b.clear();
+      for (int s = 0; s < 3; ++s) b.add(Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+      if (queued) {
+        ctx.submit(b);
+        if (ctx.n_queued() == 2) ctx.wait();
+      } else {
+        ctx.step(b);
+      }
+    }
+    while (ctx.n_queued() > 0) ctx.wait();
+    g_counting = false;
+    if (host_allocs) *host_allocs = g_allocs_mine.load();
+    if (dev_allocs) *dev_allocs = DeviceAllocator::total_calls() - dev0;
+    std::vector<std::vector<int32_t>> seqs;
+    for (int s = 0; s < 3; ++s) seqs.emplace_back(ctx.seq_tokens(s).begin(), ctx.seq_tokens(s).end());
+    const StepStats& st = ctx.stats();
+    std::printf("[cuda queued] %s: %lld graph launches, host submit %.2f us per step\n",
+                queued ? "queued one ahead" : "plain steps", (long long)st.n_graph_launches,
+                st.submit_us / (double)st.n_submits);
+    return seqs;
+  };
+  long host = -1, dev = -1;
+  const auto plain = run(false, nullptr, nullptr);
+  const auto queued = run(true, &host, &dev);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(queued[s], plain[s]) << "sequence " << s;
+  std::printf(
+      "[cuda queued] 64 queued steps after warm-up: host allocations %ld (stepping thread), device %ld\n",
+      host, dev);
+#if ULTRA_COUNT_ALLOCS
+  EXPECT_EQ(host, 0);
+#endif
+  EXPECT_EQ(dev, 0);
+}
+
 // Speculative decoding with both models on the GPU (the verification is a K+1-row graph bucket): greedy
 // output identical to plain greedy decoding on the same backend for K in {1, 2, 4, 8}, with the draft
 // model, prompt lookup and both; positions past the crop, poisoned with NaN after every round, are never

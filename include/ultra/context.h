@@ -23,6 +23,15 @@
 // random numbers are keyed by (seed, position) (see sampling.h). snapshot()/restore() are therefore
 // O(1), and crop + sample again repeats a seeded continuation exactly.
 //
+// Queued steps. step() runs a step and waits for it. submit() only queues it: on a GPU backend the step
+// runs while the host prepares the next one, and a row whose token is Batch::kSampled, when the token comes
+// from the step still in flight, is fed on the device (no host round trip between the two steps). wait()
+// finishes the oldest queued step and makes its results the ones sampled(), logprob() and top_logprobs()
+// return. At most two steps are queued at once. While a step is queued, seq_len() already counts its rows
+// (so the next submit() continues from there) but seq_tokens() shows -1 at the positions of tokens that
+// only the device knows yet; crop(), restore(), logits() and step() wait for nothing and refuse to run
+// (they throw) until wait() has emptied the queue. On the CPU a submitted step runs inside submit().
+//
 // Allocation: everything is allocated when the context is created; step() and the calls below allocate
 // nothing (a test counts).
 #pragma once
@@ -124,6 +133,10 @@ struct StepStats {
   // the next one, summed over n_gpu_gaps consecutive pairs.
   double gpu_idle_us = 0;
   int64_t n_gpu_gaps = 0;
+  // Host time inside submit() (validation, staging and the launch; on the CPU the whole step) over n_submits
+  // calls: the host's dispatch cost per step when steps are queued ahead.
+  double submit_us = 0;
+  int64_t n_submits = 0;
 };
 
 class Context {
@@ -157,7 +170,12 @@ class Context {
   void restore(int seq, const SeqSnapshot& s);  // O(1); s.n_tokens <= seq_len(seq)
 
   // --- one step ---
-  void step(const Batch& batch);
+  void step(const Batch& batch);    // submit(batch) then wait(); throws while other steps are queued
+  void submit(const Batch& batch);  // queues a step (see "Queued steps" above); throws when two are queued
+  void wait();                      // finishes the oldest queued step; throws when none is
+  int n_queued() const;             // steps submitted and not yet waited for
+  // Whether submit() returns before the step has run (a GPU backend), so that queuing ahead pays.
+  bool asynchronous() const;
 
   // Results of the last step, by batch row (a row that asked for them).
   int32_t sampled(int row) const;  // Output::sample rows

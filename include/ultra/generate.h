@@ -16,6 +16,12 @@ struct GenerateParams {
   int seq = 0;          // the sequence (KV slot) to use; it is cleared first
   int n_predict = 128;  // most tokens to generate
   bool ignore_eos = false;
+  // On an asynchronous backend (Context::asynchronous(): the GPU), queue the next decode step, fed with the
+  // token on the device, before handing the current token to on_token, so that the device never waits for
+  // the host. A step queued past the end (an end-of-generation token, or on_token saying stop) is waited
+  // for and cropped away. ctx.logits(row) refuses to run inside on_token while a step is queued: turn this
+  // off to read logits there.
+  bool lookahead = true;
 };
 
 struct GenerateResult {
@@ -37,7 +43,8 @@ struct GenerateResult {
 int prefill(Context& ctx, Batch& batch, int seq, std::span<const int32_t> tokens, Output last = Output::none);
 
 // Called once per generated token, with the step that produced it: ctx.logprob(row),
-// ctx.top_logprobs(row) and ctx.logits(row) are valid during the call. Return false to stop.
+// ctx.top_logprobs(row) and (without lookahead) ctx.logits(row) are valid during the call. Return false to
+// stop.
 using OnToken = std::function<bool(int32_t token, Context& ctx, int row)>;
 
 GenerateResult generate(Context& ctx, std::span<const int32_t> prompt, const GenerateParams& params,

@@ -212,6 +212,7 @@ int cmd_run(int argc, char** argv) {
     GenerateParams gp;
     gp.n_predict = F.n_predict;
     gp.ignore_eos = F.ignore_eos;
+    gp.lookahead = dump == nullptr;  // on_token reads the logits of each step
     if (F.speculating())
       t = generate_speculative(ctx, draft ? &*draft : nullptr, prompt, gp, F.spec, on_token, &spec_stats);
     else

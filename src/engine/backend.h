@@ -39,6 +39,19 @@ class Backend {
   virtual void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
                     TokenLogprob* top, StepStats& stats) = 0;
 
+  // Queued steps (Context::submit). An asynchronous backend returns from submit() once the step is
+  // enqueued and writes its results into results/top (which stay valid until then) in complete(), which
+  // finishes the oldest submitted step; at most two are outstanding. In the rows of a submitted step, a
+  // token -2 - k (k >= 0) stands for the token sampled for output k of the step submitted just before it,
+  // still outstanding: the backend resolves it on the device. A synchronous backend runs the whole step in
+  // submit() (it never sees such tokens).
+  virtual bool asynchronous() const { return false; }
+  virtual void submit(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
+                      TokenLogprob* top, StepStats& stats) {
+    step(rows, jobs, n_jobs, results, top, stats);
+  }
+  virtual void complete(StepStats& /*stats*/) {}
+
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;
   // Tests only: fills positions [from, max_ctx) of slot seq in every layer's K and V with NaN, so that a

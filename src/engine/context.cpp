@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -137,30 +138,43 @@ struct Context::Impl {
   std::unique_ptr<Backend> be;
 
   // Sequences.
-  std::vector<int> len;                  // [n_slots] tokens in the cache
-  Buffer<int32_t> tokens;                // [n_slots, n_ctx] the tokens, by position
+  std::vector<int> len;                  // [n_slots] tokens in the cache, queued steps' rows included
+  Buffer<int32_t> tokens;                // [n_slots, n_ctx] the tokens, by position (-1: on the device only)
   std::vector<SamplingParams> sampling;  // [n_slots]
-  std::vector<int32_t> last_sampled;     // [n_slots] token sampled by the last step that sampled, or -1
+  // What Batch::kSampled means for a sequence: nothing (the last step that included it did not sample its
+  // last row, or it was cropped), last_sampled[s] (known on the host), or output feed_out[s] of the queued
+  // step in record feed_rec[s].
+  enum Feed : uint8_t { kNone, kKnown, kQueued };
+  std::vector<Feed> feed;             // [n_slots]
+  std::vector<int32_t> last_sampled;  // [n_slots]
+  std::vector<int> feed_rec, feed_out;
 
-  // One step, host side.
-  Buffer<int32_t> tok, pos, seq;  // [n_batch] rows (kSampled resolved)
-  Buffer<int32_t> out_row;        // [n_outputs] rows with an output
-  Buffer<int32_t> row_out;        // [n_batch] output index of a row, or -1
-  Buffer<int32_t> row_job;        // [n_batch] sample job of a row, or -1
-  Buffer<int32_t> next_pos;       // [n_slots] validation: the position the next row of a sequence must have
-  std::vector<SampleJob> jobs;    // [n_outputs]
-  std::vector<SampleResult> results;  // [n_outputs]
-  Buffer<TokenLogprob> top;           // [n_outputs, kMaxProbs]
-  int last_rows = 0;                  // rows of the last step (results are valid for these)
+  // One step, host side. Three records: up to two queued steps and the last one waited for, whose results
+  // the accessors read.
+  struct Record {
+    Buffer<int32_t> tok, pos, seq;      // [n_batch] rows (kSampled resolved, or -2 - k: fed on the device)
+    Buffer<int32_t> out_row;            // [n_outputs] rows with an output
+    Buffer<int32_t> row_out;            // [n_batch] output index of a row, or -1
+    Buffer<int32_t> row_job;            // [n_batch] sample job of a row, or -1
+    std::vector<SampleJob> jobs;        // [n_outputs]
+    std::vector<SampleResult> results;  // [n_outputs]
+    Buffer<TokenLogprob> top;           // [n_outputs, kMaxProbs]
+    int n = 0, n_out = 0, n_jobs = 0;
+  };
+  static constexpr int kRecords = 3;
+  Record rec[kRecords];
+  int next_rec = 0;          // the record the next submit fills
+  int n_queued = 0;          // submitted, not waited for: records next_rec - n_queued .. next_rec - 1 (mod 3)
+  int shown = -1;            // the record of the last step waited for (-1: none yet)
+  Buffer<int32_t> next_pos;  // [n_slots] validation: the position the next row of a sequence must have
+  Buffer<int32_t> last_row;  // [n_slots] scratch of submit(): the last row of each sequence in the step
   StepStats stats;
 
   Impl(const Model& model_, const ContextParams& params)
       : model(model_), m(*model_.impl().data), p(resolve(m, params, warnings)) {
     const Tokenizer* t = model.tokenizer();
     n_sample = t ? std::min(t->n_vocab(), m.hp.n_vocab) : m.hp.n_vocab;
-    // The engine's own per-context memory: each sequence's tokens and the step's host arrays.
-    const size_t engine_bytes = ((size_t)p.n_slots * p.n_ctx + 6 * (size_t)p.n_batch) * sizeof(int32_t);
-    if (p.backend == BackendKind::cpu) check_memory(m, p, engine_bytes);
+    if (p.backend == BackendKind::cpu) check_memory(m, p, engine_bytes(p));
 #if defined(ULTRA_HAVE_CUDA)
     if (p.backend == BackendKind::cuda) be = make_cuda_backend(m, p, n_sample);
 #endif
@@ -168,17 +182,33 @@ struct Context::Impl {
     len.assign(p.n_slots, 0);
     tokens = Buffer<int32_t>((size_t)p.n_slots * p.n_ctx);
     sampling.assign(p.n_slots, SamplingParams{});
+    feed.assign(p.n_slots, kNone);
     last_sampled.assign(p.n_slots, -1);
-    tok = Buffer<int32_t>(p.n_batch);
-    pos = Buffer<int32_t>(p.n_batch);
-    seq = Buffer<int32_t>(p.n_batch);
-    out_row = Buffer<int32_t>(p.n_outputs);
-    row_out = Buffer<int32_t>(p.n_batch);
-    row_job = Buffer<int32_t>(p.n_batch);
+    feed_rec.assign(p.n_slots, -1);
+    feed_out.assign(p.n_slots, -1);
+    for (Record& r : rec) {
+      r.tok = Buffer<int32_t>(p.n_batch);
+      r.pos = Buffer<int32_t>(p.n_batch);
+      r.seq = Buffer<int32_t>(p.n_batch);
+      r.out_row = Buffer<int32_t>(p.n_outputs);
+      r.row_out = Buffer<int32_t>(p.n_batch);
+      r.row_job = Buffer<int32_t>(p.n_batch);
+      r.jobs.resize(p.n_outputs);
+      r.results.resize(p.n_outputs);
+      r.top = Buffer<TokenLogprob>((size_t)p.n_outputs * SamplingParams::kMaxProbs);
+    }
     next_pos = Buffer<int32_t>(p.n_slots);
-    jobs.resize(p.n_outputs);
-    results.resize(p.n_outputs);
-    top = Buffer<TokenLogprob>((size_t)p.n_outputs * SamplingParams::kMaxProbs);
+    last_row = Buffer<int32_t>(p.n_slots);
+  }
+
+  // The engine's own per-context memory: each sequence's tokens, the step records and the per-sequence
+  // arrays.
+  static size_t engine_bytes(const ContextParams& p) {
+    const size_t rec_bytes = 6 * (size_t)p.n_batch * sizeof(int32_t) + (size_t)p.n_outputs * sizeof(int32_t) +
+                             (size_t)p.n_outputs * (sizeof(SampleJob) + sizeof(SampleResult)) +
+                             (size_t)p.n_outputs * SamplingParams::kMaxProbs * sizeof(TokenLogprob);
+    return (size_t)p.n_slots * p.n_ctx * sizeof(int32_t) + kRecords * rec_bytes +
+           (size_t)p.n_slots * (2 * sizeof(int32_t) + 3 * sizeof(int) + sizeof(SamplingParams) + 1);
   }
 
   int32_t* seq_tokens(int s) {
@@ -187,6 +217,11 @@ struct Context::Impl {
 
   void check_seq(int s, const char* what) const {
     if (s < 0 || s >= p.n_slots) fail("{}: sequence {} is out of range [0, {})", what, s, p.n_slots);
+  }
+  void check_idle(const char* what) const {
+    if (n_queued > 0)
+      fail("{}: {} submitted step{} still queued (wait() for {} first)", what, n_queued,
+           n_queued == 1 ? " is" : "s are", n_queued == 1 ? "it" : "them");
   }
 
   // Checks every row before anything is written; throws naming the row and the field.
@@ -202,7 +237,7 @@ struct Context::Impl {
       const Output o = b.output(i);
       if (s < 0 || s >= p.n_slots) fail("step: row {}: sequence {} is out of range [0, {})", i, s, p.n_slots);
       if (t == Batch::kSampled) {
-        if (last_sampled[s] < 0)
+        if (feed[s] == kNone)
           fail("step: row {}: token kSampled, but the last step sampled no token for sequence {}", i, s);
       } else if (t < 0 || t >= m.hp.n_vocab) {
         fail("step: row {}: token id {} is out of range [0, {})", i, t, m.hp.n_vocab);
@@ -213,8 +248,7 @@ struct Context::Impl {
       if (ps != next_pos[s])
         fail(
             "step: row {}: position {} of sequence {} does not continue it: expected {} (the sequence holds "
-            "{} "
-            "tokens)",
+            "{} tokens)",
             i, ps, s, next_pos[s], len[s]);
       ++next_pos[s];
       if ((uint8_t)o > (uint8_t)Output::sample) fail("step: row {}: invalid output kind {}", i, (int)o);
@@ -224,59 +258,118 @@ struct Context::Impl {
     }
   }
 
-  void step(const Batch& b) {
+  void submit(const Batch& b) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (n_queued >= 2) fail("submit: two steps are already queued (wait() for one first)");
     validate(b);
+    const int ri = next_rec;
+    Record& r = rec[ri];
     const int n = b.size();
     int n_out = 0, n_jobs = 0;
     for (int i = 0; i < n; ++i) {
       const int32_t s = b.seq(i), ps = b.pos(i);
-      const int32_t t = b.token(i) == Batch::kSampled ? last_sampled[s] : b.token(i);
-      tok[i] = t;
-      pos[i] = ps;
-      seq[i] = s;
-      seq_tokens(s)[ps] = t;  // the penalty windows of this step's sample rows read these
-      row_out[i] = row_job[i] = -1;
+      int32_t t = b.token(i);
+      int32_t known = t;  // what the host's copy of the sequence gets now
+      if (t == Batch::kSampled) {
+        // A queued source is the step submitted just before this one (at most one other is queued).
+        t = known = feed[s] == kKnown ? last_sampled[s] : -2 - feed_out[s];
+        if (known < 0) known = -1;
+      }
+      r.tok[i] = t;
+      r.pos[i] = ps;
+      r.seq[i] = s;
+      seq_tokens(s)[ps] = known;  // the penalty windows of this step's sample rows read these (CPU)
+      last_row[s] = i;
+      r.row_out[i] = r.row_job[i] = -1;
       if (b.output(i) == Output::none) continue;
-      row_out[i] = n_out;
-      out_row[n_out] = i;
+      r.row_out[i] = n_out;
+      r.out_row[n_out] = i;
       if (b.output(i) == Output::sample) {
         const SamplingParams& sp = sampling[s];
         const auto win = penalty_window(sp, {seq_tokens(s), (size_t)ps + 1});
-        jobs[n_jobs] = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
-        row_job[i] = n_jobs++;
+        r.jobs[n_jobs] = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
+        r.row_job[i] = n_jobs++;
       }
       ++n_out;
     }
+    r.n = n;
+    r.n_out = n_out;
+    r.n_jobs = n_jobs;
     StepRows rows;
     rows.n = n;
-    rows.token = tok.data();
-    rows.pos = pos.data();
-    rows.seq = seq.data();
+    rows.token = r.tok.data();
+    rows.pos = r.pos.data();
+    rows.seq = r.seq.data();
     rows.n_out = n_out;
-    rows.out_row = out_row.data();
-    be->step(rows, jobs.data(), n_jobs, results.data(), top.data(), stats);
-
-    last_rows = n;
+    rows.out_row = r.out_row.data();
+    const bool async = be->asynchronous();
+    if (async)
+      be->submit(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
+    else
+      be->step(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
+    // The step is the backend's now: the sequences' new lengths, and what kSampled will mean for them.
     ++stats.n_steps;
     stats.n_rows += n;
     stats.n_sampled += n_jobs;
+    next_rec = (next_rec + 1) % kRecords;
+    ++n_queued;
     for (int i = 0; i < n; ++i) {
-      const int s = seq[i];
-      len[s] = pos[i] + 1;
-      last_sampled[s] = row_job[i] >= 0 ? results[row_job[i]].token : -1;
+      const int s = r.seq[i];
+      len[s] = r.pos[i] + 1;
+      if (last_row[s] != i) continue;
+      if (r.row_job[i] >= 0) {
+        feed[s] = kQueued;
+        feed_rec[s] = ri;
+        feed_out[s] = r.row_out[i];
+      } else {
+        feed[s] = kNone;
+      }
     }
-    for (int j = 0; j < n_jobs; ++j) {
-      if (!results[j].nonfinite) continue;
-      const int i = out_row[jobs[j].out];
-      fail("step: the logits of sequence {} at position {} hold NaN or infinity (broken weights or overflow)",
-           seq[i], pos[i]);
+    if (!async) finish(ri);  // its results are there already
+    stats.submit_us +=
+        1e3 * std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++stats.n_submits;
+  }
+
+  // The host's side of a step that has run: tokens the device fed (sampled by the step before, finished
+  // already: known) into the sequences' copies, then this step's samples.
+  void finish(int ri) {
+    Record& r = rec[ri];
+    for (int i = 0; i < r.n; ++i)
+      if (r.tok[i] < 0) r.tok[i] = seq_tokens(r.seq[i])[r.pos[i]] = last_sampled[r.seq[i]];
+    for (int i = 0; i < r.n; ++i) {
+      const int s = r.seq[i];
+      last_sampled[s] = r.row_job[i] >= 0 ? r.results[r.row_job[i]].token : -1;
+      if (feed[s] == kQueued && feed_rec[s] == ri) feed[s] = kKnown;
     }
   }
 
+  void wait() {
+    if (n_queued == 0) fail("wait: no step is queued");
+    const int ri = (next_rec - n_queued + kRecords) % kRecords;
+    Record& r = rec[ri];
+    --n_queued;
+    shown = ri;
+    if (be->asynchronous()) {
+      be->complete(stats);
+      finish(ri);
+    }
+    for (int j = 0; j < r.n_jobs; ++j) {
+      if (!r.results[j].nonfinite) continue;
+      const int i = r.out_row[r.jobs[j].out];
+      fail("step: the logits of sequence {} at position {} hold NaN or infinity (broken weights or overflow)",
+           r.seq[i], r.pos[i]);
+    }
+  }
+
+  const Record* shown_rec() const {
+    return shown >= 0 ? &rec[shown] : nullptr;
+  }
   int job_of(int row, const char* what) const {
-    if (row < 0 || row >= last_rows || row_job[row] < 0)
+    const Record* r = shown_rec();
+    if (!r || row < 0 || row >= r->n || r->row_job[row] < 0)
       fail("{}: row {} of the last step did not ask for a sampled token", what, row);
-    return row_job[row];
+    return r->row_job[row];
   }
 };
 
@@ -294,9 +387,7 @@ const ContextParams& Context::params() const {
 }
 Footprint Context::footprint() const {
   Footprint f = impl_->be->footprint();
-  const Impl& im = *impl_;
-  f.scratch += im.tokens.bytes() + im.tok.bytes() * 5 + im.out_row.bytes() + im.next_pos.bytes() +
-               im.top.bytes() + im.jobs.size() * (sizeof(SampleJob) + sizeof(SampleResult));
+  f.scratch += Impl::engine_bytes(impl_->p);
   return f;
 }
 std::span<const std::string> Context::warnings() const {
@@ -321,14 +412,76 @@ void Context::crop(int seq, int n) {
   impl_->check_seq(seq, "crop");
   if (n < 0 || n > impl_->len[seq])
     fail("crop: sequence {} holds {} tokens, cannot keep {}", seq, impl_->len[seq], n);
-  if (n < impl_->len[seq]) impl_->last_sampled[seq] = -1;
+  impl_->check_idle("crop");
+  if (n < impl_->len[seq]) impl_->feed[seq] = Impl::kNone;
   impl_->len[seq] = n;
 }
 
 void testing::poison_kv_past_length(Context& ctx, int seq) {
   Context::Impl& c = ctx.impl();
   c.check_seq(seq, "poison_kv_past_length");
+  c.check_idle("poison_kv_past_length");
   c.be->poison_kv(seq, c.len[seq]);
+}
+
+namespace {
+
+// testing::defer_steps: the wrapped backend runs each step when it is completed.
+class DeferredBackend final : public Backend {
+ public:
+  DeferredBackend(std::unique_ptr<Backend> inner, int n_batch, int n_outputs)
+      : inner_(std::move(inner)), tok_(n_batch), prev_(n_outputs, -1) {}
+  const char* name() const override { return inner_->name(); }
+  Footprint footprint() const override { return inner_->footprint(); }
+  void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
+            StepStats& stats) override {
+    submit(rows, jobs, n_jobs, results, top, stats);
+    complete(stats);
+  }
+  bool asynchronous() const override { return true; }
+  void submit(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
+              TokenLogprob* top, StepStats&) override {
+    if (n_ >= 2) fail("deferred backend: two steps are outstanding already");
+    q_[(head_ + n_) % 2] = {rows, jobs, n_jobs, results, top};
+    ++n_;
+  }
+  void complete(StepStats& stats) override {
+    if (n_ == 0) fail("deferred backend: no step is outstanding");
+    Q q = q_[head_];
+    head_ = (head_ + 1) % 2;
+    --n_;
+    for (int i = 0; i < q.rows.n; ++i) {
+      const int32_t t = q.rows.token[i];
+      tok_[i] = t <= -2 ? prev_[-2 - t] : t;
+    }
+    q.rows.token = tok_.data();
+    inner_->step(q.rows, q.jobs, q.n_jobs, q.results, q.top, stats);
+    std::fill(prev_.begin(), prev_.end(), -1);
+    for (int j = 0; j < q.n_jobs; ++j) prev_[q.jobs[j].out] = q.results[j].token;
+  }
+  const float* logits(int k) override { return inner_->logits(k); }
+  void poison_kv(int seq, int from) override { inner_->poison_kv(seq, from); }
+
+ private:
+  struct Q {
+    StepRows rows;
+    const SampleJob* jobs;
+    int n_jobs;
+    SampleResult* results;
+    TokenLogprob* top;
+  };
+  std::unique_ptr<Backend> inner_;
+  std::vector<int32_t> tok_, prev_;
+  Q q_[2]{};
+  int head_ = 0, n_ = 0;
+};
+
+}  // namespace
+
+void testing::defer_steps(Context& ctx) {
+  Context::Impl& c = ctx.impl();
+  c.check_idle("defer_steps");
+  c.be = std::make_unique<DeferredBackend>(std::move(c.be), c.p.n_batch, c.p.n_outputs);
 }
 
 void Context::set_sampling(int seq, const SamplingParams& p) {
@@ -354,24 +507,41 @@ void Context::restore(int seq, const SeqSnapshot& s) {
 }
 
 void Context::step(const Batch& batch) {
-  impl_->step(batch);
+  impl_->check_idle("step");
+  impl_->submit(batch);
+  impl_->wait();
+}
+void Context::submit(const Batch& batch) {
+  impl_->submit(batch);
+}
+void Context::wait() {
+  impl_->wait();
+}
+int Context::n_queued() const {
+  return impl_->n_queued;
+}
+bool Context::asynchronous() const {
+  return impl_->be->asynchronous();
 }
 
 int32_t Context::sampled(int row) const {
-  return impl_->results[impl_->job_of(row, "sampled")].token;
+  return impl_->shown_rec()->results[impl_->job_of(row, "sampled")].token;
 }
 float Context::logprob(int row) const {
-  return impl_->results[impl_->job_of(row, "logprob")].logprob;
+  return impl_->shown_rec()->results[impl_->job_of(row, "logprob")].logprob;
 }
 std::span<const TokenLogprob> Context::top_logprobs(int row) const {
   const int j = impl_->job_of(row, "top_logprobs");
-  return {impl_->top.data() + (size_t)j * SamplingParams::kMaxProbs, (size_t)impl_->results[j].n_top};
+  const Impl::Record& r = *impl_->shown_rec();
+  return {r.top.data() + (size_t)j * SamplingParams::kMaxProbs, (size_t)r.results[j].n_top};
 }
 std::span<const float> Context::logits(int row) {
   const Impl& im = *impl_;
-  if (row < 0 || row >= im.last_rows || im.row_out[row] < 0)
+  const Impl::Record* r = im.shown_rec();
+  if (!r || row < 0 || row >= r->n || r->row_out[row] < 0)
     fail("logits: row {} of the last step did not ask for an output", row);
-  return {impl_->be->logits(im.row_out[row]), (size_t)im.m.hp.n_vocab};
+  im.check_idle("logits");
+  return {impl_->be->logits(r->row_out[row]), (size_t)im.m.hp.n_vocab};
 }
 const StepStats& Context::stats() const {
   return impl_->stats;

@@ -47,28 +47,64 @@ GenerateResult generate(Context& ctx, std::span<const int32_t> prompt, const Gen
   r.prompt_ms = ms_since(t0);
   r.n_prompt = (int)prompt.size();
 
+  const bool ahead = gp.lookahead && ctx.asynchronous();
+  // Lookahead: eval_ms is the wall time from the first decode submit to the last wait (callbacks included:
+  // they overlap the device's work).
+  auto t_first = clock::now();
   for (int i = 0; i < gp.n_predict; ++i) {
     const int32_t tok = ctx.sampled(row);
     ++r.n_generated;
-    if (on_token && !on_token(tok, ctx, row)) {
+    // Lookahead: the next step goes to the device before the host looks at this token.
+    const int n = ctx.seq_len(seq);
+    const bool more = i + 1 < gp.n_predict && n < n_ctx;
+    bool queued = false;
+    if (ahead && more) {
+      if (i == 0) t_first = clock::now();
+      batch.clear();
+      batch.add(Batch::kSampled, n, seq, Output::sample);
+      ctx.submit(batch);
+      queued = true;
+    }
+    auto drop_queued = [&] {  // a step past the end: finish it and forget its row
+      if (!queued) return;
+      ctx.wait();
+      ctx.crop(seq, ctx.seq_len(seq) - 1);
+    };
+    bool go_on = true;
+    if (on_token) {
+      try {
+        go_on = on_token(tok, ctx, row);
+      } catch (...) {
+        drop_queued();
+        throw;
+      }
+    }
+    if (!go_on) {
+      drop_queued();
       r.stopped_by_caller = true;
       break;
     }
     if (!gp.ignore_eos && ctx.model().is_eog(tok)) {
+      drop_queued();
       r.stopped_eog = true;
       break;
     }
     if (i + 1 == gp.n_predict) break;
-    const int n = ctx.seq_len(seq);
-    if (n >= n_ctx) {
+    if (!more) {
       r.context_full = true;
       break;
     }
     t0 = clock::now();
-    batch.clear();
-    row = batch.add(tok, n, seq, Output::sample);
-    ctx.step(batch);
-    r.eval_ms += ms_since(t0);
+    if (queued) {
+      ctx.wait();
+      r.eval_ms = ms_since(t_first);
+      row = 0;
+    } else {
+      batch.clear();
+      row = batch.add(tok, n, seq, Output::sample);
+      ctx.step(batch);
+      r.eval_ms += ms_since(t0);
+    }
     ++r.n_eval;
   }
   r.sample_ms = ctx.stats().sample_ms - sample0;

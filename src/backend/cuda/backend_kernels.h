@@ -7,13 +7,21 @@
 
 namespace ultra::cuda {
 
-// Writes the tokens of a step into the device copy of the sequences' tokens, which the sampler's penalty
-// windows read: log[seq[t], pos[t]] = token[t]; rows with seq < 0 (padding) are skipped.
+// Resolves the tokens the device feeds and writes the tokens of a step into the device copy of the
+// sequences' tokens, which the sampler's penalty windows read. A token -2 - k (k >= 0) becomes prev[k], the
+// token the previous step sampled for its output k (written back into token[t], before the embedding reads
+// it); then log[seq[t], pos[t]] = token[t]. Rows with seq < 0 (padding) are skipped.
 cudaError_t token_log_write(int32_t* log,  // [n_slots, n_ctx]
                             int n_ctx, int n_slots,
-                            const int32_t* token,  // [n]
-                            const int32_t* pos,    // [n]
-                            const int32_t* seq,    // [n]
+                            int32_t* token,       // [n]
+                            const int32_t* pos,   // [n]
+                            const int32_t* seq,   // [n]
+                            const int32_t* prev,  // [outputs of the previous step]
                             int n, cudaStream_t stream);
+
+// dst[0, bytes) = src[0, bytes) by a kernel (16-byte words; bytes a multiple of 16, both 16-byte aligned),
+// where one side may be pinned host memory (read or written over the bus by the kernel): a step's input
+// upload and result download as kernel nodes instead of copy nodes in its graph.
+cudaError_t copy_kernel(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
 }  // namespace ultra::cuda

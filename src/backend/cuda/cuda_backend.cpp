@@ -148,6 +148,11 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION_PDL"); e && *e)
     cuda::tuning::set_attention_pdl(*e != '0');
   if (const char* e = std::getenv("ULTRA_CUDA_FUSE"); e && *e) fuse_ = std::atoi(e);
+  // A step's input upload and result download are kernels that read / write the pinned host blocks over
+  // the bus, so that a step's graph holds kernel nodes only: its launch call costs the host 2.4-3.7 us
+  // against 6-9 us with the two copy nodes (measured on an H200, bench/decode_ab.py io-copy), and decode is
+  // 1% (1B shape) to 7% (bundled model) faster. ULTRA_CUDA_STEP_IO=copy: copy nodes (A/B).
+  if (const char* e = std::getenv("ULTRA_CUDA_STEP_IO"); e && *e) io_kernels_ = std::strcmp(e, "copy") != 0;
   // ULTRA_CUDA_GEMV=1|2|3: every gemv through the column-split (1), split-K (2) or, for one row, the
   // weight-streaming (3; ULTRA_CUDA_GEMV_SMEM=bytes of its shared memory) kernel instead of the automatic
   // choice (ULTRA_CUDA_GEMV_STREAM=0: that choice without the streaming kernel, which it takes for one row);
@@ -273,11 +278,14 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   lay_.top_logprob = put((size_t)n_out_cap_ * cuda::kSamplerMaxProbs * 4);
   lay_.error = put((size_t)n_out_cap_ * 4);
   lay_.out_bytes = o;
-  check(cudaMallocHost((void**)&h_in_, lay_.in_bytes), "pinned host allocation");
-  check(cudaMallocHost((void**)&h_out_, lay_.out_bytes), "pinned host allocation");
+  for (int i = 0; i < kInFlight; ++i) {
+    check(cudaMallocHost((void**)&h_in_[i], lay_.in_bytes), "pinned host allocation");
+    check(cudaMallocHost((void**)&h_out_[i], lay_.out_bytes), "pinned host allocation");
+    std::memset(h_in_[i], 0, lay_.in_bytes);
+    check(cudaEventCreateWithFlags(&done_ev_[i], cudaEventDisableTiming), "event creation");
+  }
   check(cudaMallocHost((void**)&h_logits_, (size_t)n_out_cap_ * hp.n_vocab * sizeof(float)),
         "pinned host allocation");
-  std::memset(h_in_, 0, lay_.in_bytes);
   d_in_ = static_cast<uint8_t*>(mem_.alloc(lay_.in_bytes, "step inputs"));
   d_out_ = static_cast<uint8_t*>(mem_.alloc(lay_.out_bytes, "step results"));
   logits_ready_.assign(n_out_cap_, 0);
@@ -302,10 +310,14 @@ CudaBackend::~CudaBackend() {
   for (auto& pair : gap_ev_)
     for (cudaEvent_t ev : pair)
       if (ev) cudaEventDestroy(ev);
-  for (cudaGraphExec_t g : graphs_)
-    if (g) cudaGraphExecDestroy(g);
-  if (h_in_) cudaFreeHost(h_in_);
-  if (h_out_) cudaFreeHost(h_out_);
+  for (auto& set : graphs_)
+    for (cudaGraphExec_t g : set)
+      if (g) cudaGraphExecDestroy(g);
+  for (int i = 0; i < kInFlight; ++i) {
+    if (h_in_[i]) cudaFreeHost(h_in_[i]);
+    if (h_out_[i]) cudaFreeHost(h_out_[i]);
+    if (done_ev_[i]) cudaEventDestroy(done_ev_[i]);
+  }
   if (h_logits_) cudaFreeHost(h_logits_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -458,25 +470,33 @@ Footprint CudaBackend::footprint() const {
   Footprint f;
   f.weights = m_.weight_bytes;
   f.kv = kv_bytes_;
-  f.scratch = scratch_bytes_ + lay_.in_bytes + lay_.out_bytes;
+  f.scratch = scratch_bytes_ + (1 + kInFlight) * (lay_.in_bytes + lay_.out_bytes);
   return f;
 }
 
 int CudaBackend::n_graphs() const {
   int n = 0;
-  for (cudaGraphExec_t g : graphs_) n += g != nullptr;
+  for (const auto& set : graphs_)
+    for (cudaGraphExec_t g : set) n += g != nullptr;
   return n;
 }
 
-void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan) {
+void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan, const uint8_t* h_in,
+                          uint8_t* h_out) {
   prof_begin("input upload");
-  check(cudaMemcpyAsync(d_in_, h_in_, lay_.in_bytes, cudaMemcpyHostToDevice, stream_), "input upload");
+  if (io_kernels_)
+    check(cuda::copy_kernel(d_in_, h_in, lay_.in_bytes, stream_), "input upload");
+  else
+    check(cudaMemcpyAsync(d_in_, h_in, lay_.in_bytes, cudaMemcpyHostToDevice, stream_), "input upload");
   prof_end();
-  const int32_t* tok = reinterpret_cast<const int32_t*>(d_in_ + lay_.tok);
+  int32_t* tok = reinterpret_cast<int32_t*>(d_in_ + lay_.tok);
   const int32_t* pos = reinterpret_cast<const int32_t*>(d_in_ + lay_.pos);
   const int32_t* seq = reinterpret_cast<const int32_t*>(d_in_ + lay_.seq);
   prof_begin("token log");
-  check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, pos, seq, n, stream_), "token log");
+  // The previous step's sampled tokens are still in d_out_: this step's sampler writes it later.
+  check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, pos, seq,
+                              reinterpret_cast<const int32_t*>(d_out_ + lay_.token), n, stream_),
+        "token log");
   prof_end();
   StepRows rows;
   rows.n = n;
@@ -498,15 +518,29 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
                        reinterpret_cast<const cuda::SamplerRow*>(d_in_ + lay_.srow), n_out, out, sampler_ws_,
                        stream_),
           "sampler");
-    check(cudaMemcpyAsync(h_out_, d_out_, lay_.out_bytes, cudaMemcpyDeviceToHost, stream_),
-          "result download");
+    if (io_kernels_)
+      check(cuda::copy_kernel(h_out, d_out_, lay_.out_bytes, stream_), "result download");
+    else
+      check(cudaMemcpyAsync(h_out, d_out_, lay_.out_bytes, cudaMemcpyDeviceToHost, stream_),
+            "result download");
   }
 }
 
 void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
                        TokenLogprob* top, StepStats& stats) {
+  submit(rows, jobs, n_jobs, results, top, stats);
+  complete(stats);
+}
+
+void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
+                         TokenLogprob* top, StepStats& stats) {
+  if (n_out_q_ >= kInFlight) fail("CUDA backend: {} steps are outstanding already", kInFlight);
   const auto t0 = std::chrono::steady_clock::now();
   const int n = rows.n;
+  // The blocks of step i - kInFlight are free again: the engine completed it before submitting this one.
+  const int par = (int)(n_submitted_ % kInFlight);
+  uint8_t* h_in = h_in_[par];
+  uint8_t* h_out = h_out_[par];
   // The graph slot of this step: the smallest row bucket that holds it (its outputs padded to the bucket),
   // or, for a full prefill chunk of n_batch rows, the prefill slot (outputs padded to n_out_cap); else none.
   int bi = -1, n_eff = n, n_out_eff = rows.n_out;
@@ -523,11 +557,11 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
   }
 
   // Stage the rows (padding rows: sequence -1) and one sampler row per output.
-  int32_t* tok = reinterpret_cast<int32_t*>(h_in_ + lay_.tok);
-  int32_t* pos = reinterpret_cast<int32_t*>(h_in_ + lay_.pos);
-  int32_t* seq = reinterpret_cast<int32_t*>(h_in_ + lay_.seq);
-  int32_t* out_row = reinterpret_cast<int32_t*>(h_in_ + lay_.out_row);
-  cuda::SamplerRow* srow = reinterpret_cast<cuda::SamplerRow*>(h_in_ + lay_.srow);
+  int32_t* tok = reinterpret_cast<int32_t*>(h_in + lay_.tok);
+  int32_t* pos = reinterpret_cast<int32_t*>(h_in + lay_.pos);
+  int32_t* seq = reinterpret_cast<int32_t*>(h_in + lay_.seq);
+  int32_t* out_row = reinterpret_cast<int32_t*>(h_in + lay_.out_row);
+  cuda::SamplerRow* srow = reinterpret_cast<cuda::SamplerRow*>(h_in + lay_.srow);
   for (int i = 0; i < n_eff; ++i) {
     const bool real = i < n;
     tok[i] = real ? rows.token[i] : 0;
@@ -564,24 +598,26 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
   if (prof_.on) bi = -1;  // every step runs directly, op by op
   prof_.recording = prof_.on && n == 1;
   prof_.n_ops = 0;
-  const bool replay = bi >= 0 && graphs_[bi];
+  auto& graphs = graphs_[par];
+  const bool replay = bi >= 0 && graphs[bi];
+  const int64_t index = n_submitted_;
   if (replay) {
-    if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[gap_cur_][0], stream_), "timing event");
+    if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[index % 3][0], stream_), "timing event");
     const auto tl = std::chrono::steady_clock::now();
-    check(cudaGraphLaunch(graphs_[bi], stream_), "graph launch");
+    check(cudaGraphLaunch(graphs[bi], stream_), "graph launch");
     last_launch_us_ = ms_since(tl) * 1e3;
     ++stats.n_graph_launches;
     stats.launch_us += last_launch_us_;
-    if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[gap_cur_][1], stream_), "timing event");
+    if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[index % 3][1], stream_), "timing event");
   } else {
-    enqueue(n_eff, n_out_eff, bi >= 0 || n_jobs > 0, *plan);
+    enqueue(n_eff, n_out_eff, bi >= 0 || n_jobs > 0, *plan, h_in, h_out);
     if (bi >= 0) {
       // The bucket's first step ran directly (modules loaded, cuBLASLt heuristics cached): capture it.
       check(cudaStreamSynchronize(stream_), "step");
       cudaGraph_t graph = nullptr;
       check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
       try {
-        enqueue(n_eff, n_out_eff, true, *plan);
+        enqueue(n_eff, n_out_eff, true, *plan, h_in, h_out);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -591,24 +627,39 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
       size_t n_nodes = 0;
       cudaGraphGetNodes(graph, nullptr, &n_nodes);
       graph_nodes_[bi] = (int)n_nodes;
-      const cudaError_t e = cudaGraphInstantiate(&graphs_[bi], graph, 0);
+      const cudaError_t e = cudaGraphInstantiate(&graphs[bi], graph, 0);
       cudaGraphDestroy(graph);
       check(e, "graph instantiation");
-      check(cudaGraphUpload(graphs_[bi], stream_), "graph upload");  // so that its first launch is not slower
+      check(cudaGraphUpload(graphs[bi], stream_), "graph upload");  // so that its first launch is not slower
     }
   }
-  check(cudaStreamSynchronize(stream_), "step");
-  stats.forward_ms += ms_since(t0);  // sampling included: it runs inside the step on the device
-  if (p_.gpu_timing) {
-    if (replay && gap_prev_) {  // from the end of the previous replay to the start of this one
+  check(cudaEventRecord(done_ev_[par], stream_), "step event");
+  Outstanding& o = out_q_[index % kInFlight];
+  o = {jobs, n_jobs, results, top, par, replay, index, t0};
+  ++n_out_q_;
+  ++n_submitted_;
+}
+
+void CudaBackend::complete(StepStats& stats) {
+  if (n_out_q_ == 0) fail("CUDA backend: no step is outstanding");
+  const Outstanding o = out_q_[(n_submitted_ - n_out_q_) % kInFlight];
+  --n_out_q_;
+  check(cudaEventSynchronize(done_ev_[o.parity]), "step");
+  // The step's share of the wall time: from its submission, or from the previous step's end when it was
+  // queued behind it (sampling included: it runs inside the step on the device).
+  const auto now = std::chrono::steady_clock::now();
+  const auto from = std::max(o.t0, last_done_);
+  stats.forward_ms += std::chrono::duration<double, std::milli>(now - from).count();
+  last_done_ = now;
+  if (p_.gpu_timing && o.replay) {
+    if (gap_prev_ == o.index - 1) {  // from the end of the previous replay to the start of this one
       float ms = 0;
-      if (cudaEventElapsedTime(&ms, gap_ev_[gap_cur_ ^ 1][1], gap_ev_[gap_cur_][0]) == cudaSuccess) {
+      if (cudaEventElapsedTime(&ms, gap_ev_[(o.index - 1) % 3][1], gap_ev_[o.index % 3][0]) == cudaSuccess) {
         stats.gpu_idle_us += 1e3 * ms;
         ++stats.n_gpu_gaps;
       }
     }
-    gap_prev_ = replay;
-    if (replay) gap_cur_ ^= 1;
+    gap_prev_ = o.index;
   }
   if (prof_.recording && prof_.n_ops > 0) {
     for (int i = 0; i < prof_.n_ops; ++i) {
@@ -626,15 +677,20 @@ void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, 
     float ms = 0;
     cudaEventElapsedTime(&ms, prof_.ev[0], prof_.ev[2 * prof_.n_ops - 1]);
     prof_.gpu_us += 1e3 * ms;
-    prof_.wall_us += 1e3 * ms_since(t0);
+    prof_.wall_us += 1e3 * std::chrono::duration<double, std::milli>(now - o.t0).count();
     ++prof_.steps;
   }
 
-  const int32_t* r_tok = reinterpret_cast<const int32_t*>(h_out_ + lay_.token);
-  const float* r_lp = reinterpret_cast<const float*>(h_out_ + lay_.logprob);
-  const int32_t* r_ttok = reinterpret_cast<const int32_t*>(h_out_ + lay_.top_token);
-  const float* r_tlp = reinterpret_cast<const float*>(h_out_ + lay_.top_logprob);
-  const int32_t* r_err = reinterpret_cast<const int32_t*>(h_out_ + lay_.error);
+  const uint8_t* h_out = h_out_[o.parity];
+  const SampleJob* jobs = o.jobs;
+  SampleResult* results = o.results;
+  TokenLogprob* top = o.top;
+  const int n_jobs = o.n_jobs;
+  const int32_t* r_tok = reinterpret_cast<const int32_t*>(h_out + lay_.token);
+  const float* r_lp = reinterpret_cast<const float*>(h_out + lay_.logprob);
+  const int32_t* r_ttok = reinterpret_cast<const int32_t*>(h_out + lay_.top_token);
+  const float* r_tlp = reinterpret_cast<const float*>(h_out + lay_.top_logprob);
+  const int32_t* r_err = reinterpret_cast<const int32_t*>(h_out + lay_.error);
   for (int j = 0; j < n_jobs; ++j) {
     const int k = jobs[j].out;
     SampleResult& r = results[j];

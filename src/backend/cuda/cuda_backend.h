@@ -3,16 +3,22 @@
 // and the sampler inside the step. Steps of up to 32 rows run as CUDA graphs, one per row bucket (1, 2, 4,
 // 8, 16, 32) and one for a full prefill chunk of n_batch rows: the first step of a slot runs directly (module
 // loading, cuBLASLt heuristics) and is then captured, with its input upload and result download, so a later
-// step is one graph launch and one stream synchronisation. Rows are padded to the bucket with padding rows
+// step is one graph launch and one event synchronisation. Rows are padded to the bucket with padding rows
 // (sequence -1) that the kernels skip; positions, sequence ids, tokens and sampler settings are read from
 // device memory, so one graph serves every position. Other steps (a prefill chunk shorter than n_batch) run
 // directly. Matmuls of more than 32 rows run on cuBLASLt, which allocates host memory in every direct call
 // (about 4 allocations per matmul, measured): only captured steps are allocation-free.
+//
+// Steps are asynchronous (Backend::submit / complete): two can be outstanding, each with its own pinned
+// input and result blocks (and its own set of graphs, whose IO kernels name them), so the host stages and
+// launches step k + 1 while step k runs. A token the previous step sampled is fed on the device: the first
+// kernel of a step replaces each token -2 - k by output k of the previous step's results.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -58,12 +64,17 @@ class CudaBackend final : public Backend, private ForwardOps {
   Footprint footprint() const override;
   void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
             StepStats& stats) override;
+  bool asynchronous() const override { return !prof_.on; }  // profiling times each step alone
+  void submit(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
+              TokenLogprob* top, StepStats& stats) override;
+  void complete(StepStats& stats) override;
   const float* logits(int k) override;
   void poison_kv(int seq, int from) override;
 
   // For tests and benchmarks.
   int n_graphs() const;
   int graph_nodes(int slot) const { return graph_nodes_[slot]; }
+  static constexpr int kInFlight = 2;  // outstanding steps
   const DeviceAllocator& allocator() const { return mem_; }
   double last_launch_us() const { return last_launch_us_; }  // host time of the last graph launch call
 
@@ -101,7 +112,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   void upload_weights();
   // Enqueues one whole step on the stream: upload of the staged inputs, forward over n rows with n_out
   // outputs, sampling of n_out sampler rows (those with logits_row < 0 are skipped), download of results.
-  void enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan);
+  // h_in / h_out: the pinned blocks of the step (one of kInFlight).
+  void enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan, const uint8_t* h_in,
+               uint8_t* h_out);
 
   const ModelData& m_;
   ContextParams p_;
@@ -148,6 +161,7 @@ class CudaBackend final : public Backend, private ForwardOps {
     kSkipLmHead = 256
   };
   unsigned skip_ = 0;
+  bool io_kernels_ = true;  // step IO by kernels over the bus (ULTRA_CUDA_STEP_IO=copy: copy nodes)
   bool l2_prefetch_ =
       true;  // ULTRA_CUDA_L2_PREFETCH: the output projection's weights into L2 during attention
 
@@ -156,12 +170,27 @@ class CudaBackend final : public Backend, private ForwardOps {
     size_t tok, pos, seq, out_row, srow, in_bytes;                    // inputs
     size_t token, logprob, top_token, top_logprob, error, out_bytes;  // results
   } lay_{};
-  uint8_t* h_in_ = nullptr;
+  std::array<uint8_t*, kInFlight> h_in_{};  // by submission parity
   uint8_t* d_in_ = nullptr;
-  uint8_t* h_out_ = nullptr;
+  std::array<uint8_t*, kInFlight> h_out_{};
   uint8_t* d_out_ = nullptr;
-  float* h_logits_ = nullptr;          // [n_out_cap, n_vocab] pinned, filled on demand
-  std::vector<uint8_t> logits_ready_;  // [n_out_cap]
+  std::array<cudaEvent_t, kInFlight> done_ev_{};  // recorded after each step's commands
+  struct Outstanding {                            // a submitted step, until complete()
+    const SampleJob* jobs = nullptr;
+    int n_jobs = 0;
+    SampleResult* results = nullptr;
+    TokenLogprob* top = nullptr;
+    int parity = 0;
+    bool replay = false;
+    int64_t index = 0;  // submission count
+    std::chrono::steady_clock::time_point t0;
+  };
+  std::array<Outstanding, kInFlight> out_q_{};
+  int n_out_q_ = 0;
+  int64_t n_submitted_ = 0;
+  std::chrono::steady_clock::time_point last_done_{};  // when the host saw the previous step finish
+  float* h_logits_ = nullptr;                          // [n_out_cap, n_vocab] pinned, filled on demand
+  std::vector<uint8_t> logits_ready_;                  // [n_out_cap]
 
   // ULTRA_CUDA_PROFILE=1: no graphs; every op of a single-row step is timed with events and a table of
   // microseconds per op and step is printed when the backend is destroyed (where decode time goes, and
@@ -182,12 +211,12 @@ class CudaBackend final : public Backend, private ForwardOps {
   void prof_end();
   void print_profile() const;
 
-  // ContextParams::gpu_timing: events before / after the replays of two consecutive steps.
-  cudaEvent_t gap_ev_[2][2]{};
-  int gap_cur_ = 0;
-  bool gap_prev_ = false;  // the previous step was a timed replay
+  // ContextParams::gpu_timing: events before / after the replay of step i in gap_ev_[i % 3] (three, so that
+  // completing step i can still read step i - 1's while step i + 1 is submitted).
+  cudaEvent_t gap_ev_[3][2]{};
+  int64_t gap_prev_ = -1;  // submission index of the last completed replay
 
-  std::array<cudaGraphExec_t, kBuckets.size() + 1> graphs_{};
+  std::array<std::array<cudaGraphExec_t, kBuckets.size() + 1>, kInFlight> graphs_{};  // [parity][slot]
   std::array<int, kBuckets.size() + 1> graph_nodes_{};
   double last_launch_us_ = 0;
   size_t scratch_bytes_ = 0;
