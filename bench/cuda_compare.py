@@ -170,6 +170,7 @@ def main():
             r["ultra"] = {x["test"]: x["tps_mean"] for x in u["results"]}
             r["launch_us"] = u.get("launch_us_mean", 0)
             r["idle_us"] = u.get("gpu_idle_us_mean", 0)
+            r["submit_us"] = u.get("decode_submit_us_mean", 0)
             pp = r["ultra"][f"pp{args.prompt}"]
             r["pp_tflops"] = pp * 2 * matmul_params(cfg) / 1e12
             print(f"[{shape}] ultra ({time.time() - t0:.0f} s): {json.dumps(r['ultra'])}, launch "
@@ -208,8 +209,11 @@ def main():
             eager = f"{r.get('torch_eager_tg', 0):.1f}" if par == 1 and depth == "128" else ""
             comp = f"{r.get('torch_compiled_tg', 0):.1f}" if par == 1 and depth == "128" else ""
             print(f"| {shape} | {test} | {tps:.1f} | {roof} | {eager} | {comp} | {ref} |")
-        print(f"| {shape} | host launch per step | {r.get('launch_us', 0):.2f} us | | | | |")
-        print(f"| {shape} | GPU idle between steps | {r.get('idle_us', 0):.2f} us | | | | |")
+        # Means over every graph step of the run (x8 / x32 and prefill included): bench/decode_ab.py gives
+        # the one-row decode step's.
+        print(f"| {shape} | host launch call per graph step (all steps) | {r.get('launch_us', 0):.2f} us | | | | |")
+        print(f"| {shape} | host submit per decode step (all tg runs) | {r.get('submit_us', 0):.2f} us | | | | |")
+        print(f"| {shape} | GPU idle between graph steps (all steps) | {r.get('idle_us', 0):.2f} us | | | | |")
 
 
 def SHAPES_CFG(shape):

@@ -598,13 +598,13 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
   if (prof_.on) bi = -1;  // every step runs directly, op by op
   prof_.recording = prof_.on && n == 1;
   prof_.n_ops = 0;
-  auto& graphs = graphs_[par];
-  const bool replay = bi >= 0 && graphs[bi];
+  const cudaGraphExec_t graph = bi >= 0 ? graphs_[par][bi] : nullptr;
+  const bool replay = graph != nullptr;
   const int64_t index = n_submitted_;
   if (replay) {
     if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[index % 3][0], stream_), "timing event");
     const auto tl = std::chrono::steady_clock::now();
-    check(cudaGraphLaunch(graphs[bi], stream_), "graph launch");
+    check(cudaGraphLaunch(graph, stream_), "graph launch");
     last_launch_us_ = ms_since(tl) * 1e3;
     ++stats.n_graph_launches;
     stats.launch_us += last_launch_us_;
@@ -612,25 +612,29 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
   } else {
     enqueue(n_eff, n_out_eff, bi >= 0 || n_jobs > 0, *plan, h_in, h_out);
     if (bi >= 0) {
-      // The bucket's first step ran directly (modules loaded, cuBLASLt heuristics cached): capture it.
+      // The bucket's first step ran directly (modules loaded, cuBLASLt heuristics cached): capture it, for
+      // both sets of pinned blocks at once (a capture runs nothing), so that no later step runs directly.
       check(cudaStreamSynchronize(stream_), "step");
-      cudaGraph_t graph = nullptr;
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
-      try {
-        enqueue(n_eff, n_out_eff, true, *plan, h_in, h_out);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
+      for (int q = 0; q < kInFlight; ++q) {
+        if (graphs_[q][bi]) continue;
+        cudaGraph_t graph = nullptr;
+        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+        try {
+          enqueue(n_eff, n_out_eff, true, *plan, h_in_[q], h_out_[q]);
+        } catch (...) {
+          cudaStreamEndCapture(stream_, &graph);
+          if (graph) cudaGraphDestroy(graph);
+          throw;
+        }
+        check(cudaStreamEndCapture(stream_, &graph), "graph capture");
+        size_t n_nodes = 0;
+        cudaGraphGetNodes(graph, nullptr, &n_nodes);
+        graph_nodes_[bi] = (int)n_nodes;
+        const cudaError_t e = cudaGraphInstantiate(&graphs_[q][bi], graph, 0);
+        cudaGraphDestroy(graph);
+        check(e, "graph instantiation");
+        check(cudaGraphUpload(graphs_[q][bi], stream_), "graph upload");  // its first launch is not slower
       }
-      check(cudaStreamEndCapture(stream_, &graph), "graph capture");
-      size_t n_nodes = 0;
-      cudaGraphGetNodes(graph, nullptr, &n_nodes);
-      graph_nodes_[bi] = (int)n_nodes;
-      const cudaError_t e = cudaGraphInstantiate(&graphs[bi], graph, 0);
-      cudaGraphDestroy(graph);
-      check(e, "graph instantiation");
-      check(cudaGraphUpload(graphs[bi], stream_), "graph upload");  // so that its first launch is not slower
     }
   }
   check(cudaEventRecord(done_ev_[par], stream_), "step event");
