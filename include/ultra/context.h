@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,6 +68,9 @@ struct ContextParams {
   // gets the GPU's idle time between consecutive replays (host work between steps); about 1 us of host
   // time per step. `ultra bench` turns it on.
   bool gpu_timing = false;
+  // GPU backend: progress of the weight upload when it takes more than a second (bytes done, bytes in all):
+  // called at most every 100 ms, and once more when done (done == total). The CLI prints a progress line.
+  std::function<void(size_t done, size_t total)> upload_progress = nullptr;
 };
 
 // Memory a context holds, in bytes.

@@ -84,6 +84,11 @@ void apply_device_flags(const std::string& device, const std::string& kv_type, C
   p.backend = device == "cuda" ? BackendKind::cuda : BackendKind::cpu;
   const std::string t = kv_type.empty() ? (device == "cuda" ? "f16" : "f32") : kv_type;
   p.kv_type = t == "bf16" ? KvType::bf16 : t == "f16" ? KvType::f16 : KvType::f32;
+  p.upload_progress = [](size_t done, size_t total) {
+    fmt::print(stderr, "\rloading the weights into GPU memory: {:3.0f}% ({} of {})", 100.0 * done / total,
+               human_bytes((double)done), human_bytes((double)total));
+    if (done == total) fmt::print(stderr, "\n");
+  };
 }
 
 std::string ModelFlags::kv_type_name() const {

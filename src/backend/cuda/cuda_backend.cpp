@@ -395,6 +395,8 @@ void CudaBackend::upload_weights() {
   uint8_t* base = static_cast<uint8_t*>(mem_.alloc(total, "weights"));
   std::unordered_map<const void*, uint8_t*> dev;  // host data -> its device copy
   size_t at = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double last_report_ms = -1;  // none yet
   for (const auto& b : blocks) {
     for (const Part& p : b) {
       if (p.src) {
@@ -404,9 +406,15 @@ void CudaBackend::upload_weights() {
         check(cudaMemset(base + at, 0, p.bytes), "weight upload");
       }
       at += p.bytes;
+      const double ms = ms_since(t0);
+      if (p_.upload_progress && ms > 1000 && ms - last_report_ms >= 100) {
+        p_.upload_progress(std::min(at, total), total);
+        last_report_ms = ms;
+      }
     }
     at = align_up(at);
   }
+  if (p_.upload_progress && last_report_ms >= 0) p_.upload_progress(total, total);
 
   auto dev_mat = [&](const WeightView& w) {
     WeightView d = w;
