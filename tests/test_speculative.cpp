@@ -76,6 +76,8 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
     const int V = tm.tokenizer() ? tm.tokenizer()->n_vocab() : tm.info().n_vocab;
     Context target(tm, {.n_ctx = 256, .n_batch = 16, .n_outputs = 16, .n_threads = 1});
     Context draft(dm, {.n_ctx = 256, .n_threads = 1});
+    Context queued_draft(dm, {.n_ctx = 256, .n_threads = 1});
+    ultra::testing::defer_steps(queued_draft);
     const SamplingParams g = SamplingParams::greedy();
     int64_t drafted = 0, accepted = 0;
     for (uint32_t s = 0; s < 3; ++s) {
@@ -98,6 +100,12 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
           EXPECT_EQ(got, want) << pr.target << " prompt " << s << " K " << K << " mode " << mode;
           drafted += st.drafted;
           accepted += st.accepted;
+          // The draft's steps queued behind each other with the token fed by the backend, as on a GPU
+          // (testing::defer_steps): the same tokens, with a fixed and an adaptive length.
+          if ((mode == 0 || mode == 3) && (K == 2 || K == 8)) {
+            EXPECT_EQ(speculative(target, &queued_draft, g, prompt, 40, spp), want)
+                << pr.target << " prompt " << s << " K " << K << " mode " << mode << " (queued draft steps)";
+          }
         }
       }
     }

@@ -212,13 +212,35 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
       dbatch.clear();
       if (n > have) dbatch.add_sequence(toks.subspan(have, n - have), have, dseq);
       dbatch.add(cur, n, dseq, out_kind);
-      draft->step(dbatch);
+      // Greedy on an asynchronous backend (the GPU): each draft step is queued behind the one before, its
+      // token fed on the device, so the device does not wait for the host between draft steps.
+      const bool queue = greedy && draft->asynchronous();
+      if (queue)
+        draft->submit(dbatch);
+      else
+        draft->step(dbatch);
       int drow = dbatch.size() - 1;
       for (int i = 0; i < k_max; ++i) {
         const int pos = n + i;  // the draft's row drow is the token at pos; it proposes pos + 1
+        bool queued_next = false;
+        if (queue) {
+          if (i + 1 < k_max) {
+            dbatch.clear();
+            dbatch.add(Batch::kSampled, pos + 1, dseq, out_kind);
+            draft->submit(dbatch);
+            queued_next = true;
+          }
+          draft->wait();  // the step of row drow
+        }
         if (greedy) {
           // Adaptive: stop when the draft is unsure (its sampler's probability of its argmax).
-          if (sp.p_min > 0 && std::exp(draft->logprob(drow)) < sp.p_min) break;
+          if (sp.p_min > 0 && std::exp(draft->logprob(drow)) < sp.p_min) {
+            if (queued_next) {  // the step queued past the stop: finish it and forget its row
+              draft->wait();
+              draft->crop(dseq, draft->seq_len(dseq) - 1);
+            }
+            break;
+          }
           drafts[i] = draft->sampled(drow);
         } else {
           Dist& qi = q[i];
@@ -232,9 +254,11 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
         from_model[i] = 1;
         k = i + 1;
         if (i + 1 == k_max) break;
-        dbatch.clear();
-        dbatch.add(drafts[i], pos + 1, dseq, out_kind);
-        draft->step(dbatch);
+        if (!queue) {
+          dbatch.clear();
+          dbatch.add(drafts[i], pos + 1, dseq, out_kind);
+          draft->step(dbatch);
+        }
         drow = 0;
       }
       st.draft_ms += ms_since(t0);
