@@ -666,8 +666,9 @@ TEST(Attention, GqaSlotsF32AndF16) {
 
 // ---- Gemma 2/3 ops ----
 
-// gelu_tanh(g) * u in f32 against float64: tanh (libm, ~1 ulp) and ~6 f32 roundings: relative 2e-6, plus an
-// absolute 1e-6 * |u| where the factor 1 + tanh(.) cancels (g << 0: the true value is tiny).
+// gelu_tanh(g) * u in f32 against float64: tanh (libm, ~1 ulp; or, on AVX2, sigmoid(2 y) through a vector exp
+// of ~2 ulp) and ~6 f32 roundings: relative 2e-6, plus an absolute 1e-6 * |u| where the factor 1 + tanh(.)
+// cancels (g << 0: the true value is tiny). n = 1001 covers the vector loop and its tail.
 TEST(GeluMul, FastAndRef) {
   for (int64_t n : {1, 7, 33, 1001}) {
     auto g = randn(n, 3000 + n, 4.0f);

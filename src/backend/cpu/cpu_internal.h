@@ -84,6 +84,9 @@ void set_matmul_kernels_override(const MatmulKernels* k);
 // ---- AVX2 bodies of the other ops (norm_avx2.cpp, attention_avx2.cpp), same contracts as in ops.h ----
 void rmsnorm_avx2(const float* x, const float* weight, int n_rows, int n, float eps, float* out);
 void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out);
+// gelu_tanh(g) * u as g * sigmoid(2 y) * u, y = sqrt(2/pi) (g + 0.044715 g^3) (0.5 (1 + tanh y) is
+// sigmoid(2 y)): exp256 instead of a libm tanh per element.
+void gelu_mul_avx2(const float* gate, const float* up, int64_t n, float* out);
 // n floats -> n halves (round to nearest even), and back.
 void f32_to_f16_row_avx2(const float* x, uint16_t* out, int64_t n);
 void f16_to_f32_row_avx2(const uint16_t* x, float* out, int64_t n);

@@ -52,6 +52,28 @@ void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + __builtin_expf(-gate[i])) * up[i];
 }
 
+void gelu_mul_avx2(const float* gate, const float* up, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 c2 = _mm256_set1_ps(2.0f * 0.79788456080286535588f);  // 2 sqrt(2 / pi)
+  const __m256 k = _mm256_set1_ps(0.044715f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 z = _mm256_mul_ps(c2, _mm256_fmadd_ps(_mm256_mul_ps(k, g), _mm256_mul_ps(g, g), g));  // 2y
+    const __m256 e = exp256(_mm256_or_ps(z, sign));  // exp(-|z|)
+    const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));  // sigmoid(z)
+    sig = _mm256_and_ps(sig, _mm256_cmp_ps(z, lo, _CMP_GE_OQ));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i], z = 2.0f * 0.79788456080286535588f * (g + 0.044715f * g * g * g);
+    out[i] = g / (1.0f + __builtin_expf(-z)) * up[i];
+  }
+}
+
 // Round to nearest even, as fp32_to_fp16.
 void f32_to_f16_row_avx2(const float* x, uint16_t* out, int64_t n) {
   int64_t i = 0;
