@@ -81,7 +81,8 @@ using testing_util::greedy_tokens;
 // Each HF fixture, from safetensors (F32) and converted to GGUF BF16 and F16: every prompt position in one
 // step (a 16-row graph), then token by token (the 1-row graph), then 32 greedy tokens.
 TEST(CudaBackend, FixturesMatchHfTransformers) {
-  for (const char* name : {"llama_gqa", "llama_tied_rope3", "qwen2_bias", "mistral", "qwen3"}) {
+  for (const char* name :
+       {"llama_gqa", "llama_tied_rope3", "qwen2_bias", "mistral", "qwen3", "gemma2", "gemma3"}) {
     const nlohmann::json ref = nlohmann::json::parse(std::ifstream(kHf / name / "reference.json"));
     const auto prompt = ref["prompt"].get<std::vector<int32_t>>();
     struct Case {

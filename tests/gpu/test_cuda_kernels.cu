@@ -248,6 +248,32 @@ void test_elementwise(int64_t count, int offset) {
   std::vector<float> a2(a.begin() + offset, a.end());
   e = rel_err(a2, ref);
   report(ok_err(e, 0.0), "add", fmt("count=%lld offset=%d", (long long)count, offset), e, 0.0);
+
+  // Gemma's ops against float64: tanh-GELU gating, scaling, soft-capping (tanhf and a few f32 roundings).
+  dg.up(g);
+  dout.poison();
+  CK(gelu_mul(dg.p + offset, du.p + offset, count, dout.p + offset, 0));
+  CK(cudaDeviceSynchronize());
+  for (int64_t i = 0; i < count; ++i) {
+    const double x = g[i + offset];
+    ref[i] = 0.5 * x * (1 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x))) * u[i + offset];
+  }
+  o = dout.down();
+  o2.assign(o.begin() + offset, o.end());
+  e = rel_err(o2, ref);
+  report(ok_err(e, 2e-6), "gelu_mul", fmt("count=%lld offset=%d", (long long)count, offset), e, 2e-6);
+  for (float cap : {30.0f, 0.5f}) {
+    dg.up(g);
+    CK(softcap(dg.p + offset, count, cap, 0));
+    CK(scale(dg.p + offset, count, 3.0f, 0));
+    CK(cudaDeviceSynchronize());
+    for (int64_t i = 0; i < count; ++i) ref[i] = 3.0 * cap * std::tanh((double)g[i + offset] / cap);
+    a = dg.down();
+    a2.assign(a.begin() + offset, a.end());
+    e = rel_err(a2, ref);
+    report(ok_err(e, 2e-6), "softcap + scale",
+           fmt("count=%lld offset=%d cap=%g", (long long)count, offset, cap), e, 2e-6);
+  }
 }
 
 void test_gather(int n_src, int n_out, int dim) {
@@ -628,6 +654,8 @@ struct AttnCase {
   int mode = 0;     // tuning::set_attention_tiled: 0 automatic, 1 per-row kernel, 2 tiled kernel for any n
   int max_ctx = 0;  // 0: the largest position + 3 (else rows past it attend the whole slot)
   const char* what = "";
+  float softcap = 0;  // > 0: scores softcap tanh(s / softcap) (Gemma 2)
+  int window = 0;     // > 0: positions > pos - window only (sliding-window layers)
 };
 
 // Bounds. The per-row kernel is f32 accurate: ||err|| / ||ref|| <= 1e-5. The tiled kernel (kernels.h)
@@ -663,16 +691,20 @@ void test_attention(const AttnCase& c) {
   KvLayerView kv{c.t, dk.p, dv.p, n_slots, c.n_kv, max_ctx, hd};
   tuning::set_attention_tiled(c.mode);
   const AttentionPlan plan = plan_attention(g_dev, kv, c.n_heads, n, c.force_splits);
-  const bool tiled = attention_tiled(plan, n);
+  // (the tiled kernel has no windows or soft-capping: attention() takes the per-row kernel for those)
+  const bool tiled = attention_tiled(plan, n) && c.window == 0 && c.softcap == 0;
   Dev<uint8_t> ws(plan.workspace_bytes);
   const float scale = 1.0f / std::sqrt((float)hd);
   auto padding = [&](int t) { return c.seq[t] < 0 || c.seq[t] >= n_slots || c.pos[t] < 0; };
   int n_pad = 0;
   for (int t = 0; t < n; ++t) n_pad += padding(t);
   const std::string shape =
-      fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d%s%s", tname(c.t), hd, c.n_heads, c.n_kv, n,
-          std::min(max_pos + 1, max_ctx), plan.n_splits, n_pad, *c.what ? " " : "", c.what);
-  const cudaError_t e0 = attention(plan, kv, dq.p, n, dp.p, ds.p, scale, dout.p, ws.p, 0);
+      fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d%s%s%s", tname(c.t), hd, c.n_heads, c.n_kv, n,
+          std::min(max_pos + 1, max_ctx), plan.n_splits, n_pad,
+          c.window || c.softcap ? fmt(" window=%d softcap=%g", c.window, c.softcap).c_str() : "",
+          *c.what ? " " : "", c.what);
+  const cudaError_t e0 =
+      attention(plan, kv, dq.p, n, dp.p, ds.p, scale, dout.p, ws.p, 0, c.softcap, c.window);
   tuning::set_attention_tiled(0);
   const char* path = tiled ? "(tiled)" : "(per-row)";
   if (e0 != cudaSuccess) {
@@ -684,21 +716,23 @@ void test_attention(const AttnCase& c) {
   for (int t = 0; t < n; ++t) {
     if (padding(t)) continue;
     const int len = std::min(c.pos[t] + 1, max_ctx);
+    const int lo = c.window > 0 ? std::min(std::max(0, c.pos[t] - c.window + 1), len) : 0;
     std::vector<double> sc(len);
     for (int h = 0; h < c.n_heads; ++h) {
       const size_t base = (((size_t)c.seq[t] * c.n_kv + h / group) * max_ctx) * hd;
       const float* qh = &q[((size_t)t * c.n_heads + h) * hd];
       double m = -INFINITY;
-      for (int p = 0; p < len; ++p) {
+      for (int p = lo; p < len; ++p) {
         double d = 0;
         for (int i = 0; i < hd; ++i) d += (double)qh[i] * kd[base + (size_t)p * hd + i];
         sc[p] = d * scale;
+        if (c.softcap > 0) sc[p] = c.softcap * std::tanh(sc[p] / c.softcap);
         m = std::max(m, sc[p]);
       }
       double sum = 0;
-      for (int p = 0; p < len; ++p) sum += (sc[p] = std::exp(sc[p] - m));
+      for (int p = lo; p < len; ++p) sum += (sc[p] = std::exp(sc[p] - m));
       double* o = &ref[((size_t)t * c.n_heads + h) * hd];
-      for (int p = 0; p < len; ++p)
+      for (int p = lo; p < len; ++p)
         for (int i = 0; i < hd; ++i) o[i] += sc[p] / sum * vd[base + (size_t)p * hd + i];
     }
   }
@@ -1406,6 +1440,21 @@ int main(int argc, char** argv) {
       test_attention({t, 128, 24, 2, {1000, 33, 2000}, {1, 0, 2}, 0});  // GQA 12: two head chunks
       test_attention({t, 128, 8, 1, {4096}, {0}, 1});                   // one split over 4097 positions
       test_attention({t, 64, 8, 8, {4096, 700}, {1, 2}, 7});            // forced 7 splits
+      // Gemma: sliding windows (inside one tile, across tiles and splits, longer than the row) and
+      // soft-capped scores (cap 50 as Gemma 2; 0.5 so that the cap bites on unit-variance scores)
+      for (int w : {6, 100, 1000, 5000})
+        for (float cap : {0.0f, 50.0f, 0.5f}) {
+          AttnCase c{t, 64, 8, 2, {16, 999, 5, 300, 4095}, {0, 1, -1, 2, 1}, 0};
+          c.window = w;
+          c.softcap = cap;
+          test_attention(c);
+          c.n_heads = 16;  // GQA 8, 40 rows: the per-row kernel for a prefill-sized step, forced splits
+          c.force_splits = 5;
+          c.pos.clear();
+          c.seq.clear();
+          for (int i = 0; i < 40; ++i) c.pos.push_back(200 + i), c.seq.push_back(0);
+          test_attention(c);
+        }
     }
     // splits of at least 256 and 2048 positions (short rows in one split, written without the merge)
     for (int mc : {256, 2048}) {

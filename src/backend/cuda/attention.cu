@@ -88,6 +88,9 @@ struct AttnArgs {
   float* ws_acc;       // [n, n_heads, n_splits, hd]
   float* ws_ml;        // [n, n_heads, n_splits, 2]: max (log2 domain), sum
   int trigger;         // split kernel's pdl_trigger: 0 at the start, 1 after the tile loop, 2 never (at exit)
+  float scale;         // scores: s = scale q.k, then softcap tanh(s / softcap) when softcap > 0 (Gemma 2)
+  float softcap;
+  int window;  // > 0: position j attends to j' > j - window only (sliding-window layers)
 };
 
 // Dynamic shared memory: the q fragments [ceil(hd / 32)][4][32 lanes] uint4 (qh0, qh1, ql0, ql1), the
@@ -112,6 +115,12 @@ __device__ __forceinline__ int row_len(const AttnArgs& a, int t) {
   const int s = __ldcg(a.seq + t), p = __ldcg(a.pos + t);
   if (s < 0 || s >= a.kv.n_slots || p < 0) return 0;  // padding
   return p + 1 < a.kv.max_ctx ? p + 1 : a.kv.max_ctx;
+}
+// First position the row attends to: 0, or the start of its sliding window.
+__device__ __forceinline__ int row_lo(const AttnArgs& a, int t, int len) {
+  if (a.window <= 0 || len == 0) return 0;
+  const int lo = __ldcg(a.pos + t) - a.window + 1;
+  return lo > 0 ? (lo < len ? lo : len) : 0;
 }
 // Positions per split: the row's length over the plan's splits, in whole tiles, at least min_chunk, so that
 // short rows take one split (and no merge: the split kernel then writes the output itself).
@@ -149,9 +158,10 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
   // pos and seq are step inputs (copied in before the step's first kernel; no kernel writes them), so they
   // are read before the wait.
   const int len = row_len(a, t);
-  const int chunk = split_chunk(len > 0 ? len : 1, a.n_splits, a.min_chunk);
-  const bool whole = a.n_splits == 1 || chunk >= len;  // one split covers the row: write the output here
-  const int start = split * chunk;
+  const int lo = row_lo(a, t, len), span = len - lo;  // the positions [lo, len) are attended to
+  const int chunk = split_chunk(span > 0 ? span : 1, a.n_splits, a.min_chunk);
+  const bool whole = a.n_splits == 1 || chunk >= span;  // one split covers the row: write the output here
+  const int start = lo + split * chunk;
   const int end = start + chunk < len ? start + chunk : len;
   if (start >= end) {  // padding row or empty split: exits without writing, or waits first
     if (a.n_splits == 1) {
@@ -291,12 +301,18 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
         }
       }
       // sc[0] = S[l0][2 t4], sc[1] = S[l0][2 t4 + 1], sc[2] = S[l1][2 t4], sc[3] = S[l1][2 t4 + 1]
+      if (a.softcap > 0.0f) {  // uniform: softcap tanh(scale s / softcap), in the log2 domain
+        const float inv = 1.0f / a.softcap, c = a.softcap * 1.4426950408889634f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sc[j] = c * tanhf(sc[j] * a.scale * inv);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sc[j] *= a.scale_log2;
+      }
       *reinterpret_cast<float2*>(p_s + l0 * kHeads + 2 * t4) =
-          l0 < n_tile ? make_float2(sc[0] * a.scale_log2, sc[1] * a.scale_log2)
-                      : make_float2(-INFINITY, -INFINITY);
+          l0 < n_tile ? make_float2(sc[0], sc[1]) : make_float2(-INFINITY, -INFINITY);
       *reinterpret_cast<float2*>(p_s + l1 * kHeads + 2 * t4) =
-          l1 < n_tile ? make_float2(sc[2] * a.scale_log2, sc[3] * a.scale_log2)
-                      : make_float2(-INFINITY, -INFINITY);
+          l1 < n_tile ? make_float2(sc[2], sc[3]) : make_float2(-INFINITY, -INFINITY);
     }
     __syncthreads();
 
@@ -419,9 +435,10 @@ __global__ void __launch_bounds__(kCThreads) attn_combine_kernel(AttnArgs a) {
     for (int d = tid; d < hd; d += kCThreads) o[d] = 0.0f;
     return;
   }
-  const int chunk = split_chunk(len, a.n_splits, a.min_chunk);
-  if (chunk >= len) return;  // one split: attn_kernel wrote the output
-  const int n_valid = (len + chunk - 1) / chunk;
+  const int span = len - row_lo(a, t, len);
+  const int chunk = split_chunk(span, a.n_splits, a.min_chunk);
+  if (chunk >= span) return;  // one split: attn_kernel wrote the output
+  const int n_valid = (span + chunk - 1) / chunk;
   const float* ml = a.ws_ml + row * a.n_splits * 2;
   float mx = -INFINITY;
   for (int s = tid; s < n_valid; s += kCThreads) {
@@ -542,14 +559,16 @@ bool attention_tiled(const AttentionPlan& plan, int n) {
 
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const float* q, int n,
                       const int32_t* pos, const int32_t* seq, float scale, float* out, void* workspace,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, float softcap, int window) {
   const int hd = kv.head_dim;
   if (n < 0 || n > plan.max_rows || plan.n_splits < 1 || plan.n_splits > kMaxSplits || kv.n_kv_heads <= 0 ||
       plan.n_heads % kv.n_kv_heads != 0 || hd <= 0 || hd % 8 != 0 || hd > kMaxHd || kv.max_ctx <= 0 ||
       !aligned16(kv.k) || !aligned16(kv.v) || (plan.n_splits > 1 && !workspace))
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  if (attention_tiled(plan, n) && aligned16(q) && aligned16(out) &&
+  if (softcap < 0 || window < 0) return cudaErrorInvalidValue;
+  // The tiled kernel has neither soft-capping nor windows: such layers take the per-row kernel.
+  if (softcap == 0 && window == 0 && attention_tiled(plan, n) && aligned16(q) && aligned16(out) &&
       (kv.type == GgmlType::F16 || kv.type == GgmlType::BF16) && (hd == 64 || hd == 128))
     return tiled_attention(plan, kv, q, n, pos, seq, scale, out, stream);
   AttnArgs a;
@@ -563,6 +582,9 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   a.pos = pos;
   a.seq = seq;
   a.scale_log2 = scale * 1.4426950408889634f;
+  a.scale = scale;
+  a.softcap = softcap;
+  a.window = window;
   a.out = out;
   a.ws_acc = static_cast<float*>(workspace);
   a.ws_ml = a.ws_acc ? a.ws_acc + (size_t)plan.max_rows * plan.n_heads * plan.n_splits * hd : nullptr;

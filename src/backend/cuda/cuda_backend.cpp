@@ -92,15 +92,9 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
       break;
     case Arch::Qwen3:  // its per-head q/k RMSNorm is the rmsnorm op over [n * heads] rows of head_dim
       break;
-    case Arch::Gemma2:
-      fail(
-          "CUDA backend: gemma2 is not supported yet (attention soft-capping, sliding-window layers, GeGLU, "
-          "post-norms); use the CPU backend");
-    case Arch::Gemma3:
-      fail(
-          "CUDA backend: gemma3 is not supported yet (q/k RMSNorm, sliding-window layers with their own "
-          "RoPE, "
-          "GeGLU, post-norms); use the CPU backend");
+    case Arch::Gemma2:  // soft-capped attention and logits, sliding-window layers, GeGLU, post-norms
+    case Arch::Gemma3:  // q/k RMSNorm, sliding-window layers with their own RoPE base, GeGLU, post-norms
+      break;
     case Arch::Phi3:
       fail(
           "CUDA backend: phi3 is not supported yet (LongRoPE, fused qkv/gate_up weights); use the CPU "
@@ -380,12 +374,15 @@ void CudaBackend::upload_weights() {
     add({mat(l.w_down)});
     add({{l.attn_norm, hp.dim * sizeof(float)}});
     add({{l.ffn_norm, hp.dim * sizeof(float)}});
+    if (l.attn_post_norm) add({{l.attn_post_norm, hp.dim * sizeof(float)}});
+    if (l.ffn_post_norm) add({{l.ffn_post_norm, hp.dim * sizeof(float)}});
     if (l.bq || l.bk || l.bv)
       add({{l.bq, q_dim * sizeof(float)}, {l.bk, kv_dim * sizeof(float)}, {l.bv, kv_dim * sizeof(float)}});
     if (l.q_norm) add({{l.q_norm, hp.head_dim * sizeof(float)}, {l.k_norm, hp.head_dim * sizeof(float)}});
   }
   add({{m_.output_norm, hp.dim * sizeof(float)}});
   add({{m_.rope_inv_freq.data(), hp.head_dim / 2 * sizeof(float)}});
+  if (!m_.rope_inv_freq_swa.empty()) add({{m_.rope_inv_freq_swa.data(), hp.head_dim / 2 * sizeof(float)}});
 
   size_t total = 0;
   for (const auto& b : blocks) {
@@ -426,6 +423,9 @@ void CudaBackend::upload_weights() {
   w_.output = dev_mat(m_.output);
   w_.output_norm = dev_vec(m_.output_norm);
   rope_inv_freq_ = const_cast<float*>(dev_vec(m_.rope_inv_freq.data()));
+  rope_inv_freq_swa_ = m_.rope_inv_freq_swa.empty()
+                           ? rope_inv_freq_
+                           : const_cast<float*>(dev_vec(m_.rope_inv_freq_swa.data()));
   for (size_t il = 0; il < m_.layers.size(); ++il) {
     const LayerWeights& l = m_.layers[il];
     LayerWeights d = l;
@@ -438,6 +438,8 @@ void CudaBackend::upload_weights() {
     d.w_down = dev_mat(l.w_down);
     d.attn_norm = dev_vec(l.attn_norm);
     d.ffn_norm = dev_vec(l.ffn_norm);
+    d.attn_post_norm = dev_vec(l.attn_post_norm);
+    d.ffn_post_norm = dev_vec(l.ffn_post_norm);
     d.bq = dev_vec(l.bq);
     d.bk = dev_vec(l.bk);
     d.bv = dev_vec(l.bv);
@@ -771,11 +773,14 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, c
   check(mm_.matmul(w, x, n, y, bias, accumulate, stream_), "matmul");
   prof_end();
 }
-void CudaBackend::rope(int /*il: one table, see the constructor's refusals*/, float* q, int n_heads, float* k,
-                       int n_kv_heads, int n, int head_dim, const int32_t* pos, bool interleaved) {
+const float* CudaBackend::layer_inv_freq(int il) const {
+  return m_.hp.layer_swa(il) ? rope_inv_freq_swa_ : rope_inv_freq_;
+}
+void CudaBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
+                       const int32_t* pos, bool interleaved) {
   if (skip_ & kSkipRope) return;
   prof_begin("rope");
-  check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, rope_inv_freq_, interleaved, stream_),
+  check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, layer_inv_freq(il), interleaved, stream_),
         "rope");
   prof_end();
 }
@@ -789,10 +794,31 @@ void CudaBackend::kv_write(int il, const float* k, const float* v, int n, const 
 void CudaBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos,
                             const int32_t* seq, float scale, float softcap, int window, float* out) {
   if (skip_ & kSkipAttention) return;
-  if (softcap != 0 || window != 0)
-    fail("CUDA backend: attention soft-capping and sliding windows are not supported");
   prof_begin("attention");
-  check(cuda::attention(*cur_plan_, kv_[il], q, n, pos, seq, scale, out, attn_ws_, stream_), "attention");
+  check(cuda::attention(*cur_plan_, kv_[il], q, n, pos, seq, scale, out, attn_ws_, stream_, softcap, window),
+        "attention");
+  prof_end();
+}
+void CudaBackend::gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  prof_begin("gelu_mul");
+  check(cuda::gelu_mul(gate, up, n, out, stream_), "gelu_mul");
+  prof_end();
+}
+void CudaBackend::scale(float* x, int64_t n, float s) {
+  prof_begin("scale");
+  check(cuda::scale(x, n, s, stream_), "scale");
+  prof_end();
+}
+void CudaBackend::softcap(float* x, int64_t n, float cap) {
+  prof_begin("softcap");
+  check(cuda::softcap(x, n, cap, stream_), "softcap");
+  prof_end();
+}
+// x += rmsnorm(y) * w (y is scratch: normed in place).
+void CudaBackend::norm_add(float* y, const float* w, int n_rows, int dim, float eps, float* x) {
+  prof_begin("rmsnorm + add");
+  check(cuda::rmsnorm(y, w, n_rows, dim, eps, y, stream_), "rmsnorm");
+  check(cuda::add(x, y, (int64_t)n_rows * dim, stream_), "add");
   prof_end();
 }
 void CudaBackend::qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) {
@@ -829,7 +855,7 @@ void CudaBackend::rope_kv_write(int il, float* q, int n_heads, float* k, const f
   if (!(fuse_ & 1))
     return ForwardOps::rope_kv_write(il, q, n_heads, k, v, n_kv_heads, n, head_dim, pos, seq, interleaved);
   prof_begin("rope + kv_write");
-  check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, rope_inv_freq_, interleaved, stream_),
+  check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, layer_inv_freq(il), interleaved, stream_),
         "rope_kv_write");
   prof_end();
 }

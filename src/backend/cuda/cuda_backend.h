@@ -91,6 +91,11 @@ class CudaBackend final : public Backend, private ForwardOps {
   void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                  float scale, float softcap, int window, float* out) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void scale(float* x, int64_t n, float s) override;
+  void softcap(float* x, int64_t n, float cap) override;
+  void norm_add(float* y, const float* w, int n_rows, int dim, float eps, float* x) override;
+  const float* layer_inv_freq(int il) const;  // RoPE table of layer il (sliding-window layers: their own)
   void rope_kv_write(int il, float* q, int n_heads, float* k, const float* v, int n_kv_heads, int n,
                      int head_dim, const int32_t* pos, const int32_t* seq, bool interleaved) override;
   bool silu_matmul(const WeightView& w, const float* gate, const float* up, int n, float* y,
@@ -135,7 +140,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   float* qkv1_ = nullptr;           // [q_dim + 2 kv_dim] the fused projection of one row
   float* gu1_ = nullptr;            // [2 ffn_dim]
   float* rope_inv_freq_ = nullptr;  // [head_dim / 2]
-  std::vector<KvLayerView> kv_;     // [n_layers]
+  float* rope_inv_freq_swa_ =
+      nullptr;                   // [head_dim / 2] of the sliding-window layers (rope_inv_freq_ if none)
+  std::vector<KvLayerView> kv_;  // [n_layers]
   size_t kv_bytes_ = 0;
   StepBuffers b_;                 // device
   int32_t* token_log_ = nullptr;  // [n_slots, n_ctx] device copy of the sequences' tokens

@@ -81,6 +81,11 @@ cudaError_t silu_mul(const float* gate,  // [count]
                      cudaStream_t stream);
 
 // x += y.
+// Gemma's element-wise ops (gemma_ops.cu): out = gelu_tanh(gate) * up (tanhf, as PyTorch's approximate
+// GELU); x *= s; x = cap tanh(x / cap).
+cudaError_t gelu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
+cudaError_t scale(float* x, int64_t count, float s, cudaStream_t stream);
+cudaError_t softcap(float* x, int64_t count, float cap, cudaStream_t stream);
 cudaError_t add(float* x,        // [count]
                 const float* y,  // [count]
                 int64_t count, cudaStream_t stream);
@@ -281,7 +286,9 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
                       float scale,
                       float* out,       // [n, n_heads, head_dim]
                       void* workspace,  // plan.workspace_bytes (unused when n_splits == 1)
-                      cudaStream_t stream);
+                      cudaStream_t stream,
+                      float softcap = 0,  // > 0: scores softcap tanh(scale q.k / softcap) (Gemma 2)
+                      int window = 0);    // > 0: row at p attends to positions > p - window only
 
 // ---- Sampler ------------------------------------------------------------------------------------------
 //
