@@ -95,10 +95,8 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
     case Arch::Gemma2:  // soft-capped attention and logits, sliding-window layers, GeGLU, post-norms
     case Arch::Gemma3:  // q/k RMSNorm, sliding-window layers with their own RoPE base, GeGLU, post-norms
       break;
-    case Arch::Phi3:
-      fail(
-          "CUDA backend: phi3 is not supported yet (LongRoPE, fused qkv/gate_up weights); use the CPU "
-          "backend");
+    case Arch::Phi3:  // fused qkv / gate_up tensors (views of them), LongRoPE with its attention factor
+      break;
   }
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
@@ -382,7 +380,8 @@ void CudaBackend::upload_weights() {
   }
   add({{m_.output_norm, hp.dim * sizeof(float)}});
   add({{m_.rope_inv_freq.data(), hp.head_dim / 2 * sizeof(float)}});
-  if (!m_.rope_inv_freq_swa.empty()) add({{m_.rope_inv_freq_swa.data(), hp.head_dim / 2 * sizeof(float)}});
+  for (const std::vector<float>* t : {&m_.rope_inv_freq_swa, &m_.rope_inv_freq_long})
+    if (!t->empty()) add({{t->data(), hp.head_dim / 2 * sizeof(float)}});
 
   size_t total = 0;
   for (const auto& b : blocks) {
@@ -423,9 +422,9 @@ void CudaBackend::upload_weights() {
   w_.output = dev_mat(m_.output);
   w_.output_norm = dev_vec(m_.output_norm);
   rope_inv_freq_ = const_cast<float*>(dev_vec(m_.rope_inv_freq.data()));
-  rope_inv_freq_swa_ = m_.rope_inv_freq_swa.empty()
-                           ? rope_inv_freq_
-                           : const_cast<float*>(dev_vec(m_.rope_inv_freq_swa.data()));
+  for (int il = 0; il < hp.n_layers; ++il)  // the sliding-window layers' own, longrope's long factors, ...
+    layer_inv_freq_.push_back(dev_vec(m_.layer_rope_inv_freq(il, p_.n_ctx).data()));
+  rope_mscale_ = hp.rope_scaling.type == "longrope" ? hp.rope_scaling.attention_factor : 1.0f;
   for (size_t il = 0; il < m_.layers.size(); ++il) {
     const LayerWeights& l = m_.layers[il];
     LayerWeights d = l;
@@ -774,13 +773,14 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, c
   prof_end();
 }
 const float* CudaBackend::layer_inv_freq(int il) const {
-  return m_.hp.layer_swa(il) ? rope_inv_freq_swa_ : rope_inv_freq_;
+  return layer_inv_freq_[il];
 }
 void CudaBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
                        const int32_t* pos, bool interleaved) {
   if (skip_ & kSkipRope) return;
   prof_begin("rope");
-  check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, layer_inv_freq(il), interleaved, stream_),
+  check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, layer_inv_freq(il), interleaved, stream_,
+                   rope_mscale_),
         "rope");
   prof_end();
 }
@@ -855,7 +855,8 @@ void CudaBackend::rope_kv_write(int il, float* q, int n_heads, float* k, const f
   if (!(fuse_ & 1))
     return ForwardOps::rope_kv_write(il, q, n_heads, k, v, n_kv_heads, n, head_dim, pos, seq, interleaved);
   prof_begin("rope + kv_write");
-  check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, layer_inv_freq(il), interleaved, stream_),
+  check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, layer_inv_freq(il), interleaved, stream_,
+                            rope_mscale_),
         "rope_kv_write");
   prof_end();
 }

@@ -140,8 +140,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   float* qkv1_ = nullptr;           // [q_dim + 2 kv_dim] the fused projection of one row
   float* gu1_ = nullptr;            // [2 ffn_dim]
   float* rope_inv_freq_ = nullptr;  // [head_dim / 2]
-  float* rope_inv_freq_swa_ =
-      nullptr;                   // [head_dim / 2] of the sliding-window layers (rope_inv_freq_ if none)
+  // [n_layers] each layer's RoPE table (ModelData::layer_rope_inv_freq), device memory
+  std::vector<const float*> layer_inv_freq_;
+  float rope_mscale_ = 1.0f;     // longrope's attention factor on cos and sin
   std::vector<KvLayerView> kv_;  // [n_layers]
   size_t kv_bytes_ = 0;
   StepBuffers b_;                 // device

@@ -21,7 +21,8 @@ __global__ void gelu_mul_kernel(const float* gate, const float* up, int64_t coun
   pdl_trigger();
   pdl_wait();
   const float c = 0.79788456080286535588f;  // sqrt(2 / pi)
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+       i += (int64_t)gridDim.x * blockDim.x) {
     const float g = __ldcg(gate + i);
     out[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * __ldcg(up + i);
   }
@@ -30,7 +31,8 @@ __global__ void gelu_mul_kernel(const float* gate, const float* up, int64_t coun
 __global__ void scale_kernel(float* x, int64_t count, float s) {
   pdl_trigger();
   pdl_wait();
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+       i += (int64_t)gridDim.x * blockDim.x)
     x[i] = __ldcg(x + i) * s;
 }
 
@@ -38,7 +40,8 @@ __global__ void softcap_kernel(float* x, int64_t count, float cap) {
   pdl_trigger();
   pdl_wait();
   const float inv = 1.0f / cap;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+       i += (int64_t)gridDim.x * blockDim.x)
     x[i] = tanhf(__ldcg(x + i) * inv) * cap;
 }
 
@@ -47,15 +50,16 @@ __global__ void softcap_kernel(float* x, int64_t count, float cap) {
 cudaError_t gelu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
   if (count < 0) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
-  const cudaError_t e =
-      launch_ex(gelu_mul_kernel, dim3(blocks(count)), dim3(kThreads), 0, stream, 1, kPdlAll, gate, up, count, out);
+  const cudaError_t e = launch_ex(gelu_mul_kernel, dim3(blocks(count)), dim3(kThreads), 0, stream, 1, kPdlAll,
+                                  gate, up, count, out);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t scale(float* x, int64_t count, float s, cudaStream_t stream) {
   if (count < 0) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
-  const cudaError_t e = launch_ex(scale_kernel, dim3(blocks(count)), dim3(kThreads), 0, stream, 1, kPdlAll, x, count, s);
+  const cudaError_t e =
+      launch_ex(scale_kernel, dim3(blocks(count)), dim3(kThreads), 0, stream, 1, kPdlAll, x, count, s);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

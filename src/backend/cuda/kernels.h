@@ -107,7 +107,8 @@ cudaError_t rope(float* q,  // [n, n_heads, head_dim]
                  int n_kv_heads, int n, int head_dim,
                  const int32_t* pos,     // [n]
                  const float* inv_freq,  // [head_dim / 2]
-                 bool interleaved, cudaStream_t stream);
+                 bool interleaved, cudaStream_t stream,
+                 float mscale = 1.0f);  // multiplies cos and sin (longrope's attention factor)
 
 // Writes this step's k and v rows into the cache at (seq[t], head, pos[t]), converted to the cache type.
 // Rows with seq[t] < 0 (padding), seq[t] >= n_slots or pos[t] outside [0, max_ctx) are skipped.
@@ -128,7 +129,7 @@ cudaError_t rope_kv_write(float* q,  // [n, n_heads, head_dim]
                           const KvLayerView& kv, int n,
                           const int32_t* pos,  // [n]
                           const int32_t* seq,  // [n]
-                          const float* inv_freq, bool interleaved, cudaStream_t stream);
+                          const float* inv_freq, bool interleaved, cudaStream_t stream, float mscale = 1.0f);
 
 // Converts f32 to F16 or BF16 (round to nearest even), e.g. activations for a tensor-core GEMM.
 cudaError_t convert_f32(const float* x,  // [count]

@@ -23,6 +23,7 @@ struct RopeArgs {
   const int32_t* seq;  // (kCache)
   const float* inv_freq;
   bool interleaved;
+  float mscale;  // cos and sin are multiplied by it (longrope), in double as rope_ref
 };
 
 // One thread per rotation pair of one token (block x = the token, y = a range of pairs), then with kCache one
@@ -58,6 +59,8 @@ __global__ void rope_kernel(RopeArgs a) {
     const float theta = __fmul_rn((float)p, a.inv_freq[i]);
     double sn, cs;
     sincos((double)theta, &sn, &cs);
+    sn *= a.mscale;
+    cs *= a.mscale;
     const double x0 = __ldcg(xh + i0), x1 = __ldcg(xh + i1);
     const float r0 = (float)(x0 * cs - x1 * sn), r1 = (float)(x0 * sn + x1 * cs);
     xh[i0] = r0;
@@ -114,14 +117,14 @@ __global__ void kv_write_kernel(KvLayerView kv, const float* k, const float* v, 
 }  // namespace
 
 cudaError_t rope(float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
-                 const float* inv_freq, bool interleaved, cudaStream_t stream) {
+                 const float* inv_freq, bool interleaved, cudaStream_t stream, float mscale) {
   if (n < 0 || n_heads < 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim / 2 > kRopeMaxHalf ||
       (k && n_kv_heads < 0))
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   RopeArgs a{};
   a.q = q, a.n_heads = n_heads, a.k = k, a.n_kv = k ? n_kv_heads : 0, a.head_dim = head_dim;
-  a.pos = pos, a.inv_freq = inv_freq, a.interleaved = interleaved;
+  a.pos = pos, a.inv_freq = inv_freq, a.interleaved = interleaved, a.mscale = mscale;
   if (cudaError_t e = launch_rope<GgmlType::F32, false>(a, n, stream)) return e;
   return cudaGetLastError();
 }
@@ -155,14 +158,14 @@ cudaError_t kv_write(const KvLayerView& kv, const float* k, const float* v, int 
 
 cudaError_t rope_kv_write(float* q, int n_heads, float* k, const float* v, const KvLayerView& kv, int n,
                           const int32_t* pos, const int32_t* seq, const float* inv_freq, bool interleaved,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, float mscale) {
   if (n < 0 || n_heads < 0 || !k || !v || kv.n_kv_heads <= 0 || kv.head_dim <= 0 || kv.head_dim % 2 != 0 ||
       kv.head_dim / 2 > kRopeMaxHalf)
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   RopeArgs a{};
   a.q = q, a.n_heads = n_heads, a.k = k, a.n_kv = kv.n_kv_heads, a.head_dim = kv.head_dim, a.v = v, a.kv = kv;
-  a.pos = pos, a.seq = seq, a.inv_freq = inv_freq, a.interleaved = interleaved;
+  a.pos = pos, a.seq = seq, a.inv_freq = inv_freq, a.interleaved = interleaved, a.mscale = mscale;
   cudaError_t e;
   switch (kv.type) {
     case GgmlType::F32:
