@@ -15,6 +15,9 @@ Ceilings measured in the same run: the HBM read bandwidth (torch sum over 4 GiB)
 weight matrix once, the LM head, the KV cache at its depth) / time per token.
 
     python3 bench/cuda_compare.py --ultra .devbin/ultra [--shapes 8b,1b,7b] [--gen 128]
+Shapes: 8b, 7b, 1b (Llama), qwen3-8b, gemma3-4b, and the ~110M qwen3-110m / gemma3-110m of the CPU benchmark.
+(Bytes per token count every weight once and the KV cache at the depth on every layer: for Gemma-3 at
+depths past its window that overstates what the local layers read.)
 Results go to OUT/cuda_compare.json (after each shape) and a table at the end.
 """
 import argparse
@@ -37,7 +40,52 @@ SHAPES = {
     "1b": dict(cfg=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                         num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, head_dim=64,
                         rope_theta=500000.0), dtype=torch.bfloat16),
+    # Qwen3-8B (q/k norms, vocab 151936) and Gemma-3-4B (GeGLU, post-norms, head_dim 256, vocab 262144,
+    # 1024-token windows on 5 of every 6 layers with their own RoPE base, tied embeddings)
+    "qwen3-8b": dict(arch="qwen3", cfg=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                            num_attention_heads=32, num_key_value_heads=8, vocab_size=151936,
+                                            tie_word_embeddings=False, head_dim=128, rope_theta=1000000.0),
+                     dtype=torch.bfloat16),
+    "gemma3-4b": dict(arch="gemma3", cfg=dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                                              num_attention_heads=8, num_key_value_heads=4, vocab_size=262144,
+                                              tie_word_embeddings=True, head_dim=256, rope_theta=1000000.0,
+                                              sliding_window=1024, query_pre_attn_scalar=256),
+                      dtype=torch.bfloat16),
+    # the ~110M shapes of tools/make_bench_gguf.py (the CPU benchmark against llama.cpp)
+    "qwen3-110m": dict(arch="qwen3", cfg=dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                                              num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
+                                              tie_word_embeddings=True, head_dim=128, rope_theta=1000000.0),
+                       dtype=torch.float16),
+    "gemma3-110m": dict(arch="gemma3", cfg=dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                                                num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
+                                                tie_word_embeddings=True, head_dim=128, rope_theta=1000000.0,
+                                                sliding_window=512, query_pre_attn_scalar=128),
+                        dtype=torch.float16),
 }
+
+
+def make_config(shape):
+    """The transformers config of a shape (Llama unless its entry names another architecture)."""
+    import transformers
+    spec = SHAPES[shape]
+    arch = spec.get("arch", "llama")
+    kw = dict(spec["cfg"], max_position_embeddings=8192)
+    if arch == "llama":
+        return transformers.LlamaConfig(**kw, rms_norm_eps=1e-5)
+    v5 = int(transformers.__version__.split(".")[0]) >= 5
+    theta = kw.pop("rope_theta")
+    if arch == "qwen3":
+        rope = {"rope_parameters": {"rope_type": "default", "rope_theta": theta}} if v5 else {"rope_theta": theta}
+        return transformers.Qwen3Config(**kw, **rope, rms_norm_eps=1e-6, attention_bias=False)
+    # gemma3: every 6th layer global (base theta), the others local (base 10000)
+    layers = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(kw["num_hidden_layers"])]
+    if v5:
+        rope = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": theta},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    else:
+        rope = {"rope_theta": theta, "rope_local_base_freq": 10000.0}
+    return transformers.Gemma3TextConfig(**kw, **rope, layer_types=layers, rms_norm_eps=1e-6,
+                                         hidden_activation="gelu_pytorch_tanh", pad_token_id=0)
 
 
 def timed(fn, reps):
@@ -68,12 +116,14 @@ def gemm_rate():
 
 
 def make_model(shape, path):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
     spec = SHAPES[shape]
-    cfg = LlamaConfig(**spec["cfg"], max_position_embeddings=8192, rms_norm_eps=1e-5)
+    cfg = make_config(shape)
+    cls = {"llama": transformers.LlamaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM,
+           "gemma3": transformers.Gemma3ForCausalLM}[spec.get("arch", "llama")]
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(spec["dtype"])
+        model = cls(cfg).to(spec["dtype"])
     model.eval()
     if not os.path.exists(os.path.join(path, "config.json")):
         model.save_pretrained(path, safe_serialization=True, max_shard_size="100GB")
@@ -217,8 +267,7 @@ def main():
 
 
 def SHAPES_CFG(shape):
-    from transformers import LlamaConfig
-    return LlamaConfig(**SHAPES[shape]["cfg"])
+    return make_config(shape)
 
 
 if __name__ == "__main__":
