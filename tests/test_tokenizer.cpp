@@ -263,6 +263,37 @@ TEST_P(LlamaCppVocab, MatchesReferenceIds) {
   check_vocab_vectors(dir / file, file);
 }
 
+// The end-of-generation ids llama.cpp derives from token texts (llama-vocab.cpp, special_eog_ids): Gemma 4
+// ends on "<turn|>" and "<|tool_response>" (and not on "</s>"), Llama 3 on "<|eot_id|>" and
+// "<|end_of_text|>".
+TEST(LlamaCppVocabEog, EndOfGenerationTokensByText) {
+  std::string why;
+  const fs::path& dir = llama_cpp_models(why);
+  if (dir.empty()) GTEST_SKIP() << "llama.cpp vocabularies not found: " << why;
+  struct Case {
+    const char* vocab;
+    std::vector<std::string> eog, not_eog;
+  };
+  for (const Case& c : {Case{"gemma-4", {"<turn|>", "<|tool_response>", "<eos>"}, {"</s>", "<|turn>"}},
+                        Case{"llama-bpe", {"<|eot_id|>", "<|end_of_text|>"}, {"<|begin_of_text|>"}}}) {
+    const fs::path file = dir / ("ggml-vocab-" + std::string(c.vocab) + ".gguf");
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) continue;
+    const Tokenizer t = Tokenizer::from_file(file.string());
+    for (const std::string& s : c.eog) {
+      const int32_t id = t.find_token(s);
+      ASSERT_GE(id, 0) << c.vocab << " " << s;
+      EXPECT_TRUE(t.is_eog(id)) << c.vocab << " " << s;
+    }
+    for (const std::string& s : c.not_eog) {
+      const int32_t id = t.find_token(s);
+      if (id >= 0) {
+        EXPECT_FALSE(t.is_eog(id)) << c.vocab << " " << s;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, LlamaCppVocab,
                          ::testing::ValuesIn(std::vector<std::string>(std::begin(kLlamaCppVocabs),
                                                                       std::end(kLlamaCppVocabs))),

@@ -38,7 +38,7 @@ class Tokenizer {
   int32_t eos() const;  // -1 if none
   bool add_bos() const;
   bool is_special(int32_t id) const;  // control or unknown
-  bool is_eog(int32_t id) const;      // end of generation: eos, eot or eom
+  bool is_eog(int32_t id) const;      // end of generation: eos, eot, eom, and end-of-turn tokens by text
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

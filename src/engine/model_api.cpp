@@ -127,7 +127,8 @@ Model Model::load(const std::string& path) {
   i.weight_bytes = m.weight_bytes;
   i.n_params = n_params(hp);
 
-  // End of generation: the vocabulary's eos / eot / eom and the model's own eos ids.
+  // End of generation: the vocabulary's (eos / eot / eom and llama.cpp's end-of-turn texts) and the model's
+  // own eos ids.
   auto add = [&](int32_t id) {
     if (id >= 0 && id < hp.n_vocab) im->eog.push_back(id);
   };
@@ -135,7 +136,7 @@ Model Model::load(const std::string& path) {
   for (int32_t id : hp.eos_ids) add(id);
   if (im->tokenizer) {
     const tok::Tokenizer& t = im->tokenizer->impl().t;
-    for (int32_t id : {t.eos(), t.eot(), t.eom()}) add(id);
+    for (int32_t id : t.eog_ids()) add(id);
   }
   std::sort(im->eog.begin(), im->eog.end());
   im->eog.erase(std::unique(im->eog.begin(), im->eog.end()), im->eog.end());

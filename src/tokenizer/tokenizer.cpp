@@ -552,7 +552,10 @@ bool Tokenizer::add_eos() const {
 }
 bool Tokenizer::is_eog(int32_t id) const {
   const Vocab& v = impl_->v;
-  return id >= 0 && (id == v.eos || id == v.eot || id == v.eom);
+  return std::binary_search(v.eog.begin(), v.eog.end(), id);
+}
+std::span<const int32_t> Tokenizer::eog_ids() const {
+  return impl_->v.eog;
 }
 ModelKind Tokenizer::kind() const {
   return impl_->v.kind;

@@ -69,8 +69,9 @@ class Tokenizer {
   int32_t unk() const;
   bool add_bos() const;
   bool add_eos() const;
-  // End of generation: eos, eot or eom.
+  // End of generation: eos, eot, eom and the tokens llama.cpp ends generation on by their text (Vocab::eog).
   bool is_eog(int32_t id) const;
+  std::span<const int32_t> eog_ids() const;  // ascending
   ModelKind kind() const;
   const std::string& pre() const;
   const Vocab& vocab() const;

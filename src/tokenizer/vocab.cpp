@@ -70,6 +70,51 @@ void find_eot(Vocab& v) {
   }
 }
 
+// The end-of-generation set, as llama.cpp's vocabulary loader builds it (llama-vocab.cpp, special_eog_ids):
+// eos, eot, eom and every token with one of these texts; when both "<|return|>" and "<|call|>" are there
+// (the harmony format) "<|end|>" is not an end, and when "<|tool_response>" is there (Gemma 4), "</s>" is
+// not.
+void find_eog(Vocab& v) {
+  static const char* const names[] = {"<|eot_id|>",
+                                      "<|im_end|>",
+                                      "<|end|>",
+                                      "<|return|>",
+                                      "<|call|>",
+                                      "<|flush|>",
+                                      "<|calls|>",
+                                      "<end_of_turn>",
+                                      "<|endoftext|>",
+                                      "<|eom_id|>",
+                                      "<EOT>",
+                                      "_<EOT>",
+                                      "[EOT]",
+                                      "[EOS]",
+                                      "<|end_of_text|>",
+                                      "<end_of_utterance>",
+                                      "<eos>",
+                                      "<turn|>",
+                                      "<|tool_response>",
+                                      "<｜end▁of▁sentence｜>"};
+  auto id_of = [&](std::string_view t) {
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.tokens[i] == t) return (int32_t)i;
+    return (int32_t)-1;
+  };
+  v.eog.clear();
+  for (const char* n : names)
+    if (const int32_t id = id_of(n); id >= 0) v.eog.push_back(id);
+  const int32_t end = id_of("<|end|>"), s = id_of("</s>");
+  if (end >= 0 && ((id_of("<|return|>") >= 0 && id_of("<|call|>") >= 0) ||
+                   (id_of("<|calls|>") >= 0 && id_of("<|flush|>") >= 0)))
+    v.eog.erase(std::remove(v.eog.begin(), v.eog.end(), end), v.eog.end());
+  for (int32_t id : {v.eos, v.eot, v.eom})
+    if (id >= 0) v.eog.push_back(id);
+  if (s >= 0 && id_of("<|tool_response>") >= 0)
+    v.eog.erase(std::remove(v.eog.begin(), v.eog.end(), s), v.eog.end());
+  std::sort(v.eog.begin(), v.eog.end());
+  v.eog.erase(std::unique(v.eog.begin(), v.eog.end()), v.eog.end());
+}
+
 std::string lower(std::string s) {
   for (char& c : s) c = (char)std::tolower((unsigned char)c);
   return s;
@@ -203,6 +248,7 @@ Vocab load_gguf(const gguf::Reader& r) {
   v.eom = gguf_id(r, "tokenizer.ggml.eom_token_id", -1, n);
   v.pad = gguf_id(r, "tokenizer.ggml.padding_token_id", -1, n);
   find_eot(v);
+  find_eog(v);
 
   // Per-token attributes that GGUF does not store; llama.cpp sets them by model name.
   const std::string name = lower(r.get_string_opt("general.name").value_or(""));
@@ -563,6 +609,7 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
   if (v.add_bos && v.bos < 0) v.add_bos = false;
   if (v.add_eos && v.eos < 0) v.add_eos = false;
   find_eot(v);
+  find_eog(v);
   return v;
 }
 

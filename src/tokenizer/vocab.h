@@ -80,6 +80,9 @@ struct Vocab {
   std::vector<std::pair<std::string, std::string>> merges;  // BPE: rank = index
 
   int32_t bos = -1, eos = -1, eot = -1, eom = -1, pad = -1, unk = -1;
+  // End of generation: eos, eot, eom and every token whose text llama.cpp ends generation on ("<|im_end|>",
+  // "<end_of_turn>", Gemma 4's "<turn|>" and "<|tool_response>", ...), ascending.
+  std::vector<int32_t> eog;
   bool add_bos = false, add_eos = false;
 
   // Normalisation of each raw fragment: spaces to U+2581, then the prefix.
