@@ -620,9 +620,11 @@ TEST(CudaBackend, QueuedStepsFeedTokensOnTheDevice) {
     std::vector<std::vector<int32_t>> seqs;
     for (int s = 0; s < 3; ++s) seqs.emplace_back(ctx.seq_tokens(s).begin(), ctx.seq_tokens(s).end());
     const StepStats& st = ctx.stats();
-    std::printf("[cuda queued] %s: %lld graph launches, host submit %.2f us per step\n",
-                queued ? "queued one ahead" : "plain steps", (long long)st.n_graph_launches,
-                st.submit_us / (double)st.n_submits);
+    std::printf(
+        "[cuda queued] %s: %lld graph launches, host submit %.2f us per step (mean; the graph "
+        "captures of the first steps included)\n",
+        queued ? "queued one ahead" : "plain steps", (long long)st.n_graph_launches,
+        st.submit_us / (double)st.n_submits);
     return seqs;
   };
   long host = -1, dev = -1;
