@@ -465,6 +465,85 @@ TEST(Context, QueueRulesAndLookahead) {
   EXPECT_TRUE(std::equal(ctx.seq_tokens(0).begin(), ctx.seq_tokens(0).end(), plain.seq_tokens(0).begin()));
 }
 
+// Context::follow: a context's rows take tokens from another context's sequence (Batch::follow), fed by the
+// backends while both are queued, known on the host at once when the source's step has run; and the rules
+// that keep the source's state alive until the follower has read it.
+TEST(Context, FollowedTokensAndTheirRules) {
+  const Model m = Model::load(kFixture.string());
+  const auto prompt = random_tokens(5, m.info().n_vocab, 21);
+  // Reference: the greedy continuation of the prompt, 3 tokens, then the logits of the 4 rows that score
+  // the prompt's last token and the 3 continuations.
+  Context plain(m, {.n_ctx = 64, .n_threads = 1});
+  plain.set_sampling(0, SamplingParams::greedy());
+  Batch b(8);
+  b.add_sequence(prompt, 0, 0, Output::sample);
+  plain.step(b);
+  std::vector<int32_t> cont = {plain.sampled(4)};
+  for (int i = 0; i < 2; ++i) {
+    b.clear();
+    b.add(cont.back(), 5 + i, 0, Output::sample);
+    plain.step(b);
+    cont.push_back(plain.sampled(0));
+  }
+
+  for (const bool queued : {false, true}) {
+    Context src(m, {.n_ctx = 64, .n_threads = 1}),
+        dst(m, {.n_ctx = 64, .n_slots = 2, .n_outputs = 4, .n_threads = 1});
+    if (queued) {
+      ultra::testing::defer_steps(src);
+      ultra::testing::defer_steps(dst);
+    }
+    b.clear();
+    b.add(Batch::follow(0), 0, 1);
+    EXPECT_THROW(dst.submit(b), Error);  // follows nothing yet
+    EXPECT_THROW(dst.follow(&dst), Error);
+    dst.follow(&src);
+    src.set_sampling(0, SamplingParams::greedy());
+    dst.set_sampling(1, SamplingParams::greedy());
+    b.clear();
+    b.add_sequence(prompt, 0, 0, Output::sample);
+    src.submit(b);
+    b.clear();
+    b.add(Batch::kSampled, 5, 0, Output::sample);
+    src.submit(b);  // src holds prompt + cont[0] (fed), and has sampled cont[1] for position 6
+    // dst's sequence 1: the prompt from src's tokens, then cont[0] (in src's sequence) and cont[1] (one past
+    // its end), every row of the last three an output.
+    Batch f(8);
+    for (int i = 0; i < 7; ++i) f.add(Batch::follow(0), i, 1, i >= 4 ? Output::sample : Output::none);
+    if (!queued) {
+      dst.step(f);
+    } else {
+      dst.submit(f);
+      EXPECT_EQ(dst.seq_tokens(1)[5], -1);
+      b.clear();
+      b.add(Batch::kSampled, 6, 0);
+      EXPECT_THROW(src.submit(b), Error);  // dst's queued step reads src's state
+      EXPECT_THROW(dst.wait(), Error);     // src's steps have not been waited for
+      src.wait();
+      src.wait();
+      dst.wait();
+    }
+    const auto toks = dst.seq_tokens(1);
+    ASSERT_EQ(toks.size(), 7u);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(toks[i], prompt[i]);
+    EXPECT_EQ(toks[5], cont[0]);
+    EXPECT_EQ(toks[6], cont[1]);
+    EXPECT_EQ(dst.sampled(4), cont[0]);
+    EXPECT_EQ(dst.sampled(5), cont[1]);
+    EXPECT_EQ(dst.sampled(6), cont[2]);
+    b.clear();
+    b.add(Batch::follow(0), 8, 1);
+    EXPECT_THROW(dst.submit(b), Error);  // position 8: past src's end + 1 (and not dst's next position)
+    b.clear();
+    b.add(Batch::follow(3), 7, 1);
+    EXPECT_THROW(dst.submit(b), Error);  // src has one sequence
+    dst.follow(nullptr);
+    b.clear();
+    b.add(Batch::follow(0), 7, 1);
+    EXPECT_THROW(dst.submit(b), Error);  // unlinked
+  }
+}
+
 // The footprint is checked before anything is allocated: a context that does not fit in the memory
 // available (or the given limit) is one clear error; threads past the CPUs available are capped, and a
 // context longer than the training context is a warning.

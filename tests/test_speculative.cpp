@@ -78,6 +78,8 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
     Context draft(dm, {.n_ctx = 256, .n_threads = 1});
     Context queued_draft(dm, {.n_ctx = 256, .n_threads = 1});
     ultra::testing::defer_steps(queued_draft);
+    Context queued_target(tm, {.n_ctx = 256, .n_batch = 16, .n_outputs = 16, .n_threads = 1});
+    ultra::testing::defer_steps(queued_target);
     const SamplingParams g = SamplingParams::greedy();
     int64_t drafted = 0, accepted = 0;
     for (uint32_t s = 0; s < 3; ++s) {
@@ -105,6 +107,12 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
           if ((mode == 0 || mode == 3) && (K == 2 || K == 8)) {
             EXPECT_EQ(speculative(target, &queued_draft, g, prompt, 40, spp), want)
                 << pr.target << " prompt " << s << " K " << K << " mode " << mode << " (queued draft steps)";
+          }
+          // Both queued: fixed-length rounds run as one queued round, the verification step following the
+          // draft's sequence (Batch::follow) with the tokens fed by the backends.
+          if (mode != 1) {
+            EXPECT_EQ(speculative(queued_target, &queued_draft, g, prompt, 40, spp), want)
+                << pr.target << " prompt " << s << " K " << K << " mode " << mode << " (queued round)";
           }
         }
       }

@@ -32,6 +32,13 @@
 // only the device knows yet; crop(), restore(), logits() and step() wait for nothing and refuse to run
 // (they throw) until wait() has emptied the queue. On the CPU a submitted step runs inside submit().
 //
+// Linked contexts. follow(source) lets this context's rows take tokens from another context's sequences
+// (Batch::follow). A followed token still on the device (the source's step is queued) is read there when
+// both contexts run on the GPU: the step waits on the device for the source's last submitted step (other
+// pairs need the source's step waited for before the submit; on the CPU it always is). Rules: the source
+// must not submit again while a step of this context that reads it is queued, and the source's steps must
+// be waited for before this context's step that reads them (wait() throws otherwise).
+//
 // Allocation: everything is allocated when the context is created; step() and the calls below allocate
 // nothing (a test counts).
 #pragma once
@@ -93,6 +100,11 @@ class Batch {
   // that step sampled it). It lets a caller queue the next decode step without reading the last result
   // first (a GPU backend feeds it on the device).
   static constexpr int32_t kSampled = -1;
+  // As a token: "the token at this row's position in sequence src_seq of the context this one follows"
+  // (Context::follow), where the position just past that sequence's end stands for the token its last
+  // step sampled for it. A draft context's proposals go into the target's verification step this way;
+  // on a GPU the target reads them from the draft's device memory, so the host waits for neither.
+  static constexpr int32_t follow(int32_t src_seq) { return -2 - src_seq; }
 
   explicit Batch(int capacity);
 
@@ -178,6 +190,10 @@ class Context {
   void submit(const Batch& batch);  // queues a step (see "Queued steps" above); throws when two are queued
   void wait();                      // finishes the oldest queued step; throws when none is
   int n_queued() const;             // steps submitted and not yet waited for
+  // Rows with the token Batch::follow(s) take it from `source` (see "Linked contexts"); null unlinks.
+  // Throws while either context has queued steps, or when the two cannot be linked (different backends, a
+  // context following itself, a source that already has a follower).
+  void follow(Context* source);
   // Whether submit() returns before the step has run (a GPU backend), so that queuing ahead pays.
   bool asynchronous() const;
 

@@ -52,6 +52,23 @@ class Backend {
   }
   virtual void complete(StepStats& /*stats*/) {}
 
+  // Linked contexts (Context::follow): this backend may take a row's token from another backend's state
+  // without a host round trip. A submitted step's token kLinkedLog - s stands for the token at the row's
+  // position of slot s in the source's device copy of its sequences (written by a step the source has
+  // submitted); kLinkedOut - k for output k of the source's last submitted step. The step waits on the
+  // device for the source's last submitted step. link() returns false when the backend cannot do this
+  // (the engine then needs the tokens on the host). host_tokens: the source context's host copy of its
+  // sequences, [n_slots, n_ctx] (a backend that resolves on the host reads it when the step runs).
+  static constexpr int32_t kLinkedLog = -(1 << 24);
+  static constexpr int32_t kLinkedOut = -(1 << 25);
+  struct LinkSource {
+    Backend* backend = nullptr;
+    const int32_t* host_tokens = nullptr;
+    int n_ctx = 0;
+    int n_slots = 0;
+  };
+  virtual bool link(const LinkSource& /*source*/) { return false; }
+
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;
   // Tests only: fills positions [from, max_ctx) of slot seq in every layer's K and V with NaN, so that a

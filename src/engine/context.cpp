@@ -148,6 +148,11 @@ struct Context::Impl {
   std::vector<Feed> feed;             // [n_slots]
   std::vector<int32_t> last_sampled;  // [n_slots]
   std::vector<int> feed_rec, feed_out;
+  // Linked contexts (Context::follow).
+  Impl* source = nullptr;      // the context this one follows
+  Impl* follower = nullptr;    // the context that follows this one
+  bool linked_device = false;  // the backend reads the source's device state (Backend::link)
+  int queued_reads = 0;        // queued steps that read the source's device state
 
   // One step, host side. Three records: up to two queued steps and the last one waited for, whose results
   // the accessors read.
@@ -156,6 +161,8 @@ struct Context::Impl {
     Buffer<int32_t> out_row;            // [n_outputs] rows with an output
     Buffer<int32_t> row_out;            // [n_batch] output index of a row, or -1
     Buffer<int32_t> row_job;            // [n_batch] sample job of a row, or -1
+    Buffer<int32_t> link_seq;           // [n_batch] the followed sequence of a Batch::follow row, or -1
+    bool reads_source = false;          // some row's token is read from the source's device state
     std::vector<SampleJob> jobs;        // [n_outputs]
     std::vector<SampleResult> results;  // [n_outputs]
     Buffer<TokenLogprob> top;           // [n_outputs, kMaxProbs]
@@ -193,6 +200,7 @@ struct Context::Impl {
       r.out_row = Buffer<int32_t>(p.n_outputs);
       r.row_out = Buffer<int32_t>(p.n_batch);
       r.row_job = Buffer<int32_t>(p.n_batch);
+      r.link_seq = Buffer<int32_t>(p.n_batch);
       r.jobs.resize(p.n_outputs);
       r.results.resize(p.n_outputs);
       r.top = Buffer<TokenLogprob>((size_t)p.n_outputs * SamplingParams::kMaxProbs);
@@ -201,10 +209,29 @@ struct Context::Impl {
     last_row = Buffer<int32_t>(p.n_slots);
   }
 
+  ~Impl() {
+    unlink();
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  // Ends this context's link to the context it follows.
+  void unlink_source() {
+    if (!source) return;
+    source->follower = nullptr;
+    source = nullptr;
+    linked_device = false;
+    be->link({});
+  }
+  // Ends both links of this context (as follower and as source).
+  void unlink() {
+    unlink_source();
+    if (follower) follower->unlink_source();
+  }
+
   // The engine's own per-context memory: each sequence's tokens, the step records and the per-sequence
   // arrays.
   static size_t engine_bytes(const ContextParams& p) {
-    const size_t rec_bytes = 6 * (size_t)p.n_batch * sizeof(int32_t) + (size_t)p.n_outputs * sizeof(int32_t) +
+    const size_t rec_bytes = 7 * (size_t)p.n_batch * sizeof(int32_t) + (size_t)p.n_outputs * sizeof(int32_t) +
                              (size_t)p.n_outputs * (sizeof(SampleJob) + sizeof(SampleResult)) +
                              (size_t)p.n_outputs * SamplingParams::kMaxProbs * sizeof(TokenLogprob);
     return (size_t)p.n_slots * p.n_ctx * sizeof(int32_t) + kRecords * rec_bytes +
@@ -239,7 +266,25 @@ struct Context::Impl {
       if (t == Batch::kSampled) {
         if (feed[s] == kNone)
           fail("step: row {}: token kSampled, but the last step sampled no token for sequence {}", i, s);
-      } else if (t < 0 || t >= m.hp.n_vocab) {
+      } else if (t <= -2) {
+        const int src = -2 - t;
+        if (!source)
+          fail("step: row {}: token Batch::follow({}), but the context follows no other (Context::follow)", i,
+               src);
+        if (src >= source->p.n_slots)
+          fail("step: row {}: Batch::follow({}): the followed context has {} sequences", i, src,
+               source->p.n_slots);
+        if (ps > source->len[src])
+          fail(
+              "step: row {}: Batch::follow({}) at position {}: the followed sequence holds {} tokens (a row "
+              "may follow it up to one position past its end)",
+              i, src, ps, source->len[src]);
+        if (ps == source->len[src] && source->feed[src] == kNone)
+          fail(
+              "step: row {}: Batch::follow({}) at position {}: the followed sequence's last step sampled no "
+              "token for it",
+              i, src, ps);
+      } else if (t >= m.hp.n_vocab) {
         fail("step: row {}: token id {} is out of range [0, {})", i, t, m.hp.n_vocab);
       }
       if (ps >= p.n_ctx)
@@ -261,19 +306,33 @@ struct Context::Impl {
   void submit(const Batch& b) {
     const auto t0 = std::chrono::steady_clock::now();
     if (n_queued >= 2) fail("submit: two steps are already queued (wait() for one first)");
+    if (follower && follower->queued_reads > 0)
+      fail(
+          "submit: a queued step of the context that follows this one reads this context's tokens (wait() "
+          "for "
+          "it first)");
     validate(b);
     const int ri = next_rec;
     Record& r = rec[ri];
     const int n = b.size();
     int n_out = 0, n_jobs = 0;
+    bool reads = false;
     for (int i = 0; i < n; ++i) {
       const int32_t s = b.seq(i), ps = b.pos(i);
       int32_t t = b.token(i);
       int32_t known = t;  // what the host's copy of the sequence gets now
+      r.link_seq[i] = -1;
       if (t == Batch::kSampled) {
         // A queued source is the step submitted just before this one (at most one other is queued).
         t = known = feed[s] == kKnown ? last_sampled[s] : -2 - feed_out[s];
         if (known < 0) known = -1;
+      } else if (t <= -2) {
+        t = known = follow_token(i, -2 - t, ps);
+        if (known < 0) {
+          known = -1;
+          reads = true;
+        }
+        r.link_seq[i] = -2 - b.token(i);
       }
       r.tok[i] = t;
       r.pos[i] = ps;
@@ -295,6 +354,7 @@ struct Context::Impl {
     r.n = n;
     r.n_out = n_out;
     r.n_jobs = n_jobs;
+    r.reads_source = reads;
     StepRows rows;
     rows.n = n;
     rows.token = r.tok.data();
@@ -313,6 +373,7 @@ struct Context::Impl {
     stats.n_sampled += n_jobs;
     next_rec = (next_rec + 1) % kRecords;
     ++n_queued;
+    if (reads) ++queued_reads;
     for (int i = 0; i < n; ++i) {
       const int s = r.seq[i];
       len[s] = r.pos[i] + 1;
@@ -335,8 +396,11 @@ struct Context::Impl {
   // already: known) into the sequences' copies, then this step's samples.
   void finish(int ri) {
     Record& r = rec[ri];
-    for (int i = 0; i < r.n; ++i)
-      if (r.tok[i] < 0) r.tok[i] = seq_tokens(r.seq[i])[r.pos[i]] = last_sampled[r.seq[i]];
+    for (int i = 0; i < r.n; ++i) {
+      if (r.tok[i] >= 0) continue;
+      r.tok[i] = seq_tokens(r.seq[i])[r.pos[i]] =
+          r.link_seq[i] >= 0 ? followed(r.link_seq[i], r.pos[i]) : last_sampled[r.seq[i]];
+    }
     for (int i = 0; i < r.n; ++i) {
       const int s = r.seq[i];
       last_sampled[s] = r.row_job[i] >= 0 ? r.results[r.row_job[i]].token : -1;
@@ -344,11 +408,47 @@ struct Context::Impl {
     }
   }
 
+  // A Batch::follow token, now: the source's token at pos of its sequence src, or the one its last step
+  // sampled for pos (one past the end); -1 while only the device knows it.
+  int32_t followed(int src, int pos) const {
+    const Impl& S = *source;
+    if (pos < S.len[src]) return S.tokens[(size_t)src * S.p.n_ctx + pos];
+    return pos == S.len[src] && S.feed[src] == kKnown ? S.last_sampled[src] : -1;
+  }
+  // What submit() stages for row i's Batch::follow(src) at pos: the token when the host knows it, else the
+  // backend's reference to the source's device state.
+  int32_t follow_token(int i, int src, int pos) const {
+    const int32_t v = followed(src, pos);
+    if (v >= 0) return v;
+    if (!linked_device)
+      fail(
+          "step: row {}: Batch::follow({}): the followed token is still on the device in a queued step of "
+          "the "
+          "followed context, and the backends cannot share it (wait() for the followed context first)",
+          i, src);
+    const Impl& S = *source;
+    if (pos < S.len[src]) return Backend::kLinkedLog - src;
+    if (S.feed_rec[src] != (S.next_rec + kRecords - 1) % kRecords)
+      fail(
+          "step: row {}: Batch::follow({}): the followed token comes from a queued step that is not the "
+          "followed context's last",
+          i, src);
+    return Backend::kLinkedOut - S.feed_out[src];
+  }
+
   void wait() {
     if (n_queued == 0) fail("wait: no step is queued");
     const int ri = (next_rec - n_queued + kRecords) % kRecords;
     Record& r = rec[ri];
+    if (r.reads_source)  // the host must be able to learn the followed tokens: check before the step ends
+      for (int i = 0; i < r.n; ++i)
+        if (r.tok[i] < 0 && r.link_seq[i] >= 0 && followed(r.link_seq[i], r.pos[i]) < 0)
+          fail(
+              "wait: row {} follows a token of a step of the followed context that has not been waited for "
+              "(wait() for the followed context first)",
+              i);
     --n_queued;
+    if (r.reads_source) --queued_reads;
     shown = ri;
     if (be->asynchronous()) {
       be->complete(stats);
@@ -452,7 +552,13 @@ class DeferredBackend final : public Backend {
     --n_;
     for (int i = 0; i < q.rows.n; ++i) {
       const int32_t t = q.rows.token[i];
-      tok_[i] = t <= -2 ? prev_[-2 - t] : t;
+      if (t <= Backend::kLinkedOut)
+        tok_[i] = link_->prev_[Backend::kLinkedOut - t];
+      else if (t <= Backend::kLinkedLog)
+        tok_[i] = link_src_.host_tokens[(size_t)(Backend::kLinkedLog - t) * link_src_.n_ctx + q.rows.pos[i]];
+      else
+        tok_[i] = t <= -2 ? prev_[-2 - t] : t;
+      if (tok_[i] < 0) fail("deferred backend: row {}: a fed token is not known yet", i);
     }
     q.rows.token = tok_.data();
     inner_->step(q.rows, q.jobs, q.n_jobs, q.results, q.top, stats);
@@ -461,8 +567,17 @@ class DeferredBackend final : public Backend {
   }
   const float* logits(int k) override { return inner_->logits(k); }
   void poison_kv(int seq, int from) override { inner_->poison_kv(seq, from); }
+  // A deferred source's state is read when this backend's step runs: its last outputs, and its context's
+  // host tokens (the engine checks that they are known by then).
+  bool link(const LinkSource& source) override {
+    link_ = dynamic_cast<DeferredBackend*>(source.backend);
+    link_src_ = source;
+    return link_ != nullptr;
+  }
 
  private:
+  DeferredBackend* link_ = nullptr;
+  LinkSource link_src_;
   struct Q {
     StepRows rows;
     const SampleJob* jobs;
@@ -519,6 +634,22 @@ void Context::wait() {
 }
 int Context::n_queued() const {
   return impl_->n_queued;
+}
+void Context::follow(Context* source) {
+  Impl& me = *impl_;
+  me.check_idle("follow");
+  if (source) {
+    Impl& s = *source->impl_;
+    if (&s == &me) fail("follow: a context cannot follow itself");
+    s.check_idle("follow");
+    if (s.follower && s.follower != &me) fail("follow: the context to follow is followed by another already");
+  }
+  me.unlink_source();  // its own follower stays
+  if (!source) return;
+  Impl& s = *source->impl_;
+  me.linked_device = me.be->link({s.be.get(), s.tokens.data(), s.p.n_ctx, s.p.n_slots});
+  me.source = &s;
+  s.follower = &me;
 }
 bool Context::asynchronous() const {
   return impl_->be->asynchronous();

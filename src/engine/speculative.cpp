@@ -120,6 +120,23 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     g.n_probs = sp.p_min > 0 ? 1 : 0;
     draft->set_sampling(dseq, g);
   }
+  // Greedy rounds of fixed length on asynchronous backends (the GPU) run as one queued round: the target
+  // follows the draft's sequence for the round's duration.
+  const bool device_round =
+      greedy && draft && sp.p_min <= 0 && draft->asynchronous() && target.asynchronous();
+  struct Unfollow {
+    Context* c;
+    ~Unfollow() {
+      try {
+        if (c) c->follow(nullptr);
+      } catch (...) {  // steps still queued after an error: the link stays until the contexts go
+      }
+    }
+  } unfollow{nullptr};
+  if (device_round) {
+    target.follow(draft);
+    unfollow.c = &target;
+  }
   const int V = target.model().info().n_vocab;
   const int n_sample = target.n_sample_vocab();
   SamplerScratch scratch(V);
@@ -197,6 +214,44 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
       std::fill(from_model.begin(), from_model.begin() + k, 0);
       st.from_lookup += k;
     }
+    bool verified = false;  // the verification step ran with the draft steps (device round)
+    if (k == 0 && device_round && k_max >= std::max(1, sp.n_draft_min)) {
+      // The whole round queued at once: the draft's steps, each fed the token the one before sampled, and
+      // the target's verification step, whose rows follow the draft's sequence (Batch::follow): on a GPU
+      // the host launches everything and reads the results once.
+      t0 = clock::now();
+      const auto toks = target.seq_tokens(seq);
+      int have = draft->seq_len(dseq);
+      for (; n - have + 1 > dbatch.capacity(); have += dbatch.capacity()) {
+        dbatch.clear();
+        dbatch.add_sequence(toks.subspan(have, dbatch.capacity()), have, dseq);
+        draft->step(dbatch);
+      }
+      dbatch.clear();
+      if (n > have) dbatch.add_sequence(toks.subspan(have, n - have), have, dseq);
+      dbatch.add(cur, n, dseq, Output::sample);
+      draft->submit(dbatch);
+      for (int i = 1; i < k_max; ++i) {
+        if (draft->n_queued() == 2) draft->wait();
+        dbatch.clear();
+        dbatch.add(Batch::kSampled, n + i, dseq, Output::sample);
+        draft->submit(dbatch);
+      }
+      const auto t1 = clock::now();
+      batch.clear();
+      batch.add(cur, n, seq, Output::sample);
+      for (int i = 0; i < k_max; ++i) batch.add(Batch::follow(dseq), n + 1 + i, seq, Output::sample);
+      target.submit(batch);
+      while (draft->n_queued() > 0) draft->wait();
+      target.wait();
+      const auto toks_after = target.seq_tokens(seq);
+      for (int i = 0; i < k_max; ++i) drafts[i] = toks_after[n + 1 + i];
+      std::fill(from_model.begin(), from_model.begin() + k_max, 1);
+      k = k_max;
+      verified = true;
+      st.draft_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+      st.verify_ms += ms_since(t1);
+    }
     if (k == 0 && k_max > 0 && draft) {
       t0 = clock::now();
       // The draft catches up with the target's tokens it has not seen (after a round that kept every draft:
@@ -266,12 +321,14 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     if (k < sp.n_draft_min) k = 0;  // too short to be worth a verification: one plain step
 
     // 2. Verify: cur and the k drafts in one target step, every row an output.
-    t0 = clock::now();
-    batch.clear();
-    batch.add(cur, n, seq, out_kind);
-    for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, out_kind);
-    target.step(batch);
-    st.verify_ms += ms_since(t0);
+    if (!verified) {
+      t0 = clock::now();
+      batch.clear();
+      batch.add(cur, n, seq, out_kind);
+      for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, out_kind);
+      target.step(batch);
+      st.verify_ms += ms_since(t0);
+    }
     ++r.n_eval;
     if (k > 0) {
       ++st.rounds;
