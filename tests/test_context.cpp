@@ -220,7 +220,7 @@ TEST(Context, MalformedBatchesAreRejectedAndWriteNothing) {
   const int32_t kS = Batch::kSampled;
   const std::vector<Case> cases = {
       {"empty", {}, "empty"},
-      {"token negative", {{-7, 5, 0, 0}}, "token id -7 is out of range"},
+      {"token negative: Batch::follow(5) without a source", {{-7, 5, 0, 0}}, "follows no other"},
       {"token too large", {{V, 5, 0, 0}}, "token id 320 is out of range"},
       {"kSampled without a sample", {{kS, 5, 0, 0}}, "kSampled"},
       {"seq negative", {{1, 5, -1, 0}}, "sequence -1 is out of range"},
