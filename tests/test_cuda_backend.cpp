@@ -640,6 +640,59 @@ TEST(CudaBackend, QueuedStepsFeedTokensOnTheDevice) {
   EXPECT_EQ(dev, 0);
 }
 
+// Context::follow on the GPU: rows of one context take tokens from another context's queued steps, read
+// from that backend's device memory (its token log, and the results of its last step) after a device-side
+// wait; the host learns them when both have been waited for. Tokens as the source sampled them.
+TEST(CudaBackend, FollowedTokensComeFromTheOtherDevice) {
+  const Model m = Model::load(kBundled.string()), dm = Model::load(kBundledDraft.string());
+  Context src(dm, gpu(256, 64, 1)), dst(m, gpu(256, 64, 16)), ref(m, gpu(256, 64, 16));
+  dst.follow(&src);
+  ref.set_sampling(0, SamplingParams::greedy());
+  src.set_sampling(0, SamplingParams::greedy());
+  dst.set_sampling(0, SamplingParams::greedy());
+  const std::vector<int32_t> prompt = m.tokenizer()->encode("ROMEO:", true, false);
+  const int n0 = (int)prompt.size();
+  Batch b(64), f(64);
+  for (int round = 0; round < 8; ++round) {  // the graphs are captured in the first rounds
+    src.clear(0);
+    dst.clear(0);
+    b.clear();
+    b.add_sequence(prompt, 0, 0, Output::sample);
+    src.step(b);
+    b.clear();
+    b.add_sequence(prompt, 0, 0);
+    dst.step(b);
+    for (int i = 0; i < 6; ++i) {  // 6 more draft steps, each fed the token the one before sampled
+      if (src.n_queued() == 2) src.wait();
+      b.clear();
+      b.add(Batch::kSampled, n0 + i, 0, Output::sample);
+      src.submit(b);
+    }
+    f.clear();
+    for (int i = 0; i < 7; ++i) f.add(Batch::follow(0), n0 + i, 0, Output::sample);
+    dst.submit(f);  // 5 of its tokens only in src's device memory, the last one in its last results
+    while (src.n_queued() > 0) src.wait();
+    dst.wait();
+    const auto s_toks = src.seq_tokens(0), d_toks = dst.seq_tokens(0);
+    ASSERT_EQ((int)s_toks.size(), n0 + 6);
+    ASSERT_EQ((int)d_toks.size(), n0 + 7);
+    for (int i = 0; i < n0 + 6; ++i) EXPECT_EQ(d_toks[i], s_toks[i]) << "position " << i;
+    EXPECT_EQ(d_toks[n0 + 6], src.sampled(0));
+    // The host's copy is resolved from src's host state; what the device fed shows in dst's outputs: the
+    // same step with the tokens given by the host samples the same tokens (same graph, same logits).
+    ref.clear(0);
+    b.clear();
+    b.add_sequence(prompt, 0, 0);
+    ref.step(b);
+    b.clear();
+    for (int i = 0; i < 7; ++i) b.add(d_toks[n0 + i], n0 + i, 0, Output::sample);
+    ref.step(b);
+    for (int i = 0; i < 7; ++i)
+      EXPECT_EQ(dst.sampled(i), ref.sampled(i)) << "round " << round << " row " << i;
+  }
+  dst.follow(nullptr);
+}
+
 // Speculative decoding with both models on the GPU (the verification is a K+1-row graph bucket): greedy
 // output identical to plain greedy decoding on the same backend for K in {1, 2, 4, 8}, with the draft
 // model, prompt lookup and both; positions past the crop, poisoned with NaN after every round, are never
@@ -673,6 +726,7 @@ TEST(CudaBackend, Speculative) {
     return got;
   };
   int n_cases = 0, n_same = 0;
+  int64_t drafted = 0, accepted = 0;  // greedy draft-model rounds: queued whole on the device
   for (const char* text : prompts) {
     const auto prompt = tm.tokenizer()->encode(text, true, false);
     target.set_sampling(0, SamplingParams::greedy());
@@ -685,10 +739,19 @@ TEST(CudaBackend, Speculative) {
         ++n_cases;
         n_same += got == want;
         EXPECT_EQ(got, want) << text << " K=" << K << " mode " << mode;
+        if (mode == 0) {
+          drafted += st.drafted;
+          accepted += st.accepted;
+        }
       }
   }
   std::printf("[cuda speculative] greedy: %d of %d (prompt, K, draft kind) cases identical to plain greedy\n",
               n_same, n_cases);
+  // The verification steps read the draft's tokens from its device memory (Batch::follow): a wrong feed
+  // keeps the output (the target checks whatever it was fed) but not the acceptance, ~55% on the CPU.
+  std::printf("[cuda speculative] greedy device rounds: %lld of %lld drafts kept (%.1f%%)\n",
+              (long long)accepted, (long long)drafted, 100.0 * accepted / std::max<int64_t>(1, drafted));
+  EXPECT_GT(accepted * 3, drafted);
   SamplingParams sp;
   sp.temperature = 0.8f;
   sp.top_k = 40;
@@ -720,8 +783,28 @@ TEST(CudaBackend, Speculative) {
       &st);
   g_counting = false;
   std::printf(
-      "[cuda speculative] %lld rounds (%lld of %lld drafts kept): host allocations %ld on the stepping "
-      "thread, device %ld\n",
+      "[cuda speculative] sampled: %lld rounds (%lld of %lld drafts kept): host allocations %ld on the "
+      "stepping thread, device %ld\n",
+      (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, g_allocs_mine.load(),
+      DeviceAllocator::total_calls() - dev0);
+#if ULTRA_COUNT_ALLOCS
+  EXPECT_EQ(g_allocs_mine.load(), 0);
+#endif
+  // And greedy rounds queued whole (the graphs of K = 4 were captured by the greedy runs above).
+  target.set_sampling(0, SamplingParams::greedy());
+  delivered = 0;
+  g_allocs = g_allocs_mine = 0;
+  generate_speculative(
+      target, &draft, prompt, gp, spp,
+      [&](int32_t, Context&, int) {
+        g_counting = ++delivered < 128;
+        return true;
+      },
+      &st);
+  g_counting = false;
+  std::printf(
+      "[cuda speculative] greedy device rounds: %lld rounds (%lld of %lld drafts kept): host allocations %ld "
+      "on the stepping thread, device %ld\n",
       (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, g_allocs_mine.load(),
       DeviceAllocator::total_calls() - dev0);
 #if ULTRA_COUNT_ALLOCS

@@ -11,13 +11,21 @@ namespace {
 
 // log[seq[t] * n_ctx + pos[t]] = token[t] for the real rows (seq >= 0) of a step.
 __global__ void token_log_write_kernel(int32_t* log, int n_ctx, int n_slots, int32_t* token,
-                                       const int32_t* pos, const int32_t* seq, const int32_t* prev, int n) {
+                                       const int32_t* pos, const int32_t* seq, const int32_t* prev,
+                                       const LinkedTokens* link, int n) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= n) return;
   const int s = seq[t], p = pos[t];
   if (s < 0 || s >= n_slots || p < 0 || p >= n_ctx) return;
   int32_t tok = token[t];
-  if (tok <= -2) token[t] = tok = prev[-2 - tok];
+  if (tok <= kLinkedOut) {
+    token[t] = tok = link->out[kLinkedOut - tok];
+  } else if (tok <= kLinkedLog) {
+    const int src = kLinkedLog - tok;
+    token[t] = tok = src < link->n_slots && p < link->n_ctx ? link->log[(int64_t)src * link->n_ctx + p] : 0;
+  } else if (tok <= -2) {
+    token[t] = tok = prev[-2 - tok];
+  }
   log[(int64_t)s * n_ctx + p] = tok;
 }
 
@@ -38,9 +46,11 @@ cudaError_t copy_kernel(void* dst, const void* src, size_t bytes, cudaStream_t s
 }
 
 cudaError_t token_log_write(int32_t* log, int n_ctx, int n_slots, int32_t* token, const int32_t* pos,
-                            const int32_t* seq, const int32_t* prev, int n, cudaStream_t stream) {
+                            const int32_t* seq, const int32_t* prev, const LinkedTokens* link, int n,
+                            cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  token_log_write_kernel<<<(n + 127) / 128, 128, 0, stream>>>(log, n_ctx, n_slots, token, pos, seq, prev, n);
+  token_log_write_kernel<<<(n + 127) / 128, 128, 0, stream>>>(log, n_ctx, n_slots, token, pos, seq, prev,
+                                                              link, n);
   return cudaGetLastError();
 }
 

@@ -7,16 +7,28 @@
 
 namespace ultra::cuda {
 
+// Another backend's state a step may read its tokens from (Backend::link), in device memory; null
+// pointers while unlinked.
+struct LinkedTokens {
+  const int32_t* log = nullptr;  // [n_slots, n_ctx] the source's token log
+  const int32_t* out = nullptr;  // the tokens its last submitted step sampled, by output
+  int32_t n_ctx = 0, n_slots = 0;
+};
+constexpr int32_t kLinkedLog = -(1 << 24);  // as Backend::kLinkedLog
+constexpr int32_t kLinkedOut = -(1 << 25);  // as Backend::kLinkedOut
+
 // Resolves the tokens the device feeds and writes the tokens of a step into the device copy of the
 // sequences' tokens, which the sampler's penalty windows read. A token -2 - k (k >= 0) becomes prev[k], the
-// token the previous step sampled for its output k (written back into token[t], before the embedding reads
-// it); then log[seq[t], pos[t]] = token[t]. Rows with seq < 0 (padding) are skipped.
+// token the previous step sampled for its output k; kLinkedLog - s becomes link->log[s, pos[t]] and
+// kLinkedOut - k link->out[k] (written back into token[t], before the embedding reads it); then
+// log[seq[t], pos[t]] = token[t]. Rows with seq < 0 (padding) are skipped.
 cudaError_t token_log_write(int32_t* log,  // [n_slots, n_ctx]
                             int n_ctx, int n_slots,
-                            int32_t* token,       // [n]
-                            const int32_t* pos,   // [n]
-                            const int32_t* seq,   // [n]
-                            const int32_t* prev,  // [outputs of the previous step]
+                            int32_t* token,            // [n]
+                            const int32_t* pos,        // [n]
+                            const int32_t* seq,        // [n]
+                            const int32_t* prev,       // [outputs of the previous step]
+                            const LinkedTokens* link,  // device memory
                             int n, cudaStream_t stream);
 
 // dst[0, bytes) = src[0, bytes) by a kernel (16-byte words; bytes a multiple of 16, both 16-byte aligned),

@@ -242,6 +242,8 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   qkv1_ = f(q_dim + 2 * kv_dim, "activations");
   gu1_ = f(2 * (size_t)hp.ffn_dim, "activations");
   token_log_ = mem_.alloc_n<int32_t>((size_t)p_.n_slots * p_.n_ctx, "token log");
+  d_link_ = mem_.alloc_n<cuda::LinkedTokens>(1, "linked tokens");
+  check(cudaMemsetAsync(d_link_, 0, sizeof(cuda::LinkedTokens), stream_), "clear");
   check(cudaMemsetAsync(token_log_, 0, (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t), stream_), "clear");
 
   void* mm_mem = mem_.alloc(mm_ws, "matmul workspace");
@@ -504,7 +506,7 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
   prof_begin("token log");
   // The previous step's sampled tokens are still in d_out_: this step's sampler writes it later.
   check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, pos, seq,
-                              reinterpret_cast<const int32_t*>(d_out_ + lay_.token), n, stream_),
+                              reinterpret_cast<const int32_t*>(d_out_ + lay_.token), d_link_, n, stream_),
         "token log");
   prof_end();
   StepRows rows;
@@ -533,6 +535,21 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
       check(cudaMemcpyAsync(h_out, d_out_, lay_.out_bytes, cudaMemcpyDeviceToHost, stream_),
             "result download");
   }
+}
+
+bool CudaBackend::link(const LinkSource& source) {
+  link_ = dynamic_cast<CudaBackend*>(source.backend);
+  if (link_ && link_->dev_.device != dev_.device) link_ = nullptr;  // another device: fed through the host
+  cuda::LinkedTokens d;
+  if (link_) {
+    d.log = link_->token_log_;
+    d.out = reinterpret_cast<const int32_t*>(link_->d_out_ + link_->lay_.token);
+    d.n_ctx = link_->p_.n_ctx;
+    d.n_slots = link_->p_.n_slots;
+  }
+  check(cudaMemcpyAsync(d_link_, &d, sizeof d, cudaMemcpyHostToDevice, stream_), "link");
+  check(cudaStreamSynchronize(stream_), "link");
+  return link_ != nullptr;
 }
 
 void CudaBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
@@ -603,6 +620,16 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
     s.logits_row = job.out;
   }
   std::fill(logits_ready_.begin(), logits_ready_.end(), 0);
+
+  // Tokens read from the linked backend: this stream waits (on the device) for its last submitted step.
+  for (int i = 0; i < n; ++i) {
+    if (rows.token[i] > Backend::kLinkedLog) continue;
+    if (!link_) fail("CUDA backend: row {} reads a linked backend's token, but none is linked", i);
+    if (link_->n_submitted_ > 0)
+      check(cudaStreamWaitEvent(stream_, link_->done_ev_[(link_->n_submitted_ - 1) % kInFlight], 0),
+            "wait for the linked backend");
+    break;
+  }
 
   if (prof_.on) bi = -1;  // every step runs directly, op by op
   prof_.recording = prof_.on && n == 1;

@@ -28,6 +28,10 @@
 
 namespace ultra {
 
+namespace cuda {
+struct LinkedTokens;
+}
+
 // Device memory of one backend: every allocation goes through here and is counted; all of them happen at
 // construction.
 class DeviceAllocator {
@@ -70,6 +74,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   void complete(StepStats& stats) override;
   const float* logits(int k) override;
   void poison_kv(int seq, int from) override;
+  // Another CUDA backend on this device: its token log and last results, read by this one's steps after a
+  // device-side wait for its last submitted step.
+  bool link(const LinkSource& source) override;
 
   // For tests and benchmarks.
   int n_graphs() const;
@@ -147,6 +154,8 @@ class CudaBackend final : public Backend, private ForwardOps {
   size_t kv_bytes_ = 0;
   StepBuffers b_;                 // device
   int32_t* token_log_ = nullptr;  // [n_slots, n_ctx] device copy of the sequences' tokens
+  CudaBackend* link_ = nullptr;   // the backend whose tokens this one's steps may read (link())
+  cuda::LinkedTokens* d_link_ = nullptr;  // device memory: link_'s token log and result tokens
   cuda::CudaMatmul mm_;
   cuda::SamplerPlan sampler_plan_;
   void* sampler_ws_ = nullptr;
