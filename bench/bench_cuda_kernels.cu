@@ -15,12 +15,15 @@
 //              relative to their largest value (the tiled kernel rounds Q and P to F16: ~1e-3 expected).
 //   sampler    V = 128256: greedy, top_k = 40 (+ top_p 0.95, min_p 0.05) and top_k = 0 top_p = 0.9,
 //              microseconds per launch for 1 row and for 32 rows.
+//   lowbit     gemv on Q8_0, F8_E4M3 (a scale per row) and TERNARY (a scale per tensor) weights in their
+//              device layout (gemv_lowbit.h), Llama-3-8B shapes, n = 1, 2, 8, 32: us and weight + activation
+//              bytes / time against the read ceiling (random codes: the arithmetic is that of any codes).
 // Times: CUDA events around graph replays (median of 7 trials, 5 with --sweep). Prints a table; --out DIR
 // also writes DIR/bench_cuda_kernels.txt.
 // --sweep adds columns: gemv variants (no PDL, the 2026-11 kernel, TF32 instead of BF16x3, other block
 // shapes and split counts; see src/backend/cuda/tuning.h), attention and sampler without PDL. --only SECTION
-// (read, gemv, attention, prefill, sampler; repeatable) runs those sections only (the read ceiling always
-// runs).
+// (read, gemv, attention, prefill, sampler, lowbit; repeatable) runs those sections only (the read ceiling
+// always runs).
 //   bench_cuda_kernels [--out DIR] [--quick] [--sweep] [--only SECTION]...
 #include <cuda_runtime.h>
 
@@ -540,6 +543,72 @@ void bench_sampler(cudaStream_t st) {
 
 }  // namespace
 
+void bench_lowbit(cudaStream_t st, double ceiling) {
+  struct S {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
+                                 {"kv 1024x4096", 1024, 4096},
+                                 {"ffn up 14336x4096", 14336, 4096},
+                                 {"ffn down 4096x14336", 4096, 14336},
+                                 {"lm_head 128256x4096", 128256, 4096}};
+  const std::vector<int> ns = g_quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 32};
+  out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary\n");
+  for (const S& s : shapes) {
+    const GgmlType types[3] = {GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY};
+    struct Mat {
+      std::vector<uint8_t*> w;
+      float* scale = nullptr;
+      size_t rb = 0, bytes = 0;
+    } m[3];
+    for (int ti = 0; ti < 3; ++ti) {
+      m[ti].rb = lowbit_row_bytes(types[ti], s.cols);
+      const size_t wbytes = (size_t)s.rows * m[ti].rb;
+      const int copies = (int)std::max<size_t>(2, (4 * g_dev.l2_bytes + wbytes - 1) / wbytes);
+      for (int i = 0; i < copies; ++i) {
+        m[ti].w.push_back(dalloc<uint8_t>(wbytes));
+        fill(m[ti].w.back(), wbytes, 300 + i, 0x3c3c3c3cu);  // finite codes and scales (timing only)
+      }
+      m[ti].scale = dalloc<float>((size_t)s.rows);
+      fill(m[ti].scale, (size_t)s.rows * 4, 9, 0x3c7fffffu);
+      m[ti].bytes = wbytes + (types[ti] == GgmlType::F8_E4M3 ? (size_t)s.rows * 4 : 0);
+    }
+    float* x = dalloc<float>((size_t)32 * s.cols);
+    float* y = dalloc<float>((size_t)32 * s.rows);
+    fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
+    for (int n : ns) {
+      out("  %-22s n=%-2d", s.name, n);
+      for (int ti = 0; ti < 3; ++ti) {
+        const double ms = time_graph(st, 32, [&](int i) {
+          WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb, m[ti].scale};
+          if (types[ti] == GgmlType::F8_E4M3) wv.scale_group = s.cols, wv.scale_row_stride = 1;
+          if (types[ti] == GgmlType::TERNARY) wv.scale_group = s.cols, wv.scale_row_stride = 0;
+          CK(gemv(wv, x, n, y, nullptr, false, st));
+        });
+        const double bytes = (double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
+        const double gbs = bytes / ms / 1e6;
+        out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
+        if (n == 1 || n == 4)
+          g_summary.push_back(std::string("lowbit gemv ") +
+                              (ti == 0   ? "q8_0 "
+                               : ti == 1 ? "fp8 "
+                                         : "ternary ") +
+                              s.name + " n=" + std::to_string(n) + ": " +
+                              std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
+                              " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");
+      }
+      out("\n");
+    }
+    for (auto& mm : m) {
+      for (auto p : mm.w) CK(cudaFree(p));
+      CK(cudaFree(mm.scale));
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+  }
+}
+
 int main(int argc, char** argv) {
   std::string out_dir;
   for (int i = 1; i < argc; ++i) {
@@ -583,6 +652,7 @@ int main(int argc, char** argv) {
   if (section("attention")) bench_attention(st, ceiling);
   if (section("prefill")) bench_prefill(st);
   if (section("sampler")) bench_sampler(st);
+  if (section("lowbit")) bench_lowbit(st, ceiling);
   out("\nsummary\n");
   for (const auto& s : g_summary) out("  %s\n", s.c_str());
   CK(cudaStreamDestroy(st));

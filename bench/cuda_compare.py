@@ -14,7 +14,12 @@ Ceilings measured in the same run: the HBM read bandwidth (torch sum over 4 GiB)
 (torch.matmul 8192^3). Decode is reported against the read roofline: bytes one token must read (every
 weight matrix once, the LM head, the KV cache at its depth) / time per token.
 
-    python3 bench/cuda_compare.py --ultra .devbin/ultra [--shapes 8b,1b,7b] [--gen 128]
+    python3 bench/cuda_compare.py --ultra .devbin/ultra [--shapes 8b,1b,7b] [--gen 128] [--types bf16,q8_0,fp8,ternary]
+--types: the weight types to run ultra on, same shape (default bf16). bf16 is the HF directory above (and the
+PyTorch runs); q8_0, fp8 (F8_E4M3, a scale per row) and ternary (a scale per tensor) are GGUF files written by
+tools/make_bench_gguf.py (random codes copied from a pool, seconds for 8B; cached in --dir), ultra only. Every
+matrix is of the type, the LM head included. Decode is reported against both the read bandwidth and the copy
+bandwidth (torch copy_ of 2 GiB: bytes read + written per second), with the bytes per token of the type.
 Shapes: 8b, 7b, 1b (Llama), qwen3-8b, gemma3-4b, and the ~110M qwen3-110m / gemma3-110m of the CPU benchmark.
 (Bytes per token count every weight once and the KV cache at the depth on every layer: for Gemma-3 at
 depths past its window that overstates what the local layers read.)
@@ -107,6 +112,43 @@ def read_bandwidth():
     return (4 << 30) / t
 
 
+def copy_bandwidth():
+    x = torch.empty(1 << 29, dtype=torch.float32, device="cuda").uniform_()
+    y = torch.empty_like(x)
+    y.copy_(x)
+    t = timed(lambda: y.copy_(x), 10)
+    del x, y
+    return 2 * (2 << 30) / t
+
+
+# Weight bytes per parameter of each --types entry (F8_E4M3's per-row and ternary's per-tensor scales are
+# negligible; Q8_0: 34 bytes per 32).
+TYPE_BYTES = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "ternary": 0.25}
+
+
+def make_gguf(shape, wtype, path):
+    """The shape as a GGUF file of wtype (tools/make_bench_gguf.py); returns the seconds it took (0: cached)."""
+    if os.path.exists(path):
+        return 0.0
+    spec = SHAPES[shape]
+    c = spec["cfg"]
+    arch = spec.get("arch", "llama")
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools",
+                                        "make_bench_gguf.py"),
+           "--arch", arch, "--type", wtype, "-o", path, "--dim", str(c["hidden_size"]),
+           "--layers", str(c["num_hidden_layers"]), "--heads", str(c["num_attention_heads"]),
+           "--kv-heads", str(c["num_key_value_heads"]), "--head-dim", str(c["head_dim"]),
+           "--ffn", str(c["intermediate_size"]), "--vocab", str(c["vocab_size"]), "--ctx", "8192",
+           "--rope-theta", str(c["rope_theta"]), "--rms-eps", "1e-5" if arch == "llama" else "1e-6"]
+    if c.get("tie_word_embeddings"):
+        cmd.append("--tie-embeddings")
+    if arch == "gemma3":
+        cmd += ["--sliding-window", str(c["sliding_window"]), "--swa-pattern", "6", "--rope-theta-swa", "10000"]
+    t0 = time.time()
+    subprocess.run(cmd, check=True)
+    return time.time() - t0
+
+
 def gemm_rate():
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
@@ -136,7 +178,7 @@ def matmul_params(cfg):
     return L * (d * (q + 2 * kv) + q * d + 3 * d * f) + V * d
 
 
-def bytes_per_token(cfg, depth, esize=2):
+def bytes_per_token(cfg, depth, esize=2.0):
     kv = cfg.num_key_value_heads * cfg.head_dim
     return esize * matmul_params(cfg) + 2 * cfg.num_hidden_layers * 2 * kv * depth  # F16 KV cache
 
@@ -170,6 +212,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ultra", default="build/ultra")
     ap.add_argument("--shapes", default="8b,1b,7b")
+    ap.add_argument("--types", default="bf16", help="weight types: bf16,q8_0,fp8,ternary (see above)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--depths", default="128,4096")
@@ -182,16 +225,39 @@ def main():
     ap.add_argument("--dir", default="/tmp/ultra-cuda-bench")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = ap.parse_args()
+    types = args.types.split(",")
+    for t in types:
+        if t not in TYPE_BYTES:
+            sys.exit(f"unknown --types entry {t!r} (bf16, q8_0, fp8, ternary)")
     result = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), read_bw=read_bandwidth(),
-                  gemm_bf16=gemm_rate(), shapes={})
-    print(f"{result['gpu']}: read {result['read_bw'] / 1e12:.2f} TB/s, BF16 GEMM {result['gemm_bf16'] / 1e12:.0f} "
-          f"TFLOP/s", flush=True)
+                  copy_bw=copy_bandwidth(), gemm_bf16=gemm_rate(), shapes={})
+    print(f"{result['gpu']}: read {result['read_bw'] / 1e12:.2f} TB/s, copy {result['copy_bw'] / 1e12:.2f} TB/s, "
+          f"BF16 GEMM {result['gemm_bf16'] / 1e12:.0f} TFLOP/s", flush=True)
     for shape in args.shapes.split(","):
+        for wtype in types:
+            if wtype == "bf16":
+                continue
+            os.makedirs(args.dir, exist_ok=True)
+            gguf = os.path.join(args.dir, f"{shape}-{wtype}.gguf")
+            cfg = make_config(shape)
+            dt = make_gguf(shape, wtype, gguf)
+            key = f"{shape} {wtype}"
+            r = dict(shape=shape, type=wtype, gguf_write_s=dt,
+                     mb_per_token={d: bytes_per_token(cfg, int(d), TYPE_BYTES[wtype]) / 1e6
+                                   for d in args.depths.split(",")})
+            print(f"[{key}] {gguf} {'written in %.1f s' % dt if dt else '(cached)'}", flush=True)
+            run_ultra(args, key, gguf, cfg, r)
+            result["shapes"][key] = r
+            with open(os.path.join(args.out, "cuda_compare.json"), "w") as f:
+                json.dump(result, f, indent=1)
+        if "bf16" not in types:
+            continue
         path = os.path.join(args.dir, shape)
         os.makedirs(path, exist_ok=True)
         t0 = time.time()
         cfg, model = make_model(shape, path)
-        r = dict(mb_per_token={d: bytes_per_token(cfg, int(d)) / 1e6 for d in args.depths.split(",")})
+        r = dict(shape=shape, type="bf16",
+                 mb_per_token={d: bytes_per_token(cfg, int(d)) / 1e6 for d in args.depths.split(",")})
         print(f"[{shape}] model ready in {time.time() - t0:.1f} s", flush=True)
         if not args.no_torch:
             r["torch_eager_tg"] = torch_decode(model, cfg, 32, static=False)
@@ -208,39 +274,21 @@ def main():
                 print(f"[{shape}] PyTorch compiled failed: {r['torch_compiled_error']}", flush=True)
         del model
         torch.cuda.empty_cache()
-        t0 = time.time()
-        p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", str(args.prompt), "-n",
-                            str(args.gen), "-d", args.depths, "--parallel", args.parallel, "-r", str(args.reps),
-                            "--json"], capture_output=True, text=True)
-        if p.returncode != 0:
-            r["ultra_error"] = p.stderr[-2000:]
-            print(f"[{shape}] ultra failed: {p.stderr[-2000:]}", flush=True)
-        else:
-            u = json.loads(p.stdout)
-            r["ultra"] = {x["test"]: x["tps_mean"] for x in u["results"]}
-            r["launch_us"] = u.get("launch_us_mean", 0)
-            r["idle_us"] = u.get("gpu_idle_us_mean", 0)
-            r["submit_us"] = u.get("decode_submit_us_mean", 0)
-            pp = r["ultra"][f"pp{args.prompt}"]
-            r["pp_tflops"] = pp * 2 * matmul_params(cfg) / 1e12
-            print(f"[{shape}] ultra ({time.time() - t0:.0f} s): {json.dumps(r['ultra'])}, launch "
-                  f"{r['launch_us']:.2f} us", flush=True)
-        if args.profile:
-            p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n", "32", "-d", "128",
-                                "-r", "1"], capture_output=True, text=True, env={**os.environ, "ULTRA_CUDA_PROFILE": "1"})
-            r["profile"] = p.stderr[-4000:]
-            print(f"[{shape}] decode profile (d128):\n{p.stderr[-4000:]}", flush=True)
+        run_ultra(args, shape, path, cfg, r)
         result["shapes"][shape] = r
         with open(os.path.join(args.out, "cuda_compare.json"), "w") as f:
             json.dump(result, f, indent=1)
 
     G = args.gen
     bw = result["read_bw"]
-    print(f"\n{result['gpu']}, {result['date']}: read bandwidth {bw / 1e12:.2f} TB/s, BF16 GEMM "
-          f"{result['gemm_bf16'] / 1e12:.0f} TFLOP/s")
+    print(f"\n{result['gpu']}, {result['date']}: read bandwidth {bw / 1e12:.2f} TB/s, copy bandwidth "
+          f"{result['copy_bw'] / 1e12:.2f} TB/s, BF16 GEMM {result['gemm_bf16'] / 1e12:.0f} TFLOP/s")
     print("| shape | test | ultra tok/s | % read roofline | PyTorch eager | PyTorch compiled | ultra / best PyTorch |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for shape, r in result["shapes"].items():
+    for key, r in result["shapes"].items():
+        shape = r["shape"]
+        if r["type"] != "bf16":
+            continue
         u = r.get("ultra", {})
         best = max(r.get("torch_eager_tg", 0), r.get("torch_compiled_tg", 0))
         for test, tps in u.items():
@@ -264,6 +312,46 @@ def main():
         print(f"| {shape} | host launch call per graph step (all steps) | {r.get('launch_us', 0):.2f} us | | | | |")
         print(f"| {shape} | host submit per decode step (all tg runs) | {r.get('submit_us', 0):.2f} us | | | | |")
         print(f"| {shape} | GPU idle between graph steps (all steps) | {r.get('idle_us', 0):.2f} us | | | | |")
+
+
+    # Every type: decode (one sequence) against the bandwidths, with the bytes a token reads.
+    print("\n| shape | type | test | ultra tok/s | MB / token | GB/s | % read bw | % copy bw |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for key, r in result["shapes"].items():
+        cfg = SHAPES_CFG(r["shape"])
+        for test, tps in r.get("ultra", {}).items():
+            if test.startswith("pp") or " x" in test:
+                continue
+            depth = int(test.split("@ d")[1].split()[0]) if "@ d" in test else 0
+            b = bytes_per_token(cfg, depth, TYPE_BYTES[r["type"]])
+            print(f"| {r['shape']} | {r['type']} | {test} | {tps:.1f} | {b / 1e6:.0f} | {tps * b / 1e9:.0f} | "
+                  f"{100 * tps * b / bw:.0f}% | {100 * tps * b / result['copy_bw']:.0f}% |")
+
+
+def run_ultra(args, key, path, cfg, r):
+    """`ultra bench` on the model at path (HF directory or GGUF); results into r."""
+    t0 = time.time()
+    p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", str(args.prompt), "-n",
+                        str(args.gen), "-d", args.depths, "--parallel", args.parallel, "-r", str(args.reps),
+                        "--json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        r["ultra_error"] = p.stderr[-2000:]
+        print(f"[{key}] ultra failed: {p.stderr[-2000:]}", flush=True)
+    else:
+        u = json.loads(p.stdout)
+        r["ultra"] = {x["test"]: x["tps_mean"] for x in u["results"]}
+        r["launch_us"] = u.get("launch_us_mean", 0)
+        r["idle_us"] = u.get("gpu_idle_us_mean", 0)
+        r["submit_us"] = u.get("decode_submit_us_mean", 0)
+        pp = r["ultra"].get(f"pp{args.prompt}", 0)
+        r["pp_tflops"] = pp * 2 * matmul_params(cfg) / 1e12
+        print(f"[{key}] ultra ({time.time() - t0:.0f} s): {json.dumps(r['ultra'])}, launch "
+              f"{r['launch_us']:.2f} us", flush=True)
+    if args.profile:
+        p = subprocess.run([args.ultra, "bench", "--device", "cuda", "-m", path, "-p", "0", "-n", "32", "-d", "128",
+                            "-r", "1"], capture_output=True, text=True, env={**os.environ, "ULTRA_CUDA_PROFILE": "1"})
+        r["profile"] = p.stderr[-4000:]
+        print(f"[{key}] decode profile (d128):\n{p.stderr[-4000:]}", flush=True)
 
 
 def SHAPES_CFG(shape):

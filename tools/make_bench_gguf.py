@@ -10,6 +10,10 @@ ultra and llama.cpp (e.g. through node-llama-cpp) load it:
     python3 tools/make_bench_gguf.py --type q8_0 -o /tmp/ultra-bench/llama110m-q8_0.gguf
     python3 tools/make_bench_gguf.py --arch qwen3 --type f16 -o /tmp/ultra-bench/qwen3-110m-f16.gguf
     python3 tools/make_bench_gguf.py --arch gemma3 --type f16 -o /tmp/ultra-bench/gemma3-110m-f16.gguf
+    python3 tools/make_bench_gguf.py --type fp8 -o /tmp/ultra-bench/llama110m-fp8.gguf
+
+--type fp8 and ternary are ultra's own types (docs/QUANTIZATION.md; llama.cpp does not load them): F8_E4M3
+codes with an F32 "<name>.scale" of one value per row, or 16 trits per u32 with one scale per tensor.
 
 Shapes (every option below overrides its part of the preset):
   llama   the ~110M-parameter Llama: dim 768, 12 layers, 12 heads, 12 kv heads
@@ -58,14 +62,16 @@ ALIGNMENT = 32
 # gguf metadata value types
 T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64, T_INT64, T_FLOAT64 = range(13)
 
-# ggml tensor types
+# ggml tensor types (and ultra's own: F8_E4M3, TERNARY)
 GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+ULTRA_F8_E4M3, ULTRA_TERNARY = 0x55540001, 0x55540002
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 2 + QK8_0  # f16 scale + 32 int8
 
-# llama_ftype (general.file_type)
-FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
-GGML_TYPE = {"f32": GGML_F32, "f16": GGML_F16, "q8_0": GGML_Q8_0}
+# llama_ftype (general.file_type); ultra's types: their type id
+FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "fp8": ULTRA_F8_E4M3, "ternary": ULTRA_TERNARY}
+GGML_TYPE = {"f32": GGML_F32, "f16": GGML_F16, "q8_0": GGML_Q8_0, "fp8": ULTRA_F8_E4M3,
+             "ternary": ULTRA_TERNARY}
 
 # Preset shapes per --arch (see the docstring); None = derived.
 _COMMON = dict(dim=768, layers=12, ffn=2048, vocab=32000, ctx=2048)
@@ -167,6 +173,41 @@ def quantize_q8_0(values):
     return bytes(out)
 
 
+def fp8_e4m3_value(code):
+    """Value of an E4M3 code (core/fp8.h); None for the NaN codes."""
+    s, e, m = code >> 7, (code >> 3) & 0xF, code & 7
+    if e == 0xF and m == 7:
+        return None
+    v = m / 8.0 * 2.0 ** -6 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7)
+    return -v if s else v
+
+
+def encode_fp8_pool(values):
+    """Each value (already divided by its scale) to the nearest E4M3 code (ties: either; saturating)."""
+    import bisect
+    pos = sorted((fp8_e4m3_value(c), c) for c in range(0x7F))  # 0 .. 448, codes 0x00 .. 0x7E
+    keys = [v for v, _ in pos]
+    out = bytearray(len(values))
+    for i, x in enumerate(values):
+        a = min(abs(x), 448.0)
+        j = bisect.bisect_left(keys, a)
+        if j == len(keys) or (j > 0 and a - keys[j - 1] <= keys[j] - a):
+            j -= 1
+        out[i] = pos[j][1] | (0x80 if x < 0 else 0)
+    return bytes(out)
+
+
+def ternary_pool(rng, n):
+    """n trits (n % 16 == 0), -1 / 0 / +1 equally likely, packed 16 per little-endian u32 (core/ternary.h)."""
+    words = array.array("I")
+    for _ in range(n // 16):
+        w = 0
+        for i in range(16):
+            w |= (0, 1, 2)[rng.randrange(3)] << (2 * i)
+        words.append(w)
+    return words.tobytes()
+
+
 class WeightSource:
     """Produces tensor data of a given ggml type from one shared random pool."""
 
@@ -179,6 +220,14 @@ class WeightSource:
         elif wtype == "f16":
             self.pool = f16_bytes(pool)
             self.bytes_per_unit, self.values_per_unit = 2, 1
+        elif wtype == "fp8":  # one code per value; the codes of N(0, std) / scale, scale = 4 std / 448
+            self.scale = 4.0 * std / 448.0
+            self.pool = encode_fp8_pool([v / self.scale for v in pool])
+            self.bytes_per_unit, self.values_per_unit = 1, 1
+        elif wtype == "ternary":  # one unit = one u32 of 16 trits; scale = std
+            self.scale = std
+            self.pool = ternary_pool(rng, POOL_SIZE)
+            self.bytes_per_unit, self.values_per_unit = 4, 16
         else:  # q8_0: one unit = one 32-value block
             self.pool = quantize_q8_0(pool)
             self.bytes_per_unit, self.values_per_unit = Q8_0_BLOCK_BYTES, QK8_0
@@ -212,7 +261,8 @@ def pad_to(n, align=ALIGNMENT):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", choices=sorted(PRESETS), default="llama", help="architecture and its preset shape")
-    ap.add_argument("--type", choices=["f32", "f16", "q8_0"], default="f32", help="weight type of the 2-D tensors (norms stay F32)")
+    ap.add_argument("--type", choices=["f32", "f16", "q8_0", "fp8", "ternary"], default="f32",
+                    help="weight type of the 2-D tensors (norms stay F32)")
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
     ap.add_argument("--dim", type=int)
     ap.add_argument("--layers", type=int)
@@ -250,6 +300,8 @@ def main():
     kv_dim = n_kv * head_dim
     if args.type == "q8_0" and (dim % QK8_0 or ffn % QK8_0 or q_dim % QK8_0):
         sys.exit("q8_0 needs dim, ffn and heads * head_dim to be multiples of 32")
+    if args.type == "ternary" and (dim % 16 or ffn % 16 or q_dim % 16):
+        sys.exit("ternary needs dim, ffn and heads * head_dim to be multiples of 16")
 
     t0 = time.time()
     rng = random.Random(args.seed)
@@ -282,6 +334,14 @@ def main():
     tensors.append(("output_norm.weight", [dim], GGML_F32))
     if not args.tie_embeddings:
         tensors.append(("output.weight", [dim, n_vocab], wt))
+    # ultra's scaled types: an F32 "<base>.scale" per matrix (fp8: [rows], ternary: [1]), constant
+    scale_of = {}
+    if args.type in ("fp8", "ternary"):
+        for name, ne, t in list(tensors):
+            if t == wt and len(ne) == 2:
+                sname = name[:-len(".weight")] + ".scale"
+                scale_of[sname] = True
+                tensors.append((sname, [ne[1]] if args.type == "fp8" else [1], GGML_F32))
 
     tokens, scores, types = make_vocab(n_vocab)
     kvs = [
@@ -360,7 +420,9 @@ def main():
             n = 1
             for x in ne:
                 n *= x
-            if t == GGML_F32 and len(ne) == 1:
+            if name in scale_of:
+                write_f32_const(f, n, src.scale)
+            elif t == GGML_F32 and len(ne) == 1:
                 write_f32_const(f, n, 1.0)  # RMSNorm weights = 1.0
             else:
                 src.write(f, n)

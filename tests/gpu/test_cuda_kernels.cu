@@ -26,6 +26,8 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tuning.h"
 #include "core/dtype.h"
+#include "core/fp8.h"
+#include "core/ternary.h"
 #include "sampling/philox.h"
 
 using namespace ultra;
@@ -641,6 +643,208 @@ void test_matmul(CudaMatmul& mm, GgmlType t, int64_t rows, int64_t cols, int n, 
   const double bound = t == GgmlType::BF16 ? 1e-2 : t == GgmlType::F16 ? 3e-3 : 1e-5;
   const double e = rel_err(dy.down(), ref);
   report(ok_err(e, bound), "matmul", shape, e, bound, n > kGemvMaxRows ? "(cuBLASLt)" : "(gemv)");
+}
+
+// =====================================================================================================
+// low-bit weights (Q8_0, F8_E4M3, TERNARY): gemv, the prefill matmul and embed on the device layout
+
+// Scale layouts of the F8_E4M3 / TERNARY test matrices: one per tensor, per row, or per row and group of
+// `group` columns (FP8: 128 as HF block-wise checkpoints, the last group partial, or an odd 40 that 16-column
+// groups straddle; ternary: 256 as repacked TQ1_0 / TQ2_0, or 16).
+struct LowbitCase {
+  GgmlType t;
+  int64_t rows, cols;
+  int64_t group = 0;  // 0: per row (scale_group = cols)
+  bool per_tensor = false;
+};
+
+const char* lbname(GgmlType t) {
+  return t == GgmlType::Q8_0 ? "q8_0" : t == GgmlType::F8_E4M3 ? "fp8" : "ternary";
+}
+
+std::string lbshape(const LowbitCase& c) {
+  return fmt("%s rows=%lld cols=%lld %s", lbname(c.t), (long long)c.rows, (long long)c.cols,
+             c.per_tensor ? "scale/tensor"
+             : c.group    ? fmt("scale/%lld cols", (long long)c.group).c_str()
+                          : "scale/row");
+}
+
+// A random matrix in the host (GGUF) layout, its scales, and its f32 weights (decode * scale, the product
+// rounded to f32 as the CPU's dequant_row) in wf; uploaded in the device layout (lowbit_pack_rows).
+struct LowbitMatrix {
+  std::vector<uint8_t> host;  // [rows, host row bytes]
+  std::vector<float> scale;   // F8_E4M3 / TERNARY
+  std::vector<float> wf;      // [rows, cols]
+  Dev<uint8_t> dw;
+  Dev<float> ds;
+  WeightView host_view, dev_view;
+
+  explicit LowbitMatrix(const LowbitCase& c) {
+    const int64_t R = c.rows, C = c.cols;
+    wf.resize((size_t)(R * C));
+    WeightView w;
+    w.type = c.t;
+    w.rows = R;
+    w.cols = C;
+    if (c.t == GgmlType::Q8_0) {
+      w.row_bytes = (size_t)(C / kQ8_0Block) * sizeof(BlockQ8_0);
+      host.resize(w.row_bytes * R);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t b = 0; b < C / kQ8_0Block; ++b) {
+          BlockQ8_0 blk;
+          blk.d = fp32_to_fp16(randu(1, 1e-3f, 2e-2f)[0]);
+          for (int i = 0; i < kQ8_0Block; ++i) blk.qs[i] = (int8_t)randi(-128, 127);
+          std::memcpy(&host[r * w.row_bytes + b * sizeof blk], &blk, sizeof blk);
+          for (int i = 0; i < kQ8_0Block; ++i)
+            wf[r * C + b * kQ8_0Block + i] = fp16_to_fp32(blk.d) * (float)blk.qs[i];
+        }
+    } else {
+      const int64_t G = c.group ? c.group : C, gpr = (C + G - 1) / G;
+      w.scale_group = G;
+      w.scale_row_stride = c.per_tensor ? 0 : gpr;
+      scale = randu(c.per_tensor ? 1 : (size_t)(R * gpr), 0.01f, 0.1f);
+      auto sc = [&](int64_t r, int64_t col) { return scale[r * w.scale_row_stride + col / G]; };
+      if (c.t == GgmlType::F8_E4M3) {
+        w.row_bytes = (size_t)C;
+        host.resize(w.row_bytes * R);
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t col = 0; col < C; ++col) {
+            uint8_t code;
+            do code = (uint8_t)randi(0, 255);
+            while (fp8_e4m3_is_nan(code));  // every other code, subnormals and zeros included
+            host[r * C + col] = code;
+            wf[r * C + col] = fp8_e4m3_to_fp32(code) * sc(r, col);
+          }
+      } else {
+        w.row_bytes = (size_t)(C / 4);
+        host.resize(w.row_bytes * R);
+        std::vector<int8_t> t((size_t)C);
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t col = 0; col < C; ++col) t[col] = (int8_t)randi(-1, 1);
+          ternary_pack(t.data(), C, reinterpret_cast<uint32_t*>(&host[r * w.row_bytes]));
+          for (int64_t col = 0; col < C; ++col) wf[r * C + col] = (float)t[col] * sc(r, col);
+        }
+      }
+    }
+    w.data = host.data();
+    w.scale = scale.empty() ? nullptr : scale.data();
+    host_view = w;
+    const size_t rb = lowbit_row_bytes(c.t, C);
+    std::vector<uint8_t> packed(rb * R);
+    if (!lowbit_pack_rows(w, 0, R, packed.data())) {
+      out("FAIL lowbit_pack  %s\n", lbshape(c).c_str());
+      ++g_fail;
+    }
+    dw.alloc(packed.size());
+    dw.up(packed);
+    dev_view = w;
+    dev_view.data = dw.p;
+    dev_view.row_bytes = rb;
+    if (!scale.empty()) {
+      ds.alloc(scale.size());
+      ds.up(scale);
+      dev_view.scale = ds.p;
+    }
+  }
+};
+
+// gemv (n <= 32) or the CudaMatmul entry (mm non-null: n > 32 dequantises to BF16 for cuBLASLt) against
+// float64 sums of the f32 weights. gemv: f32 products and sums, bound 1e-5 as the dense gemv; the prefill
+// GEMM rounds weights and x to BF16 (each 2^-9 relative at most, ~1.1e-3 rms each): bound 1e-2.
+void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul* mm) {
+  LowbitMatrix m(c);
+  const int64_t R = c.rows, C = c.cols;
+  auto x = randn((size_t)n * C), b = randn(R), y0 = randn((size_t)n * R);
+  Dev<float> dx(x.size()), db(R), dy(y0.size());
+  dx.up(x);
+  db.up(b);
+  if (acc)
+    dy.up(y0);
+  else
+    dy.poison();
+  const std::string shape = lbshape(c) + fmt(" n=%d%s%s", n, bias ? " bias" : "", acc ? " acc" : "");
+  const cudaError_t e0 = mm ? mm->matmul(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0)
+                            : gemv(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
+  const char* kname = mm ? "lowbit_matmul" : "lowbit_gemv";
+  if (e0 != cudaSuccess) {
+    report(false, kname, shape, NAN, 0, cudaGetErrorString(e0));
+    return;
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n * R);
+  for (int tk = 0; tk < n; ++tk)
+    for (int64_t r = 0; r < R; ++r) {
+      double s = 0;
+      for (int64_t col = 0; col < C; ++col) s += (double)m.wf[r * C + col] * x[(size_t)tk * C + col];
+      ref[(size_t)tk * R + r] = s + (bias ? b[r] : 0.0) + (acc ? y0[(size_t)tk * R + r] : 0.0);
+    }
+  // Through CudaMatmul, steps of more than kLowbitGemvMaxRows rows use a BF16 copy of the weights.
+  const double bound = mm && n > kLowbitGemvMaxRows ? 1e-2 : 1e-5;
+  const double e = rel_err(dy.down(), ref);
+  report(ok_err(e, bound), kname, shape, e, bound);
+}
+
+// embed: rows of the f32 weights, bit for bit.
+void test_lowbit_embed(const LowbitCase& c, int n) {
+  LowbitMatrix m(c);
+  std::vector<int32_t> tok(n);
+  for (int i = 0; i < n; ++i) tok[i] = randi(0, (int)c.rows - 1);
+  if (n > 2) tok[1] = (int)c.rows + 5, tok[2] = -3;  // out of range: zero rows
+  Dev<int32_t> dk(n);
+  dk.up(tok);
+  Dev<float> dx((size_t)n * c.cols);
+  dx.poison();
+  CK(embed(m.dev_view, dk.p, n, dx.p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ref((size_t)n * c.cols, 0.0);
+  for (int i = 0; i < n; ++i)
+    if (tok[i] >= 0 && tok[i] < c.rows)
+      for (int64_t d = 0; d < c.cols; ++d) ref[(size_t)i * c.cols + d] = m.wf[tok[i] * c.cols + d];
+  const double e = rel_err(dx.down(), ref);
+  report(ok_err(e, 0.0), "lowbit_embed", lbshape(c) + fmt(" n=%d", n), e, 0.0);
+}
+
+void run_lowbit_tests() {
+  const std::vector<LowbitCase> cases = {
+      {GgmlType::Q8_0, 100, 256},
+      {GgmlType::Q8_0, 1000, 4096},
+      {GgmlType::Q8_0, 33, 96},
+      {GgmlType::F8_E4M3, 100, 259},  // cols not a multiple of 16: a partial chunk
+      {GgmlType::F8_E4M3, 1000, 4096},
+      {GgmlType::F8_E4M3, 77, 300, 128},       // block-wise scales, the last group partial
+      {GgmlType::F8_E4M3, 45, 200, 40},        // groups that 16-column chunks straddle
+      {GgmlType::F8_E4M3, 31, 64, 0, true},    // one scale
+      {GgmlType::TERNARY, 100, 256},           // per row
+      {GgmlType::TERNARY, 1000, 4096, 256},    // per 256 columns (TQ1_0 / TQ2_0)
+      {GgmlType::TERNARY, 37, 80, 16},         // per word; a partial 64-trit chunk
+      {GgmlType::TERNARY, 65, 1040, 0, true},  // per tensor; a partial chunk
+  };
+  const std::vector<int> ns = g_quick ? std::vector<int>{1, 3, 32} : std::vector<int>{1, 2, 3, 5, 8, 17, 32};
+  if (enabled("lowbit_gemv"))
+    for (const LowbitCase& c : cases)
+      for (int n : ns) test_lowbit_mm(c, n, n % 2 == 1, n == 3 || n == 17 || n == 32, nullptr);
+  if (enabled("lowbit_gemv")) {  // >= 4096 rows: the tiles of 2 or 4 rows per warp (dispatch_lb)
+    for (int n : g_quick ? std::vector<int>{1, 32} : std::vector<int>{1, 2, 3, 5, 8, 17, 32}) {
+      test_lowbit_mm({GgmlType::Q8_0, 4099, 512}, n, true, n % 2 == 1, nullptr);
+      test_lowbit_mm({GgmlType::F8_E4M3, 4101, 528}, n, n % 2 == 0, true, nullptr);
+      test_lowbit_mm({GgmlType::TERNARY, 4103, 528, 16}, n, true, false, nullptr);
+    }
+  }
+  if (enabled("lowbit_matmul")) {
+    int64_t max_elems = 0;
+    for (const LowbitCase& c : cases) max_elems = std::max(max_elems, c.rows * lowbit_bf16_ld(c.cols));
+    Dev<uint8_t> ws(CudaMatmul::workspace_bytes(100, 4096, max_elems));
+    CudaMatmul mm;
+    CK(mm.init(ws.p, ws.n));
+    for (const LowbitCase& c : cases) {
+      test_lowbit_mm(c, 40, true, false, &mm);
+      test_lowbit_mm(c, 100, false, true, &mm);
+      test_lowbit_mm(c, kLowbitGemvMaxRows, true, true, &mm);  // the low-bit gemv through the same entry
+      test_lowbit_mm(c, 5, true, true, &mm);                   // the BF16 copy through the tensor-core gemv
+    }
+  }
+  if (enabled("lowbit_embed"))
+    for (const LowbitCase& c : cases) test_lowbit_embed(c, 33);
 }
 
 // =====================================================================================================
@@ -1429,6 +1633,7 @@ int main(int argc, char** argv) {
       test_matmul(mm, t, 128, 256, 32, true, true);  // gemv through the same entry
     }
   }
+  run_lowbit_tests();  // lowbit_gemv, lowbit_matmul, lowbit_embed (each checks --filter)
   if (enabled("attention")) {
     const GgmlType types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16};
     for (GgmlType t : types) {

@@ -19,8 +19,8 @@ inline bool aligned16(const void* p) {
   return ((uintptr_t)p & 15) == 0;
 }
 
-// Bytes per element of the dense weight types the matmul kernels take (F32, F16, BF16); 0 for any other.
-// TODO(q8_0): 34-byte blocks of 32 (scale * int8), dequantised in registers (gemv) or to BF16 tiles (GEMM).
+// Bytes per element of the dense weight types the matmul kernels take (F32, F16, BF16); 0 for any other
+// (the low-bit types Q8_0 / F8_E4M3 / TERNARY have their own kernels: gemv_lowbit.h).
 inline int64_t dense_elem_bytes(GgmlType t) {
   return t == GgmlType::F32 ? 4 : (t == GgmlType::F16 || t == GgmlType::BF16) ? 2 : 0;
 }

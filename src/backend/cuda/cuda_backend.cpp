@@ -28,6 +28,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Elements of the BF16 copy a prefill matmul makes of a low-bit matrix (0 for other types).
+int64_t lowbit_bf16_elems(const WeightView& w) {
+  return cuda::is_lowbit(w.type) ? w.rows * cuda::lowbit_bf16_ld(w.cols) : 0;
+}
+
 std::string mib(size_t b) {
   return fmt::format("{:.1f} MiB", b / 1048576.0);
 }
@@ -196,8 +201,15 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   }
   check(cuda::plan_sampler(dev_, n_out_cap_, hp.n_vocab, max_hist_, &sampler_plan_),
         "sampler plan (the vocabulary may be too large for one block's shared memory)");
-  const size_t mm_ws =
-      cuda::CudaMatmul::workspace_bytes(n_rows_cap_, std::max<int64_t>({hp.dim, (int64_t)q_dim, hp.ffn_dim}));
+  // Prefill matmuls of low-bit matrices dequantise them to BF16 into the matmul workspace: room for the
+  // largest one (rows x cols rounded up to 8).
+  int64_t max_lowbit = 0;
+  for (const WeightView* w : {&m_.output}) max_lowbit = std::max(max_lowbit, lowbit_bf16_elems(*w));
+  for (const LayerWeights& l : m_.layers)
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      max_lowbit = std::max(max_lowbit, lowbit_bf16_elems(*w));
+  const size_t mm_ws = cuda::CudaMatmul::workspace_bytes(
+      n_rows_cap_, std::max<int64_t>({hp.dim, (int64_t)q_dim, hp.ffn_dim}), max_lowbit);
   const size_t act = sizeof(float) * (nb * hp.dim * 2 + nb * std::max<size_t>(hp.dim, q_dim) +
                                       nb * q_dim * 2 + nb * kv_dim * 2 + nb * hp.ffn_dim * 2 +
                                       (size_t)n_out_cap_ * hp.dim + (size_t)n_out_cap_ * hp.n_vocab);
@@ -316,23 +328,37 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-// Weights: every matrix in its own type (F32 / F16 / BF16), norms and biases as f32, in one allocation; a
-// matrix used twice (tied embeddings) is uploaded once. Each layer's Wq, Wk, Wv are placed back to back,
-// as are W_gate and W_up, and the biases bq, bk, bv (zeros for a missing one): one view then covers the
-// fused matrix [Wq; Wk; Wv] or [W_gate; W_up] for the single-row step, while the separate views (row
-// ranges of it) serve the others. No weight is stored twice.
+// Weights: every matrix in its own type (F32 / F16 / BF16; Q8_0 / F8_E4M3 / TERNARY repacked on the host
+// into the device layout of gemv_lowbit.h, their f32 scales copied as they are), norms and biases as f32,
+// in one allocation; a matrix used twice (tied embeddings) is uploaded once. Each layer's Wq, Wk, Wv are
+// placed back to back, as are W_gate and W_up, and the biases bq, bk, bv (zeros for a missing one): one view
+// then covers the fused matrix [Wq; Wk; Wv] or [W_gate; W_up] for the single-row step, while the separate
+// views (row ranges of it) serve the others. No weight is stored twice.
 void CudaBackend::upload_weights() {
   const HParams& hp = m_.hp;
   struct Part {
     const void* src;  // null: zeros
     size_t bytes;
+    const WeightView* lowbit = nullptr;  // src is this low-bit matrix: repacked row by row (device layout)
   };
   std::vector<std::vector<Part>> blocks;
   std::unordered_map<const void*, bool> seen;
+  std::vector<Part> scale_parts;  // the F8_E4M3 / TERNARY scale arrays, each its own block
   auto mat = [&](const WeightView& w) -> Part {
+    if (cuda::is_lowbit(w.type)) {
+      const size_t rb = cuda::lowbit_row_bytes(w.type, w.cols);
+      if (!rb)
+        fail("CUDA backend: a {} matrix of {} columns has no device layout", type_name(w.type), w.cols);
+      if (const int64_t ns = cuda::lowbit_scale_count(w); ns > 0) {
+        if (!w.scale) fail("CUDA backend: a {} matrix without scales", type_name(w.type));
+        scale_parts.push_back({w.scale, (size_t)ns * sizeof(float)});
+      }
+      return {w.data, rb * (size_t)w.rows, &w};
+    }
     if (w.type != GgmlType::F32 && w.type != GgmlType::F16 && w.type != GgmlType::BF16)
       fail(
-          "CUDA backend: {} weights are not supported yet (use F32, F16 or BF16 weights, or the CPU backend)",
+          "CUDA backend: {} weights are not supported (use F32, F16, BF16, Q8_0, F8_E4M3 or TERNARY weights, "
+          "or the CPU backend)",
           type_name(w.type));
     return {w.data, w.row_bytes * (size_t)w.rows};
   };
@@ -342,9 +368,11 @@ void CudaBackend::upload_weights() {
       if (!p.src || seen.emplace(p.src, true).second) keep.push_back(p);
     if (!keep.empty()) blocks.push_back(keep);
   };
-  // Matrices that can share one view: same type, columns and row size, 16-byte rows.
+  // Matrices that can share one view: same type, columns and row size, 16-byte rows. Not low-bit ones (their
+  // scales would have to be placed back to back as well; the fused single-row kernels do not take them).
   auto fusable = [](std::initializer_list<const WeightView*> ws) {
     const WeightView& a = **ws.begin();
+    if (cuda::is_lowbit(a.type)) return false;
     for (const WeightView* w : ws)
       if (w->type != a.type || w->cols != a.cols || w->row_bytes != a.row_bytes || w->row_bytes % 16)
         return false;
@@ -384,6 +412,7 @@ void CudaBackend::upload_weights() {
   add({{m_.rope_inv_freq.data(), hp.head_dim / 2 * sizeof(float)}});
   for (const std::vector<float>* t : {&m_.rope_inv_freq_swa, &m_.rope_inv_freq_long})
     if (!t->empty()) add({{t->data(), hp.head_dim / 2 * sizeof(float)}});
+  for (const Part& p : scale_parts) add({p});
 
   size_t total = 0;
   for (const auto& b : blocks) {
@@ -395,9 +424,24 @@ void CudaBackend::upload_weights() {
   size_t at = 0;
   const auto t0 = std::chrono::steady_clock::now();
   double last_report_ms = -1;  // none yet
+  std::vector<uint8_t> stage;  // low-bit rows in the device layout, up to 64 MiB at a time
   for (const auto& b : blocks) {
     for (const Part& p : b) {
-      if (p.src) {
+      if (p.lowbit) {
+        const WeightView& w = *p.lowbit;
+        const size_t rb = cuda::lowbit_row_bytes(w.type, w.cols);
+        const int64_t step = std::max<int64_t>(1, (int64_t)((size_t(64) << 20) / rb));
+        stage.resize((size_t)std::min<int64_t>(step, w.rows) * rb);
+        for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
+          const int64_t r1 = std::min(w.rows, r0 + step);
+          if (!cuda::lowbit_pack_rows(w, r0, r1, stage.data()))
+            fail("CUDA backend: cannot repack a {} matrix [{}, {}]", type_name(w.type), w.rows, w.cols);
+          check(cudaMemcpy(base + at + (size_t)r0 * rb, stage.data(), (size_t)(r1 - r0) * rb,
+                           cudaMemcpyHostToDevice),
+                "weight upload");
+        }
+        dev[p.src] = base + at;
+      } else if (p.src) {
         check(cudaMemcpy(base + at, p.src, p.bytes, cudaMemcpyHostToDevice), "weight upload");
         dev[p.src] = base + at;
       } else {
@@ -417,6 +461,10 @@ void CudaBackend::upload_weights() {
   auto dev_mat = [&](const WeightView& w) {
     WeightView d = w;
     d.data = dev.at(w.data);
+    if (cuda::is_lowbit(w.type)) {  // device layout; the scales' device copy
+      d.row_bytes = cuda::lowbit_row_bytes(w.type, w.cols);
+      d.scale = w.scale ? reinterpret_cast<const float*>(dev.at(w.scale)) : nullptr;
+    }
     return d;
   };
   auto dev_vec = [&](const float* p) { return p ? reinterpret_cast<const float*>(dev.at(p)) : nullptr; };

@@ -2,6 +2,7 @@
 // device query.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/lowbit.cuh"
 
 namespace ultra::cuda {
 
@@ -39,6 +40,16 @@ __global__ void embed_kernel(WeightView w, const int32_t* tokens, float* x) {
   pdl_trigger();
   pdl_wait();
   embed_row<T>(w, tokens, blockIdx.x, x);
+}
+
+// Q8_0 / F8_E4M3 / TERNARY (device layout): element by element (a row is read once per token).
+__global__ void embed_lowbit_kernel(WeightView w, const int32_t* tokens, float* x) {
+  pdl_trigger();
+  pdl_wait();
+  const int32_t tok = __ldcg(tokens + blockIdx.x);
+  float* xr = x + (int64_t)blockIdx.x * w.cols;
+  const bool in = tok >= 0 && tok < w.rows;
+  for (int64_t d = threadIdx.x; d < w.cols; d += blockDim.x) xr[d] = in ? lowbit_elem(w, tok, d) : 0.0f;
 }
 
 // ---- rmsnorm
@@ -199,7 +210,17 @@ cudaError_t embed(const WeightView& tok_embd, const int32_t* tokens, int n, floa
                                     kPdlAll, tok_embd, tokens, x))
         return e;
       break;
-    default:  // TODO(q8_0): dequantising row lookup
+    case GgmlType::Q8_0:
+    case GgmlType::F8_E4M3:
+    case GgmlType::TERNARY:
+      if (!tok_embd.data || tok_embd.row_bytes < lowbit_row_bytes(tok_embd.type, tok_embd.cols) ||
+          (tok_embd.type != GgmlType::Q8_0 && (!tok_embd.scale || tok_embd.scale_group <= 0)))
+        return cudaErrorInvalidValue;
+      if (cudaError_t e = launch_ex(embed_lowbit_kernel, dim3(n), dim3(kRowThreads), 0, stream, 1, kPdlAll,
+                                    tok_embd, tokens, x))
+        return e;
+      break;
+    default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

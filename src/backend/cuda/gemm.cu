@@ -131,8 +131,13 @@ struct CudaMatmul::Impl {
   }
 };
 
-size_t CudaMatmul::workspace_bytes(int max_n, int64_t max_cols) {
-  return kCublasWorkspaceBytes + round_up((size_t)(max_n > 0 ? max_n : 0) * (size_t)max_cols * 2, 256);
+// Layout: [kCublasWorkspaceBytes] cuBLASLt | [max_n * max_cols] BF16 / F16 activations | ... | the BF16 copy
+// of a low-bit matrix, at the end of the workspace (matmul checks that the two areas do not overlap).
+size_t CudaMatmul::workspace_bytes(int max_n, int64_t max_cols, int64_t max_lowbit_elems) {
+  const size_t lowbit =
+      max_n > kLowbitGemvMaxRows && max_lowbit_elems > 0 ? round_up((size_t)max_lowbit_elems * 2, 256) : 0;
+  return kCublasWorkspaceBytes + round_up((size_t)(max_n > 0 ? max_n : 0) * (size_t)max_cols * 2, 256) +
+         lowbit;
 }
 
 CudaMatmul::~CudaMatmul() {
@@ -158,8 +163,27 @@ cudaError_t CudaMatmul::init(void* workspace, size_t bytes) {
 cudaError_t CudaMatmul::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
                                bool accumulate, cudaStream_t stream) {
   if (n < 1) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  if (n <= kGemvMaxRows) return gemv(w, x, n, y, bias, accumulate, stream);
+  const bool lowbit = is_lowbit(w.type);
+  if (n <= (lowbit ? kLowbitGemvMaxRows : kGemvMaxRows)) return gemv(w, x, n, y, bias, accumulate, stream);
   if (!impl_ || w.rows <= 0 || w.cols <= 0 || !w.data) return cudaErrorInvalidValue;
+  if (lowbit) {
+    // Dequantise to BF16 into the end of the workspace (above the converted activations), then the BF16
+    // path: the tensor-core gemv up to kGemvMaxRows rows, cuBLASLt above (whose fallback, with no cuBLASLt
+    // algorithm, runs gemv on the BF16 copy).
+    const int64_t ld = lowbit_bf16_ld(w.cols);
+    const size_t wbytes = round_up((size_t)w.rows * (size_t)ld * 2, 256);
+    const size_t xbytes = round_up((size_t)n * (size_t)w.cols * 2, 256);
+    if (impl_->ws_bytes < kCublasWorkspaceBytes + xbytes + wbytes) return cudaErrorInvalidValue;
+    uint8_t* wdq = impl_->ws + (impl_->ws_bytes - wbytes) / 256 * 256;
+    if (cudaError_t e = lowbit_dequant_bf16(w, wdq, stream); e != cudaSuccess) return e;
+    WeightView b = w;
+    b.type = GgmlType::BF16;
+    b.data = wdq;
+    b.row_bytes = (size_t)ld * 2;
+    b.scale = nullptr;
+    b.scale_group = b.scale_row_stride = 0;
+    return matmul(b, x, n, y, bias, accumulate, stream);
+  }
   const int64_t esize = dense_elem_bytes(w.type);
   if (esize == 0) return cudaErrorInvalidValue;
   if ((int64_t)w.row_bytes % esize != 0 || (int64_t)w.row_bytes < w.cols * esize)

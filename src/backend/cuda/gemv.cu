@@ -866,6 +866,8 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
                  cudaStream_t stream, GemvPath path) {
   if (n < 1 || n > kGemvMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !x || !y)
     return cudaErrorInvalidValue;
+  // Q8_0 / F8_E4M3 / TERNARY (device layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
+  if (is_lowbit(w.type)) return gemv_lowbit(w, x, n, y, bias, accumulate, stream);
   const int64_t esize = dense_elem_bytes(w.type);
   if (esize == 0) return cudaErrorInvalidValue;
   if ((int64_t)w.row_bytes < w.cols * esize || w.rows > (int64_t)0x7fffffff * 16)

@@ -6,7 +6,8 @@
 // memory comes from the caller, sized by the plan_* / *_workspace_bytes functions, which are called once
 // (before capture) and may query the device.
 //
-// Activations are f32; weights F32 / F16 / BF16 (Q8_0: not yet, see gemv); KV cache F32 / F16 / BF16.
+// Activations are f32; weights F32 / F16 / BF16, or Q8_0 / F8_E4M3 / TERNARY in their device layout
+// (gemv_lowbit.h: gemv, matmul and embed take them); KV cache F32 / F16 / BF16.
 // Launchers return cudaErrorInvalidValue for a shape or type they do not support (decided from the
 // arguments on the host, never from device data) and otherwise the launch status (cudaGetLastError).
 //
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/gemv_lowbit.h"
 #include "core/views.h"
 
 namespace ultra::cuda {
@@ -58,8 +60,9 @@ int programmatic_launch_level();
 
 // ---- Elementwise and row ops ---------------------------------------------------------------------------
 
-// x[i, :] = row tokens[i] of tok_embd (F32 / F16 / BF16 [vocab, dim]); a token outside [0, vocab) gives a
-// zero row.
+// x[i, :] = row tokens[i] of tok_embd (F32 / F16 / BF16 [vocab, dim], or Q8_0 / F8_E4M3 / TERNARY in the
+// device layout of gemv_lowbit.h: the f32 products decode * scale, as the CPU's dequant_row); a token outside
+// [0, vocab) gives a zero row.
 cudaError_t embed(const WeightView& tok_embd,
                   const int32_t* tokens,  // [n]
                   int n,
@@ -160,6 +163,9 @@ enum class GemvPath {
 //    column slice, clusters of up to 8 blocks add their partial sums in fixed order through distributed
 //    shared memory; x staged once per block in three BF16 parts (m16n8k16 BF16 MMAs on the raw weights);
 //    programmatic dependent launch (see set_programmatic_launch). Deterministic like the other.
+// Q8_0 / F8_E4M3 / TERNARY weights (device layout, gemv_lowbit.h) go to gemv_lowbit (SIMT, weights
+// dequantised in registers; path is ignored). gemv_silu, gemv_rmsnorm and gemv_swiglu do not take them
+// (cudaErrorInvalidValue / cudaErrorNotSupported, nothing launched: the caller runs the unfused ops).
 cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  const float* x,       // [n, cols]
                  int n,
@@ -202,7 +208,10 @@ cudaError_t gemv_swiglu(const WeightView& w,  // [rows, cols]
 
 // Matmul for any n: gemv for n <= kGemvMaxRows, else (prefill) cuBLASLt on tensor cores: x converted to the
 // weight type (BF16 / F16) into the workspace, GEMM with f32 accumulation and f32 output, bias by the
-// cuBLASLt epilogue, accumulate by beta = 1. F32 weights use an f32 GEMM (CUBLAS_COMPUTE_32F). The cuBLASLt
+// cuBLASLt epilogue, accumulate by beta = 1. F32 weights use an f32 GEMM (CUBLAS_COMPUTE_32F). Low-bit
+// weights (Q8_0 / F8_E4M3 / TERNARY) are first dequantised to BF16 (lowbit_dequant_bf16, each weight the
+// f32 product decode * scale rounded to BF16: 2^-9 relative, as the activations) into the end of the
+// workspace, then run as BF16 weights. The cuBLASLt
 // handle is created once by init(); matmul descriptors and the chosen algorithm are cached per shape on
 // the host (the first call of a shape queries the heuristic; do it before capture to keep capture cheap).
 // Not thread-safe: one CudaMatmul per host thread / stream.
@@ -210,8 +219,9 @@ class CudaMatmul {
  public:
   static constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS' recommendation for Hopper
   // Device scratch for n <= max_n rows of at most max_cols columns: the cuBLASLt workspace plus the
-  // converted activations.
-  static size_t workspace_bytes(int max_n, int64_t max_cols);
+  // converted activations, plus (max_n > kGemvMaxRows only) the BF16 copy of the largest low-bit matrix
+  // that prefill multiplies: max_lowbit_elems = max over them of rows * lowbit_bf16_ld(cols) (0: none).
+  static size_t workspace_bytes(int max_n, int64_t max_cols, int64_t max_lowbit_elems = 0);
 
   CudaMatmul() = default;
   ~CudaMatmul();

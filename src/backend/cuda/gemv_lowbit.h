@@ -1,0 +1,73 @@
+// Low-bit weights on the device (Q8_0, F8_E4M3, TERNARY): their device layout, the host repacking into
+// it, the decode GEMV (gemv_lowbit.cu) that cuda::gemv dispatches to, and the dequantisation to BF16 that
+// the prefill GEMM (CudaMatmul::matmul) runs before cuBLASLt. Included by kernels.h.
+//
+// Device layout. Weights are uploaded in a layout of their own, made once on the host by
+// lowbit_pack_rows(): every row starts 16-byte aligned (row_bytes = lowbit_row_bytes(type, cols), a multiple
+// of 16, zero-padded), so that the kernels read rows with 16-byte loads.
+//  * Q8_0: row r = cols int8 codes, then the cols / 32 f16 block scales d (block b's at byte cols + 2 b),
+//    then zeros: W[r, c] = d[c / 32] * q[c]. (GGUF interleaves them as 34-byte blocks, which are not 16-byte
+//    aligned.) WeightView::scale is null: the scales are in the row (8.5 bits per weight, as the file).
+//  * F8_E4M3: row r = cols E4M3 codes, then zeros (code 0 = +0); the f32 scales as WeightView describes
+//    them (scale, scale_group, scale_row_stride: per tensor, per row or per row and group), scale in device
+//    memory: W[r, c] = decode(code[r, c]) * scale[r * scale_row_stride + c / scale_group].
+//  * TERNARY: row r = cols / 16 words of 16 trits (core/ternary.h), then zero words (trit 0); scales as for
+//    F8_E4M3 (scale_group a multiple of 16 dividing cols).
+// Every other field of the WeightView (type, rows, cols) is as on the host.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/views.h"
+
+namespace ultra::cuda {
+
+// Q8_0, F8_E4M3 or TERNARY.
+inline bool is_lowbit(GgmlType t) {
+  return t == GgmlType::Q8_0 || t == GgmlType::F8_E4M3 || t == GgmlType::TERNARY;
+}
+
+// Bytes of one row in the device layout (a multiple of 16); 0 for a type that is not low-bit or a cols the
+// type cannot hold (Q8_0: cols % 32 != 0; TERNARY: cols % 16 != 0).
+size_t lowbit_row_bytes(GgmlType t, int64_t cols);
+
+// Host: rows [r0, r1) of the host view w (GGUF layout, as the loader gives it) in the device layout, into
+// out [(r1 - r0) * lowbit_row_bytes(w.type, w.cols)] (padding zeroed). The scales of F8_E4M3 / TERNARY are
+// not touched (upload w.scale as it is). False if w is not a low-bit view the device layout takes.
+bool lowbit_pack_rows(const WeightView& w, int64_t r0, int64_t r1, void* out);
+
+// Number of scale values a F8_E4M3 / TERNARY view refers to (rows * scale_row_stride, or 1), 0 for Q8_0.
+int64_t lowbit_scale_count(const WeightView& w);
+
+// Most rows CudaMatmul::matmul runs through gemv_lowbit: its SIMT products cost about 7 us per extra row on
+// a 4096 x 4096 matrix (H200: 10.3 us at n = 1, 232 us at n = 32), so steps of more rows dequantise the
+// matrix to BF16 (lowbit_dequant_bf16) and take the BF16 path (the tensor-core gemv up to kGemvMaxRows rows,
+// cuBLASLt above).
+constexpr int kLowbitGemvMaxRows = 4;
+
+// Decode / small batch (1 <= n <= kGemvMaxRows) on device-layout low-bit weights: y[t, r] = sum_c W[r, c]
+// x[t, c] (+ bias[r]) (+= y). cuda::gemv() calls it for these types. Weights dequantised in registers, f32
+// products and sums (each 16-column group's partial sum times its scale), every weight read once for all n
+// rows; the sum order is fixed (deterministic). cudaErrorInvalidValue for views it does not take.
+cudaError_t gemv_lowbit(const WeightView& w,  // [rows, cols], device layout
+                        const float* x,       // [n, cols]
+                        int n,
+                        float* y,           // [n, rows]
+                        const float* bias,  // [rows] or null
+                        bool accumulate, cudaStream_t stream);
+
+// Leading dimension (elements) of the BF16 copy that lowbit_dequant_bf16 writes: cols rounded up to 8
+// (16-byte aligned rows for cuBLASLt).
+inline int64_t lowbit_bf16_ld(int64_t cols) {
+  return (cols + 7) / 8 * 8;
+}
+
+// out[r, c] = bf16(W[r, c]) (round to nearest even of the f32 product decode * scale), c < cols; zeros in
+// [cols, ld). out: [rows, lowbit_bf16_ld(cols)] BF16, 16-byte aligned.
+cudaError_t lowbit_dequant_bf16(const WeightView& w,  // [rows, cols], device layout
+                                void* out, cudaStream_t stream);
+
+}  // namespace ultra::cuda
