@@ -368,11 +368,16 @@ void CudaBackend::upload_weights() {
       if (!p.src || seen.emplace(p.src, true).second) keep.push_back(p);
     if (!keep.empty()) blocks.push_back(keep);
   };
-  // Matrices that can share one view: same type, columns and row size, 16-byte rows. Not low-bit ones (their
-  // scales would have to be placed back to back as well; the fused single-row kernels do not take them).
+  // Matrices that can share one view: same type, columns and row size, 16-byte rows. Of the low-bit types
+  // only Q8_0, whose scales are inside its device rows (F8_E4M3 / TERNARY scale arrays would have to be
+  // placed back to back as well): one launch of the low-bit gemv for [Wq; Wk; Wv] and [W_gate; W_up].
   auto fusable = [](std::initializer_list<const WeightView*> ws) {
     const WeightView& a = **ws.begin();
-    if (cuda::is_lowbit(a.type)) return false;
+    if (cuda::is_lowbit(a.type)) {
+      for (const WeightView* w : ws)
+        if (w->type != GgmlType::Q8_0 || w->cols != a.cols) return false;
+      return true;
+    }
     for (const WeightView* w : ws)
       if (w->type != a.type || w->cols != a.cols || w->row_bytes != a.row_bytes || w->row_bytes % 16)
         return false;
