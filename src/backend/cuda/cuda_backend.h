@@ -152,9 +152,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   float rope_mscale_ = 1.0f;     // longrope's attention factor on cos and sin
   std::vector<KvLayerView> kv_;  // [n_layers]
   size_t kv_bytes_ = 0;
-  StepBuffers b_;                 // device
-  int32_t* token_log_ = nullptr;  // [n_slots, n_ctx] device copy of the sequences' tokens
-  CudaBackend* link_ = nullptr;   // the backend whose tokens this one's steps may read (link())
+  StepBuffers b_;                         // device
+  int32_t* token_log_ = nullptr;          // [n_slots, n_ctx] device copy of the sequences' tokens
+  CudaBackend* link_ = nullptr;           // the backend whose tokens this one's steps may read (link())
   cuda::LinkedTokens* d_link_ = nullptr;  // device memory: link_'s token log and result tokens
   cuda::CudaMatmul mm_;
   cuda::SamplerPlan sampler_plan_;
