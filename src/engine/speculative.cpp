@@ -195,6 +195,22 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     return r;
   }
 
+  // The draft catches up with the target's tokens it has not seen (after a round that kept every draft: the
+  // last draft and the bonus token) and cur at position n: full batches are stepped here, the rest is left in
+  // dbatch (cur's row last, with output `last`) for the caller to run.
+  auto draft_catch_up = [&](int n, int32_t cur_tok, Output last) {
+    const auto toks = target.seq_tokens(seq);
+    int have = draft->seq_len(dseq);
+    for (; n - have + 1 > dbatch.capacity(); have += dbatch.capacity()) {
+      dbatch.clear();
+      dbatch.add_sequence(toks.subspan(have, dbatch.capacity()), have, dseq);
+      draft->step(dbatch);
+    }
+    dbatch.clear();
+    if (n > have) dbatch.add_sequence(toks.subspan(have, n - have), have, dseq);
+    dbatch.add(cur_tok, n, dseq, last);
+  };
+
   while (true) {
     const int n = target.seq_len(seq);  // cur goes to position n
     if (n >= n_ctx) {
@@ -220,16 +236,7 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
       // the target's verification step, whose rows follow the draft's sequence (Batch::follow): on a GPU
       // the host launches everything and reads the results once.
       t0 = clock::now();
-      const auto toks = target.seq_tokens(seq);
-      int have = draft->seq_len(dseq);
-      for (; n - have + 1 > dbatch.capacity(); have += dbatch.capacity()) {
-        dbatch.clear();
-        dbatch.add_sequence(toks.subspan(have, dbatch.capacity()), have, dseq);
-        draft->step(dbatch);
-      }
-      dbatch.clear();
-      if (n > have) dbatch.add_sequence(toks.subspan(have, n - have), have, dseq);
-      dbatch.add(cur, n, dseq, Output::sample);
+      draft_catch_up(n, cur, Output::sample);
       draft->submit(dbatch);
       for (int i = 1; i < k_max; ++i) {
         if (draft->n_queued() == 2) draft->wait();
@@ -254,19 +261,9 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     }
     if (k == 0 && k_max > 0 && draft) {
       t0 = clock::now();
-      // The draft catches up with the target's tokens it has not seen (after a round that kept every draft:
-      // the last draft and the bonus token) and cur, in one step when they fit, then proposes one token per
-      // step. Greedy: the step's own sampler picks the token (on a GPU nothing but the token comes back).
-      const auto toks = target.seq_tokens(seq);
-      int have = draft->seq_len(dseq);
-      for (; n - have + 1 > dbatch.capacity(); have += dbatch.capacity()) {
-        dbatch.clear();
-        dbatch.add_sequence(toks.subspan(have, dbatch.capacity()), have, dseq);
-        draft->step(dbatch);
-      }
-      dbatch.clear();
-      if (n > have) dbatch.add_sequence(toks.subspan(have, n - have), have, dseq);
-      dbatch.add(cur, n, dseq, out_kind);
+      // Then it proposes one token per step. Greedy: the step's own sampler picks the token (on a GPU nothing
+      // but the token comes back).
+      draft_catch_up(n, cur, out_kind);
       // Greedy on an asynchronous backend (the GPU): each draft step is queued behind the one before, its
       // token fed on the device, so the device does not wait for the host between draft steps.
       const bool queue = greedy && draft->asynchronous();
