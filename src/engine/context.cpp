@@ -308,9 +308,7 @@ struct Context::Impl {
     if (n_queued >= 2) fail("submit: two steps are already queued (wait() for one first)");
     if (follower && follower->queued_reads > 0)
       fail(
-          "submit: a queued step of the context that follows this one reads this context's tokens (wait() "
-          "for "
-          "it first)");
+          "submit: a queued step of the following context reads this context's tokens (wait() for it first)");
     validate(b);
     const int ri = next_rec;
     Record& r = rec[ri];
