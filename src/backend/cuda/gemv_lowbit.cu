@@ -23,6 +23,7 @@
 //
 // Dequantisation: one thread per 16 columns of a row (one 16-byte chunk of codes, or one ternary word),
 // two 16-byte stores of BF16.
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/common.cuh"
@@ -261,9 +262,39 @@ cudaError_t launch_lb(const LbArgs& a, cudaStream_t stream) {
 // (32 floats per clock and SM, a quarter of the FMA rate), so each x value loaded serves R rows: R = 4 at
 // n <= 8 and 2 above where the grid still has >= 1024 warps; on smaller matrices (k / v projections) fewer
 // rows per warp so that the grid covers the SMs.
+// ULTRA_CUDA_LB_TILE=RU (timing experiments; e.g. 24: R = 2, U = 4) sets the one-row tile of every shape.
+int lb_tile_override() {
+  static const int v = [] {
+    const char* e = std::getenv("ULTRA_CUDA_LB_TILE");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 template <GgmlType T>
 cudaError_t dispatch_lb(const LbArgs& a, cudaStream_t stream) {
   const bool small = a.rows < 4096;
+  if (a.n == 1) switch (lb_tile_override()) {
+      case 14:
+        return launch_lb<T, 1, 1, 4>(a, stream);
+      case 18:
+        return launch_lb<T, 1, 1, 8>(a, stream);
+      case 24:
+        return launch_lb<T, 1, 2, 4>(a, stream);
+      case 28:
+        return launch_lb<T, 1, 2, 8>(a, stream);
+      case 42:
+        return launch_lb<T, 1, 4, 2>(a, stream);
+      case 44:
+        return launch_lb<T, 1, 4, 4>(a, stream);
+      default:
+        break;
+    }
+  // F8_E4M3 (its decode costs the most ops per byte) on 4096..8192 rows: 2 rows x 4 chunks per lane
+  // (H200, 2026-12-01, ULTRA_CUDA_LB_TILE sweep: 4096 x 4096 13.3 -> 11.2 us, 4096 x 14336 39.4 -> 30.3 us;
+  // slower on 1024 and >= 14336 rows, and for Q8_0 / TERNARY, where 4 x 2 / 1 x 4 stay).
+  if (a.n == 1 && T == GgmlType::F8_E4M3 && a.rows >= 4096 && a.rows <= 8192)
+    return launch_lb<T, 1, 2, 4>(a, stream);
   if (a.n == 1) return small ? launch_lb<T, 1, 1, 4>(a, stream) : launch_lb<T, 1, 4, 2>(a, stream);
   if (a.n == 2) return small ? launch_lb<T, 2, 1, 4>(a, stream) : launch_lb<T, 2, 4, 2>(a, stream);
   if (a.n <= 4) return small ? launch_lb<T, 4, 2, 2>(a, stream) : launch_lb<T, 4, 4, 2>(a, stream);
