@@ -766,50 +766,36 @@ TEST(CudaBackend, Speculative) {
   // Allocations across the rounds of a second run (the first one captured the graphs it needed).
   const long dev0 = DeviceAllocator::total_calls();
   count_this_thread();
-  g_allocs = g_allocs_mine = 0;
-  int delivered = 0;
-  target.set_sampling(0, sp);
-  SpeculativeParams spp;
-  spp.n_draft = 4;
-  GenerateParams gp;
-  gp.n_predict = 128;
-  gp.ignore_eos = true;
-  generate_speculative(
-      target, &draft, prompt, gp, spp,
-      [&](int32_t, Context&, int) {
-        g_counting = ++delivered < 128;
-        return true;
-      },
-      &st);
-  g_counting = false;
-  std::printf(
-      "[cuda speculative] sampled: %lld rounds (%lld of %lld drafts kept): host allocations %ld on the "
-      "stepping thread, device %ld\n",
-      (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, g_allocs_mine.load(),
-      DeviceAllocator::total_calls() - dev0);
+  // A 128-token run counted from its first token on: sampled rounds, then greedy rounds queued whole (the
+  // graphs of K = 4 were captured by the greedy runs above).
+  auto counted_run = [&](const SamplingParams& sampling, const char* what) {
+    int delivered = 0;
+    target.set_sampling(0, sampling);
+    SpeculativeParams spp;
+    spp.n_draft = 4;
+    GenerateParams gp;
+    gp.n_predict = 128;
+    gp.ignore_eos = true;
+    g_allocs = g_allocs_mine = 0;
+    generate_speculative(
+        target, &draft, prompt, gp, spp,
+        [&](int32_t, Context&, int) {
+          g_counting = ++delivered < 128;
+          return true;
+        },
+        &st);
+    g_counting = false;
+    std::printf(
+        "[cuda speculative] %s: %lld rounds (%lld of %lld drafts kept): host allocations %ld on the stepping "
+        "thread, device %ld\n",
+        what, (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, g_allocs_mine.load(),
+        DeviceAllocator::total_calls() - dev0);
 #if ULTRA_COUNT_ALLOCS
-  EXPECT_EQ(g_allocs_mine.load(), 0);
+    EXPECT_EQ(g_allocs_mine.load(), 0) << what;
 #endif
-  // And greedy rounds queued whole (the graphs of K = 4 were captured by the greedy runs above).
-  target.set_sampling(0, SamplingParams::greedy());
-  delivered = 0;
-  g_allocs = g_allocs_mine = 0;
-  generate_speculative(
-      target, &draft, prompt, gp, spp,
-      [&](int32_t, Context&, int) {
-        g_counting = ++delivered < 128;
-        return true;
-      },
-      &st);
-  g_counting = false;
-  std::printf(
-      "[cuda speculative] greedy device rounds: %lld rounds (%lld of %lld drafts kept): host allocations %ld "
-      "on the stepping thread, device %ld\n",
-      (long long)st.rounds, (long long)st.accepted, (long long)st.drafted, g_allocs_mine.load(),
-      DeviceAllocator::total_calls() - dev0);
-#if ULTRA_COUNT_ALLOCS
-  EXPECT_EQ(g_allocs_mine.load(), 0);
-#endif
+  };
+  counted_run(sp, "sampled");
+  counted_run(SamplingParams::greedy(), "greedy device rounds");
   EXPECT_EQ(DeviceAllocator::total_calls(), dev0);
 }
 
