@@ -28,7 +28,9 @@
 #include "engine/testing.h"
 #include "greedy_util.h"
 #include "io/convert.h"
+#include "sampling/philox.h"
 #include "sampling/sampler.h"
+#include "spec_sampling_check.h"
 #include "ultra/generate.h"
 #include "ultra/perplexity.h"
 #include "ultra/speculative.h"
@@ -693,10 +695,161 @@ TEST(CudaBackend, FollowedTokensComeFromTheOtherDevice) {
   dst.follow(nullptr);
 }
 
+// Output::propose and Output::verify, row by row against the host's rule. Each trial: the draft proposes
+// two tokens (propose rows, sampled on the device), then one target step holds the prompt, whose last row
+// verifies the first proposal, a verify row (a followed token) for the second and a sample row; each verify
+// row's token must be what speculative.cpp's host test gives from the rows' logits: x when
+// u_accept q(x) < p(x), else the draw of u_residual from max(0, p - q) over p's kept set. A second step
+// verifies a token the host gives (q a point mass). Then the rules, with their errors.
+TEST(CudaBackend, VerifyRowsRunTheRejectionTest) {
+  const Model m = Model::load(kBundled.string()), dm = Model::load(kBundledDraft.string());
+  Context draft(dm, gpu(256, 64, 1)), target(m, gpu(256, 64, 16));
+  target.follow(&draft);
+  const int V = m.info().n_vocab, n_sample = target.n_sample_vocab();
+  SamplerScratch scratch(V);
+  struct Dist {
+    std::vector<int32_t> ids;
+    std::vector<float> p;
+    float at(int32_t id) const {
+      for (size_t j = 0; j < ids.size(); ++j)
+        if (ids[j] == id) return p[j];
+      return 0.0f;
+    }
+  };
+  auto dist_of = [&](const SamplingParams& sp, std::span<const float> logits, std::span<const int32_t> toks) {
+    Dist d;
+    d.ids.resize(V);
+    d.p.resize(V);
+    const int n = sample_distribution(sp, logits.data(), n_sample, penalty_window(sp, toks), scratch,
+                                      d.ids.data(), d.p.data());
+    d.ids.resize(n);
+    d.p.resize(n);
+    return d;
+  };
+  // The host's rule (engine/speculative.cpp); q empty: a point mass on x.
+  auto expected = [&](const Dist& p, const Dist* q, int32_t x, uint64_t seed, int64_t pos, bool* kept) {
+    const double qx = q ? q->at(x) : 1.0, px = p.at(x);
+    *kept = qx > 0 && philox_uniform(seed, pos, DrawStream::accept) * qx < px;
+    if (*kept) return x;
+    std::vector<float> r(p.p.size());
+    double total = 0;
+    for (size_t j = 0; j < r.size(); ++j) {
+      const double qv = q ? q->at(p.ids[j]) : (p.ids[j] == x ? 1.0 : 0.0);
+      r[j] = (float)std::max(0.0, (double)p.p[j] - qv);
+      total += r[j];
+    }
+    const double t = philox_uniform(seed, pos, DrawStream::residual) * total;
+    double cum = 0;
+    for (size_t j = 0; j < r.size(); ++j)
+      if (t < (cum += r[j])) return p.ids[j];
+    size_t j = r.size() - 1;
+    while (j > 0 && r[j] == 0.0f) --j;
+    return p.ids[j];
+  };
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 40;
+  sp.repeat_penalty = 1.1f;
+  const std::vector<int32_t> prompt = m.tokenizer()->encode("ROMEO:\nWhat say", true, false);
+  const int n0 = (int)prompt.size();
+  Batch b(64);
+  int checks = 0, kept_n = 0, replaced_n = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    sp.seed = 100 + trial;
+    SamplingParams dp = sp;
+    dp.seed ^= 0x5555;
+    draft.set_sampling(0, dp);
+    target.set_sampling(0, sp);
+    draft.clear(0);
+    target.clear(0);
+    b.clear();
+    b.add_sequence(prompt, 0, 0, Output::propose);
+    draft.step(b);
+    Dist q[2];
+    q[0] = dist_of(dp, draft.logits(n0 - 1), prompt);
+    b.clear();
+    b.add(Batch::kSampled, n0, 0, Output::propose);
+    draft.submit(b);  // queued: the target reads its token and its q on the device
+    b.clear();
+    b.add_sequence(std::span(prompt).first(n0 - 1), 0, 0);
+    b.add(prompt[n0 - 1], n0 - 1, 0, Output::verify);
+    b.add(Batch::follow(0), n0, 0, Output::verify);
+    b.add(Batch::follow(0), n0 + 1, 0, Output::sample);
+    target.submit(b);
+    draft.wait();
+    target.wait();
+    const std::vector<int32_t> d_toks(draft.seq_tokens(0).begin(), draft.seq_tokens(0).end());
+    ASSERT_EQ((int)d_toks.size(), n0 + 1);
+    const int32_t x[2] = {d_toks[n0], draft.sampled(0)};
+    q[1] = dist_of(dp, draft.logits(0), d_toks);
+    std::vector<int32_t> toks(prompt);
+    toks.push_back(x[0]);
+    for (int a = 0; a < 2; ++a) {
+      const int row = n0 - 1 + a;
+      const Dist p = dist_of(sp, target.logits(row), std::span(toks).first(n0 + a));
+      bool kept = false;
+      EXPECT_EQ(target.sampled(row), expected(p, &q[a], x[a], sp.seed, n0 + a, &kept))
+          << "trial " << trial << " row " << row;
+      ++checks;
+      kept_n += kept;
+      replaced_n += !kept;
+    }
+    // A given proposal (prompt lookup): q is the point mass on it; here the target's second-best token.
+    const Dist p0 = dist_of(sp, target.logits(n0 - 1), prompt);
+    const int32_t given = p0.ids.size() > 1 ? p0.ids[1] : p0.ids[0];
+    target.crop(0, n0 - 1);
+    b.clear();
+    b.add(prompt[n0 - 1], n0 - 1, 0, Output::verify);
+    b.add(given, n0, 0, Output::sample);
+    target.step(b);
+    const Dist p = dist_of(sp, target.logits(0), prompt);
+    bool kept = false;
+    EXPECT_EQ(target.sampled(0), expected(p, nullptr, given, sp.seed, n0, &kept)) << "trial " << trial;
+    ++checks;
+    kept_n += kept;
+    replaced_n += !kept;
+  }
+  std::printf("[cuda verify rows] %d verify rows as the host's rule: %d proposals kept, %d replaced\n",
+              checks, kept_n, replaced_n);
+  EXPECT_GT(kept_n, 10);
+  EXPECT_GT(replaced_n, 10);
+
+  // The rules.
+  auto expect_error = [](auto&& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  target.clear(0);
+  draft.clear(0);
+  b.clear();
+  b.add_sequence(prompt, 0, 0, Output::verify);  // the last row: nothing follows it
+  expect_error([&] { target.step(b); }, "needs the next row of the batch to continue its sequence");
+  b.clear();
+  b.add_sequence(prompt, 0, 0, Output::sample);
+  draft.step(b);  // a sample row, not a propose row
+  b.clear();
+  b.add_sequence(std::span(prompt).first(n0 - 1), 0, 0);
+  b.add(prompt[n0 - 1], n0 - 1, 0, Output::verify);
+  b.add(Batch::follow(0), n0, 0, Output::sample);
+  expect_error([&] { target.step(b); }, "was not drawn by an Output::propose row");
+  SamplingParams all = sp;
+  all.top_k = 0;
+  draft.set_sampling(0, all);
+  b.clear();
+  b.add(Batch::kSampled, n0, 0, Output::propose);
+  expect_error([&] { draft.step(b); }, "needs a greedy sampler or one with top_k in [1, 1024]");
+  target.follow(nullptr);
+}
+
 // Speculative decoding with both models on the GPU (the verification is a K+1-row graph bucket): greedy
 // output identical to plain greedy decoding on the same backend for K in {1, 2, 4, 8}, with the draft
-// model, prompt lookup and both; positions past the crop, poisoned with NaN after every round, are never
-// read (sampled, penalties on); and no host (stepping thread) or device allocation across the rounds.
+// model, prompt lookup and both, on the bundled pair and on the fixture pair; positions past the crop,
+// poisoned with NaN after every round, are never read (sampled, penalties on); and no host (stepping thread)
+// or device allocation across the rounds.
 TEST(CudaBackend, Speculative) {
   const Model tm = Model::load(kBundled.string()), dm = Model::load(kBundledDraft.string());
   Context target(tm, gpu(512, 64, 16)), draft(dm, gpu(512, 64, 1));
@@ -745,8 +898,40 @@ TEST(CudaBackend, Speculative) {
         }
       }
   }
-  std::printf("[cuda speculative] greedy: %d of %d (prompt, K, draft kind) cases identical to plain greedy\n",
-              n_same, n_cases);
+  {  // the fixture pair (HF llama_gqa target, mistral draft: random weights, mostly rejections)
+    const Model ft = Model::load((kHf / "llama_gqa").string()), fd = Model::load((kHf / "mistral").string());
+    Context ftarget(ft, gpu(256, 16, 16)), fdraft(fd, gpu(256, 16, 1));
+    std::mt19937 rng(5);
+    for (int pi = 0; pi < 2; ++pi) {
+      std::vector<int32_t> prompt(12);
+      for (int32_t& t : prompt) t = (int32_t)(rng() % (uint32_t)ft.info().n_vocab);
+      ftarget.set_sampling(0, SamplingParams::greedy());
+      const auto want = greedy_tokens(ftarget, prompt, 40);
+      for (int K : {1, 2, 4, 8})
+        for (int mode = 0; mode < 3; ++mode) {
+          ftarget.set_sampling(0, SamplingParams::greedy());
+          SpeculativeParams spp;
+          spp.n_draft = K;
+          spp.lookup_ngram = mode == 0 ? 0 : 2;
+          GenerateParams gp;
+          gp.n_predict = 40;
+          gp.ignore_eos = true;
+          std::vector<int32_t> got;
+          generate_speculative(ftarget, mode == 1 ? nullptr : &fdraft, prompt, gp, spp,
+                               [&](int32_t t, Context&, int) {
+                                 got.push_back(t);
+                                 return true;
+                               });
+          ++n_cases;
+          n_same += got == want;
+          EXPECT_EQ(got, want) << "fixture pair, prompt " << pi << " K=" << K << " mode " << mode;
+        }
+    }
+  }
+  std::printf(
+      "[cuda speculative] greedy: %d of %d (model pair, prompt, K, draft kind) cases identical to plain "
+      "greedy\n",
+      n_same, n_cases);
   // The verification steps read the draft's tokens from its device memory (Batch::follow): a wrong feed
   // keeps the output (the target checks whatever it was fed) but not the acceptance, ~55% on the CPU.
   std::printf("[cuda speculative] greedy device rounds: %lld of %lld drafts kept (%.1f%%)\n",
@@ -797,6 +982,22 @@ TEST(CudaBackend, Speculative) {
   counted_run(sp, "sampled");
   counted_run(SamplingParams::greedy(), "greedy device rounds");
   EXPECT_EQ(DeviceAllocator::total_calls(), dev0);
+}
+
+// Sampled speculative rounds on the device (Output::propose draft steps, Output::verify target rows: the
+// rejection test and the residual draw run in the target's sampler): the second generated token follows
+// the target's exact filtered distribution, the chi-square check of test_speculative (its power stated
+// there) on the same fixture pair with both contexts on the GPU: draft model (K = 1, and K = 4 with
+// penalties and top-p) and prompt lookup (point-mass proposals in verify rows).
+TEST(CudaBackend, SampledSpeculativeRoundsFollowTheTargetDistribution) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("ultra_cuda_spec_{}", getpid());
+  const Model tm = Model::load((kHf / "llama_gqa").string()),
+              dm = Model::load(
+                  testing_util::perturbed_fixture(kHf / "llama_gqa", dir / "draft", 0.2f).string());
+  Context target(tm, gpu(128, 16, 16)), draft(dm, gpu(128, 16, 1));
+  ASSERT_TRUE(target.speculative_outputs());
+  testing_util::check_speculative_sampling(tm, target, draft, 20000, "cuda speculative");
+  fs::remove_all(dir);
 }
 
 // Low-bit weights: the bundled model (tied embeddings: the quantised token_embd is the LM head too) through

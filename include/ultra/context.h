@@ -39,6 +39,17 @@
 // must not submit again while a step of this context that reads it is queued, and the source's steps must
 // be waited for before this context's step that reads them (wait() throws otherwise).
 //
+// Speculative outputs (GPU backend). A propose row samples like a sample row and keeps the filtered
+// distribution q its token was drawn from. A verify row at position n must be followed, in the same step,
+// by a row of its sequence at n + 1 whose token x is a proposal: Batch::follow(s) of a token a propose row
+// of the followed context drew for that position (q is that row's distribution), or a token given as is (q
+// is the point mass on it, as for prompt lookup). The verify row's sampled() token is x when the rejection
+// test keeps it (probability min(1, p(x) / q(x)), p the row's own filtered distribution), else a draw from
+// normalize(max(0, p - q)); so the first verify row whose token differs from the next row's marks the first
+// rejection, and every token is distributed as the target's sampler would draw it (Leviathan et al. 2023).
+// Both need a sampler with 1 <= top_k <= 1024 (below the sampled vocabulary) or a greedy one (then both
+// are plain sample rows: the argmax is its own point mass).
+//
 // Allocation: everything is allocated when the context is created; step() and the calls below allocate
 // nothing (a test counts).
 #pragma once
@@ -91,6 +102,10 @@ enum class Output : uint8_t {
   none,    // no output: the row only extends its sequence
   logits,  // logits(row) available after the step
   sample,  // a token drawn with the sequence's sampler (sampled(row)); logits(row) too
+  // Speculative decoding on the device (Context::speculative_outputs(); see "Speculative outputs" below):
+  propose,  // as sample, and the distribution the token was drawn from is kept for a follower's verify row
+  verify,   // the next row's token (a proposal) kept or replaced by the rejection test against this row's
+            // distribution
 };
 
 // The rows of one step. Allocates once (its capacity); add() and clear() allocate nothing.
@@ -196,9 +211,11 @@ class Context {
   void follow(Context* source);
   // Whether submit() returns before the step has run (a GPU backend), so that queuing ahead pays.
   bool asynchronous() const;
+  // Whether Output::propose and Output::verify rows run here (the GPU backend).
+  bool speculative_outputs() const;
 
   // Results of the last step, by batch row (a row that asked for them).
-  int32_t sampled(int row) const;  // Output::sample rows
+  int32_t sampled(int row) const;  // Output::sample, propose and verify rows
   // Log-probability of sampled(row) under the distribution it came from. Greedy rows compute it (a pass
   // of exp over the vocabulary) only when the sampler's n_probs > 0, and give NaN otherwise.
   float logprob(int row) const;

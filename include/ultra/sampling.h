@@ -33,7 +33,8 @@ struct SamplingParams {
   int n_probs = 0;  // > 0: also report the top n_probs log-probabilities (at most kMaxProbs)
 
   static constexpr int kMaxProbs = 20;
-  static constexpr int kMaxHistory = 32768;  // the window of repeat_last_n = -1
+  static constexpr int kMaxSpeculativeTopK = 1024;  // Output::propose / verify rows (context.h)
+  static constexpr int kMaxHistory = 32768;         // the window of repeat_last_n = -1
 
   static SamplingParams greedy() {
     SamplingParams p;

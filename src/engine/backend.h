@@ -23,7 +23,16 @@ struct SampleJob {
   const int32_t* window = nullptr;         // [n_window] penalty window, host memory
   int n_window = 0;
   int64_t position = 0;  // position of the token being drawn (the RNG counter)
+  // Speculative decoding (Output::propose / Output::verify; only on backends with speculative_outputs()).
+  // propose: keep the row's filtered distribution for position `position` of the row's sequence, in entry
+  // position % kProposalRing of its ring. verify: the token at `position` of the row's sequence (the next
+  // row's, in the same step) is a proposal, tested against the row's own distribution; its distribution is
+  // the linked backend's ring entry of sequence q_src (q_src >= 0) or a point mass on it (q_src < 0).
+  Output kind = Output::sample;
+  int32_t q_src = -1;
 };
+// Ring entries of kept proposals per sequence: a verification reads up to K of them (K <= 64).
+constexpr int kProposalRing = 64;
 
 class Backend {
  public:
@@ -68,6 +77,9 @@ class Backend {
     int n_slots = 0;
   };
   virtual bool link(const LinkSource& /*source*/) { return false; }
+  // Output::propose and Output::verify rows (SampleJob::kind), for samplers with 1 <= top_k <= 1024 below
+  // the sampled vocabulary or greedy ones.
+  virtual bool speculative_outputs() const { return false; }
 
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;

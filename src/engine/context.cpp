@@ -153,6 +153,10 @@ struct Context::Impl {
   Impl* follower = nullptr;    // the context that follows this one
   bool linked_device = false;  // the backend reads the source's device state (Backend::link)
   int queued_reads = 0;        // queued steps that read the source's device state
+  // Output::propose rows' kept distributions: ring entry e of sequence s holds the one for position
+  // proposed[s * kProposalRing + e] (-1: none; point: the proposer was greedy, its q a point mass).
+  std::vector<int32_t> proposed;
+  std::vector<uint8_t> proposed_point;
 
   // One step, host side. Three records: up to two queued steps and the last one waited for, whose results
   // the accessors read.
@@ -193,6 +197,8 @@ struct Context::Impl {
     last_sampled.assign(p.n_slots, -1);
     feed_rec.assign(p.n_slots, -1);
     feed_out.assign(p.n_slots, -1);
+    proposed.assign((size_t)p.n_slots * kProposalRing, -1);
+    proposed_point.assign((size_t)p.n_slots * kProposalRing, 0);
     for (Record& r : rec) {
       r.tok = Buffer<int32_t>(p.n_batch);
       r.pos = Buffer<int32_t>(p.n_batch);
@@ -296,11 +302,42 @@ struct Context::Impl {
             "{} tokens)",
             i, ps, s, next_pos[s], len[s]);
       ++next_pos[s];
-      if ((uint8_t)o > (uint8_t)Output::sample) fail("step: row {}: invalid output kind {}", i, (int)o);
+      if ((uint8_t)o > (uint8_t)Output::verify) fail("step: row {}: invalid output kind {}", i, (int)o);
+      if (o == Output::propose || o == Output::verify) check_speculative(b, i);
       if (o != Output::none && ++n_out > p.n_outputs)
         fail("step: the batch asks for more than the context's {} output rows (raise n_outputs)",
              p.n_outputs);
     }
+  }
+
+  // Output::propose / verify rows (see "Speculative outputs" in context.h).
+  void check_speculative(const Batch& b, int i) const {
+    const char* what = b.output(i) == Output::propose ? "Output::propose" : "Output::verify";
+    if (!be->speculative_outputs()) fail("step: row {}: {} needs the GPU backend", i, what);
+    const SamplingParams& sp = sampling[b.seq(i)];
+    if (sp.temperature > 0.0f &&
+        !(sp.top_k >= 1 && sp.top_k <= SamplingParams::kMaxSpeculativeTopK && sp.top_k < n_sample))
+      fail("step: row {}: {} needs a greedy sampler or one with top_k in [1, {}] (below {}); it has top_k {}",
+           i, what, SamplingParams::kMaxSpeculativeTopK, n_sample, sp.top_k);
+    if (b.output(i) == Output::propose) return;
+    if (i + 1 >= b.size() || b.seq(i + 1) != b.seq(i))
+      fail(
+          "step: row {}: Output::verify needs the next row of the batch to continue its sequence (the "
+          "proposal)",
+          i);
+    const int32_t t = b.token(i + 1);
+    if (t == Batch::kSampled)
+      fail("step: row {}: Output::verify: the next row's token is kSampled, not a proposal", i);
+    if (t >= 0) return;  // a given token: q is the point mass on it
+    const int src = -2 - t, ps = b.pos(i) + 1;
+    if (!linked_device)
+      fail("step: row {}: Output::verify of a followed token needs both contexts on the same GPU", i);
+    if (source->proposed[(size_t)src * kProposalRing + ps % kProposalRing] != ps)
+      fail(
+          "step: row {}: Output::verify: the followed token at position {} of sequence {} was not drawn by "
+          "an "
+          "Output::propose row",
+          i, ps, src);
   }
 
   void submit(const Batch& b) {
@@ -341,10 +378,33 @@ struct Context::Impl {
       if (b.output(i) == Output::none) continue;
       r.row_out[i] = n_out;
       r.out_row[n_out] = i;
-      if (b.output(i) == Output::sample) {
+      // The token at ps is given now: a proposal kept for it stays only when it was fed as drawn.
+      if (b.token(i) != Batch::kSampled && proposed[(size_t)s * kProposalRing + ps % kProposalRing] == ps)
+        proposed[(size_t)s * kProposalRing + ps % kProposalRing] = -1;
+      const Output o = b.output(i);
+      if (o == Output::sample || o == Output::propose || o == Output::verify) {
         const SamplingParams& sp = sampling[s];
         const auto win = penalty_window(sp, {seq_tokens(s), (size_t)ps + 1});
-        r.jobs[n_jobs] = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
+        SampleJob& job = r.jobs[n_jobs];
+        job = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
+        const bool greedy = !(sp.temperature > 0.0f);
+        if (o == Output::propose && !greedy) job.kind = o;
+        if (o == Output::propose) {
+          const size_t e = (size_t)s * kProposalRing + (ps + 1) % kProposalRing;
+          proposed[e] = ps + 1;
+          proposed_point[e] = greedy;
+        }
+        if (o == Output::verify && !greedy) {
+          job.kind = o;
+          const int32_t t1 = b.token(i + 1);
+          if (t1 <= -2) {
+            const int src = -2 - t1;
+            if (!source->proposed_point[(size_t)src * kProposalRing + (ps + 1) % kProposalRing]) {
+              job.q_src = src;
+              reads = true;  // the source's ring: it must not submit before this step is waited for
+            }
+          }
+        }
         r.row_job[i] = n_jobs++;
       }
       ++n_out;
@@ -511,7 +571,11 @@ void Context::crop(int seq, int n) {
   if (n < 0 || n > impl_->len[seq])
     fail("crop: sequence {} holds {} tokens, cannot keep {}", seq, impl_->len[seq], n);
   impl_->check_idle("crop");
-  if (n < impl_->len[seq]) impl_->feed[seq] = Impl::kNone;
+  if (n < impl_->len[seq]) {
+    impl_->feed[seq] = Impl::kNone;
+    for (int e = 0; e < kProposalRing; ++e)  // proposals for the positions forgotten
+      if (int32_t& at = impl_->proposed[(size_t)seq * kProposalRing + e]; at >= n) at = -1;
+  }
   impl_->len[seq] = n;
 }
 
@@ -651,6 +715,9 @@ void Context::follow(Context* source) {
 }
 bool Context::asynchronous() const {
   return impl_->be->asynchronous();
+}
+bool Context::speculative_outputs() const {
+  return impl_->be->speculative_outputs();
 }
 
 int32_t Context::sampled(int row) const {

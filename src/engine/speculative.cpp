@@ -114,16 +114,28 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
   // Greedy rounds sample inside the steps (Output::sample: the argmax, with the penalties; the draft's
   // probability of it for --draft-p-min), so only tokens leave the device; sampled rounds need the logits
   // of every row on the host for the rejection test.
+  //
+  // On a backend with speculative outputs (the GPU), sampled rounds also keep everything on the device: the
+  // draft's steps are Output::propose rows (the device keeps each q), the target's verification rows
+  // Output::verify (the rejection test and the residual draw run in its sampler), so their tokens compare
+  // with the drafts exactly as greedy ones do. That needs top_k in [1, 1024] (the kept set in shared memory).
+  const int n_sample = target.n_sample_vocab();
+  const bool spec_rows = !greedy && target.speculative_outputs() &&
+                         (!draft || draft->speculative_outputs()) && tp.top_k >= 1 &&
+                         tp.top_k <= SamplingParams::kMaxSpeculativeTopK && tp.top_k < n_sample;
   const Output out_kind = greedy ? Output::sample : Output::logits;
-  if (greedy && draft) {
+  const Output draft_kind = greedy ? Output::sample : Output::propose;        // device rounds
+  const Output first_kind = greedy || spec_rows ? Output::sample : out_kind;  // the prompt's last row
+  if ((greedy || spec_rows) && draft) {
     SamplingParams g = dp;
-    g.n_probs = sp.p_min > 0 ? 1 : 0;
+    g.n_probs = greedy && sp.p_min > 0 ? 1 : 0;
     draft->set_sampling(dseq, g);
   }
-  // Greedy rounds of fixed length on asynchronous backends (the GPU) run as one queued round: the target
-  // follows the draft's sequence for the round's duration.
+  // Rounds of fixed length on asynchronous backends (the GPU) run as one queued round: the target follows
+  // the draft's sequence for the round's duration.
   const bool device_round =
-      greedy && draft && sp.p_min <= 0 && draft->asynchronous() && target.asynchronous();
+      (greedy || spec_rows) && draft && sp.p_min <= 0 && draft->asynchronous() && target.asynchronous();
+
   struct Unfollow {
     Context* c;
     ~Unfollow() {
@@ -138,7 +150,6 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     unfollow.c = &target;
   }
   const int V = target.model().info().n_vocab;
-  const int n_sample = target.n_sample_vocab();
   SamplerScratch scratch(V);
   Dist p(V);
   std::vector<Dist> q;  // [K] the draft's distribution of each proposal
@@ -161,9 +172,9 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
   // Prompt: both contexts, the target's last row gives the first token.
   auto t0 = clock::now();
   target.clear(seq);
-  int row = prefill(target, batch, seq, prompt, out_kind);
+  int row = prefill(target, batch, seq, prompt, first_kind);
   int32_t cur;
-  if (greedy) {
+  if (greedy || spec_rows) {
     cur = target.sampled(row);
   } else {
     target_dist(row, (int)prompt.size() - 1);
@@ -236,18 +247,20 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
       // the target's verification step, whose rows follow the draft's sequence (Batch::follow): on a GPU
       // the host launches everything and reads the results once.
       t0 = clock::now();
-      draft_catch_up(n, cur, Output::sample);
+      draft_catch_up(n, cur, draft_kind);
       draft->submit(dbatch);
       for (int i = 1; i < k_max; ++i) {
         if (draft->n_queued() == 2) draft->wait();
         dbatch.clear();
-        dbatch.add(Batch::kSampled, n + i, dseq, Output::sample);
+        dbatch.add(Batch::kSampled, n + i, dseq, draft_kind);
         draft->submit(dbatch);
       }
       const auto t1 = clock::now();
+      const Output v = greedy ? Output::sample : Output::verify;
       batch.clear();
-      batch.add(cur, n, seq, Output::sample);
-      for (int i = 0; i < k_max; ++i) batch.add(Batch::follow(dseq), n + 1 + i, seq, Output::sample);
+      batch.add(cur, n, seq, v);
+      for (int i = 0; i < k_max; ++i)
+        batch.add(Batch::follow(dseq), n + 1 + i, seq, i + 1 < k_max ? v : Output::sample);
       target.submit(batch);
       while (draft->n_queued() > 0) draft->wait();
       target.wait();
@@ -318,11 +331,19 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     if (k < sp.n_draft_min) k = 0;  // too short to be worth a verification: one plain step
 
     // 2. Verify: cur and the k drafts in one target step, every row an output.
+    // Whether the target's step runs the acceptance test (step 3 then compares tokens): greedy, a device
+    // round, or with speculative outputs when the drafts are prompt lookups (q a point mass on each; a draft
+    // model's q stepped on the host is known on the host only) or there are none.
+    bool compare = greedy || verified;
+    if (spec_rows && !compare)
+      compare = std::none_of(from_model.begin(), from_model.begin() + k, [](uint8_t f) { return f; });
     if (!verified) {
       t0 = clock::now();
+      const Output v = compare && !greedy ? Output::verify : out_kind;
+      const Output last = compare ? Output::sample : out_kind;
       batch.clear();
-      batch.add(cur, n, seq, out_kind);
-      for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, out_kind);
+      batch.add(cur, n, seq, k > 0 ? v : last);
+      for (int i = 0; i < k; ++i) batch.add(drafts[i], n + 1 + i, seq, i + 1 < k ? v : last);
       target.step(batch);
       st.verify_ms += ms_since(t0);
     }
@@ -337,11 +358,11 @@ GenerateResult generate_speculative(Context& target, Context* draft, std::span<c
     // 3. Accept the longest prefix the rejection test keeps, then the correction or bonus token.
     int a = 0;
     int32_t next = -1;
-    if (greedy) {  // a point mass on the target's argmax: keep drafts while they equal it
+    if (compare) {  // greedy: a point mass on the target's argmax; verify rows: their tokens are the test's
       while (a < k && target.sampled(a) == drafts[a]) ++a;
       next = target.sampled(a);
     }
-    for (; !greedy && a <= k; ++a) {
+    for (; !compare && a <= k; ++a) {
       const int pos = n + a;  // row a scored the token at pos: p is for pos + 1
       target_dist(a, pos);
       if (a == k) {  // all drafts kept (or none drafted): the target's own token

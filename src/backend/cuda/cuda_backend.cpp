@@ -15,6 +15,9 @@
 
 namespace ultra {
 
+static_assert(SamplingParams::kMaxSpeculativeTopK == cuda::kSamplerMaxTopK,
+              "Output::propose / verify rows need the sampler's one-pass top_k path");
+
 namespace {
 
 std::atomic<long> g_device_allocs{0};
@@ -213,8 +216,9 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   const size_t act = sizeof(float) * (nb * hp.dim * 2 + nb * std::max<size_t>(hp.dim, q_dim) +
                                       nb * q_dim * 2 + nb * kv_dim * 2 + nb * hp.ffn_dim * 2 +
                                       (size_t)n_out_cap_ * hp.dim + (size_t)n_out_cap_ * hp.n_vocab);
-  scratch_bytes_ =
-      act + mm_ws + attn_ws + sampler_plan_.workspace_bytes + (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t);
+  const size_t ring_bytes = (size_t)p_.n_slots * kProposalRing * sizeof(cuda::SpecDist);
+  scratch_bytes_ = act + mm_ws + attn_ws + sampler_plan_.workspace_bytes +
+                   (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t) + ring_bytes;
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "memory query");
   const size_t need = m_.weight_bytes + kv_bytes_ + scratch_bytes_;
@@ -255,6 +259,7 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   gu1_ = f(2 * (size_t)hp.ffn_dim, "activations");
   token_log_ = mem_.alloc_n<int32_t>((size_t)p_.n_slots * p_.n_ctx, "token log");
   d_link_ = mem_.alloc_n<cuda::LinkedTokens>(1, "linked tokens");
+  proposals_ = mem_.alloc_n<cuda::SpecDist>((size_t)p_.n_slots * kProposalRing, "kept proposals");
   check(cudaMemsetAsync(d_link_, 0, sizeof(cuda::LinkedTokens), stream_), "clear");
   check(cudaMemsetAsync(token_log_, 0, (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t), stream_), "clear");
 
@@ -671,6 +676,18 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
     s.n_hist = std::min(job.n_window, max_hist_);
     s.hist = token_log_ + (int64_t)rows.seq[r] * p_.n_ctx + (rows.pos[r] + 1 - s.n_hist);
     s.logits_row = job.out;
+    s.propose = nullptr;
+    s.x = nullptr;
+    s.q = nullptr;
+    const size_t entry = (size_t)(job.position % kProposalRing);
+    if (job.kind == Output::propose) s.propose = proposals_ + (size_t)rows.seq[r] * kProposalRing + entry;
+    if (job.kind == Output::verify) {
+      s.x = token_log_ + (int64_t)rows.seq[r] * p_.n_ctx + job.position;
+      if (job.q_src >= 0) {
+        if (!link_) fail("CUDA backend: row {} verifies a linked backend's proposal, but none is linked", r);
+        s.q = link_->proposals_ + (size_t)job.q_src * kProposalRing + entry;
+      }
+    }
   }
   std::fill(logits_ready_.begin(), logits_ready_.end(), 0);
 

@@ -77,6 +77,7 @@ class CudaBackend final : public Backend, private ForwardOps {
   // Another CUDA backend on this device: its token log and last results, read by this one's steps after a
   // device-side wait for its last submitted step.
   bool link(const LinkSource& source) override;
+  bool speculative_outputs() const override { return true; }
 
   // For tests and benchmarks.
   int n_graphs() const;
@@ -156,6 +157,7 @@ class CudaBackend final : public Backend, private ForwardOps {
   int32_t* token_log_ = nullptr;          // [n_slots, n_ctx] device copy of the sequences' tokens
   CudaBackend* link_ = nullptr;           // the backend whose tokens this one's steps may read (link())
   cuda::LinkedTokens* d_link_ = nullptr;  // device memory: link_'s token log and result tokens
+  cuda::SpecDist* proposals_ = nullptr;   // [n_slots, kProposalRing] Output::propose rows' distributions
   cuda::CudaMatmul mm_;
   cuda::SamplerPlan sampler_plan_;
   void* sampler_ws_ = nullptr;

@@ -342,6 +342,14 @@ constexpr int kSamplerMaxProbs = 20;
 constexpr int kSamplerMaxTopK = 1024;      // largest top_k of the one-pass path
 constexpr int kSamplerMaxHistory = 32768;  // largest penalty window
 
+// A kept distribution: n tokens best first with their probabilities (n <= kSamplerMaxTopK).
+struct SpecDist {
+  int32_t n;
+  int32_t pad;
+  int32_t id[kSamplerMaxTopK];
+  float p[kSamplerMaxTopK];
+};
+
 struct SamplerRow {        // one per output row, in device memory (the engine fills it before a graph replay)
   float temperature;       // <= 0 or NaN: greedy
   int32_t top_k;           // <= 0 or >= n_sample: all tokens
@@ -356,6 +364,16 @@ struct SamplerRow {        // one per output row, in device memory (the engine f
   const int32_t* hist;  // [n_hist] device memory: the penalty window (any order)
   int32_t n_hist;       // <= the plan's max_hist
   int32_t logits_row;   // row of the logits matrix to sample; < 0: skip (token -1, logprob NaN)
+  // Speculative decoding; top_k rows only (1 <= top_k <= kSamplerMaxTopK, top_k < n_sample), greedy rows
+  // ignore both (their distribution is the point mass on the argmax, which plain sampling draws).
+  //  * propose: the row's kept (filtered) distribution, best first, is written here (Output::propose).
+  //  * x: the proposed token (device memory): the row keeps it with probability min(1, p(x) / q(x)), p the
+  //    row's kept distribution and q the proposal's (`q`, or a point mass on x when null); otherwise it
+  //    draws from normalize(max(0, p - q)) (Philox streams DrawStream::accept and ::residual at `position`).
+  //    The token is the kept x or that draw; its logprob the row's log p of it (Output::verify).
+  SpecDist* propose;
+  const int32_t* x;
+  const SpecDist* q;
 };
 
 struct SamplerOutputs {

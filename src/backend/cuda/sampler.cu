@@ -369,6 +369,61 @@ __device__ __forceinline__ void write_simple(const OutPtrs& o, int token, float 
       o, 0, [](int) { return 0ull; }, [](int) { return 0.0f; });
 }
 
+// ---- speculative verification (SamplerRow::x): the index in s.buf[0, m2) of the row's token. The host's
+// rule (engine/speculative.cpp): keep x when u_accept * q(x) < p(x) (q(x) > 0), else draw from the residual
+// max(0, p - q) over p's kept set, best first, by u_residual * total < cumulative sum (double), else the last
+// non-zero entry. q goes to s.keep as (id << 32 | float bits of q).
+template <class PF>
+__device__ int verify_pick(Smem& s, const SamplerRow& p, int m2, PF p_of) {
+  __syncthreads();  // every thread has read finish()'s pick from s.i0
+  const int x = __ldcg(p.x);
+  const int nq = p.q ? (int)__ldcg(&p.q->n) : 1;
+  const int nq_c = nq < 0 ? 0 : (nq > kMaxK ? kMaxK : nq);
+  for (int i = threadIdx.x; i < nq_c; i += kThreads) {
+    const int id = p.q ? __ldcg(&p.q->id[i]) : x;
+    const float qv = p.q ? __ldcg(&p.q->p[i]) : 1.0f;
+    s.keep[i] = ((u64)(uint32_t)id << 32) | (u64)__float_as_uint(qv);
+  }
+  if (threadIdx.x == 0) s.i0 = -1, s.i1 = -1, s.d0 = 0.0;
+  __syncthreads();
+  auto q_of = [&](int id) {  // q(id), 0 when id is not in q's kept set
+    for (int i = 0; i < nq_c; ++i)
+      if ((int)(s.keep[i] >> 32) == id) return __uint_as_float((uint32_t)s.keep[i]);
+    return 0.0f;
+  };
+  for (int j = threadIdx.x; j < m2; j += kThreads)
+    if (key_id(s.buf[j]) == x) s.i0 = j;  // ids are distinct: one writer at most
+  if (threadIdx.x == 0) s.d0 = (double)q_of(x);
+  __syncthreads();
+  const int jx = s.i0;
+  const double px = jx >= 0 ? (double)p_of(jx) : 0.0, qx = s.d0;
+  if (qx > 0.0 && philox_uniform(p.seed, p.position, DrawStream::accept) * qx < px) return jx;
+  // The residual r_j = (float)max(0, p_j - q(id_j)); contiguous chunks per thread, as finish() draws.
+  const int ch = (m2 + kThreads - 1) / kThreads;
+  const int j0 = threadIdx.x * ch;
+  auto r_of = [&](int j) { return (float)fmax(0.0, (double)p_of(j) - (double)q_of(key_id(s.buf[j]))); };
+  double loc = 0.0;
+  for (int j = j0; j < j0 + ch && j < m2; ++j) loc += (double)r_of(j);
+  double total;
+  const double ex = block_excl_scan(s, loc, &total);
+  const double target = philox_uniform(p.seed, p.position, DrawStream::residual) * total;
+  if (threadIdx.x == 0) s.i0 = m2, s.i1 = -1;
+  __syncthreads();
+  double run = ex;
+  bool found = false;
+  for (int j = j0; j < j0 + ch && j < m2; ++j) {
+    const float rj = r_of(j);
+    run += (double)rj;
+    if (!found && target < run) {
+      atomicMin(&s.i0, j);
+      found = true;
+    }
+    if (rj > 0.0f) atomicMax(&s.i1, j);
+  }
+  __syncthreads();
+  return s.i0 < m2 ? s.i0 : (s.i1 >= 0 ? s.i1 : 0);
+}
+
 // ---- finishing a sorted candidate list s.buf[0, m) in shared memory (m >= 1). With filters, min-p and
 // top-p are applied here (top-k already is: m <= k); without, the list is the kept set as is.
 __device__ void finish(Smem& s, const RowCtx& r, int m, bool filters, int n_probs, const OutPtrs& o) {
@@ -439,7 +494,17 @@ __device__ void finish(Smem& s, const RowCtx& r, int m, bool filters, int n_prob
     if (pj > 0.0f) atomicMax(&s.i1, j);
   }
   __syncthreads();
-  const int pick = s.i0 < m2 ? s.i0 : (s.i1 >= 0 ? s.i1 : 0);
+  int pick = s.i0 < m2 ? s.i0 : (s.i1 >= 0 ? s.i1 : 0);
+  auto p_of = [&](int j) { return (float)((double)e_of(key_val(s.buf[j]), l0, T) * inv); };
+  if (p.propose && filters) {  // Output::propose: the kept distribution, for the follower's verification
+    const int n_keep = m2 <= kSamplerMaxTopK ? m2 : 0;
+    for (int j = threadIdx.x; j < n_keep; j += kThreads) {
+      p.propose->id[j] = key_id(s.buf[j]);
+      p.propose->p[j] = p_of(j);
+    }
+    if (threadIdx.x == 0) p.propose->n = n_keep;
+  }
+  if (p.x && filters) pick = verify_pick(s, p, m2, p_of);
   const double log_sum = log(sum);
   const double dT = (double)T, dl0 = (double)l0;
   auto lp_of = [&](int j) {
