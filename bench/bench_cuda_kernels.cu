@@ -554,7 +554,7 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
                                  {"ffn down 4096x14336", 4096, 14336},
                                  {"lm_head 128256x4096", 128256, 4096}};
   const std::vector<int> ns = g_quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 32};
-  out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary\n");
+  out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary | fp8 simt\n");
   for (const S& s : shapes) {
     const GgmlType types[3] = {GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY};
     struct Mat {
@@ -579,21 +579,27 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
     fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
     for (int n : ns) {
       out("  %-22s n=%-2d", s.name, n);
-      for (int ti = 0; ti < 3; ++ti) {
+      // Column 4: F8_E4M3 through the SIMT kernel (gemv_lowbit) where gemv() takes the streaming one (n = 1).
+      for (int col = 0; col < 4; ++col) {
+        const int ti = col < 3 ? col : 1;
         const double ms = time_graph(st, 32, [&](int i) {
           WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb, m[ti].scale};
           if (types[ti] == GgmlType::F8_E4M3) wv.scale_group = s.cols, wv.scale_row_stride = 1;
           if (types[ti] == GgmlType::TERNARY) wv.scale_group = s.cols, wv.scale_row_stride = 0;
-          CK(gemv(wv, x, n, y, nullptr, false, st));
+          if (col == 3)
+            CK(gemv_lowbit(wv, x, n, y, nullptr, false, st));
+          else
+            CK(gemv(wv, x, n, y, nullptr, false, st));
         });
         const double bytes = (double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
         const double gbs = bytes / ms / 1e6;
         out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
         if (n == 1 || n == 4)
           g_summary.push_back(std::string("lowbit gemv ") +
-                              (ti == 0   ? "q8_0 "
-                               : ti == 1 ? "fp8 "
-                                         : "ternary ") +
+                              (col == 0   ? "q8_0 "
+                               : col == 1 ? "fp8 "
+                               : col == 2 ? "ternary "
+                                          : "fp8 simt ") +
                               s.name + " n=" + std::to_string(n) + ": " +
                               std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
                               " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");

@@ -547,27 +547,25 @@ void test_gemv_silu(GgmlType t, int64_t rows, int64_t cols, int n, bool acc) {
 // bit-identical to the ops one by one (gather_rows + rmsnorm + gemv; silu_mul + gemv), which is what lets
 // the decode step use them with unchanged results. `row`: the gathered row of a 3-row x (-1: a zero row,
 // -2: no row pointer, row 0).
-void test_gemv_fused_input(GgmlType t, int64_t rows, int64_t cols, bool swiglu, int row, bool bias,
-                           bool acc) {
-  std::vector<double> wd;
-  auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
+// w: the device view (rows x cols), wd its weights as float64; tn: the type's name in the report.
+void check_gemv_fused_input(const WeightView& w, const std::vector<double>& wd, const char* tn, bool swiglu,
+                            int row, bool bias, bool acc) {
+  const int64_t rows = w.rows, cols = w.cols;
   const int nx = 3;
   auto x = randn((size_t)nx * cols), u = randn(cols), nw = randu(cols, 0.5f, 1.5f), b = randn(rows),
        y0 = randn(rows);
   for (auto& v : x) v *= swiglu ? 3.0f : 7.0f;
-  Dev<uint8_t> dw(wb.size());
   Dev<float> dx(x.size()), du(cols), dnw(cols), db(rows), dy(rows), dy2(rows), dh(cols), dg(cols);
   Dev<int32_t> dr(1);
-  dw.up(wb), dx.up(x), du.up(u), dnw.up(nw), db.up(b);
+  dx.up(x), du.up(u), dnw.up(nw), db.up(b);
   dr.up(std::vector<int32_t>{row});
   if (acc)
     dy.up(y0), dy2.up(y0);
   else
     dy.poison(), dy2.poison();
-  WeightView w{t, dw.p, rows, cols, (size_t)cols * tsize(t)};
   const float eps = 1e-5f;
   const std::string shape =
-      fmt("%s rows=%lld cols=%lld%s%s%s", tname(t), (long long)rows, (long long)cols,
+      fmt("%s rows=%lld cols=%lld%s%s%s", tn, (long long)rows, (long long)cols,
           swiglu ? "" : fmt(" row=%d", row).c_str(), bias ? " bias" : "", acc ? " acc" : "");
   const char* name = swiglu ? "gemv_swiglu" : "gemv_rmsnorm";
   const float* bp = swiglu ? nullptr : (bias ? db.p : nullptr);
@@ -616,6 +614,16 @@ void test_gemv_fused_input(GgmlType t, int64_t rows, int64_t cols, bool swiglu, 
   report(ok_err(e, 1e-5) && same, name,
          shape + (swiglu ? " (== silu_mul + gemv bit-exact)" : " (== gather + rmsnorm + gemv bit-exact)"), e,
          1e-5, same ? "" : "differs from the ops one by one");
+}
+
+void test_gemv_fused_input(GgmlType t, int64_t rows, int64_t cols, bool swiglu, int row, bool bias,
+                           bool acc) {
+  std::vector<double> wd;
+  auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
+  Dev<uint8_t> dw(wb.size());
+  dw.up(wb);
+  check_gemv_fused_input({t, dw.p, rows, cols, (size_t)cols * tsize(t)}, wd, tname(t), swiglu, row, bias,
+                         acc);
 }
 
 // Prefill GEMM through cuBLASLt: x is rounded to the weight type, so the error is that rounding: for BF16
@@ -763,10 +771,13 @@ struct LowbitMatrix {
 // gemv (n <= 32) or the CudaMatmul entry (mm non-null: n > 32 dequantises to BF16 for cuBLASLt) against
 // float64 sums of the f32 weights. gemv: f32 products and sums, bound 1e-5 as the dense gemv; the prefill
 // GEMM rounds weights and x to BF16 (each 2^-9 relative at most, ~1.1e-3 rms each): bound 1e-2.
-void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul* mm) {
+void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul* mm, float x_mul = 1.0f) {
   LowbitMatrix m(c);
   const int64_t R = c.rows, C = c.cols;
   auto x = randn((size_t)n * C), b = randn(R), y0 = randn((size_t)n * R);
+  for (float& v : x) v *= x_mul;
+  for (float& v : b) v *= x_mul;
+  for (float& v : y0) v *= x_mul;
   Dev<float> dx(x.size()), db(R), dy(y0.size());
   dx.up(x);
   db.up(b);
@@ -774,7 +785,8 @@ void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul*
     dy.up(y0);
   else
     dy.poison();
-  const std::string shape = lbshape(c) + fmt(" n=%d%s%s", n, bias ? " bias" : "", acc ? " acc" : "");
+  const std::string shape = lbshape(c) + fmt(" n=%d%s%s", n, bias ? " bias" : "", acc ? " acc" : "") +
+                            (x_mul != 1.0f ? fmt(" x*%g", x_mul) : std::string());
   const cudaError_t e0 = mm ? mm->matmul(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0)
                             : gemv(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
   const char* kname = mm ? "lowbit_matmul" : "lowbit_gemv";
@@ -816,6 +828,13 @@ void test_lowbit_embed(const LowbitCase& c, int n) {
   report(ok_err(e, 0.0), "lowbit_embed", lbshape(c) + fmt(" n=%d", n), e, 0.0);
 }
 
+// F8_E4M3 with a scale per row (or tensor) through the streaming kernel's fused inputs.
+void test_lowbit_fused_input(const LowbitCase& c, bool swiglu, int row, bool bias, bool acc) {
+  LowbitMatrix m(c);
+  const std::vector<double> wd(m.wf.begin(), m.wf.end());
+  check_gemv_fused_input(m.dev_view, wd, lbshape(c).c_str(), swiglu, row, bias, acc);
+}
+
 void run_lowbit_tests() {
   const std::vector<LowbitCase> cases = {
       {GgmlType::Q8_0, 100, 256},
@@ -841,6 +860,23 @@ void run_lowbit_tests() {
       test_lowbit_mm({GgmlType::F8_E4M3, 4101, 528}, n, n % 2 == 0, true, nullptr);
       test_lowbit_mm({GgmlType::TERNARY, 4103, 528, 16}, n, true, false, nullptr);
     }
+    // One row of F8_E4M3 with a scale per row or tensor: the weight-streaming kernel (several 4 KB segments
+    // per row; more rows than SMs x 8 warps), and past its widest x (16384 columns: the SIMT kernel).
+    test_lowbit_mm({GgmlType::F8_E4M3, 4096, 14336}, 1, true, false, nullptr);
+    test_lowbit_mm({GgmlType::F8_E4M3, 2500, 16384, 0, true}, 1, false, true, nullptr);
+    test_lowbit_mm({GgmlType::F8_E4M3, 300, 16400}, 1, true, true, nullptr);
+    // The tensor-core kernel (gemv_fp8_tc.cu) up to n = 8 (n * cols <= 16384), a partial row tile, and x
+    // large enough that it is scaled down by a power of two before its f16 parts are formed.
+    for (int n : {5, 8}) test_lowbit_mm({GgmlType::F8_E4M3, 777, 2048}, n, n == 5, n == 8, nullptr);
+    test_lowbit_mm({GgmlType::F8_E4M3, 1000, 4096}, 2, true, true, nullptr, 3.0e5f);
+    test_lowbit_mm({GgmlType::F8_E4M3, 64, 1024, 0, true}, 8, false, false, nullptr, 1e-6f);
+    test_lowbit_mm({GgmlType::F8_E4M3, 25000, 512}, 1, true, false, nullptr);  // 4 / 8 tiles per block
+    test_lowbit_mm({GgmlType::F8_E4M3, 50001, 256}, 3, false, true, nullptr);
+  }
+  if (enabled("gemv_fused")) {  // widths the tensor-core kernel does not take (cols % 64 != 0)
+    test_lowbit_fused_input({GgmlType::F8_E4M3, 6144, 4112}, false, 1, true, false);
+    test_lowbit_fused_input({GgmlType::F8_E4M3, 700, 1040, 0, true}, false, -2, false, true);
+    test_lowbit_fused_input({GgmlType::F8_E4M3, 4096, 14352}, true, 0, false, true);
   }
   if (enabled("lowbit_matmul")) {
     int64_t max_elems = 0;

@@ -348,7 +348,14 @@ void CudaBackend::upload_weights() {
   };
   std::vector<std::vector<Part>> blocks;
   std::unordered_map<const void*, bool> seen;
-  std::vector<Part> scale_parts;  // the F8_E4M3 / TERNARY scale arrays, each its own block
+  std::vector<Part> scale_parts;                // the F8_E4M3 / TERNARY scale arrays, each its own block
+  std::vector<std::vector<Part>> scale_groups;  // those of a fused F8_E4M3 matrix: one block, in row order
+  // Moves the scale parts of the last n matrices into one block (a fused F8_E4M3 view's scales).
+  auto group_scales = [&](size_t n) {
+    if (scale_parts.size() < n) return;
+    scale_groups.emplace_back(scale_parts.end() - (long)n, scale_parts.end());
+    scale_parts.resize(scale_parts.size() - n);
+  };
   auto mat = [&](const WeightView& w) -> Part {
     if (cuda::is_lowbit(w.type)) {
       const size_t rb = cuda::lowbit_row_bytes(w.type, w.cols);
@@ -374,13 +381,18 @@ void CudaBackend::upload_weights() {
     if (!keep.empty()) blocks.push_back(keep);
   };
   // Matrices that can share one view: same type, columns and row size, 16-byte rows. Of the low-bit types
-  // only Q8_0, whose scales are inside its device rows (F8_E4M3 / TERNARY scale arrays would have to be
-  // placed back to back as well): one launch of the low-bit gemv for [Wq; Wk; Wv] and [W_gate; W_up].
-  auto fusable = [](std::initializer_list<const WeightView*> ws) {
+  // Q8_0, whose scales are inside its device rows, and F8_E4M3 with one scale per row, whose scale arrays
+  // are then placed back to back (one block, below): one launch for [Wq; Wk; Wv] and [W_gate; W_up].
+  auto row_scaled_fp8 = [](const WeightView& w) {
+    return w.type == GgmlType::F8_E4M3 && w.scale && w.scale_row_stride == 1 && w.scale_group >= w.cols;
+  };
+  auto fusable = [&](std::initializer_list<const WeightView*> ws) {
     const WeightView& a = **ws.begin();
     if (cuda::is_lowbit(a.type)) {
       for (const WeightView* w : ws)
-        if (w->type != GgmlType::Q8_0 || w->cols != a.cols) return false;
+        if (w->cols != a.cols ||
+            !(w->type == GgmlType::Q8_0 ? a.type == GgmlType::Q8_0 : row_scaled_fp8(*w) && row_scaled_fp8(a)))
+          return false;
       return true;
     }
     for (const WeightView* w : ws)
@@ -397,6 +409,7 @@ void CudaBackend::upload_weights() {
     fuse_gu.push_back(fusable({&l.w_gate, &l.w_up}));
     if (fuse_qkv.back()) {
       add({mat(l.wq), mat(l.wk), mat(l.wv)});
+      if (l.wq.type == GgmlType::F8_E4M3) group_scales(3);
     } else {
       add({mat(l.wq)});
       add({mat(l.wk)});
@@ -405,6 +418,7 @@ void CudaBackend::upload_weights() {
     add({mat(l.wo)});
     if (fuse_gu.back()) {
       add({mat(l.w_gate), mat(l.w_up)});
+      if (l.w_gate.type == GgmlType::F8_E4M3) group_scales(2);
     } else {
       add({mat(l.w_gate)});
       add({mat(l.w_up)});
@@ -423,6 +437,7 @@ void CudaBackend::upload_weights() {
   for (const std::vector<float>* t : {&m_.rope_inv_freq_swa, &m_.rope_inv_freq_long})
     if (!t->empty()) add({{t->data(), hp.head_dim / 2 * sizeof(float)}});
   for (const Part& p : scale_parts) add({p});
+  for (const std::vector<Part>& g : scale_groups) add(g);
 
   size_t total = 0;
   for (const auto& b : blocks) {

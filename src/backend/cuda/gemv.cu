@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -842,6 +843,23 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// ULTRA_CUDA_FP8_TC=0: F8_E4M3 steps without the tensor-core kernel (A/B timing).
+bool fp8_tc_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("ULTRA_CUDA_FP8_TC");
+    return !(e && *e == '0');
+  }();
+  return on;
+}
+
+// F8_E4M3 through the weight-streaming kernel: one scale per row (or tensor), the automatic choice or the
+// streaming kernel asked for.
+bool stream_fp8_ok(const WeightView& w) {
+  const tuning::GemvTuning& tu = g_tune;
+  return w.type == GgmlType::F8_E4M3 && w.scale && (w.scale_group >= w.cols || w.scale_group <= 0) &&
+         (tu.kernel == 0 || tu.kernel == 3) && !tu.no_stream;
+}
+
 }  // namespace
 
 namespace tuning {
@@ -866,7 +884,15 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
                  cudaStream_t stream, GemvPath path) {
   if (n < 1 || n > kGemvMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !x || !y)
     return cudaErrorInvalidValue;
-  // Q8_0 / F8_E4M3 / TERNARY (device layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
+  // One row of F8_E4M3 weights with a scale per row or tensor: the weight-streaming kernel; other
+  // Q8_0 / F8_E4M3 / TERNARY steps (device layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
+  if (gemv_fp8_tc_ok(w, n) && fp8_tc_on()) return gemv_fp8_tc(w, x, n, y, bias, accumulate, stream);
+  if (n == 1 && stream_fp8_ok(w)) {
+    const cudaError_t e = detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
+                                              (int64_t)w.row_bytes, x, y, bias, accumulate,
+                                              g_tune.smem_budget, stream, {}, w.scale, w.scale_row_stride);
+    if (e != cudaErrorNotSupported) return e;
+  }
   if (is_lowbit(w.type)) return gemv_lowbit(w, x, n, y, bias, accumulate, stream);
   const int64_t esize = dense_elem_bytes(w.type);
   if (esize == 0) return cudaErrorInvalidValue;
@@ -928,8 +954,13 @@ cudaError_t gemv_stream_input(const WeightView& w, const float* x, const detail:
   const tuning::GemvTuning& tu = g_tune;
   if ((tu.kernel != 0 && tu.kernel != 3) || tu.no_stream || !w.data || !x || !y || !in.w)
     return cudaErrorNotSupported;
+  // F8_E4M3: where the tensor-core kernel takes the matrix, it and the op before it (measured faster than
+  // the streaming kernel on the 8B shapes, 2026-12-01).
+  if (is_lowbit(w.type) && (!stream_fp8_ok(w) || (gemv_fp8_tc_ok(w, 1) && fp8_tc_on())))
+    return cudaErrorNotSupported;
   return detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
-                             (int64_t)w.row_bytes, x, y, bias, accumulate, tu.smem_budget, stream, in);
+                             (int64_t)w.row_bytes, x, y, bias, accumulate, tu.smem_budget, stream, in,
+                             w.scale, w.scale_row_stride);
 }
 }  // namespace
 

@@ -59,6 +59,14 @@ cudaError_t gemv_lowbit(const WeightView& w,  // [rows, cols], device layout
                         const float* bias,  // [rows] or null
                         bool accumulate, cudaStream_t stream);
 
+// F8_E4M3 with a scale per row or tensor, 1 <= n <= 8, cols % 64 == 0, n * cols <= 16384: the tensor-core
+// variant (gemv_fp8_tc.cu; codes converted to f16 by the hardware, x as two f16 parts, f32 accumulation,
+// ~1e-7 relative). gemv_fp8_tc returns cudaErrorNotSupported, launching nothing, where gemv_fp8_tc_ok is
+// false.
+bool gemv_fp8_tc_ok(const WeightView& w, int n);
+cudaError_t gemv_fp8_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                        bool accumulate, cudaStream_t stream);
+
 // Leading dimension (elements) of the BF16 copy that lowbit_dequant_bf16 writes: cols rounded up to 8
 // (16-byte aligned rows for cuBLASLt).
 inline int64_t lowbit_bf16_ld(int64_t cols) {

@@ -1,5 +1,6 @@
 // Weight-streaming gemv for one row of activations: y[rows] = W[rows, cols] . x[cols] (+ bias) (+= y), F16 /
-// BF16 weights, f32 arithmetic (each product exact, sums in f32 FMA: ~1e-6 relative, like the CPU kernels).
+// BF16 weights, and F8_E4M3 with a scale per row (or tensor) applied to the row's sum; f32 arithmetic (each
+// product exact, sums in f32 FMA: ~1e-6 relative, like the CPU kernels).
 //
 // One block (8 warps) per SM owns a contiguous share of the rows (rows / grid, so every SM reads the same
 // number of bytes and there is no tail wave); warp w takes the block's rows w, w + 8, ... Every warp streams
@@ -17,6 +18,9 @@
 // A first version (one ring per block, stages of whole rows, two block barriers per stage) was slower than
 // the register-ring kernels of gemv.cu at every budget (docs/CUDA.md): its barriers, not memory, set the
 // pace.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_stream.h"
 
@@ -34,7 +38,7 @@ constexpr int kDefaultBudget = 192 << 10;
 struct StreamArgs {
   const uint8_t* w;  // [rows] rows of row_bytes bytes
   int64_t rows, row_bytes;
-  uint32_t data_bytes;  // cols * 2: bytes used per row (a multiple of 16)
+  uint32_t data_bytes;  // cols * element size: bytes used per row (a multiple of 16)
   uint32_t seg_bytes;   // min(kSegBytes, data_bytes)
   int spr;              // segments per row
   int cols;
@@ -45,10 +49,19 @@ struct StreamArgs {
   int slots, grid;
   uint32_t x_bytes;  // cols * 4 rounded up to 128
   StreamInput in;
+  const float* scale;  // F8_E4M3: [rows * scale_row_stride] (stride 0: [1])
+  int64_t scale_row_stride;
   int norm_threads, norm_v;  // rmsnorm: the block size and float4s per thread of cuda::rmsnorm for cols
 };
 
 constexpr int kXPer = kMaxCols / 4 / kThreads;  // float4 of x per thread at most: 16
+
+// Two E4M3 codes (low byte: element 0) -> f32: the hardware conversion to an f16 pair (exact: every E4M3
+// value is an f16), then f16 -> f32 (exact).
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
 
 // x[cols] into shared memory, as a.in says. Every load a thread makes is issued before any is used (the
 // loops are unrolled over kXPer, predicated): with the block's weight copies in flight an L2 round trip is
@@ -152,6 +165,7 @@ __host__ __device__ inline size_t smem_bytes(const StreamArgs& a) {
 // kKind: a.in.kind (one instance per prologue, so the plain kernel keeps the registers of the plain load).
 template <GgmlType WT, int kKind>
 __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(StreamArgs a) {
+  constexpr uint32_t kElemBytes = WT == GgmlType::F8_E4M3 ? 1 : 2;
   extern __shared__ __align__(128) uint8_t sm[];
   float* xs = reinterpret_cast<float*>(sm);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -188,22 +202,42 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(StreamArgs a) {
     const uint8_t* seg = my + (size_t)(k % a.slots) * a.seg_bytes;
     const uint32_t off = (uint32_t)sg * a.seg_bytes;
     const int nch = (int)((a.data_bytes - off < a.seg_bytes ? a.data_bytes - off : a.seg_bytes) / 16);
-    const float4* xseg = reinterpret_cast<const float4*>(xs + off / 2);
+    const float4* xseg = reinterpret_cast<const float4*>(xs + off / kElemBytes);
+    if constexpr (WT == GgmlType::F8_E4M3) {
+      // A 4-byte word (4 codes) per lane and step, its x one float4: consecutive lanes read consecutive
+      // words and float4s (no bank conflicts). Two codes at a time to an f16 pair (exact), then f32.
+      const int nw = nch * 4;
+#pragma unroll 8
+      for (int i = 0; i < kSegChunks * 4 / 32; ++i) {
+        const int c = lane + 32 * i;
+        if (c < nw) {
+          const uint32_t wd = reinterpret_cast<const uint32_t*>(seg)[c];
+          const float4 xq = xseg[c];
+          const float2 lo = e4m3x2_to_float2((uint16_t)(wd & 0xffffu));
+          const float2 hi = e4m3x2_to_float2((uint16_t)(wd >> 16));
+          acc0 = fmaf(lo.x, xq.x, acc0);
+          acc1 = fmaf(lo.y, xq.y, acc1);
+          acc0 = fmaf(hi.x, xq.z, acc0);
+          acc1 = fmaf(hi.y, xq.w, acc1);
+        }
+      }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kSegChunks / 32; ++i) {
-      const int c = lane + 32 * i;
-      if (c < nch) {
-        Chunk8<WT> wv;
-        wv.load_shared(seg + (size_t)c * 16);
-        const float4 x0 = xseg[2 * c], x1 = xseg[2 * c + 1];
-        acc0 = fmaf(wv.elem(0), x0.x, acc0);
-        acc1 = fmaf(wv.elem(1), x0.y, acc1);
-        acc0 = fmaf(wv.elem(2), x0.z, acc0);
-        acc1 = fmaf(wv.elem(3), x0.w, acc1);
-        acc0 = fmaf(wv.elem(4), x1.x, acc0);
-        acc1 = fmaf(wv.elem(5), x1.y, acc1);
-        acc0 = fmaf(wv.elem(6), x1.z, acc0);
-        acc1 = fmaf(wv.elem(7), x1.w, acc1);
+      for (int i = 0; i < kSegChunks / 32; ++i) {
+        const int c = lane + 32 * i;
+        if (c < nch) {
+          Chunk8<WT> wv;
+          wv.load_shared(seg + (size_t)c * 16);
+          const float4 x0 = xseg[2 * c], x1 = xseg[2 * c + 1];
+          acc0 = fmaf(wv.elem(0), x0.x, acc0);
+          acc1 = fmaf(wv.elem(1), x0.y, acc1);
+          acc0 = fmaf(wv.elem(2), x0.z, acc0);
+          acc1 = fmaf(wv.elem(3), x0.w, acc1);
+          acc0 = fmaf(wv.elem(4), x1.x, acc0);
+          acc1 = fmaf(wv.elem(5), x1.y, acc1);
+          acc0 = fmaf(wv.elem(6), x1.z, acc0);
+          acc1 = fmaf(wv.elem(7), x1.w, acc1);
+        }
       }
     }
     __syncwarp();  // every lane is done with the slot
@@ -216,7 +250,9 @@ __global__ void __launch_bounds__(kThreads) gemv_stream_kernel(StreamArgs a) {
       acc0 = acc1 = 0.0f;
       if (lane == 0) {
         const int64_t row = r0 + warp + (int64_t)(k / a.spr) * kWarps;
-        float out = a.bias ? v + a.bias[row] : v;
+        float out = v;
+        if constexpr (WT == GgmlType::F8_E4M3) out = v * __ldg(a.scale + row * a.scale_row_stride);
+        out = a.bias ? out + a.bias[row] : out;
         if (a.accumulate) out = __ldcg(a.y + row) + out;
         a.y[row] = out;
       }
@@ -261,16 +297,20 @@ int device_int(cudaDeviceAttr attr, int fallback) {
 
 cudaError_t gemv_stream(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes,
                         const float* x, float* y, const float* bias, bool accumulate, int smem_budget,
-                        cudaStream_t stream, const StreamInput& in) {
-  if ((type != GgmlType::F16 && type != GgmlType::BF16) || rows <= 0 || cols <= 0 || cols % 8 != 0 ||
-      cols > kMaxCols || row_bytes % 16 != 0 || row_bytes < cols * 2 || !aligned16(w) || !aligned16(x) ||
-      (in.kind != StreamInput::plain && !aligned16(in.w)))
+                        cudaStream_t stream, const StreamInput& in, const float* scale,
+                        int64_t scale_row_stride) {
+  const bool fp8 = type == GgmlType::F8_E4M3;
+  const int64_t esize = fp8 ? 1 : 2;
+  if ((type != GgmlType::F16 && type != GgmlType::BF16 && !fp8) || rows <= 0 || cols <= 0 ||
+      cols % (16 / esize) != 0 || cols > kMaxCols || row_bytes % 16 != 0 || row_bytes < cols * esize ||
+      !aligned16(w) || !aligned16(x) || (in.kind != StreamInput::plain && !aligned16(in.w)) ||
+      (fp8 && (!scale || scale_row_stride < 0)))
     return cudaErrorNotSupported;
   static const int n_sms = device_int(cudaDevAttrMultiProcessorCount, 132);
   static const int optin = device_int(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 << 10);
   StreamArgs a{};
   a.w = w, a.rows = rows, a.row_bytes = row_bytes;
-  a.data_bytes = (uint32_t)(cols * 2);
+  a.data_bytes = (uint32_t)(cols * esize);
   a.seg_bytes = a.data_bytes < kSegBytes ? a.data_bytes : kSegBytes;
   a.spr = (int)((a.data_bytes + a.seg_bytes - 1) / a.seg_bytes);
   a.cols = (int)cols;
@@ -278,6 +318,8 @@ cudaError_t gemv_stream(GgmlType type, const uint8_t* w, int64_t rows, int64_t c
   a.grid = (int)(rows < n_sms ? rows : n_sms);
   a.x_bytes = (uint32_t)((cols * 4 + 127) / 128 * 128);
   a.in = in;
+  a.scale = scale;
+  a.scale_row_stride = scale_row_stride;
   const int d4 = (int)(cols / 4);
   a.norm_v = (d4 + 1023) / 1024;                                     // as cuda::rmsnorm (cols <= 16384: <= 4)
   a.norm_threads = ((d4 + a.norm_v - 1) / a.norm_v + 31) / 32 * 32;  // <= 1024
@@ -294,8 +336,9 @@ cudaError_t gemv_stream(GgmlType type, const uint8_t* w, int64_t rows, int64_t c
   if (slots < 1) slots = 1;
   a.slots = slots;
   if (smem_bytes(a) > (size_t)optin) return cudaErrorNotSupported;
-  const cudaError_t e =
-      type == GgmlType::F16 ? launch<GgmlType::F16>(a, stream) : launch<GgmlType::BF16>(a, stream);
+  const cudaError_t e = type == GgmlType::F16 ? launch<GgmlType::F16>(a, stream)
+                        : fp8                 ? launch<GgmlType::F8_E4M3>(a, stream)
+                                              : launch<GgmlType::BF16>(a, stream);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
