@@ -886,7 +886,9 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
     return cudaErrorInvalidValue;
   // One row of F8_E4M3 weights with a scale per row or tensor: the weight-streaming kernel; other
   // Q8_0 / F8_E4M3 / TERNARY steps (device layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
-  if (gemv_fp8_tc_ok(w, n) && fp8_tc_on()) return gemv_fp8_tc(w, x, n, y, bias, accumulate, stream);
+  if (gemv_fp8_tc_ok(w, n) && fp8_tc_on())
+    if (const cudaError_t e = gemv_fp8_tc(w, x, n, y, bias, accumulate, stream); e != cudaErrorNotSupported)
+      return e;
   if (n == 1 && stream_fp8_ok(w)) {
     const cudaError_t e = detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
                                               (int64_t)w.row_bytes, x, y, bias, accumulate,

@@ -6,8 +6,8 @@
 // (cvt.rn.f16x2.e4m3x2, two codes per instruction, exact: every E4M3 value is an f16) and multiplying on the
 // tensor cores leaves about half an instruction per weight on the SIMT side.
 //
-// Layout. A block (8 warps) owns T 16-row tiles (T = 1, 2, 4 or 8: as many as keep >= ~3 blocks per SM,
-// so that forming x, below, is paid once per T tiles); warp w works on tile w % T, and the 8 / T warps of a
+// Layout. A block (8 warps) owns T 16-row tiles (T = 1, 2, 4 or 8: as many as keep >= 1 block per SM, so
+// that forming x, below, is paid once per T tiles); warp w works on tile w % T, and the 8 / T warps of a
 // tile split its columns in steps of 64 (group c = w / T: steps c, c + 8 / T, ...). In a step, lane (g = lane
 // / 4, t = lane % 4) loads 16 bytes of rows g and g + 8 at column 64 s + 16 t (streaming loads, U steps in
 // flight). The dot product does not care which k slot of an MMA holds which column, as long as A (weights)
@@ -24,6 +24,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -37,6 +39,7 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kU = 4;              // steps of 64 columns in flight per warp
 constexpr int kMaxXElems = 16384;  // n * cols: x's hi and lo parts take 4 bytes each in shared memory
 constexpr int kMaxN = 8;           // the MMA's n
+constexpr int kXPer = kMaxXElems / 4 / kThreads;  // float4 of x per thread at most
 
 struct TcArgs {
   const uint8_t* w;  // [rows, row_bytes] device layout
@@ -92,10 +95,18 @@ __global__ void __launch_bounds__(kThreads) gemv_fp8_tc_kernel(TcArgs a) {
   pdl_trigger();
   pdl_wait();
 
-  // x' = x * 2^-e in f16 hi / lo parts.
-  const int nx = a.n * a.cols;
+  // x' = x * 2^-e in f16 hi / lo parts: x read once (float4, all loads issued before any is used: one L2
+  // round trip), its largest |x| reduced, then converted from registers.
+  const int nx4 = a.n * a.cols / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  float4 xv[kXPer];
   float m = 0.0f;
-  for (int i = tid; i < nx; i += kThreads) m = fmaxf(m, fabsf(__ldcg(a.x + i)));
+#pragma unroll
+  for (int j = 0; j < kXPer; ++j) {
+    const int i = tid + j * kThreads;
+    xv[j] = i < nx4 ? __ldcg(x4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(xv[j].x), fabsf(xv[j].y)), fmaxf(fabsf(xv[j].z), fabsf(xv[j].w))));
+  }
   m = warp_max(m);
   if (lane == 0) s_max[warp] = m;
   __syncthreads();
@@ -107,11 +118,23 @@ __global__ void __launch_bounds__(kThreads) gemv_fp8_tc_kernel(TcArgs a) {
   if (m > 0.0f && m <= 3.0e38f) frexpf(m / 16384.0f, &e);
   e = e < -100 ? -100 : e;
   const float down = ldexpf(1.0f, -e);
-  for (int i = tid; i < nx; i += kThreads) {
-    const float v = __ldcg(a.x + i) * down;
-    const __half h = __float2half_rn(v);
-    xh[i] = h;
-    xl[i] = __float2half_rn(v - __half2float(h));
+  auto split2 = [&](float u, float v, uint32_t& hi, uint32_t& lo) {
+    u *= down, v *= down;
+    const __half hu = __float2half_rn(u), hv = __float2half_rn(v);
+    const __half lu = __float2half_rn(u - __half2float(hu)), lv = __float2half_rn(v - __half2float(hv));
+    hi = (uint32_t)__half_as_ushort(hu) | ((uint32_t)__half_as_ushort(hv) << 16);
+    lo = (uint32_t)__half_as_ushort(lu) | ((uint32_t)__half_as_ushort(lv) << 16);
+  };
+#pragma unroll
+  for (int j = 0; j < kXPer; ++j) {
+    const int i = tid + j * kThreads;
+    if (i < nx4) {
+      uint2 h, l;
+      split2(xv[j].x, xv[j].y, h.x, l.x);
+      split2(xv[j].z, xv[j].w, h.y, l.y);
+      reinterpret_cast<uint2*>(xh)[i] = h;
+      reinterpret_cast<uint2*>(xl)[i] = l;
+    }
   }
   __syncthreads();
 
@@ -188,7 +211,7 @@ bool gemv_fp8_tc_ok(const WeightView& w, int n) {
 
 cudaError_t gemv_fp8_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
                         bool accumulate, cudaStream_t stream) {
-  if (!gemv_fp8_tc_ok(w, n) || !x || !y) return cudaErrorNotSupported;
+  if (!gemv_fp8_tc_ok(w, n) || !x || !y || !aligned16(x)) return cudaErrorNotSupported;
   TcArgs a{};
   a.w = static_cast<const uint8_t*>(w.data);
   a.rows = w.rows;
@@ -206,10 +229,16 @@ cudaError_t gemv_fp8_tc(const WeightView& w, const float* x, int n, float* y, co
       cudaFuncSetAttribute(gemv_fp8_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            (int)(kMaxXElems * 4 + kWarps * 16 * kMaxN * 4));
   if (attr != cudaSuccess) return attr;
-  // T: the most tiles per block that leave >= 396 blocks (3 per SM of an H200), at least 1.
+  // T: the most tiles per block that leave >= 132 blocks (one per SM of an H200), at least 1
+  // (ULTRA_CUDA_FP8_TC_BLOCKS sets that number, for timing experiments: 396 and 264 measured the same or
+  // slower on the 8B shapes, ffn up 28.1 us against 26.6 us at 132).
+  static const int64_t min_blocks = [] {
+    const char* v = std::getenv("ULTRA_CUDA_FP8_TC_BLOCKS");
+    return v && std::atoi(v) > 0 ? (int64_t)std::atoi(v) : (int64_t)132;
+  }();
   const int64_t n_tiles = (w.rows + 15) / 16;
   a.tiles = 1;
-  while (a.tiles < kWarps && n_tiles / (2 * a.tiles) >= 396) a.tiles *= 2;
+  while (a.tiles < kWarps && n_tiles / (2 * a.tiles) >= min_blocks) a.tiles *= 2;
   const int64_t blocks = (n_tiles + a.tiles - 1) / a.tiles;
   const cudaError_t e =
       launch_ex(gemv_fp8_tc_kernel, dim3((unsigned)blocks), dim3(kThreads), smem, stream, 1, kPdlAll, a);
