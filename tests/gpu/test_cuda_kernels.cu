@@ -160,6 +160,20 @@ std::vector<uint8_t> encode(GgmlType t, const std::vector<float>& v, std::vector
 }
 
 // ||a - ref|| / ||ref|| over all elements; NaN if any a is not finite. ref all zero: max |a|.
+// float64 reference: y[t, r] = sum_c w[r * cols + c] x[t, c] (+ bias[r]) (+ y0[t, r]), t < n.
+template <class W>
+std::vector<double> ref_matmul(const W& w, const std::vector<float>& x, int n, int64_t rows, int64_t cols,
+                               const float* bias, const float* y0) {
+  std::vector<double> ref((size_t)n * rows);
+  for (int tk = 0; tk < n; ++tk)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < cols; ++c) s += (double)w[r * cols + c] * x[(size_t)tk * cols + c];
+      ref[(size_t)tk * rows + r] = s + (bias ? bias[r] : 0.0) + (y0 ? y0[(size_t)tk * rows + r] : 0.0);
+    }
+  return ref;
+}
+
 double rel_err(const std::vector<float>& a, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -483,15 +497,7 @@ void test_gemv(GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool ac
     return;
   }
   CK(cudaDeviceSynchronize());
-  std::vector<double> ref((size_t)n * rows);
-  for (int tk = 0; tk < n; ++tk)
-    for (int64_t r = 0; r < rows; ++r) {
-      double s = 0;
-      for (int64_t c = 0; c < cols; ++c) s += wd[r * cols + c] * x[(size_t)tk * cols + c];
-      if (bias) s += b[r];
-      if (acc) s += y0[(size_t)tk * rows + r];
-      ref[(size_t)tk * rows + r] = s;
-    }
+  const auto ref = ref_matmul(wd, x, n, rows, cols, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
   const double e = rel_err(dy.down(), ref);
   report(ok_err(e, 1e-5), "gemv", shape, e, 1e-5);
 }
@@ -653,13 +659,7 @@ void test_matmul(CudaMatmul& mm, GgmlType t, int64_t rows, int64_t cols, int n, 
     return;
   }
   CK(cudaDeviceSynchronize());
-  std::vector<double> ref((size_t)n * rows);
-  for (int tk = 0; tk < n; ++tk)
-    for (int64_t r = 0; r < rows; ++r) {
-      double s = 0;
-      for (int64_t c = 0; c < cols; ++c) s += wd[r * cols + c] * x[(size_t)tk * cols + c];
-      ref[(size_t)tk * rows + r] = s + (bias ? b[r] : 0.0) + (acc ? y0[(size_t)tk * rows + r] : 0.0);
-    }
+  const auto ref = ref_matmul(wd, x, n, rows, cols, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
   const double bound = t == GgmlType::BF16 ? 1e-2 : t == GgmlType::F16 ? 3e-3 : 1e-5;
   const double e = rel_err(dy.down(), ref);
   report(ok_err(e, bound), "matmul", shape, e, bound, n > kGemvMaxRows ? "(cuBLASLt)" : "(gemv)");
@@ -795,13 +795,7 @@ void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul*
     return;
   }
   CK(cudaDeviceSynchronize());
-  std::vector<double> ref((size_t)n * R);
-  for (int tk = 0; tk < n; ++tk)
-    for (int64_t r = 0; r < R; ++r) {
-      double s = 0;
-      for (int64_t col = 0; col < C; ++col) s += (double)m.wf[r * C + col] * x[(size_t)tk * C + col];
-      ref[(size_t)tk * R + r] = s + (bias ? b[r] : 0.0) + (acc ? y0[(size_t)tk * R + r] : 0.0);
-    }
+  const auto ref = ref_matmul(m.wf, x, n, R, C, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
   // Through CudaMatmul, steps of more than kLowbitGemvMaxRows rows use a BF16 copy of the weights.
   const double bound = mm && n > kLowbitGemvMaxRows ? 1e-2 : 1e-5;
   const double e = rel_err(dy.down(), ref);

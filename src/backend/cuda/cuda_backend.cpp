@@ -496,7 +496,6 @@ void CudaBackend::upload_weights() {
   w_.tok_embd = dev_mat(m_.tok_embd);
   w_.output = dev_mat(m_.output);
   w_.output_norm = dev_vec(m_.output_norm);
-  rope_inv_freq_ = const_cast<float*>(dev_vec(m_.rope_inv_freq.data()));
   for (int il = 0; il < hp.n_layers; ++il)  // the sliding-window layers' own, longrope's long factors, ...
     layer_inv_freq_.push_back(dev_vec(m_.layer_rope_inv_freq(il, p_.n_ctx).data()));
   rope_mscale_ = hp.rope_scaling.type == "longrope" ? hp.rope_scaling.attention_factor : 1.0f;

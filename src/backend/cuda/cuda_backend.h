@@ -145,9 +145,8 @@ class CudaBackend final : public Backend, private ForwardOps {
     WeightView gate_up;               // [2 ffn_dim, dim] = [W_gate; W_up]
   };
   std::vector<Fused> fused_;
-  float* qkv1_ = nullptr;           // [q_dim + 2 kv_dim] the fused projection of one row
-  float* gu1_ = nullptr;            // [2 ffn_dim]
-  float* rope_inv_freq_ = nullptr;  // [head_dim / 2]
+  float* qkv1_ = nullptr;  // [q_dim + 2 kv_dim] the fused projection of one row
+  float* gu1_ = nullptr;   // [2 ffn_dim]
   // [n_layers] each layer's RoPE table (ModelData::layer_rope_inv_freq), device memory
   std::vector<const float*> layer_inv_freq_;
   float rope_mscale_ = 1.0f;     // longrope's attention factor on cos and sin
