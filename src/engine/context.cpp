@@ -375,12 +375,12 @@ struct Context::Impl {
       seq_tokens(s)[ps] = known;  // the penalty windows of this step's sample rows read these (CPU)
       last_row[s] = i;
       r.row_out[i] = r.row_job[i] = -1;
+      // The token at ps is given now (any row): a proposal kept for it stays only when it was fed as drawn.
+      if (b.token(i) != Batch::kSampled && proposed[(size_t)s * kProposalRing + ps % kProposalRing] == ps)
+        proposed[(size_t)s * kProposalRing + ps % kProposalRing] = -1;
       if (b.output(i) == Output::none) continue;
       r.row_out[i] = n_out;
       r.out_row[n_out] = i;
-      // The token at ps is given now: a proposal kept for it stays only when it was fed as drawn.
-      if (b.token(i) != Batch::kSampled && proposed[(size_t)s * kProposalRing + ps % kProposalRing] == ps)
-        proposed[(size_t)s * kProposalRing + ps % kProposalRing] = -1;
       const Output o = b.output(i);
       if (o == Output::sample || o == Output::propose || o == Output::verify) {
         const SamplingParams& sp = sampling[s];
