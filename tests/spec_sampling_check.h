@@ -165,32 +165,13 @@ inline void check_speculative_sampling(const Model& tm, Context& target, Context
       total.drafted += st.drafted;
       total.accepted += st.accepted;
     }
-    // Categories with expected count >= 5; the rest pooled into one.
-    std::vector<long> obs;
-    std::vector<double> exp;
-    long rest_obs = 0;
-    double rest_p = 0;
-    for (int x = 0; x < V; ++x) {
-      if (marginal[x] * N >= 5) {
-        obs.push_back(count[x]);
-        exp.push_back(marginal[x]);
-      } else {
-        rest_obs += count[x];
-        rest_p += marginal[x];
-      }
-    }
-    if (rest_p > 0) {
-      obs.push_back(rest_obs);
-      exp.push_back(rest_p);
-    }
-    const double chi2 = testing_util::chi2_statistic(obs, exp, N);
-    const double crit = testing_util::chi2_quantile_999((int)obs.size() - 1);
+    const Chi2Fit fit = chi2_fit(count, marginal, N);
     std::printf(
         "[%s] %-34s %ld runs, %zu categories: chi2 %.1f (0.999 quantile %.1f); draft acceptance "
         "%.1f%% of %lld\n",
-        tag, c.name, N, obs.size(), chi2, crit, 100.0 * total.accepted / std::max<int64_t>(1, total.drafted),
-        (long long)total.drafted);
-    EXPECT_LT(chi2, crit) << c.name;
+        tag, c.name, N, fit.categories, fit.chi2, fit.crit,
+        100.0 * total.accepted / std::max<int64_t>(1, total.drafted), (long long)total.drafted);
+    EXPECT_LT(fit.chi2, fit.crit) << c.name;
     // Both branches were taken many times: accepted drafts and residual draws after rejections.
     // Lookup drafts on this random-weight model are rarely kept (the next token depends on more than the
     // last one), so that configuration checks the residual after a point-mass draft; the accept branch is
