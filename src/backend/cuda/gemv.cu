@@ -884,8 +884,9 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
                  cudaStream_t stream, GemvPath path) {
   if (n < 1 || n > kGemvMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !x || !y)
     return cudaErrorInvalidValue;
-  // One row of F8_E4M3 weights with a scale per row or tensor: the weight-streaming kernel; other
-  // Q8_0 / F8_E4M3 / TERNARY steps (device layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
+  // F8_E4M3 with a scale per row or tensor: the tensor-core kernel (gemv_fp8_tc.cu) where it takes the
+  // shape, else for one row the weight-streaming kernel; other Q8_0 / F8_E4M3 / TERNARY steps (device
+  // layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
   if (gemv_fp8_tc_ok(w, n) && fp8_tc_on())
     if (const cudaError_t e = gemv_fp8_tc(w, x, n, y, bias, accumulate, stream); e != cudaErrorNotSupported)
       return e;
