@@ -554,7 +554,8 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
                                  {"ffn down 4096x14336", 4096, 14336},
                                  {"lm_head 128256x4096", 128256, 4096}};
   const std::vector<int> ns = g_quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 32};
-  out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary | fp8 simt\n");
+  out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary | fp8 simt | "
+      "ternary simt\n");
   for (const S& s : shapes) {
     const GgmlType types[3] = {GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY};
     struct Mat {
@@ -579,14 +580,15 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
     fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
     for (int n : ns) {
       out("  %-22s n=%-2d", s.name, n);
-      // Column 4: F8_E4M3 through the SIMT kernel (gemv_lowbit) where gemv() takes the streaming one (n = 1).
-      for (int col = 0; col < 4; ++col) {
-        const int ti = col < 3 ? col : 1;
+      // Columns 4 and 5: F8_E4M3 and TERNARY through the SIMT kernel (gemv_lowbit), where gemv() takes the
+      // tensor-core or the streaming one.
+      for (int col = 0; col < 5; ++col) {
+        const int ti = col < 3 ? col : col - 2;
         const double ms = time_graph(st, 32, [&](int i) {
           WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb, m[ti].scale};
           if (types[ti] == GgmlType::F8_E4M3) wv.scale_group = s.cols, wv.scale_row_stride = 1;
           if (types[ti] == GgmlType::TERNARY) wv.scale_group = s.cols, wv.scale_row_stride = 0;
-          if (col == 3)
+          if (col >= 3)
             CK(gemv_lowbit(wv, x, n, y, nullptr, false, st));
           else
             CK(gemv(wv, x, n, y, nullptr, false, st));
@@ -599,7 +601,8 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
                               (col == 0   ? "q8_0 "
                                : col == 1 ? "fp8 "
                                : col == 2 ? "ternary "
-                                          : "fp8 simt ") +
+                               : col == 3 ? "fp8 simt "
+                                          : "ternary simt ") +
                               s.name + " n=" + std::to_string(n) + ": " +
                               std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
                               " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");

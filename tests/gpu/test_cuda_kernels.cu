@@ -859,13 +859,21 @@ void run_lowbit_tests() {
     test_lowbit_mm({GgmlType::F8_E4M3, 4096, 14336}, 1, true, false, nullptr);
     test_lowbit_mm({GgmlType::F8_E4M3, 2500, 16384, 0, true}, 1, false, true, nullptr);
     test_lowbit_mm({GgmlType::F8_E4M3, 300, 16400}, 1, true, true, nullptr);
-    // The tensor-core kernel (gemv_fp8_tc.cu) up to n = 8 (n * cols <= 16384), a partial row tile, and x
-    // large enough that it is scaled down by a power of two before its f16 parts are formed.
-    for (int n : {5, 8}) test_lowbit_mm({GgmlType::F8_E4M3, 777, 2048}, n, n == 5, n == 8, nullptr);
-    test_lowbit_mm({GgmlType::F8_E4M3, 1000, 4096}, 2, true, true, nullptr, 3.0e5f);
-    test_lowbit_mm({GgmlType::F8_E4M3, 64, 1024, 0, true}, 8, false, false, nullptr, 1e-6f);
-    test_lowbit_mm({GgmlType::F8_E4M3, 25000, 512}, 1, true, false, nullptr);  // 4 / 8 tiles per block
-    test_lowbit_mm({GgmlType::F8_E4M3, 50001, 256}, 3, false, true, nullptr);
+    // The tensor-core kernel (gemv_lowbit_tc.cu) up to n = 8 (n * cols <= 16384; one MMA with hi and lo
+    // in its columns up to n = 4, two above), a partial row tile, x large or small enough that it is scaled
+    // by a power of two before its f16 parts are formed, 1-8 tiles per block; TERNARY also with a last step
+    // of 64, 128 or 192 of its 256 columns.
+    for (GgmlType t : {GgmlType::F8_E4M3, GgmlType::TERNARY}) {
+      for (int n : {4, 5, 8}) test_lowbit_mm({t, 777, 2048}, n, n == 5, n != 5, nullptr);
+      test_lowbit_mm({t, 1000, 4096}, 2, true, true, nullptr, 3.0e5f);
+      test_lowbit_mm({t, 64, 1024, 0, true}, 8, false, false, nullptr, 1e-6f);
+      test_lowbit_mm({t, 64, 1024, 0, true}, 3, true, false, nullptr, 1e-6f);
+      test_lowbit_mm({t, 25000, 512}, 1, true, false, nullptr);  // 4 / 8 tiles per block
+      test_lowbit_mm({t, 50001, 256}, 3, false, true, nullptr);
+    }
+    for (int64_t cols : {64, 320, 896, 1472})
+      for (int n : {1, 4, 6})
+        test_lowbit_mm({GgmlType::TERNARY, 300, cols, 0, n == 4}, n, n != 1, n == 6, nullptr);
   }
   if (enabled("gemv_fused")) {  // widths the tensor-core kernel does not take (cols % 64 != 0)
     test_lowbit_fused_input({GgmlType::F8_E4M3, 6144, 4112}, false, 1, true, false);

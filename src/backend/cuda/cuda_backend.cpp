@@ -345,16 +345,25 @@ void CudaBackend::upload_weights() {
     const void* src;  // null: zeros
     size_t bytes;
     const WeightView* lowbit = nullptr;  // src is this low-bit matrix: repacked row by row (device layout)
+    int64_t repeat = 1;                  // bytes / repeat at src, written repeat times (a scale per tensor
+                                         // made one per row for a fused view)
   };
   std::vector<std::vector<Part>> blocks;
   std::unordered_map<const void*, bool> seen;
   std::vector<Part> scale_parts;                // the F8_E4M3 / TERNARY scale arrays, each its own block
-  std::vector<std::vector<Part>> scale_groups;  // those of a fused F8_E4M3 matrix: one block, in row order
-  // Moves the scale parts of the last n matrices into one block (a fused F8_E4M3 view's scales).
-  auto group_scales = [&](size_t n) {
-    if (scale_parts.size() < n) return;
-    scale_groups.emplace_back(scale_parts.end() - (long)n, scale_parts.end());
-    scale_parts.resize(scale_parts.size() - n);
+  std::vector<std::vector<Part>> scale_groups;  // those of a fused F8_E4M3 / TERNARY matrix: one block
+  // Moves the scale parts of the fused matrices ws (the last ones given to mat) into one block, in row order,
+  // a scale per tensor repeated once per row: the fused view's scales, one per row.
+  auto group_scales = [&](std::initializer_list<const WeightView*> ws) {
+    if (!(*ws.begin())->scale || scale_parts.size() < ws.size()) return;
+    std::vector<Part> g(scale_parts.end() - (long)ws.size(), scale_parts.end());
+    scale_parts.resize(scale_parts.size() - ws.size());
+    size_t i = 0;
+    for (const WeightView* w : ws) {
+      if (w->scale_row_stride == 0) g[i].repeat = w->rows, g[i].bytes *= (size_t)w->rows;
+      ++i;
+    }
+    scale_groups.push_back(g);
   };
   auto mat = [&](const WeightView& w) -> Part {
     if (cuda::is_lowbit(w.type)) {
@@ -381,17 +390,15 @@ void CudaBackend::upload_weights() {
     if (!keep.empty()) blocks.push_back(keep);
   };
   // Matrices that can share one view: same type, columns and row size, 16-byte rows. Of the low-bit types
-  // Q8_0, whose scales are inside its device rows, and F8_E4M3 with one scale per row, whose scale arrays
-  // are then placed back to back (one block, below): one launch for [Wq; Wk; Wv] and [W_gate; W_up].
-  auto row_scaled_fp8 = [](const WeightView& w) {
-    return w.type == GgmlType::F8_E4M3 && w.scale && w.scale_row_stride == 1 && w.scale_group >= w.cols;
-  };
+  // Q8_0, whose scales are inside its device rows, and F8_E4M3 / TERNARY with one scale per row or tensor,
+  // whose scale arrays are then placed back to back as one per row (one block, below): one launch for
+  // [Wq; Wk; Wv] and [W_gate; W_up].
   auto fusable = [&](std::initializer_list<const WeightView*> ws) {
     const WeightView& a = **ws.begin();
     if (cuda::is_lowbit(a.type)) {
       for (const WeightView* w : ws)
-        if (w->cols != a.cols ||
-            !(w->type == GgmlType::Q8_0 ? a.type == GgmlType::Q8_0 : row_scaled_fp8(*w) && row_scaled_fp8(a)))
+        if (w->cols != a.cols || w->type != a.type ||
+            (a.type != GgmlType::Q8_0 && !cuda::lowbit_scale_per_row_or_tensor(*w)))
           return false;
       return true;
     }
@@ -409,7 +416,7 @@ void CudaBackend::upload_weights() {
     fuse_gu.push_back(fusable({&l.w_gate, &l.w_up}));
     if (fuse_qkv.back()) {
       add({mat(l.wq), mat(l.wk), mat(l.wv)});
-      if (l.wq.type == GgmlType::F8_E4M3) group_scales(3);
+      if (l.wq.type != GgmlType::Q8_0) group_scales({&l.wq, &l.wk, &l.wv});
     } else {
       add({mat(l.wq)});
       add({mat(l.wk)});
@@ -418,7 +425,7 @@ void CudaBackend::upload_weights() {
     add({mat(l.wo)});
     if (fuse_gu.back()) {
       add({mat(l.w_gate), mat(l.w_up)});
-      if (l.w_gate.type == GgmlType::F8_E4M3) group_scales(2);
+      if (l.w_gate.type != GgmlType::Q8_0) group_scales({&l.w_gate, &l.w_up});
     } else {
       add({mat(l.w_gate)});
       add({mat(l.w_up)});
@@ -465,6 +472,12 @@ void CudaBackend::upload_weights() {
                            cudaMemcpyHostToDevice),
                 "weight upload");
         }
+        dev[p.src] = base + at;
+      } else if (p.src && p.repeat > 1) {
+        const size_t one = p.bytes / (size_t)p.repeat;
+        stage.resize(p.bytes);
+        for (int64_t i = 0; i < p.repeat; ++i) std::memcpy(stage.data() + (size_t)i * one, p.src, one);
+        check(cudaMemcpy(base + at, stage.data(), p.bytes, cudaMemcpyHostToDevice), "weight upload");
         dev[p.src] = base + at;
       } else if (p.src) {
         check(cudaMemcpy(base + at, p.src, p.bytes, cudaMemcpyHostToDevice), "weight upload");
@@ -523,12 +536,14 @@ void CudaBackend::upload_weights() {
     if (fuse_qkv[il]) {
       f.qkv = d.wq;
       f.qkv.rows = l.wq.rows + l.wk.rows + l.wv.rows;
+      if (f.qkv.scale) f.qkv.scale_row_stride = 1, f.qkv.scale_group = f.qkv.cols;  // one per row (above)
       // The bias block starts at bq when it exists, else at the zeros placed for it.
       if (l.bq || l.bk || l.bv) f.qkv_bias = l.bq ? d.bq : l.bk ? d.bk - q_dim : d.bv - q_dim - kv_dim;
     }
     if (fuse_gu[il]) {
       f.gate_up = d.w_gate;
       f.gate_up.rows = l.w_gate.rows + l.w_up.rows;
+      if (f.gate_up.scale) f.gate_up.scale_row_stride = 1, f.gate_up.scale_group = f.gate_up.cols;
     }
     fused_.push_back(f);
   }

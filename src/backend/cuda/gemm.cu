@@ -164,7 +164,7 @@ cudaError_t CudaMatmul::matmul(const WeightView& w, const float* x, int n, float
                                bool accumulate, cudaStream_t stream) {
   if (n < 1) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   const bool lowbit = is_lowbit(w.type);
-  if (n <= (lowbit ? kLowbitGemvMaxRows : kGemvMaxRows) || gemv_fp8_tc_ok(w, n))
+  if (n <= (lowbit ? kLowbitGemvMaxRows : kGemvMaxRows) || gemv_lowbit_tc_ok(w, n))
     return gemv(w, x, n, y, bias, accumulate, stream);
   if (!impl_ || w.rows <= 0 || w.cols <= 0 || !w.data) return cudaErrorInvalidValue;
   if (lowbit) {

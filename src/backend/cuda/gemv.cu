@@ -843,20 +843,11 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// ULTRA_CUDA_FP8_TC=0: F8_E4M3 steps without the tensor-core kernel (A/B timing).
-bool fp8_tc_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("ULTRA_CUDA_FP8_TC");
-    return !(e && *e == '0');
-  }();
-  return on;
-}
-
 // F8_E4M3 through the weight-streaming kernel: one scale per row (or tensor), the automatic choice or the
-// streaming kernel asked for.
+// streaming kernel chosen.
 bool stream_fp8_ok(const WeightView& w) {
   const tuning::GemvTuning& tu = g_tune;
-  return w.type == GgmlType::F8_E4M3 && w.scale && (w.scale_group >= w.cols || w.scale_group <= 0) &&
+  return w.type == GgmlType::F8_E4M3 && lowbit_scale_per_row_or_tensor(w) &&
          (tu.kernel == 0 || tu.kernel == 3) && !tu.no_stream;
 }
 
@@ -884,11 +875,12 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
                  cudaStream_t stream, GemvPath path) {
   if (n < 1 || n > kGemvMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !x || !y)
     return cudaErrorInvalidValue;
-  // F8_E4M3 with a scale per row or tensor: the tensor-core kernel (gemv_fp8_tc.cu) where it takes the
-  // shape, else for one row the weight-streaming kernel; other Q8_0 / F8_E4M3 / TERNARY steps (device
-  // layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
-  if (gemv_fp8_tc_ok(w, n) && fp8_tc_on())
-    if (const cudaError_t e = gemv_fp8_tc(w, x, n, y, bias, accumulate, stream); e != cudaErrorNotSupported)
+  // F8_E4M3 / TERNARY with a scale per row or tensor: the tensor-core kernel (gemv_lowbit_tc.cu) where it
+  // takes the shape, else (F8_E4M3) for one row the weight-streaming kernel; other Q8_0 / F8_E4M3 / TERNARY
+  // steps (device layout): the SIMT kernel of gemv_lowbit.cu (path is ignored).
+  if (gemv_lowbit_tc_ok(w, n))
+    if (const cudaError_t e = gemv_lowbit_tc(w, x, n, y, bias, accumulate, stream);
+        e != cudaErrorNotSupported)
       return e;
   if (n == 1 && stream_fp8_ok(w)) {
     const cudaError_t e = detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
@@ -959,8 +951,7 @@ cudaError_t gemv_stream_input(const WeightView& w, const float* x, const detail:
     return cudaErrorNotSupported;
   // F8_E4M3: where the tensor-core kernel takes the matrix, it and the op before it (measured faster than
   // the streaming kernel on the 8B shapes, 2026-12-01).
-  if (is_lowbit(w.type) && (!stream_fp8_ok(w) || (gemv_fp8_tc_ok(w, 1) && fp8_tc_on())))
-    return cudaErrorNotSupported;
+  if (is_lowbit(w.type) && (!stream_fp8_ok(w) || gemv_lowbit_tc_ok(w, 1))) return cudaErrorNotSupported;
   return detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
                              (int64_t)w.row_bytes, x, y, bias, accumulate, tu.smem_budget, stream, in,
                              w.scale, w.scale_row_stride);

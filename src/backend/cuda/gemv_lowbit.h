@@ -59,13 +59,22 @@ cudaError_t gemv_lowbit(const WeightView& w,  // [rows, cols], device layout
                         const float* bias,  // [rows] or null
                         bool accumulate, cudaStream_t stream);
 
-// F8_E4M3 with a scale per row or tensor, 1 <= n <= 8, cols % 64 == 0, n * cols <= 16384: the tensor-core
-// variant (gemv_fp8_tc.cu; codes converted to f16 by the hardware, x as two f16 parts, f32 accumulation,
-// ~1e-7 relative). gemv_fp8_tc returns cudaErrorNotSupported, launching nothing, where gemv_fp8_tc_ok is
-// false.
-bool gemv_fp8_tc_ok(const WeightView& w, int n);
-cudaError_t gemv_fp8_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
-                        bool accumulate, cudaStream_t stream);
+// One scale per row or per tensor (none per column group): an F8_E4M3 / TERNARY view whose scale for row r
+// is scale[r * scale_row_stride].
+inline bool lowbit_scale_per_row_or_tensor(const WeightView& w) {
+  return (w.type == GgmlType::F8_E4M3 || w.type == GgmlType::TERNARY) && w.scale &&
+         (w.scale_group <= 0 || w.scale_group >= w.cols);
+}
+
+// F8_E4M3 and TERNARY with a scale per row or tensor, 1 <= n <= 8, cols % 64 == 0, n * cols <= 16384: the
+// tensor-core variant (gemv_lowbit_tc.cu; weights converted to exact f16 in registers, x as two f16 parts,
+// f32 accumulation, ~1e-7 relative). gemv_lowbit_tc returns cudaErrorNotSupported, launching nothing, where
+// gemv_lowbit_tc_ok is false. lowbit_tc_on: false when the environment sets ULTRA_CUDA_LOWBIT_TC=0 (A/B
+// timing against the SIMT and streaming kernels); gemv_lowbit_tc_ok is then false.
+bool lowbit_tc_on();
+bool gemv_lowbit_tc_ok(const WeightView& w, int n);
+cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                           bool accumulate, cudaStream_t stream);
 
 // Leading dimension (elements) of the BF16 copy that lowbit_dequant_bf16 writes: cols rounded up to 8
 // (16-byte aligned rows for cuBLASLt).

@@ -1,0 +1,376 @@
+// Low-bit decode GEMV on the tensor cores: y[n, rows] = x[n, cols] . (W * s)^T (+ bias) (+= y), 1 <= n <= 8,
+// for F8_E4M3 and TERNARY with one scale per row (or per tensor), cols % 64 == 0, n * cols <= 16384
+// (gemv_lowbit.h).
+//
+// Why: the SIMT kernel (gemv_lowbit.cu) pays ~5 integer / float ops per weight for the decode in f32 plus
+// the FMA, which keeps F8_E4M3 near 35-45% of the read bandwidth and TERNARY (a quarter of the bytes) at
+// 10-17%. Here the weights become exact f16 values in registers and the products run on the tensor cores:
+//  * F8_E4M3: cvt.rn.f16x2.e4m3x2 converts two codes per instruction (every E4M3 value is an f16).
+//  * TERNARY: two trits per f16x2 register in three instructions and no table: with the trit's +1 bit at
+//    mantissa bit k of both halves of (w & mask) | M and its -1 bit at the same place of (w >> 1), where M
+//    is 2^(10 - k) in each half, the halves are 2^(10 - k) + p and 2^(10 - k) + n, and their difference
+//    (one HSUB2, exact) is the trit p - n. Register p of a 16-trit word holds trits p and p + 8 (bits 2p and
+//    2p + 16; k = 2p for p <= 4, and 2p - 10 after a shift by 10 for p >= 5).
+//
+// Layout. A block (8 warps) owns T 16-row tiles (T = 1, 2, 4 or 8: as many as keep >= 1 block per SM, so
+// that forming x, below, is paid once per T tiles); warp w works on tile w % T, and the 8 / T warps of a
+// tile split its columns in steps (group c = w / T: steps c, c + 8 / T, ...). In a step, lane (g = lane / 4,
+// t = lane % 4) loads 16 bytes of rows g and g + 8 at byte 64 s + 16 t of the row (streaming loads, kU
+// steps in flight): 64 columns per step of F8_E4M3, 256 of TERNARY. The dot product does not care which k
+// slot of an MMA holds which column, as long as A (weights) and B (x) agree, so the columns are assigned
+// to suit the weights' registers and x is stored in that order:
+//  * F8_E4M3: MMA kk (0..3) of the step gives lane (g, t)'s k slots 2t, 2t + 1 the columns 64 s + 16 t +
+//    4 kk + {0, 1} and slots 2t + 8, 2t + 9 the columns + {2, 3}: the lane's 16 bytes feed the step's four
+//    m16n8k16 MMAs and its B registers are 4 consecutive x values per MMA (x in natural order).
+//  * TERNARY: word j (0..3) of the lane's 16 bytes holds columns c = 256 s + 64 t + 16 j + (0..15), and
+//    feeds four MMAs; MMA q gives slots 2t, 2t + 1 the trits of register 2q (columns c + 2q, c + 2q + 8) and
+//    slots 2t + 8, 2t + 9 those of register 2q + 1. x is stored with each 16-column group interleaved as
+//    (x0, x8, x1, x9, ..., x7, x15), so B is again consecutive words.
+//
+// x in f16: the block forms x * 2^-e (e from the largest |x|, which lands in [2^13, 2^14)) as hi = f16(x')
+// and lo = f16(x' - hi) in shared memory (22 significant bits). For n <= 4 the MMA's 8 columns carry both
+// parts (column g: hi of x row g, column n + g: lo of row g) and one MMA does the product, the halves added
+// at the end; for n > 4 two MMAs (hi, lo). The row sums are multiplied by 2^e and the row's scale at the
+// end. The MMAs alternate between two accumulators (two dependency chains),
+// flushed into f32 registers every 16 MMAs (long MMA accumulation chains lose accuracy); the 8 warps'
+// partial sums are added in a fixed order (deterministic).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdlib>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace ultra::cuda {
+
+using namespace detail;
+
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kU = 4;              // steps in flight per warp
+constexpr int kMaxXElems = 16384;  // n * cols: x's hi and lo parts take 4 bytes each in shared memory
+constexpr int kMaxN = 8;           // the MMA's n
+constexpr int kXPer = kMaxXElems / 8 / kThreads;  // 8-column units of x per thread at most
+
+struct TcArgs {
+  const uint8_t* w;  // [rows, row_bytes] device layout
+  int64_t rows, row_bytes;
+  int cols, n;
+  const float* scale;  // [rows * scale_row_stride] (stride 0: [1])
+  int64_t scale_row_stride;
+  const float* x;  // [n, cols]
+  float* y;        // [n, rows]
+  const float* bias;
+  bool accumulate;
+  int tiles;  // T: 16-row tiles per block
+};
+
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t v16) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v16, __NV_E4M3);
+  return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+// Trits p and p + 8 of the word (bits 2p, 2p + 1 and 2p + 16, 2p + 17) as an f16 pair, for register p
+// of w (p <= 4: w and w >> 1; p >= 5: w >> 10 and w >> 11, and k = 2p - 10).
+template <int k>
+__device__ __forceinline__ uint32_t trit_pair(uint32_t plus, uint32_t minus) {
+  constexpr uint32_t mask = 0x00010001u << k, magic = (uint32_t)(25 - k) << 10 | (uint32_t)(25 - k) << 26;
+  const uint32_t a = (plus & mask) | magic, b = (minus & mask) | magic;  // 2^(10-k) + p, 2^(10-k) + n
+  const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&d);
+}
+
+__device__ __forceinline__ void trits_to_half2(uint32_t w, uint32_t (&r)[8]) {
+  const uint32_t w1 = w >> 1, wh = w >> 10, wh1 = w >> 11;
+  r[0] = trit_pair<0>(w, w1);
+  r[1] = trit_pair<2>(w, w1);
+  r[2] = trit_pair<4>(w, w1);
+  r[3] = trit_pair<6>(w, w1);
+  r[4] = trit_pair<8>(w, w1);
+  r[5] = trit_pair<0>(wh, wh1);
+  r[6] = trit_pair<2>(wh, wh1);
+  r[7] = trit_pair<4>(wh, wh1);
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 f16 of x (8 words) from shared memory, zeros without a row.
+__device__ __forceinline__ void load_x16(const __half* p, uint32_t (&b)[8]) {
+  uint4 u0 = make_uint4(0, 0, 0, 0), u1 = u0;
+  if (p) {
+    u0 = *reinterpret_cast<const uint4*>(p);
+    u1 = *reinterpret_cast<const uint4*>(p + 8);
+  }
+  b[0] = u0.x, b[1] = u0.y, b[2] = u0.z, b[3] = u0.w, b[4] = u1.x, b[5] = u1.y, b[6] = u1.z, b[7] = u1.w;
+}
+
+// One step's MMAs for this lane's 16 bytes of rows g (va) and g + 8 (vb). x1: the lane's B row at the
+// step's first column of the lane (null: zeros); x2: the lo part's row when two MMAs run (n > 4), else null
+// and dual false.
+template <bool kTern>
+__device__ __forceinline__ void step_mma(float (&d)[2][4], const uint4& va, const uint4& vb, const __half* x1,
+                                         const __half* x2, bool dual, int t) {
+  const uint32_t wa4[4] = {va.x, va.y, va.z, va.w}, wb4[4] = {vb.x, vb.y, vb.z, vb.w};
+  if constexpr (!kTern) {
+    uint32_t b1[8], b2[8];
+    load_x16(x1, b1);
+    if (dual) load_x16(x2, b2);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t af[4] = {e4m3x2_to_half2(wa4[kk] & 0xffffu), e4m3x2_to_half2(wb4[kk] & 0xffffu),
+                              e4m3x2_to_half2(wa4[kk] >> 16), e4m3x2_to_half2(wb4[kk] >> 16)};
+      mma_f16(d[kk & 1], af, b1[2 * kk], b1[2 * kk + 1]);  // columns 4 kk .. 4 kk + 3 of the lane's 16
+      if (dual) mma_f16(d[kk & 1], af, b2[2 * kk], b2[2 * kk + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b1[8], b2[8], ra[8], rb[8];
+      const int slot = 16 * (j ^ t);  // the group's place in shared memory (see the kernel)
+      load_x16(x1 ? x1 + slot : nullptr, b1);
+      if (dual) load_x16(x2 ? x2 + slot : nullptr, b2);
+      trits_to_half2(wa4[j], ra);
+      trits_to_half2(wb4[j], rb);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t af[4] = {ra[2 * q], rb[2 * q], ra[2 * q + 1], rb[2 * q + 1]};
+        mma_f16(d[q & 1], af, b1[2 * q], b1[2 * q + 1]);
+        if (dual) mma_f16(d[q & 1], af, b2[2 * q], b2[2 * q + 1]);
+      }
+    }
+  }
+}
+
+template <bool kTern>
+__global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
+  constexpr int kStepCols = kTern ? 256 : 64;
+  extern __shared__ __align__(16) uint8_t sm[];
+  __half* xh = reinterpret_cast<__half*>(sm);                        // [n, cols]
+  __half* xl = xh + (size_t)a.n * a.cols;                            // [n, cols]
+  float* red = reinterpret_cast<float*>(xl + (size_t)a.n * a.cols);  // [kWarps, 16, kMaxN]
+  __shared__ float s_max[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tile = warp % a.tiles, group = warp / a.tiles, n_groups = kWarps / a.tiles;
+  const int64_t row0 = ((int64_t)blockIdx.x * a.tiles + tile) * 16;
+  const int64_t ra = row0 + g < a.rows ? row0 + g : a.rows - 1;  // rows past the end: loaded, not stored
+  const int64_t rb = row0 + g + 8 < a.rows ? row0 + g + 8 : a.rows - 1;
+  const uint8_t* wa = a.w + ra * a.row_bytes + 16 * t;
+  const uint8_t* wb = a.w + rb * a.row_bytes + 16 * t;
+  const int n_steps = (a.cols + kStepCols - 1) / kStepCols;
+  // Bytes of codes per row: the lane's 16 bytes of a step are all inside or all past them (cols % 64 == 0).
+  const int code_bytes = kTern ? a.cols / 4 : a.cols;
+  auto in_row = [&](int s) { return s < n_steps && 64 * s + 16 * t < code_bytes; };
+
+  // The first steps' weights before the wait (weights are never written by kernels).
+  uint4 va[kU], vb[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int s = group + n_groups * u;
+    va[u] = vb[u] = make_uint4(0, 0, 0, 0);
+    if (in_row(s)) {
+      va[u] = ld_stream16(wa + 64 * s);
+      vb[u] = ld_stream16(wb + 64 * s);
+    }
+  }
+  pdl_trigger();
+  pdl_wait();
+
+  // x' = x * 2^-e in f16 hi / lo parts: x read once (8-column units of two float4, all loads issued before
+  // any is used: one L2 round trip), its largest |x| reduced, then converted from registers. Unit i of a row
+  // is columns 8i .. 8i + 7 (F8_E4M3) or, TERNARY, columns 16 (i / 2) + 4 (i % 2) + {0..3} and the same + 8,
+  // interleaved; TERNARY also stores group j (0..3) of each 64-column chunk c at place j ^ (c % 4), so that
+  // the four lanes t of a step (chunks 4s + t) read different banks.
+  const int n_units = a.n * a.cols / 8, units_per_row = a.cols / 8;
+  const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  float4 xv[kXPer][2];
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kXPer; ++j) {
+    const int i = tid + j * kThreads;
+    xv[j][0] = xv[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < n_units) {
+      int f0 = 2 * i, f1 = 2 * i + 1;  // float4 indices
+      if (kTern) {
+        const int r = i / units_per_row, u = i % units_per_row;
+        f0 = r * (a.cols / 4) + 4 * (u / 2) + u % 2;
+        f1 = f0 + 2;
+      }
+      xv[j][0] = __ldcg(x4 + f0);
+      xv[j][1] = __ldcg(x4 + f1);
+    }
+    for (const float4& v : xv[j])
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  m = warp_max(m);
+  if (lane == 0) s_max[warp] = m;
+  __syncthreads();
+  m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) m = fmaxf(m, s_max[i]);
+  int e = 0;
+  // m * 2^-e in [8192, 16384) (e >= -100: 2^-e stays finite); Inf / NaN: e = 0
+  if (m > 0.0f && m <= 3.0e38f) frexpf(m / 16384.0f, &e);
+  e = e < -100 ? -100 : e;
+  const float down = ldexpf(1.0f, -e);
+  auto split2 = [&](float u, float v, uint32_t& hi, uint32_t& lo) {
+    u *= down, v *= down;
+    const __half hu = __float2half_rn(u), hv = __float2half_rn(v);
+    const __half lu = __float2half_rn(u - __half2float(hu)), lv = __float2half_rn(v - __half2float(hv));
+    hi = (uint32_t)__half_as_ushort(hu) | ((uint32_t)__half_as_ushort(hv) << 16);
+    lo = (uint32_t)__half_as_ushort(lu) | ((uint32_t)__half_as_ushort(lv) << 16);
+  };
+#pragma unroll
+  for (int j = 0; j < kXPer; ++j) {
+    const int i = tid + j * kThreads;
+    if (i < n_units) {
+      const float4 p = xv[j][0], q = xv[j][1];
+      uint4 h, l;
+      if (kTern) {
+        split2(p.x, q.x, h.x, l.x);
+        split2(p.y, q.y, h.y, l.y);
+        split2(p.z, q.z, h.z, l.z);
+        split2(p.w, q.w, h.w, l.w);
+      } else {
+        split2(p.x, p.y, h.x, l.x);
+        split2(p.z, p.w, h.y, l.y);
+        split2(q.x, q.y, h.z, l.z);
+        split2(q.z, q.w, h.w, l.w);
+      }
+      int o = i;
+      if (kTern) {
+        const int r = i / units_per_row, u = i % units_per_row, grp = u / 2, c = grp / 4;
+        o = r * units_per_row + 2 * (4 * c + ((grp % 4) ^ (c % 4))) + u % 2;
+      }
+      reinterpret_cast<uint4*>(xh)[o] = h;
+      reinterpret_cast<uint4*>(xl)[o] = l;
+    }
+  }
+  __syncthreads();
+
+  // B rows of this lane: n <= 4, one MMA (column g: hi of x row g, column n + g: lo of row g - n); n > 4,
+  // two (hi and lo of row g).
+  const bool dual = a.n > 4;
+  const __half* x1 = nullptr;
+  const __half* x2 = nullptr;
+  if (g < a.n) {
+    x1 = xh + (size_t)g * a.cols;
+    if (dual) x2 = xl + (size_t)g * a.cols;
+  } else if (!dual && g < 2 * a.n) {
+    x1 = xl + (size_t)(g - a.n) * a.cols;
+  }
+  const int lane_col = kStepCols / 4 * t;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g, g (MMA columns 2t, 2t + 1), g + 8, g + 8
+  for (int s0 = group; s0 < n_steps; s0 += n_groups * kU) {
+    float d[2][4] = {};  // two MMA accumulators, alternating (two dependency chains)
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = s0 + n_groups * u;
+      if (s >= n_steps) break;
+      const uint4 ca = va[u], cb = vb[u];
+      const bool here = in_row(s);
+      // The loads of step s + n_groups * kU into this slot, before the MMAs of step s.
+      const int sn = s + n_groups * kU;
+      if (in_row(sn)) {
+        va[u] = ld_stream16(wa + 64 * sn);
+        vb[u] = ld_stream16(wb + 64 * sn);
+      }
+      const int c = kStepCols * s + lane_col;
+      step_mma<kTern>(d, ca, cb, x1 && here ? x1 + c : nullptr, x2 && here ? x2 + c : nullptr, dual, t);
+      if (kTern) {  // 16 MMAs per step: flushed every step
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i];
+  }
+
+  // The partial sums of each tile's warps, added in warp order (and, one MMA, the lo columns after the hi).
+  float* r = red + (size_t)warp * 16 * kMaxN;
+  r[g * kMaxN + 2 * t] = acc[0];
+  r[g * kMaxN + 2 * t + 1] = acc[1];
+  r[(g + 8) * kMaxN + 2 * t] = acc[2];
+  r[(g + 8) * kMaxN + 2 * t + 1] = acc[3];
+  __syncthreads();
+  for (int o = tid; o < a.tiles * 16 * kMaxN; o += kThreads) {
+    const int tt = o / (16 * kMaxN), row = (o / kMaxN) % 16, col = o % kMaxN;
+    const int64_t gr = ((int64_t)blockIdx.x * a.tiles + tt) * 16 + row;
+    if (col < a.n && gr < a.rows) {
+      float v = 0.0f;
+      for (int w = tt; w < kWarps; w += a.tiles) v += red[(size_t)w * 16 * kMaxN + row * kMaxN + col];
+      if (!dual)
+        for (int w = tt; w < kWarps; w += a.tiles) v += red[(size_t)w * 16 * kMaxN + row * kMaxN + a.n + col];
+      v = ldexpf(v, e) * __ldg(a.scale + gr * a.scale_row_stride);
+      if (a.bias) v += a.bias[gr];
+      float* yp = a.y + (int64_t)col * a.rows + gr;
+      *yp = a.accumulate ? __ldcg(yp) + v : v;
+    }
+  }
+}
+
+}  // namespace
+
+bool lowbit_tc_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("ULTRA_CUDA_LOWBIT_TC");
+    return !(e && *e == '0');
+  }();
+  return on;
+}
+
+bool gemv_lowbit_tc_ok(const WeightView& w, int n) {
+  return (w.type == GgmlType::F8_E4M3 || w.type == GgmlType::TERNARY) && lowbit_scale_per_row_or_tensor(w) &&
+         n >= 1 && n <= kMaxN && w.cols % 64 == 0 && (int64_t)n * w.cols <= kMaxXElems &&
+         w.row_bytes % 16 == 0 && aligned16(w.data) && w.rows > 0 && lowbit_tc_on();
+}
+
+cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                           bool accumulate, cudaStream_t stream) {
+  if (!gemv_lowbit_tc_ok(w, n) || !x || !y || !aligned16(x)) return cudaErrorNotSupported;
+  TcArgs a{};
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.rows = w.rows;
+  a.row_bytes = (int64_t)w.row_bytes;
+  a.cols = (int)w.cols;
+  a.n = n;
+  a.scale = w.scale;
+  a.scale_row_stride = w.scale_row_stride;
+  a.x = x;
+  a.y = y;
+  a.bias = bias;
+  a.accumulate = accumulate;
+  const bool tern = w.type == GgmlType::TERNARY;
+  const size_t smem = (size_t)n * w.cols * 4 + (size_t)kWarps * 16 * kMaxN * sizeof(float);
+  auto kern = tern ? gemv_lowbit_tc_kernel<true> : gemv_lowbit_tc_kernel<false>;
+  const int max_smem = kMaxXElems * 4 + kWarps * 16 * kMaxN * 4;
+  static const cudaError_t attr[2] = {
+      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           max_smem),
+      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           max_smem)};
+  for (cudaError_t e : attr)
+    if (e != cudaSuccess) return e;
+  // T: the most tiles per block that leave >= 132 blocks (one per SM of an H200), at least 1
+  // (ULTRA_CUDA_LOWBIT_TC_BLOCKS sets that number, for timing experiments: for F8_E4M3, 396 and 264
+  // measured the same or slower on the 8B shapes, ffn up 28.1 us against 26.6 us at 132).
+  static const int64_t min_blocks = [] {
+    const char* v = std::getenv("ULTRA_CUDA_LOWBIT_TC_BLOCKS");
+    return v && std::atoi(v) > 0 ? (int64_t)std::atoi(v) : (int64_t)132;
+  }();
+  const int64_t n_tiles = (w.rows + 15) / 16;
+  a.tiles = 1;
+  while (a.tiles < kWarps && n_tiles / (2 * a.tiles) >= min_blocks) a.tiles *= 2;
+  const int64_t blocks = (n_tiles + a.tiles - 1) / a.tiles;
+  const cudaError_t e = launch_ex(kern, dim3((unsigned)blocks), dim3(kThreads), smem, stream, 1, kPdlAll, a);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+}  // namespace ultra::cuda
