@@ -64,7 +64,8 @@ struct TcArgs {
   float* y;        // [n, rows]
   const float* bias;
   bool accumulate;
-  int tiles;  // T: 16-row tiles per block
+  int tiles;            // T: 16-row tiles per block
+  uint32_t tern_magic;  // 0x64006400 (TritMagic)
 };
 
 __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t v16) {
@@ -72,26 +73,38 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t v16) {
   return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
+// The magic numbers 2^(10 - k) in both f16 halves for k = 0, 2, 4, 6, 8 ((25 - k) << 10 each), kept in
+// registers: computed from a kernel argument (0x64006400) so that the compiler cannot fold them into
+// immediates, which would split each (w & mask) | magic into two LOP3 (one immediate per instruction).
+struct TritMagic {
+  uint32_t m[5];
+  __device__ explicit TritMagic(uint32_t m0) {
+#pragma unroll
+    for (int i = 0; i < 5; ++i) m[i] = m0 - (uint32_t)i * 0x08000800u;
+  }
+};
+
 // Trits p and p + 8 of the word (bits 2p, 2p + 1 and 2p + 16, 2p + 17) as an f16 pair, for register p
 // of w (p <= 4: w and w >> 1; p >= 5: w >> 10 and w >> 11, and k = 2p - 10).
 template <int k>
-__device__ __forceinline__ uint32_t trit_pair(uint32_t plus, uint32_t minus) {
-  constexpr uint32_t mask = 0x00010001u << k, magic = (uint32_t)(25 - k) << 10 | (uint32_t)(25 - k) << 26;
+__device__ __forceinline__ uint32_t trit_pair(uint32_t plus, uint32_t minus, const TritMagic& mg) {
+  constexpr uint32_t mask = 0x00010001u << k;
+  const uint32_t magic = mg.m[k / 2];
   const uint32_t a = (plus & mask) | magic, b = (minus & mask) | magic;  // 2^(10-k) + p, 2^(10-k) + n
   const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
   return *reinterpret_cast<const uint32_t*>(&d);
 }
 
-__device__ __forceinline__ void trits_to_half2(uint32_t w, uint32_t (&r)[8]) {
+__device__ __forceinline__ void trits_to_half2(uint32_t w, uint32_t (&r)[8], const TritMagic& mg) {
   const uint32_t w1 = w >> 1, wh = w >> 10, wh1 = w >> 11;
-  r[0] = trit_pair<0>(w, w1);
-  r[1] = trit_pair<2>(w, w1);
-  r[2] = trit_pair<4>(w, w1);
-  r[3] = trit_pair<6>(w, w1);
-  r[4] = trit_pair<8>(w, w1);
-  r[5] = trit_pair<0>(wh, wh1);
-  r[6] = trit_pair<2>(wh, wh1);
-  r[7] = trit_pair<4>(wh, wh1);
+  r[0] = trit_pair<0>(w, w1, mg);
+  r[1] = trit_pair<2>(w, w1, mg);
+  r[2] = trit_pair<4>(w, w1, mg);
+  r[3] = trit_pair<6>(w, w1, mg);
+  r[4] = trit_pair<8>(w, w1, mg);
+  r[5] = trit_pair<0>(wh, wh1, mg);
+  r[6] = trit_pair<2>(wh, wh1, mg);
+  r[7] = trit_pair<4>(wh, wh1, mg);
 }
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -102,22 +115,17 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16 f16 of x (8 words) from shared memory, zeros without a row.
+// 16 f16 of x (8 words) from shared memory.
 __device__ __forceinline__ void load_x16(const __half* p, uint32_t (&b)[8]) {
-  uint4 u0 = make_uint4(0, 0, 0, 0), u1 = u0;
-  if (p) {
-    u0 = *reinterpret_cast<const uint4*>(p);
-    u1 = *reinterpret_cast<const uint4*>(p + 8);
-  }
+  const uint4 u0 = *reinterpret_cast<const uint4*>(p), u1 = *reinterpret_cast<const uint4*>(p + 8);
   b[0] = u0.x, b[1] = u0.y, b[2] = u0.z, b[3] = u0.w, b[4] = u1.x, b[5] = u1.y, b[6] = u1.z, b[7] = u1.w;
 }
 
 // One step's MMAs for this lane's 16 bytes of rows g (va) and g + 8 (vb). x1: the lane's B row at the
-// step's first column of the lane (null: zeros); x2: the lo part's row when two MMAs run (n > 4), else null
-// and dual false.
+// step's first column of the lane; x2: the lo part's row when two MMAs run (dual, n > 4).
 template <bool kTern>
 __device__ __forceinline__ void step_mma(float (&d)[2][4], const uint4& va, const uint4& vb, const __half* x1,
-                                         const __half* x2, bool dual, int t) {
+                                         const __half* x2, bool dual, int t, const TritMagic& mg) {
   const uint32_t wa4[4] = {va.x, va.y, va.z, va.w}, wb4[4] = {vb.x, vb.y, vb.z, vb.w};
   if constexpr (!kTern) {
     uint32_t b1[8], b2[8];
@@ -135,10 +143,10 @@ __device__ __forceinline__ void step_mma(float (&d)[2][4], const uint4& va, cons
     for (int j = 0; j < 4; ++j) {
       uint32_t b1[8], b2[8], ra[8], rb[8];
       const int slot = 16 * (j ^ t);  // the group's place in shared memory (see the kernel)
-      load_x16(x1 ? x1 + slot : nullptr, b1);
-      if (dual) load_x16(x2 ? x2 + slot : nullptr, b2);
-      trits_to_half2(wa4[j], ra);
-      trits_to_half2(wb4[j], rb);
+      load_x16(x1 + slot, b1);
+      if (dual) load_x16(x2 + slot, b2);
+      trits_to_half2(wa4[j], ra, mg);
+      trits_to_half2(wb4[j], rb, mg);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const uint32_t af[4] = {ra[2 * q], rb[2 * q], ra[2 * q + 1], rb[2 * q + 1]};
@@ -153,9 +161,11 @@ template <bool kTern>
 __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
   constexpr int kStepCols = kTern ? 256 : 64;
   extern __shared__ __align__(16) uint8_t sm[];
-  __half* xh = reinterpret_cast<__half*>(sm);                        // [n, cols]
-  __half* xl = xh + (size_t)a.n * a.cols;                            // [n, cols]
-  float* red = reinterpret_cast<float*>(xl + (size_t)a.n * a.cols);  // [kWarps, 16, kMaxN]
+  // x rows padded with zeros to whole steps (xs columns), so that every lane reads x without a condition.
+  const int n_steps = (a.cols + kStepCols - 1) / kStepCols, xs = n_steps * kStepCols;
+  __half* xh = reinterpret_cast<__half*>(sm);                    // [n, xs]
+  __half* xl = xh + (size_t)a.n * xs;                            // [n, xs]
+  float* red = reinterpret_cast<float*>(xl + (size_t)a.n * xs);  // [kWarps, 16, kMaxN]
   __shared__ float s_max[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int tile = warp % a.tiles, group = warp / a.tiles, n_groups = kWarps / a.tiles;
@@ -164,7 +174,6 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
   const int64_t rb = row0 + g + 8 < a.rows ? row0 + g + 8 : a.rows - 1;
   const uint8_t* wa = a.w + ra * a.row_bytes + 16 * t;
   const uint8_t* wb = a.w + rb * a.row_bytes + 16 * t;
-  const int n_steps = (a.cols + kStepCols - 1) / kStepCols;
   // Bytes of codes per row: the lane's 16 bytes of a step are all inside or all past them (cols % 64 == 0).
   const int code_bytes = kTern ? a.cols / 4 : a.cols;
   auto in_row = [&](int s) { return s < n_steps && 64 * s + 16 * t < code_bytes; };
@@ -244,28 +253,36 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
         split2(q.x, q.y, h.z, l.z);
         split2(q.z, q.w, h.w, l.w);
       }
-      int o = i;
+      const int r = i / units_per_row, u = i % units_per_row;
+      int o = r * (xs / 8) + u;
       if (kTern) {
-        const int r = i / units_per_row, u = i % units_per_row, grp = u / 2, c = grp / 4;
-        o = r * units_per_row + 2 * (4 * c + ((grp % 4) ^ (c % 4))) + u % 2;
+        const int grp = u / 2, c = grp / 4;
+        o = r * (xs / 8) + 2 * (4 * c + ((grp % 4) ^ (c % 4))) + u % 2;
       }
       reinterpret_cast<uint4*>(xh)[o] = h;
       reinterpret_cast<uint4*>(xl)[o] = l;
     }
   }
+  if (xs > a.cols)  // the padding: (xs - cols) / 8 units per row
+    for (int i = tid, pad = (xs - a.cols) / 8; i < a.n * pad; i += kThreads) {
+      const int o = i / pad * (xs / 8) + units_per_row + i % pad;
+      reinterpret_cast<uint4*>(xh)[o] = reinterpret_cast<uint4*>(xl)[o] = make_uint4(0, 0, 0, 0);
+    }
   __syncthreads();
 
   // B rows of this lane: n <= 4, one MMA (column g: hi of x row g, column n + g: lo of row g - n); n > 4,
   // two (hi and lo of row g).
   const bool dual = a.n > 4;
-  const __half* x1 = nullptr;
-  const __half* x2 = nullptr;
+  // Lanes of no x row read row 0: their MMA columns (>= 2n, or >= n for two MMAs) are never stored.
+  const __half* x1 = xh;
+  const __half* x2 = xl;
   if (g < a.n) {
-    x1 = xh + (size_t)g * a.cols;
-    if (dual) x2 = xl + (size_t)g * a.cols;
+    x1 = xh + g * xs;
+    x2 = xl + g * xs;
   } else if (!dual && g < 2 * a.n) {
-    x1 = xl + (size_t)(g - a.n) * a.cols;
+    x1 = xl + (g - a.n) * xs;
   }
+  const TritMagic mg(a.tern_magic);
   const int lane_col = kStepCols / 4 * t;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g, g (MMA columns 2t, 2t + 1), g + 8, g + 8
   for (int s0 = group; s0 < n_steps; s0 += n_groups * kU) {
@@ -274,8 +291,9 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
     for (int u = 0; u < kU; ++u) {
       const int s = s0 + n_groups * u;
       if (s >= n_steps) break;
+      // Past the row's codes (TERNARY's last step: in_row false), va / vb hold an earlier step's codes
+      // (finite) and x there is the zero padding.
       const uint4 ca = va[u], cb = vb[u];
-      const bool here = in_row(s);
       // The loads of step s + n_groups * kU into this slot, before the MMAs of step s.
       const int sn = s + n_groups * kU;
       if (in_row(sn)) {
@@ -283,7 +301,7 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
         vb[u] = ld_stream16(wb + 64 * sn);
       }
       const int c = kStepCols * s + lane_col;
-      step_mma<kTern>(d, ca, cb, x1 && here ? x1 + c : nullptr, x2 && here ? x2 + c : nullptr, dual, t);
+      step_mma<kTern>(d, ca, cb, x1 + c, x2 + c, dual, t, mg);
       if (kTern) {  // 16 MMAs per step: flushed every step
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
@@ -347,10 +365,12 @@ cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y,
   a.y = y;
   a.bias = bias;
   a.accumulate = accumulate;
+  a.tern_magic = 0x64006400u;
   const bool tern = w.type == GgmlType::TERNARY;
-  const size_t smem = (size_t)n * w.cols * 4 + (size_t)kWarps * 16 * kMaxN * sizeof(float);
+  const int64_t step_cols = tern ? 256 : 64, xs = (w.cols + step_cols - 1) / step_cols * step_cols;
+  const size_t smem = (size_t)n * xs * 4 + (size_t)kWarps * 16 * kMaxN * sizeof(float);
   auto kern = tern ? gemv_lowbit_tc_kernel<true> : gemv_lowbit_tc_kernel<false>;
-  const int max_smem = kMaxXElems * 4 + kWarps * 16 * kMaxN * 4;
+  const int max_smem = (kMaxXElems + kMaxN * 192) * 4 + kWarps * 16 * kMaxN * 4;  // x padded to steps
   static const cudaError_t attr[2] = {
       cudaFuncSetAttribute(gemv_lowbit_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            max_smem),
