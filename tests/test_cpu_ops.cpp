@@ -580,7 +580,7 @@ TEST(KvWrite, LayoutAndF16Rounding) {
 TEST(Attention, GqaSlotsF32AndF16) {
   ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
-    for (int hd : {64, 20}) {
+    for (int hd : {64, 20, 96, 128}) {
       for (float qscale : {1.0f, 6.0f}) {  // 6: scores up to ~100, exp would overflow without the max
         const int n_slots = 3, n_kv = 2, n_heads = 8, max_ctx = 1100;
         Cache c(type, n_slots, n_kv, max_ctx, hd);

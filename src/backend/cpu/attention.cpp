@@ -1,8 +1,9 @@
 // kv_write and causal GQA attention over the slotted KV cache (F32 or F16 elements).
 // attention: one (token, head) pair at a time, pairs dealt round-robin to the threads (prefill tokens have
 // growing context lengths, so contiguous ranges would be unbalanced). Per pair: scores s[p] = q.k_p * scale
-// for p <= pos[t] into the thread's scratch row, max-subtracted exp (vectorised, ~2 ulp), sum, then
-// out = sum_p s[p] v_p / sum, accumulated in the output row (in L1).
+// for p <= pos[t] into the thread's scratch row (four positions per pass: one reduction for four dot
+// products), max-subtracted exp (vectorised, ~2 ulp), sum, then out = sum_p s[p] v_p / sum, accumulated in
+// registers (64 elements of out at a time).
 // The SIMD version of that per-thread loop is attention_avx2.cpp's; the one here (dot products in double,
 // scalar exp) runs on CPUs without AVX2 and under ULTRA_NO_SIMD=1.
 #include <cmath>
