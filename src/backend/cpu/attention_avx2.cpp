@@ -84,35 +84,21 @@ inline void weighted_sum_chunk(const typename L::E* V, int hd, int n_pos, const 
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + d0 + 8 * c, _mm256_mul_ps(acc[c], vi));
 }
 
+// weighted_sum_chunk<L, nc> for a run-time nc in [1, C] (nothing for nc = 0).
+template <class L, int C>
+inline void weighted_sum_last(int nc, const typename L::E* V, int hd, int n_pos, const float* w, float inv,
+                              int d0, float* out) {
+  if constexpr (C > 0) {
+    if (nc == C) return weighted_sum_chunk<L, C>(V, hd, n_pos, w, inv, d0, out);
+    weighted_sum_last<L, C - 1>(nc, V, hd, n_pos, w, inv, d0, out);
+  }
+}
+
 template <class L>
 void weighted_sum(const typename L::E* V, int hd, int n_pos, const float* w, float inv, float* out) {
   int d0 = 0;
   for (; d0 + 64 <= hd; d0 += 64) weighted_sum_chunk<L, 8>(V, hd, n_pos, w, inv, d0, out);
-  switch ((hd - d0) / 8) {
-    case 7:
-      weighted_sum_chunk<L, 7>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    case 6:
-      weighted_sum_chunk<L, 6>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    case 5:
-      weighted_sum_chunk<L, 5>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    case 4:
-      weighted_sum_chunk<L, 4>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    case 3:
-      weighted_sum_chunk<L, 3>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    case 2:
-      weighted_sum_chunk<L, 2>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    case 1:
-      weighted_sum_chunk<L, 1>(V, hd, n_pos, w, inv, d0, out);
-      break;
-    default:
-      break;
-  }
+  weighted_sum_last<L, 7>((hd - d0) / 8, V, hd, n_pos, w, inv, d0, out);
   d0 += (hd - d0) / 8 * 8;
   for (int i = d0; i < hd; ++i) {  // the last hd % 8 elements
     float o = 0;
