@@ -369,6 +369,34 @@ __device__ __forceinline__ void write_simple(const OutPtrs& o, int token, float 
       o, 0, [](int) { return 0ull; }, [](int) { return 0.0f; });
 }
 
+// A draw over the weights w_of(j) (float), j in [0, m), each thread owning the chunk [j0, j0 + ch): the
+// first j whose running sum (the block's exclusive scan of the chunks' sums, then the chunk's own, in double)
+// exceeds u times the total; if none (rounding), the last j with a non-zero weight; else 0. Used by finish()
+// (the token's draw) and verify_pick (the residual's).
+template <class WF>
+__device__ int draw_cumulative(Smem& s, int m, int j0, int ch, double u, WF w_of) {
+  double loc = 0.0;
+  for (int j = j0; j < j0 + ch && j < m; ++j) loc += (double)w_of(j);
+  double total;
+  const double ex = block_excl_scan(s, loc, &total);
+  const double target = u * total;
+  if (threadIdx.x == 0) s.i0 = m, s.i1 = -1;
+  __syncthreads();
+  double run = ex;
+  bool found = false;
+  for (int j = j0; j < j0 + ch && j < m; ++j) {
+    const float wj = w_of(j);
+    run += (double)wj;
+    if (!found && target < run) {
+      atomicMin(&s.i0, j);
+      found = true;
+    }
+    if (wj > 0.0f) atomicMax(&s.i1, j);
+  }
+  __syncthreads();
+  return s.i0 < m ? s.i0 : (s.i1 >= 0 ? s.i1 : 0);
+}
+
 // ---- speculative verification (SamplerRow::x): the index in s.buf[0, m2) of the row's token. The host's
 // rule (engine/speculative.cpp): keep x when u_accept * q(x) < p(x) (q(x) > 0), else draw from the residual
 // max(0, p - q) over p's kept set, best first, by u_residual * total < cumulative sum (double), else the last
@@ -402,26 +430,7 @@ __device__ int verify_pick(Smem& s, const SamplerRow& p, int m2, PF p_of) {
   const int ch = (m2 + kThreads - 1) / kThreads;
   const int j0 = threadIdx.x * ch;
   auto r_of = [&](int j) { return (float)fmax(0.0, (double)p_of(j) - (double)q_of(key_id(s.buf[j]))); };
-  double loc = 0.0;
-  for (int j = j0; j < j0 + ch && j < m2; ++j) loc += (double)r_of(j);
-  double total;
-  const double ex = block_excl_scan(s, loc, &total);
-  const double target = philox_uniform(p.seed, p.position, DrawStream::residual) * total;
-  if (threadIdx.x == 0) s.i0 = m2, s.i1 = -1;
-  __syncthreads();
-  double run = ex;
-  bool found = false;
-  for (int j = j0; j < j0 + ch && j < m2; ++j) {
-    const float rj = r_of(j);
-    run += (double)rj;
-    if (!found && target < run) {
-      atomicMin(&s.i0, j);
-      found = true;
-    }
-    if (rj > 0.0f) atomicMax(&s.i1, j);
-  }
-  __syncthreads();
-  return s.i0 < m2 ? s.i0 : (s.i1 >= 0 ? s.i1 : 0);
+  return draw_cumulative(s, m2, j0, ch, philox_uniform(p.seed, p.position, DrawStream::residual), r_of);
 }
 
 // ---- finishing a sorted candidate list s.buf[0, m) in shared memory (m >= 1). With filters, min-p and
@@ -474,28 +483,8 @@ __device__ void finish(Smem& s, const RowCtx& r, int m, bool filters, int n_prob
   }
   // p_j = (float)(e_j * (1 / sum)); draw u * total < cumsum
   const double inv = 1.0 / sum;
-  double lp = 0.0;
-  for (int j = j0; j < j0 + ch && j < m2; ++j)
-    lp += (double)(float)((double)e_of(key_val(s.buf[j]), l0, T) * inv);
-  double total;
-  const double exp_ = block_excl_scan(s, lp, &total);
-  const double target = philox_uniform(p.seed, p.position, DrawStream::token) * total;
-  if (threadIdx.x == 0) s.i0 = m2, s.i1 = -1;
-  __syncthreads();
-  double run = exp_;
-  bool found = false;
-  for (int j = j0; j < j0 + ch && j < m2; ++j) {
-    const float pj = (float)((double)e_of(key_val(s.buf[j]), l0, T) * inv);
-    run += (double)pj;
-    if (!found && target < run) {
-      atomicMin(&s.i0, j);
-      found = true;
-    }
-    if (pj > 0.0f) atomicMax(&s.i1, j);
-  }
-  __syncthreads();
-  int pick = s.i0 < m2 ? s.i0 : (s.i1 >= 0 ? s.i1 : 0);
   auto p_of = [&](int j) { return (float)((double)e_of(key_val(s.buf[j]), l0, T) * inv); };
+  int pick = draw_cumulative(s, m2, j0, ch, philox_uniform(p.seed, p.position, DrawStream::token), p_of);
   if (p.propose && filters) {  // Output::propose: the kept distribution, for the follower's verification
     const int n_keep = m2 <= kSamplerMaxTopK ? m2 : 0;
     for (int j = threadIdx.x; j < n_keep; j += kThreads) {
