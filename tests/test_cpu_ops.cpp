@@ -646,18 +646,29 @@ TEST(Attention, GqaSlotsF32AndF16) {
             }
           }
 
-        for (auto& pool : pools) {
-          std::vector<float> scratch(attention_scratch_floats(max_ctx, pool.size()) + 16, kGuard);
-          std::vector<float> out(nt * n_heads * hd + 16, kGuard);
-          attention(pool, c.view, q.data(), nt, n_heads, pos, slot, scale, out.data(), scratch.data());
-          for (int i = 0; i < 16; ++i) {
-            ASSERT_EQ(out[nt * n_heads * hd + i], kGuard);
-            ASSERT_EQ(scratch[scratch.size() - 16 + i], kGuard);
+        // attention() (active_isa()), then each SIMD level this CPU has, forced.
+        for (int level = -1; level <= (int)detail::Isa::Avx512; ++level) {
+          if (level >= 0 && (level == (int)detail::Isa::Scalar || !detail::cpu_supports((detail::Isa)level)))
+            continue;
+          for (auto& pool : pools) {
+            std::vector<float> scratch(attention_scratch_floats(max_ctx, pool.size()) + 16, kGuard);
+            std::vector<float> out(nt * n_heads * hd + 16, kGuard);
+            if (level < 0) {
+              attention(pool, c.view, q.data(), nt, n_heads, pos, slot, scale, out.data(), scratch.data());
+            } else {
+              const detail::AttentionArgs args{&c.view,    q.data(),       nt,   n_heads, pos, slot, scale,
+                                               out.data(), scratch.data(), 0.0f, 0};
+              detail::attention_isa((detail::Isa)level, pool, args);
+            }
+            for (int i = 0; i < 16; ++i) {
+              ASSERT_EQ(out[nt * n_heads * hd + i], kGuard);
+              ASSERT_EQ(scratch[scratch.size() - 16 + i], kGuard);
+            }
+            for (size_t i = 0; i < ref.size(); ++i)
+              ASSERT_NEAR(out[i], ref[i], 2e-5 * vmax)
+                  << type_name(type) << " hd=" << hd << " qscale=" << qscale << " threads=" << pool.size()
+                  << " level=" << level << " t=" << i / (n_heads * hd) << " h=" << i / hd % n_heads;
           }
-          for (size_t i = 0; i < ref.size(); ++i)
-            ASSERT_NEAR(out[i], ref[i], 2e-5 * vmax)
-                << type_name(type) << " hd=" << hd << " qscale=" << qscale << " threads=" << pool.size()
-                << " t=" << i / (n_heads * hd) << " h=" << i / hd % n_heads;
         }
       }
     }

@@ -4,8 +4,8 @@
 // for p <= pos[t] into the thread's scratch row (four positions per pass: one reduction for four dot
 // products), max-subtracted exp (vectorised, ~2 ulp), sum, then out = sum_p s[p] v_p / sum, accumulated in
 // registers (64 elements of out at a time).
-// The SIMD version of that per-thread loop is attention_avx2.cpp's; the one here (dot products in double,
-// scalar exp) runs on CPUs without AVX2 and under ULTRA_NO_SIMD=1.
+// The SIMD versions of that per-thread loop are attention_kernel.h's (AVX2 and AVX-512 files); the one here
+// (dot products in double, scalar exp) runs on CPUs without AVX2 and under ULTRA_NO_SIMD=1.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -77,6 +77,22 @@ void attention_thread_scalar(const AttentionArgs& a, int ith, int nth) {
   }
 }
 
+void attention_isa(Isa isa, ThreadPool& pool, const AttentionArgs& args) {
+  struct Job {
+    void (*fn)(const AttentionArgs&, int, int);
+    const AttentionArgs* args;
+  } job{isa == Isa::Avx512 ? attention_thread_avx512
+        : isa == Isa::Avx2 ? attention_thread_avx2
+                           : attention_thread_scalar,
+        &args};
+  pool.run(
+      [](void* c, int ith, int nth) {
+        const Job& j = *static_cast<const Job*>(c);
+        j.fn(*j.args, ith, nth);
+      },
+      &job);
+}
+
 }  // namespace detail
 
 void kv_write(const KvLayerView& kv, const float* k, const float* v, int n_tokens, const int32_t* pos,
@@ -118,15 +134,7 @@ void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_to
                float softcap, int window) {
   if (kv.type != GgmlType::F32 && kv.type != GgmlType::F16) bad_cache_type("attention", kv.type);
   detail::AttentionArgs args{&kv, q, n_tokens, n_heads, pos, slot, scale, out, scratch, softcap, window};
-  if (detail::use_avx2()) {
-    pool.run([](void* c, int ith,
-                int nth) { detail::attention_thread_avx2(*(const detail::AttentionArgs*)c, ith, nth); },
-             &args);
-  } else {
-    pool.run([](void* c, int ith,
-                int nth) { detail::attention_thread_scalar(*(const detail::AttentionArgs*)c, ith, nth); },
-             &args);
-  }
+  detail::attention_isa(detail::active_isa(), pool, args);
 }
 
 void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_heads, const int32_t* pos,

@@ -16,12 +16,16 @@
 
 #include "core/views.h"
 
+namespace ultra {
+class ThreadPool;
+}
+
 namespace ultra::cpu::detail {
 
 enum class Isa : uint8_t {
   Scalar,  // the *_ref kernels (and scalar versions of the threaded ones)
   Avx2,    // AVX2 + FMA + F16C
-  Avx512,  // the AVX2 set plus AVX-512 F/BW/VL/DQ (matmul only; the other ops use their AVX2 code)
+  Avx512,  // the AVX2 set plus AVX-512 F/BW/VL/DQ (matmul and attention; the other ops use their AVX2 code)
 };
 const char* isa_name(Isa isa);
 // Whether this CPU (and the OS, which must save the wider registers) supports exactly the features the
@@ -92,7 +96,7 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* out, int64_t n);
 void f16_to_f32_row_avx2(const uint16_t* x, float* out, int64_t n);
 
 // One thread's share of attention(): (token, head) pairs ith, ith + nth, ... (attention.cpp's scalar
-// version, attention_avx2.cpp's SIMD one).
+// version, attention_kernel.h's SIMD one in attention_avx2.cpp and attention_avx512.cpp).
 struct AttentionArgs {
   const KvLayerView* kv;
   const float* q;
@@ -107,6 +111,10 @@ struct AttentionArgs {
 };
 void attention_thread_scalar(const AttentionArgs& a, int ith, int nth);
 void attention_thread_avx2(const AttentionArgs& a, int ith, int nth);
+void attention_thread_avx512(const AttentionArgs& a, int ith, int nth);
+// Runs the per-thread attention loop of one level (cpu_supports(isa) must hold) on the pool: attention()
+// passes active_isa(), the tests each level.
+void attention_isa(Isa isa, ThreadPool& pool, const AttentionArgs& a);
 // The first position a token at pos attends: pos - window + 1 with a window (HF: j > i - window), else 0.
 inline int attention_first(int pos, int window) {
   return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
