@@ -64,17 +64,10 @@ void attend_one_scalar(const KvLayerView& kv, const float* q, int first, int n_p
 namespace detail {
 
 void attention_thread_scalar(const AttentionArgs& a, int ith, int nth) {
-  const KvLayerView& kv = *a.kv;
-  const int hd = kv.head_dim;
-  const int group = a.n_heads / kv.n_kv_heads;
-  float* sc = a.scratch + attention_scratch_stride(kv.max_ctx) * ith;
-  const int n_pairs = a.n_tokens * a.n_heads;
-  for (int pr = ith; pr < n_pairs; pr += nth) {
-    const int t = pr / a.n_heads, h = pr % a.n_heads;
-    const int first = attention_first(a.pos[t], a.window);
-    attend_one_scalar(kv, a.q + (size_t)pr * hd, first, a.pos[t] + 1 - first, a.slot[t], h / group, a.scale,
-                      a.softcap, a.out + (size_t)pr * hd, sc);
-  }
+  for_each_attention_pair(
+      a, ith, nth, [&](const float* q, float* out, int first, int n_pos, int slot, int kvh, float* sc) {
+        attend_one_scalar(*a.kv, q, first, n_pos, slot, kvh, a.scale, a.softcap, out, sc);
+      });
 }
 
 void attention_isa(Isa isa, ThreadPool& pool, const AttentionArgs& args) {

@@ -146,20 +146,13 @@ void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int
 template <class V>
 void attention_thread(const AttentionArgs& a, int ith, int nth) {
   const KvLayerView& kv = *a.kv;
-  const int hd = kv.head_dim;
-  const int group = a.n_heads / kv.n_kv_heads;
-  float* sc = a.scratch + attention_scratch_stride(kv.max_ctx) * ith;
-  const int n_pairs = a.n_tokens * a.n_heads;
-  for (int pr = ith; pr < n_pairs; pr += nth) {
-    const int t = pr / a.n_heads, h = pr % a.n_heads;
-    const float* qh = a.q + (size_t)pr * hd;
-    float* oh = a.out + (size_t)pr * hd;
-    const int first = attention_first(a.pos[t], a.window), n_pos = a.pos[t] + 1 - first;
-    if (kv.type == GgmlType::F32)
-      attend_one<V, float>(kv, qh, first, n_pos, a.slot[t], h / group, a.scale, a.softcap, oh, sc);
-    else
-      attend_one<V, uint16_t>(kv, qh, first, n_pos, a.slot[t], h / group, a.scale, a.softcap, oh, sc);
-  }
+  for_each_attention_pair(
+      a, ith, nth, [&](const float* q, float* out, int first, int n_pos, int slot, int kvh, float* sc) {
+        if (kv.type == GgmlType::F32)
+          attend_one<V, float>(kv, q, first, n_pos, slot, kvh, a.scale, a.softcap, out, sc);
+        else
+          attend_one<V, uint16_t>(kv, q, first, n_pos, slot, kvh, a.scale, a.softcap, out, sc);
+      });
 }
 
 }  // namespace

@@ -122,5 +122,17 @@ inline int attention_first(int pos, int window) {
 static constexpr size_t attention_scratch_stride(int max_ctx) {
   return ((size_t)max_ctx + 15) / 16 * 16;
 }
+// The loop of a thread's share: f(q, out, first, n_pos, slot, kv_head, scratch) for pairs ith, ith + nth,
+// ... (q and out the pair's head_dim rows, positions [first, first + n_pos) of the slot's kv_head).
+template <class F>
+static inline void for_each_attention_pair(const AttentionArgs& a, int ith, int nth, F&& f) {
+  const int hd = a.kv->head_dim, group = a.n_heads / a.kv->n_kv_heads;
+  float* sc = a.scratch + attention_scratch_stride(a.kv->max_ctx) * ith;
+  for (int pr = ith; pr < a.n_tokens * a.n_heads; pr += nth) {
+    const int t = pr / a.n_heads, h = pr % a.n_heads;
+    const int first = attention_first(a.pos[t], a.window);
+    f(a.q + (size_t)pr * hd, a.out + (size_t)pr * hd, first, a.pos[t] + 1 - first, a.slot[t], h / group, sc);
+  }
+}
 
 }  // namespace ultra::cpu::detail
