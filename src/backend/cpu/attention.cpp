@@ -3,7 +3,7 @@
 // growing context lengths, so contiguous ranges would be unbalanced). Per pair: scores s[p] = q.k_p * scale
 // for p <= pos[t] into the thread's scratch row (four positions per pass: one reduction for four dot
 // products), max-subtracted exp (vectorised, ~2 ulp), sum, then out = sum_p s[p] v_p / sum, accumulated in
-// registers (64 elements of out at a time).
+// registers (8 vectors of out at a time: 64 elements with AVX2, 128 with AVX-512).
 // The SIMD versions of that per-thread loop are attention_kernel.h's (AVX2 and AVX-512 files); the one here
 // (dot products in double, scalar exp) runs on CPUs without AVX2 and under ULTRA_NO_SIMD=1.
 #include <cmath>
@@ -25,9 +25,7 @@ namespace {
   std::abort();
 }
 
-inline size_t cache_index(const KvLayerView& kv, int slot, int head, int pos) {
-  return (((size_t)slot * kv.n_kv_heads + head) * kv.max_ctx + pos) * kv.head_dim;
-}
+using detail::cache_index;
 
 inline float cache_elem(const KvLayerView& kv, const void* base, size_t i) {
   return kv.type == GgmlType::F32 ? ((const float*)base)[i] : fp16_to_fp32(((const uint16_t*)base)[i]);

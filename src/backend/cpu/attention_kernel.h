@@ -3,7 +3,8 @@
 // policy V (internal linkage: this header opens an anonymous namespace, as matmul_panel_avx512.h does):
 //   using R = the vector type; static constexpr int W = floats per vector;
 //   R zero(), set1(float), load(const float*), load(const uint16_t*) (F16 -> f32), fmadd(a, b, c),
-//   mul(a, b); void store(float*, R); float hsum(R); __m128 sum4(R, R, R, R) (the four vectors' sums).
+//   add(a, b), mul(a, b); void store(float*, R); float hsum(R); __m128 sum4(R, R, R, R) (the four vectors'
+//   sums).
 // One (token, head) pair at a time (attention.cpp): scores four positions per pass, the max-subtracted exp
 // (exp256, ~2 ulp), the weighted sum of v accumulated in up to 8 vectors over all positions.
 #pragma once
@@ -18,10 +19,6 @@
 
 namespace ultra::cpu::detail {
 namespace {
-
-inline size_t cache_index(const KvLayerView& kv, int slot, int head, int pos) {
-  return (((size_t)slot * kv.n_kv_heads + head) * kv.max_ctx + pos) * kv.head_dim;
-}
 
 inline float to_f32(float v) {
   return v;

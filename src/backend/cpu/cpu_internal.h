@@ -115,8 +115,12 @@ void attention_thread_avx512(const AttentionArgs& a, int ith, int nth);
 // Runs the per-thread attention loop of one level (cpu_supports(isa) must hold) on the pool: attention()
 // passes active_isa(), the tests each level.
 void attention_isa(Isa isa, ThreadPool& pool, const AttentionArgs& a);
+// Element offset of (slot, kv head, position) in a KV cache layer ([slots, kv_heads, max_ctx, head_dim]).
+static inline size_t cache_index(const KvLayerView& kv, int slot, int head, int pos) {
+  return (((size_t)slot * kv.n_kv_heads + head) * kv.max_ctx + pos) * kv.head_dim;
+}
 // The first position a token at pos attends: pos - window + 1 with a window (HF: j > i - window), else 0.
-inline int attention_first(int pos, int window) {
+static inline int attention_first(int pos, int window) {
   return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
 }
 static constexpr size_t attention_scratch_stride(int max_ctx) {
