@@ -1,6 +1,8 @@
 // Decode/prefill matmul benchmark on the shapes of a 110M-parameter Llama (dim 768, ffn 2048, 12 layers,
 // vocab 32000), against this machine's measured read bandwidth.
-//   bench_matmul [--threads N] [--reps R] [--bandwidth-only]
+//   bench_matmul [--threads N] [--reps R] [--bandwidth-only] [--prefill-only] [--tokens T] [--type NAME]
+// --prefill-only skips the bandwidth and decode parts; --tokens sets the prefill batch (default 128);
+// --type runs only that weight type (f32, f16, bf16, q8_0, f8_e4m3, ternary, as type_name() prints it).
 // --bandwidth-only prints only the "read bandwidth, N thread(s): X GB/s ..." lines (1 thread, and N) and
 // exits; scripts parse them with the regex `read bandwidth, N threads?: ([0-9.]+) GB/s`.
 // Bandwidth: sum of a 1 GiB buffer split over the pool's threads (AVX2 loads, 4 accumulators), best of 8.
@@ -13,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -189,8 +192,9 @@ void forward(ThreadPool& pool, const Model& m, int nt, bool with_output, std::ve
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, reps = 20;
-  bool bandwidth_only = false;
+  int threads = 2, reps = 20, prefill_tokens = 128;
+  bool bandwidth_only = false, prefill_only = false;
+  std::string only_type;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc)
@@ -199,8 +203,17 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--bandwidth-only")
       bandwidth_only = true;
+    else if (a == "--prefill-only")
+      prefill_only = true;
+    else if (a == "--tokens" && i + 1 < argc)
+      prefill_tokens = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--type" && i + 1 < argc)
+      only_type = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--reps R] [--bandwidth-only]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--reps R] [--bandwidth-only] [--prefill-only] [--tokens T] "
+                   "[--type NAME]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -208,8 +221,14 @@ int main(int argc, char** argv) {
   if (threads != 1) tcounts.push_back(threads);
 
   if (!bandwidth_only) std::printf("kernels: %s\n", detail::matmul_kernels().name);
+  auto skip_type = [&](GgmlType t) {
+    if (only_type.empty()) return false;
+    std::string n(type_name(t));
+    for (char& c : n) c = (char)std::tolower((unsigned char)c);
+    return n != only_type;
+  };
   std::vector<double> bw(tcounts.size());
-  for (size_t i = 0; i < tcounts.size(); ++i) {
+  for (size_t i = 0; i < tcounts.size() && !prefill_only; ++i) {
     ThreadPool pool(tcounts[i]);
     bw[i] = measure_bandwidth(pool, 1ull << 30);
     std::printf("read bandwidth, %d thread%s: %.1f GB/s (1 GiB sum, best of 8)\n", tcounts[i],
@@ -218,7 +237,7 @@ int main(int argc, char** argv) {
   }
   if (bandwidth_only) return 0;
 
-  const int kPrefill = 128;
+  const int kPrefill = prefill_tokens;
   std::vector<float> x((size_t)kPrefill * kFfn), y((size_t)kPrefill * kVocab);
   for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 7919) % 2001) * 1e-3f - 1.0f;
   size_t n_scratch = 1;
@@ -228,29 +247,33 @@ int main(int argc, char** argv) {
                                                   kPrefill, std::max(threads, 1)));
   std::vector<float> scratch(n_scratch);
 
-  std::printf("\ndecode: 12 layers x 7 matrices + 32000x768 output, one token, best of %d\n", reps);
-  std::printf("%-7s %7s %3s %9s %8s %8s %9s\n", "type", "MB", "thr", "ms/token", "GB/s", "%bw", "tok/s");
-  for (GgmlType t : kTypes) {
-    Model m = build_model(t);
-    for (size_t i = 0; i < tcounts.size(); ++i) {
-      ThreadPool pool(tcounts[i]);
-      forward(pool, m, 1, true, x, y, scratch);  // warm-up
-      double best = 1e30;
-      for (int r = 0; r < reps; ++r) {
-        const double t0 = now();
-        forward(pool, m, 1, true, x, y, scratch);
-        best = std::min(best, now() - t0);
+  if (!prefill_only) {
+    std::printf("\ndecode: 12 layers x 7 matrices + 32000x768 output, one token, best of %d\n", reps);
+    std::printf("%-7s %7s %3s %9s %8s %8s %9s\n", "type", "MB", "thr", "ms/token", "GB/s", "%bw", "tok/s");
+    for (GgmlType t : kTypes) {
+      if (skip_type(t)) continue;
+      Model m = build_model(t);
+      for (size_t i = 0; i < tcounts.size(); ++i) {
+        ThreadPool pool(tcounts[i]);
+        forward(pool, m, 1, true, x, y, scratch);  // warm-up
+        double best = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          const double t0 = now();
+          forward(pool, m, 1, true, x, y, scratch);
+          best = std::min(best, now() - t0);
+        }
+        const double gbs = m.bytes / best / 1e9;
+        std::printf("%-7s %7.1f %3d %9.3f %8.1f %7.1f%% %9.1f\n", std::string(type_name(t)).c_str(),
+                    m.bytes / 1e6, tcounts[i], best * 1e3, gbs, 100.0 * gbs / bw[i], 1.0 / best);
       }
-      const double gbs = m.bytes / best / 1e9;
-      std::printf("%-7s %7.1f %3d %9.3f %8.1f %7.1f%% %9.1f\n", std::string(type_name(t)).c_str(),
-                  m.bytes / 1e6, tcounts[i], best * 1e3, gbs, 100.0 * gbs / bw[i], 1.0 / best);
+      std::free(m.buf);
     }
-    std::free(m.buf);
   }
 
   std::printf("\nprefill: %d tokens through the 12 layers' 84 matrices (no output), best of 3\n", kPrefill);
   std::printf("%-7s %3s %9s %9s\n", "type", "thr", "ms", "GFLOP/s");
   for (GgmlType t : kTypes) {
+    if (skip_type(t)) continue;
     Model m = build_model(t);
     double flops = 0;
     for (size_t i = 0; i + 1 < m.mats.size(); ++i) flops += 2.0 * m.mats[i].rows * m.mats[i].cols * kPrefill;
