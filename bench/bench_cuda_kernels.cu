@@ -18,12 +18,16 @@
 //   lowbit     gemv on Q8_0, F8_E4M3 (a scale per row) and TERNARY (a scale per tensor) weights in their
 //              device layout (gemv_lowbit.h), Llama-3-8B shapes, n = 1, 2, 8, 32: us and weight + activation
 //              bytes / time against the read ceiling (random codes: the arithmetic is that of any codes).
+//   lowbit_bulk  the tensor-core low-bit gemv with register loads against its bulk-copy variant (1-6 ring
+//              slots per warp), F8_E4M3 and TERNARY, n = 1 and 4.
+//   fp8_gemm   prefill matmuls (n = 128, 512, 2048) of F8_E4M3 weights: the BF16 copy + BF16 GEMM against
+//              cuBLASLt's FP8 GEMM (x quantised per row), BF16 weights for reference.
 // Times: CUDA events around graph replays (median of 7 trials, 5 with --sweep). Prints a table; --out DIR
 // also writes DIR/bench_cuda_kernels.txt.
 // --sweep adds columns: gemv variants (no PDL, the 2026-11 kernel, TF32 instead of BF16x3, other block
 // shapes and split counts; see src/backend/cuda/tuning.h), attention and sampler without PDL. --only SECTION
-// (read, gemv, attention, prefill, sampler, lowbit; repeatable) runs those sections only (the read ceiling
-// always runs).
+// (read, gemv, attention, prefill, sampler, lowbit, lowbit_bulk, fp8_gemm; repeatable) runs those sections
+// only (the read ceiling always runs).
 //   bench_cuda_kernels [--out DIR] [--quick] [--sweep] [--only SECTION]...
 #include <cuda_runtime.h>
 
@@ -618,6 +622,121 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
   }
 }
 
+// The tensor-core low-bit gemv (gemv_lowbit_tc) with the weights loaded by the lanes into registers (slots
+// 0) against its bulk-copy variant (cp.async.bulk into a ring of 1-6 slots per warp), F8_E4M3 with a scale
+// per row and TERNARY with one per tensor, n = 1 and 4.
+void bench_lowbit_bulk(cudaStream_t st, double ceiling) {
+  struct S {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
+                                 {"kv 1024x4096", 1024, 4096},
+                                 {"ffn up 14336x4096", 14336, 4096},
+                                 {"ffn down 4096x14336", 4096, 14336},
+                                 {"lm_head 128256x4096", 128256, 4096}};
+  const int slots[] = {0, 1, 2, 3, 4, 6};
+  out("\n  lowbit tensor-core gemv, register loads (slots 0) vs bulk copies: us/call (%% of read ceiling)\n");
+  out("  %-28s", "");
+  for (int sl : slots) out(" | slots %d       ", sl);
+  out("\n");
+  for (const S& s : shapes)
+    for (GgmlType t : {GgmlType::F8_E4M3, GgmlType::TERNARY}) {
+      const size_t rb = lowbit_row_bytes(t, s.cols), wbytes = (size_t)s.rows * rb;
+      std::vector<uint8_t*> w;
+      const int copies = (int)std::max<size_t>(2, (4 * g_dev.l2_bytes + wbytes - 1) / wbytes);
+      for (int i = 0; i < copies; ++i) {
+        w.push_back(dalloc<uint8_t>(wbytes));
+        fill(w.back(), wbytes, 300 + i, 0x3c3c3c3cu);
+      }
+      float* scale = dalloc<float>((size_t)s.rows);
+      fill(scale, (size_t)s.rows * 4, 9, 0x3c7fffffu);
+      float* x = dalloc<float>((size_t)8 * s.cols);
+      float* y = dalloc<float>((size_t)8 * s.rows);
+      fill(x, (size_t)8 * s.cols * 4, 7, 0x3f7fffffu);
+      const bool fp8 = t == GgmlType::F8_E4M3;
+      for (int n : {1, 4}) {
+        WeightView wv{t, w[0], s.rows, s.cols, rb, scale};
+        wv.scale_group = s.cols, wv.scale_row_stride = fp8 ? 1 : 0;
+        if (!gemv_lowbit_tc_ok(wv, n)) continue;
+        out("  %-7s %-20s n=%d", fp8 ? "fp8" : "ternary", s.name, n);
+        for (int sl : slots) {
+          const double ms = time_graph(st, 32, [&](int i) {
+            WeightView v = wv;
+            v.data = w[i % w.size()];
+            CK(gemv_lowbit_tc(v, x, n, y, nullptr, false, st, sl));
+          });
+          const double bytes =
+              (double)wbytes + (fp8 ? s.rows * 4.0 : 0.0) + (double)n * s.cols * 4 + (double)n * s.rows * 4;
+          out(" | %6.2f (%4.1f%%)", ms * 1e3, 100.0 * bytes / ms / 1e6 / ceiling);
+          if (n == 1)
+            g_summary.push_back(std::string("lowbit tc ") + (fp8 ? "fp8 " : "ternary ") + s.name +
+                                " n=1 slots " + std::to_string(sl) + ": " +
+                                std::to_string(ms * 1e3).substr(0, 6) + " us");
+        }
+        out("\n");
+      }
+      for (auto p : w) CK(cudaFree(p));
+      CK(cudaFree(scale));
+      CK(cudaFree(x));
+      CK(cudaFree(y));
+    }
+}
+
+// Prefill matmuls of F8_E4M3 weights (a scale per row), Llama-3-8B shapes, through CudaMatmul: the BF16 copy
+// of the weights (dequantised per call) + BF16 GEMM against cuBLASLt's FP8 GEMM with x quantised per row
+// (tuning::set_fp8_gemm 2 / 1), and BF16 weights as they are for reference: us per call and TFLOP/s.
+void bench_fp8_gemm(cudaStream_t st) {
+  struct S {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
+                                 {"qkv 6144x4096", 6144, 4096},
+                                 {"gate_up 28672x4096", 28672, 4096},
+                                 {"down 4096x14336", 4096, 14336}};
+  const int max_n = 2048;
+  const size_t ws_bytes = CudaMatmul::workspace_bytes(max_n, 14336, (int64_t)28672 * 4096);
+  uint8_t* ws = dalloc<uint8_t>(ws_bytes);
+  CudaMatmul mm;
+  CK(mm.init(ws, ws_bytes));
+  out("\n  prefill matmul, F8_E4M3 weights (scale per row): us/call (TFLOP/s) | bf16 weights | fp8: bf16 "
+      "copy "
+      "| fp8: FP8 GEMM (x per-row E4M3) | speed-up\n");
+  for (const S& s : shapes) {
+    const size_t n8 = (size_t)s.rows * s.cols;
+    uint8_t* w8 = dalloc<uint8_t>(n8);
+    fill(w8, n8, 11, 0x3c3c3c3cu);
+    uint8_t* w16 = dalloc<uint8_t>(n8 * 2);
+    fill(w16, n8 * 2, 12, 0x3c003c00u);
+    float* scale = dalloc<float>((size_t)s.rows);
+    fill(scale, (size_t)s.rows * 4, 9, 0x3c7fffffu);
+    float* x = dalloc<float>((size_t)max_n * s.cols);
+    fill(x, (size_t)max_n * s.cols * 4, 7, 0x3f7fffffu);
+    float* y = dalloc<float>((size_t)max_n * s.rows);
+    for (int n : {128, 512, 2048}) {
+      out("  %-20s n=%-5d", s.name, n);
+      double t[3];
+      for (int v = 0; v < 3; ++v) {
+        WeightView wv{v == 0 ? GgmlType::BF16 : GgmlType::F8_E4M3, v == 0 ? w16 : w8,       s.rows, s.cols,
+                      (size_t)(v == 0 ? s.cols * 2 : s.cols),      v == 0 ? nullptr : scale};
+        if (v > 0) wv.scale_group = s.cols, wv.scale_row_stride = 1;
+        tuning::set_fp8_gemm(v == 2 ? 1 : 2);
+        t[v] = time_graph(st, 4, [&](int) { CK(mm.matmul(wv, x, n, y, nullptr, false, st)); });
+        out(" | %8.1f (%5.1f)", t[v] * 1e3, 2.0 * n * s.rows * s.cols / (t[v] * 1e-3) / 1e12);
+      }
+      tuning::set_fp8_gemm(0);
+      out(" | %.2fx\n", t[1] / t[2]);
+      g_summary.push_back(std::string("fp8 prefill ") + s.name + " n=" + std::to_string(n) + ": bf16 copy " +
+                          std::to_string(t[1] * 1e3).substr(0, 7) + " us, fp8 gemm " +
+                          std::to_string(t[2] * 1e3).substr(0, 7) + " us, bf16 weights " +
+                          std::to_string(t[0] * 1e3).substr(0, 7) + " us");
+    }
+    for (void* p : {(void*)w8, (void*)w16, (void*)scale, (void*)x, (void*)y}) CK(cudaFree(p));
+  }
+  CK(cudaFree(ws));
+}
+
 int main(int argc, char** argv) {
   std::string out_dir;
   for (int i = 1; i < argc; ++i) {
@@ -662,6 +781,8 @@ int main(int argc, char** argv) {
   if (section("prefill")) bench_prefill(st);
   if (section("sampler")) bench_sampler(st);
   if (section("lowbit")) bench_lowbit(st, ceiling);
+  if (section("lowbit_bulk")) bench_lowbit_bulk(st, ceiling);
+  if (section("fp8_gemm")) bench_fp8_gemm(st);
   out("\nsummary\n");
   for (const auto& s : g_summary) out("  %s\n", s.c_str());
   CK(cudaStreamDestroy(st));

@@ -771,7 +771,10 @@ struct LowbitMatrix {
 // gemv (n <= 32) or the CudaMatmul entry (mm non-null: n > 32 dequantises to BF16 for cuBLASLt) against
 // float64 sums of the f32 weights. gemv: f32 products and sums, bound 1e-5 as the dense gemv; the prefill
 // GEMM rounds weights and x to BF16 (each 2^-9 relative at most, ~1.1e-3 rms each): bound 1e-2.
-void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul* mm, float x_mul = 1.0f) {
+// bulk >= 0: gemv_lowbit_tc with that many bulk-copy slots (0: its register loads) instead of gemv().
+// bound > 0: that bound instead of the path's own.
+void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul* mm, float x_mul = 1.0f,
+                    int bulk = -1, double bound_override = 0.0) {
   LowbitMatrix m(c);
   const int64_t R = c.rows, C = c.cols;
   auto x = randn((size_t)n * C), b = randn(R), y0 = randn((size_t)n * R);
@@ -786,18 +789,23 @@ void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul*
   else
     dy.poison();
   const std::string shape = lbshape(c) + fmt(" n=%d%s%s", n, bias ? " bias" : "", acc ? " acc" : "") +
-                            (x_mul != 1.0f ? fmt(" x*%g", x_mul) : std::string());
+                            (x_mul != 1.0f ? fmt(" x*%g", x_mul) : std::string()) +
+                            (bulk >= 0 ? fmt(" slots=%d", bulk) : std::string());
   const cudaError_t e0 = mm ? mm->matmul(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0)
-                            : gemv(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
-  const char* kname = mm ? "lowbit_matmul" : "lowbit_gemv";
+                         : bulk >= 0
+                             ? gemv_lowbit_tc(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0, bulk)
+                             : gemv(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
+  const char* kname = mm ? "lowbit_matmul" : bulk >= 0 ? "lowbit_tc" : "lowbit_gemv";
   if (e0 != cudaSuccess) {
-    report(false, kname, shape, NAN, 0, cudaGetErrorString(e0));
+    const std::string why = std::string(cudaGetErrorString(e0)) +
+                            (mm ? fmt(" (cublas status %d)", mm->last_cublas_status()) : std::string());
+    report(false, kname, shape, NAN, 0, why.c_str());
     return;
   }
   CK(cudaDeviceSynchronize());
   const auto ref = ref_matmul(m.wf, x, n, R, C, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
   // Through CudaMatmul, steps of more than kLowbitGemvMaxRows rows use a BF16 copy of the weights.
-  const double bound = mm && n > kLowbitGemvMaxRows ? 1e-2 : 1e-5;
+  const double bound = bound_override > 0.0 ? bound_override : mm && n > kLowbitGemvMaxRows ? 1e-2 : 1e-5;
   const double e = rel_err(dy.down(), ref);
   report(ok_err(e, bound), kname, shape, e, bound);
 }
@@ -874,6 +882,19 @@ void run_lowbit_tests() {
     for (int64_t cols : {64, 320, 896, 1472})
       for (int n : {1, 4, 6})
         test_lowbit_mm({GgmlType::TERNARY, 300, cols, 0, n == 4}, n, n != 1, n == 6, nullptr);
+    // Its bulk-copy variant: 1-4 ring slots (one slot: every item waits for its own copy; more items than
+    // slots: the slots refilled), a last item of 1-3 steps, TERNARY's partial last step, rows past the end,
+    // 1-8 tiles per block, n = 1-8, a tile's columns split among 1-8 warps.
+    for (GgmlType t : {GgmlType::F8_E4M3, GgmlType::TERNARY})
+      for (int slots : {0, 1, 2, 4}) {
+        test_lowbit_mm({t, 777, 2048}, 5, true, false, nullptr, 1.0f, slots);
+        test_lowbit_mm({t, 1000, 4096}, 2, false, true, nullptr, 3.0e5f, slots);
+        test_lowbit_mm({t, 301, 16384, 0, true}, 1, true, true, nullptr, 1.0f, slots);
+        test_lowbit_mm({t, 4100, 1536}, 8, false, false, nullptr, 1e-6f, slots);
+        test_lowbit_mm({t, 25000, 512}, 3, true, false, nullptr, 1.0f, slots);
+        test_lowbit_mm({t, 300, 1472, 0, true}, 4, true, true, nullptr, 1.0f, slots);
+        test_lowbit_mm({t, 3000, 13376}, 1, false, false, nullptr, 1.0f, slots);
+      }
   }
   if (enabled("gemv_fused")) {  // widths the tensor-core kernel does not take (cols % 64 != 0)
     test_lowbit_fused_input({GgmlType::F8_E4M3, 6144, 4112}, false, 1, true, false);
@@ -883,7 +904,8 @@ void run_lowbit_tests() {
   if (enabled("lowbit_matmul")) {
     int64_t max_elems = 0;
     for (const LowbitCase& c : cases) max_elems = std::max(max_elems, c.rows * lowbit_bf16_ld(c.cols));
-    Dev<uint8_t> ws(CudaMatmul::workspace_bytes(100, 4096, max_elems));
+    max_elems = std::max<int64_t>(max_elems, 4096 * 1024);
+    Dev<uint8_t> ws(CudaMatmul::workspace_bytes(512, 4096, max_elems));
     CudaMatmul mm;
     CK(mm.init(ws.p, ws.n));
     for (const LowbitCase& c : cases) {
@@ -892,6 +914,26 @@ void run_lowbit_tests() {
       test_lowbit_mm(c, kLowbitGemvMaxRows, true, true, &mm);  // the low-bit gemv through the same entry
       test_lowbit_mm(c, 5, true, true, &mm);                   // the BF16 copy through the tensor-core gemv
     }
+    // F8_E4M3 through cuBLASLt's FP8 GEMM (x quantised per row to E4M3: ~2^-4 relative per element at most,
+    // ~3% rms; bound 6e-2, where a wrong scale would give ~1), a scale per row and per tensor, with the
+    // bias and accumulation epilogues, x scaled far from 1 (the per-row scale absorbs it); the shapes it
+    // does not take (cols % 16 != 0, scales per column group) fall back to the BF16 copy (1e-2).
+    tuning::set_fp8_gemm(1);
+    for (const LowbitCase& c :
+         {LowbitCase{GgmlType::F8_E4M3, 1000, 4096}, LowbitCase{GgmlType::F8_E4M3, 31, 64, 0, true},
+          LowbitCase{GgmlType::F8_E4M3, 4096, 1024}, LowbitCase{GgmlType::F8_E4M3, 300, 2048, 0, true}}) {
+      test_lowbit_mm(c, 40, true, false, &mm, 1.0f, -1, 6e-2);
+      test_lowbit_mm(c, 100, false, true, &mm, 1e-4f, -1, 6e-2);
+      test_lowbit_mm(c, 512, true, true, &mm, 2e3f, -1, 6e-2);
+      test_lowbit_mm(c, 9, false, false, &mm, 1.0f, -1, 6e-2);
+    }
+    // A plan cuBLASLt refused falls back to the BF16 copy (which the bound above would also pass), and
+    // leaves its status behind: none may have.
+    report(mm.last_cublas_status() == 0, "fp8_gemm_plan", "every FP8 GEMM above had a cuBLASLt plan", NAN, 0,
+           fmt("cublas status %d", mm.last_cublas_status()).c_str());
+    test_lowbit_mm({GgmlType::F8_E4M3, 100, 259}, 40, true, false, &mm);
+    test_lowbit_mm({GgmlType::F8_E4M3, 77, 300, 128}, 40, true, true, &mm);
+    tuning::set_fp8_gemm(0);
   }
   if (enabled("lowbit_embed"))
     for (const LowbitCase& c : cases) test_lowbit_embed(c, 33);

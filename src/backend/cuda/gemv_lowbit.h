@@ -71,10 +71,21 @@ inline bool lowbit_scale_per_row_or_tensor(const WeightView& w) {
 // f32 accumulation, ~1e-7 relative). gemv_lowbit_tc returns cudaErrorNotSupported, launching nothing, where
 // gemv_lowbit_tc_ok is false. lowbit_tc_on: false when the environment sets ULTRA_CUDA_LOWBIT_TC=0 (A/B
 // timing against the SIMT and streaming kernels); gemv_lowbit_tc_ok is then false.
+// bulk_slots: > 0, the variant whose weights reach shared memory through bulk copies (cp.async.bulk, a ring
+// of that many 4-step slots per warp, capped by the work and shared memory); 0, the lanes' 16-byte loads
+// into registers; < 0, lowbit_tc_bulk_slots(): ULTRA_CUDA_LOWBIT_BULK=N (0-8) where the environment sets
+// it, else -1, an automatic choice by type and shape (gemv_lowbit_tc.cu).
 bool lowbit_tc_on();
+int lowbit_tc_bulk_slots();
 bool gemv_lowbit_tc_ok(const WeightView& w, int n);
 cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
-                           bool accumulate, cudaStream_t stream);
+                           bool accumulate, cudaStream_t stream, int bulk_slots = -1);
+
+// Prefill (CudaMatmul::matmul, steps the gemv kernels do not take) of F8_E4M3 weights with a scale per row or
+// tensor through cuBLASLt's FP8 GEMM, x quantised per row to E4M3 (W8A8: ~3-4% relative error per product
+// against ~0.4% for the BF16 copy), where this is true: ULTRA_CUDA_FP8_GEMM=1 (or tuning::set_fp8_gemm).
+// Default: the BF16 copy of the weights and the BF16 GEMM.
+bool fp8_gemm_on();
 
 // Leading dimension (elements) of the BF16 copy that lowbit_dequant_bf16 writes: cols rounded up to 8
 // (16-byte aligned rows for cuBLASLt).

@@ -66,7 +66,24 @@ struct TcArgs {
   bool accumulate;
   int tiles;            // T: 16-row tiles per block
   uint32_t tern_magic;  // 0x64006400 (TritMagic)
+  int slots;            // bulk variant: ring slots per warp (kSlotSteps steps of 16 rows each)
 };
+
+// The bulk-copy variant's ring: a slot holds kSlotSteps steps (64 bytes each) of a tile's 16 rows, row g at
+// byte g * kRowStride (256 bytes of codes, 64 of padding: lanes (g, t) of a quarter warp then read 16 bytes
+// at g * 320 + 16 t + 64 j, words 16 g + 4 t + 16 j mod 32, all different banks).
+constexpr int kSlotSteps = 4, kRowStride = 320, kSlotBytes = 16 * kRowStride;
+constexpr int kMaxSlots = 8;
+constexpr int kRedBytes = kWarps * 16 * kMaxN * sizeof(float);
+
+// Dynamic shared memory: x's hi and lo parts [n, xs] each, the warps' partial sums, then (bulk) the warps'
+// rings and their mbarriers.
+__host__ __device__ inline size_t x_bytes(int n, int xs) {
+  return ((size_t)n * xs * 4 + 127) / 128 * 128;
+}
+__host__ __device__ inline size_t tc_smem_bytes(int n, int xs, int slots) {
+  return x_bytes(n, xs) + kRedBytes + (size_t)kWarps * slots * (kSlotBytes + sizeof(uint64_t));
+}
 
 __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t v16) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v16, __NV_E4M3);
@@ -157,46 +174,15 @@ __device__ __forceinline__ void step_mma(float (&d)[2][4], const uint4& va, cons
   }
 }
 
+// x' = x * 2^-e in f16 hi / lo parts into xh / xl [n, xs] (zeros past cols); returns e. x read once
+// (8-column units of two float4, all loads issued before any is used: one L2 round trip), its largest |x|
+// reduced, then converted from registers. Unit i of a row is columns 8i .. 8i + 7 (F8_E4M3) or, TERNARY,
+// columns 16 (i / 2) + 4 (i % 2) + {0..3} and the same + 8, interleaved; TERNARY also stores group j (0..3)
+// of each 64-column chunk c at place j ^ (c % 4), so that the four lanes t of a step (chunks 4s + t) read
+// different banks. Ends with a block barrier.
 template <bool kTern>
-__global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
-  constexpr int kStepCols = kTern ? 256 : 64;
-  extern __shared__ __align__(16) uint8_t sm[];
-  // x rows padded with zeros to whole steps (xs columns), so that every lane reads x without a condition.
-  const int n_steps = (a.cols + kStepCols - 1) / kStepCols, xs = n_steps * kStepCols;
-  __half* xh = reinterpret_cast<__half*>(sm);                    // [n, xs]
-  __half* xl = xh + (size_t)a.n * xs;                            // [n, xs]
-  float* red = reinterpret_cast<float*>(xl + (size_t)a.n * xs);  // [kWarps, 16, kMaxN]
-  __shared__ float s_max[kWarps];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int tile = warp % a.tiles, group = warp / a.tiles, n_groups = kWarps / a.tiles;
-  const int64_t row0 = ((int64_t)blockIdx.x * a.tiles + tile) * 16;
-  const int64_t ra = row0 + g < a.rows ? row0 + g : a.rows - 1;  // rows past the end: loaded, not stored
-  const int64_t rb = row0 + g + 8 < a.rows ? row0 + g + 8 : a.rows - 1;
-  const uint8_t* wa = a.w + ra * a.row_bytes + 16 * t;
-  const uint8_t* wb = a.w + rb * a.row_bytes + 16 * t;
-  // Bytes of codes per row: the lane's 16 bytes of a step are all inside or all past them (cols % 64 == 0).
-  const int code_bytes = kTern ? a.cols / 4 : a.cols;
-  auto in_row = [&](int s) { return s < n_steps && 64 * s + 16 * t < code_bytes; };
-
-  // The first steps' weights before the wait (weights are never written by kernels).
-  uint4 va[kU], vb[kU];
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    const int s = group + n_groups * u;
-    va[u] = vb[u] = make_uint4(0, 0, 0, 0);
-    if (in_row(s)) {
-      va[u] = ld_stream16(wa + 64 * s);
-      vb[u] = ld_stream16(wb + 64 * s);
-    }
-  }
-  pdl_trigger();
-  pdl_wait();
-
-  // x' = x * 2^-e in f16 hi / lo parts: x read once (8-column units of two float4, all loads issued before
-  // any is used: one L2 round trip), its largest |x| reduced, then converted from registers. Unit i of a row
-  // is columns 8i .. 8i + 7 (F8_E4M3) or, TERNARY, columns 16 (i / 2) + 4 (i % 2) + {0..3} and the same + 8,
-  // interleaved; TERNARY also stores group j (0..3) of each 64-column chunk c at place j ^ (c % 4), so that
-  // the four lanes t of a step (chunks 4s + t) read different banks.
+__device__ __forceinline__ int form_x(const TcArgs& a, int xs, __half* xh, __half* xl, float* s_max, int tid,
+                                      int lane, int warp) {
   const int n_units = a.n * a.cols / 8, units_per_row = a.cols / 8;
   const float4* x4 = reinterpret_cast<const float4*>(a.x);
   float4 xv[kXPer][2];
@@ -269,6 +255,77 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
       reinterpret_cast<uint4*>(xh)[o] = reinterpret_cast<uint4*>(xl)[o] = make_uint4(0, 0, 0, 0);
     }
   __syncthreads();
+  return e;
+}
+
+// kBulk: the weights reach shared memory through bulk copies (the copy engine) instead of the lanes' loads
+// into registers. Each group of warps then takes a contiguous range of a tile's steps (not every
+// n_groups-th step), streamed through the warp's own ring of a.slots slots: lanes 0..15 each copy their
+// row's part of a slot (cp.async.bulk, completing on the slot's mbarrier), the first slots before
+// griddepcontrol.wait, a slot refilled once every lane has read it.
+template <bool kTern, bool kBulk>
+__global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
+  constexpr int kStepCols = kTern ? 256 : 64;
+  extern __shared__ __align__(128) uint8_t sm[];
+  // x rows padded with zeros to whole steps (xs columns), so that every lane reads x without a condition.
+  const int n_steps = (a.cols + kStepCols - 1) / kStepCols, xs = n_steps * kStepCols;
+  __half* xh = reinterpret_cast<__half*>(sm);                    // [n, xs]
+  __half* xl = xh + (size_t)a.n * xs;                            // [n, xs]
+  float* red = reinterpret_cast<float*>(sm + x_bytes(a.n, xs));  // [kWarps, 16, kMaxN]
+  uint8_t* rings = sm + x_bytes(a.n, xs) + kRedBytes;            // [kWarps, slots, kSlotBytes]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(rings + (size_t)kWarps * a.slots * kSlotBytes);
+  __shared__ float s_max[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tile = warp % a.tiles, group = warp / a.tiles, n_groups = kWarps / a.tiles;
+  const int64_t row0 = ((int64_t)blockIdx.x * a.tiles + tile) * 16;
+  // Bytes of codes per row: the lane's 16 bytes of a step are all inside or all past them (cols % 64 == 0).
+  const int code_bytes = kTern ? a.cols / 4 : a.cols;
+  auto in_row = [&](int s) { return s < n_steps && 64 * s + 16 * t < code_bytes; };
+  auto clamp_row = [&](int64_t r) { return r < a.rows ? r : a.rows - 1; };  // rows past the end: read, not
+                                                                            // stored
+  uint4 va[kU], vb[kU];
+  const uint8_t *wa = nullptr, *wb = nullptr;
+  // Bulk: this group's steps [s_begin, s_end), in items of kSlotSteps steps; the warp's ring and barriers.
+  const int spg = (n_steps + n_groups - 1) / n_groups;
+  const int s_begin = min(group * spg, n_steps), s_end = min(s_begin + spg, n_steps);
+  const int items = (s_end - s_begin + kSlotSteps - 1) / kSlotSteps;
+  uint8_t* ring = rings + (size_t)warp * a.slots * kSlotBytes;
+  uint64_t* wbar = bars + warp * a.slots;
+  const uint8_t* wrow = a.w + clamp_row(row0 + (lane & 15)) * a.row_bytes;
+  const int end_byte = min(64 * s_end, code_bytes);
+  auto issue = [&](int k) {  // item k into slot k % slots: lanes 0..15 copy their row's part
+    const int b0 = 64 * (s_begin + kSlotSteps * k);
+    const uint32_t bytes = (uint32_t)min(64 * kSlotSteps, end_byte - b0);  // > 0, a multiple of 16
+    uint64_t* bar = &wbar[k % a.slots];
+    if (lane == 0) mbar_expect_tx(bar, 16 * bytes);
+    if (lane < 16)
+      bulk_copy_g2s(ring + (size_t)(k % a.slots) * kSlotBytes + lane * kRowStride, wrow + b0, bytes, bar);
+  };
+
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      for (int i = 0; i < a.slots; ++i) mbar_init(&wbar[i], 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+    for (int k = 0; k < a.slots && k < items; ++k) issue(k);
+  } else {
+    // The first steps' weights before the wait (weights are never written by kernels).
+    wa = a.w + clamp_row(row0 + g) * a.row_bytes + 16 * t;
+    wb = a.w + clamp_row(row0 + g + 8) * a.row_bytes + 16 * t;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = group + n_groups * u;
+      va[u] = vb[u] = make_uint4(0, 0, 0, 0);
+      if (in_row(s)) {
+        va[u] = ld_stream16(wa + 64 * s);
+        vb[u] = ld_stream16(wb + 64 * s);
+      }
+    }
+  }
+  pdl_trigger();
+  pdl_wait();
+  const int e = form_x<kTern>(a, xs, xh, xl, s_max, tid, lane, warp);
 
   // B rows of this lane: n <= 4, one MMA (column g: hi of x row g, column n + g: lo of row g - n); n > 4,
   // two (hi and lo of row g).
@@ -285,30 +342,62 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
   const TritMagic mg(a.tern_magic);
   const int lane_col = kStepCols / 4 * t;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g, g (MMA columns 2t, 2t + 1), g + 8, g + 8
-  for (int s0 = group; s0 < n_steps; s0 += n_groups * kU) {
-    float d[2][4] = {};  // two MMA accumulators, alternating (two dependency chains)
+  if constexpr (kBulk) {
+    for (int k = 0; k < items; ++k) {
+      const int slot = k % a.slots;
+      mbar_wait(&wbar[slot], (uint32_t)(k / a.slots) & 1u);
+      const uint8_t* sa = ring + (size_t)slot * kSlotBytes + g * kRowStride + 16 * t;
+      const uint8_t* sb = sa + 8 * kRowStride;
+      float d[2][4] = {};
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int s = s0 + n_groups * u;
-      if (s >= n_steps) break;
-      // Past the row's codes (TERNARY's last step: in_row false), va / vb hold an earlier step's codes
-      // (finite) and x there is the zero padding.
-      const uint4 ca = va[u], cb = vb[u];
-      // The loads of step s + n_groups * kU into this slot, before the MMAs of step s.
-      const int sn = s + n_groups * kU;
-      if (in_row(sn)) {
-        va[u] = ld_stream16(wa + 64 * sn);
-        vb[u] = ld_stream16(wb + 64 * sn);
+      for (int j = 0; j < kSlotSteps; ++j) {
+        const int s = s_begin + kSlotSteps * k + j;
+        if (s >= s_end) break;
+        // A lane past the row's codes (TERNARY's last step) reads stale or unwritten bytes of the slot: any
+        // bits are finite trits, and x there is the zero padding.
+        const uint4 ca = *reinterpret_cast<const uint4*>(sa + 64 * j);
+        const uint4 cb = *reinterpret_cast<const uint4*>(sb + 64 * j);
+        const int c = kStepCols * s + lane_col;
+        step_mma<kTern>(d, ca, cb, x1 + c, x2 + c, dual, t, mg);
+        if (kTern) {  // 16 MMAs per step: flushed every step
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
+        }
       }
-      const int c = kStepCols * s + lane_col;
-      step_mma<kTern>(d, ca, cb, x1 + c, x2 + c, dual, t, mg);
-      if (kTern) {  // 16 MMAs per step: flushed every step
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
+      for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i];
+      __syncwarp();  // every lane is done with the slot
+      if (k + a.slots < items) {
+        if (lane < 16) fence_proxy_async();
+        issue(k + a.slots);
       }
     }
+  } else {
+    for (int s0 = group; s0 < n_steps; s0 += n_groups * kU) {
+      float d[2][4] = {};  // two MMA accumulators, alternating (two dependency chains)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i];
+      for (int u = 0; u < kU; ++u) {
+        const int s = s0 + n_groups * u;
+        if (s >= n_steps) break;
+        // Past the row's codes (TERNARY's last step: in_row false), va / vb hold an earlier step's codes
+        // (finite) and x there is the zero padding.
+        const uint4 ca = va[u], cb = vb[u];
+        // The loads of step s + n_groups * kU into this slot, before the MMAs of step s.
+        const int sn = s + n_groups * kU;
+        if (in_row(sn)) {
+          va[u] = ld_stream16(wa + 64 * sn);
+          vb[u] = ld_stream16(wb + 64 * sn);
+        }
+        const int c = kStepCols * s + lane_col;
+        step_mma<kTern>(d, ca, cb, x1 + c, x2 + c, dual, t, mg);
+        if (kTern) {  // 16 MMAs per step: flushed every step
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i];
+    }
   }
 
   // The partial sums of each tile's warps, added in warp order (and, one MMA, the lo columns after the hi).
@@ -350,8 +439,17 @@ bool gemv_lowbit_tc_ok(const WeightView& w, int n) {
          w.row_bytes % 16 == 0 && aligned16(w.data) && w.rows > 0 && lowbit_tc_on();
 }
 
+int lowbit_tc_bulk_slots() {
+  static const int slots = [] {
+    const char* v = std::getenv("ULTRA_CUDA_LOWBIT_BULK");
+    const int k = v && *v ? std::atoi(v) : -1;
+    return k < -1 ? -1 : k > kMaxSlots ? kMaxSlots : k;
+  }();
+  return slots;
+}
+
 cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
-                           bool accumulate, cudaStream_t stream) {
+                           bool accumulate, cudaStream_t stream, int bulk_slots) {
   if (!gemv_lowbit_tc_ok(w, n) || !x || !y || !aligned16(x)) return cudaErrorNotSupported;
   TcArgs a{};
   a.w = static_cast<const uint8_t*>(w.data);
@@ -367,15 +465,24 @@ cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y,
   a.accumulate = accumulate;
   a.tern_magic = 0x64006400u;
   const bool tern = w.type == GgmlType::TERNARY;
-  const int64_t step_cols = tern ? 256 : 64, xs = (w.cols + step_cols - 1) / step_cols * step_cols;
-  const size_t smem = (size_t)n * xs * 4 + (size_t)kWarps * 16 * kMaxN * sizeof(float);
-  auto kern = tern ? gemv_lowbit_tc_kernel<true> : gemv_lowbit_tc_kernel<false>;
-  const int max_smem = (kMaxXElems + kMaxN * 192) * 4 + kWarps * 16 * kMaxN * 4;  // x padded to steps
-  static const cudaError_t attr[2] = {
-      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           max_smem),
-      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           max_smem)};
+  const int step_cols = tern ? 256 : 64, xs = (int)((w.cols + step_cols - 1) / step_cols * step_cols);
+  // Every instance may take the device's opt-in shared memory less the static part (s_max).
+  static const int optin = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0)
+      return 48 << 10;
+    return v - 1024;
+  }();
+  static const cudaError_t attr[4] = {
+      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           optin),
+      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           optin),
+      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           optin),
+      cudaFuncSetAttribute(gemv_lowbit_tc_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           optin)};
   for (cudaError_t e : attr)
     if (e != cudaSuccess) return e;
   // T: the most tiles per block that leave >= 132 blocks (one per SM of an H200), at least 1
@@ -389,6 +496,47 @@ cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y,
   a.tiles = 1;
   while (a.tiles < kWarps && n_tiles / (2 * a.tiles) >= min_blocks) a.tiles *= 2;
   const int64_t blocks = (n_tiles + a.tiles - 1) / a.tiles;
+  // Bulk: no more slots than the busiest warp has items, nor than shared memory holds.
+  const int n_steps = xs / step_cols, n_groups = kWarps / a.tiles;
+  const int spg = (n_steps + n_groups - 1) / n_groups, max_items = (spg + kSlotSteps - 1) / kSlotSteps;
+  int slots = bulk_slots < 0 ? lowbit_tc_bulk_slots() : bulk_slots > kMaxSlots ? kMaxSlots : bulk_slots;
+  if (bulk_slots < 0 && lowbit_tc_bulk_slots() < 0) {
+    // Automatic (measured on the H200, docs/BENCHMARKS.md): F8_E4M3 takes 2 slots where two blocks still
+    // fit on an SM (or the grid has no more blocks than SMs), else 1 where a warp has at most 8 items (a
+    // slot each: its copies and MMAs overlap with the other warps'), else its register loads; TERNARY, whose
+    // unpacking and not the memory sets its pace, its register loads (the bulk variant measured 0-35%
+    // slower).
+    static const int sm_bytes = [] {
+      int dev = 0, v = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+        return 0;
+      return v;
+    }();
+    static const int n_sms = [] {
+      int dev = 0, v = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+      return v;
+    }();
+    auto two_fit = [&](int sl) { return 2 * (tc_smem_bytes(n, xs, sl) + 2048) <= (size_t)sm_bytes; };
+    slots = 0;
+    if (!tern && sm_bytes > 0) {
+      if (blocks <= n_sms || two_fit(2))
+        slots = 2;
+      else if (max_items <= 8 && two_fit(1))
+        slots = 1;
+    }
+  }
+  if (slots > 0) {
+    slots = slots < max_items ? slots : max_items;
+    while (slots > 1 && tc_smem_bytes(n, xs, slots) > (size_t)optin) --slots;
+  }
+  a.slots = slots;
+  const size_t smem = tc_smem_bytes(n, xs, slots);
+  auto kern = tern ? (slots > 0 ? gemv_lowbit_tc_kernel<true, true> : gemv_lowbit_tc_kernel<true, false>)
+                   : (slots > 0 ? gemv_lowbit_tc_kernel<false, true> : gemv_lowbit_tc_kernel<false, false>);
   const cudaError_t e = launch_ex(kern, dim3((unsigned)blocks), dim3(kThreads), smem, stream, 1, kPdlAll, a);
   return e != cudaSuccess ? e : cudaGetLastError();
 }

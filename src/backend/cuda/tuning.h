@@ -56,4 +56,10 @@ extern int g_attention_min_chunk;
 void set_attention_tiled(int mode);
 extern int g_attention_tiled;
 
+// Prefill matmuls (CudaMatmul, n > 8) of F8_E4M3 weights with a scale per row or tensor: 0 as the
+// environment says (ULTRA_CUDA_FP8_GEMM=1: cuBLASLt's FP8 GEMM with x quantised per row to E4M3; else the
+// BF16 copy of the weights), 1 the FP8 GEMM, 2 the BF16 copy.
+void set_fp8_gemm(int mode);
+extern int g_fp8_gemm;
+
 }  // namespace ultra::cuda::tuning
