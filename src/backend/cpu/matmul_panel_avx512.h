@@ -31,7 +31,7 @@ namespace panel {
 
 constexpr int kMR = 32;   // rows per panel: two vectors
 constexpr int kNR = 12;   // tokens per micro-tile: 2 x 12 accumulators
-constexpr int kKC = 256;  // columns per packed block (a panel: 32 KB of f32)
+constexpr int kKC = 128;  // columns per packed block (a panel: 16 KB of f32)
 constexpr int kMC = 128;  // rows per L2 block (kMC / kMR panels, 128 KB of f32)
 
 // v[i] = row i (16 floats) -> v[j] = column j.
