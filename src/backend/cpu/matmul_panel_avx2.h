@@ -72,36 +72,31 @@ inline __m256i row_mask(int left) {  // lanes < left
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx);
 }
 
-// sum[t][i] = sum_k p[k][i] x[k * kNR + t] (+ s_in[t * kMR + i]) for i < 8 * NV, t < NT; then
-// s_out[t * kMR + i] = sum (a column block before the last), or y[t * ldy + i] = sum (+ bias[i]) for i < nr.
+// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[k * kNR + t] (+ bias[i]) for i < nr (NV vectors of 8
+// rows), t < NT.
 template <int NV, int NT>
-inline void micro(const float* p, int kn, const float* x, const float* s_in, float* s_out, float* y,
-                  int64_t ldy, int nr, const float* bias) {
+inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,
+                  bool first, const float* bias) {
   __m256 acc[NV][NT];
+  __m256i m[NV];
+  for (int v = 0; v < NV; ++v) m[v] = row_mask(nr - 8 * v);
   for (int t = 0; t < NT; ++t)
     for (int v = 0; v < NV; ++v) acc[v][t] = _mm256_setzero_ps();
   for (int k = 0; k < kn; ++k) {
     __m256 wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = _mm256_load_ps(p + (size_t)k * kMR + 8 * v);
     for (int t = 0; t < NT; ++t) {
-      const __m256 xb = _mm256_broadcast_ss(x + k * kNR + t);  // packed x tile
+      const __m256 xb = _mm256_broadcast_ss(x + k * kNR + t);  // packed x tile (ldx unused)
       for (int v = 0; v < NV; ++v) acc[v][t] = _mm256_fmadd_ps(wv[v], xb, acc[v][t]);
     }
   }
-  if (s_in)
-    for (int t = 0; t < NT; ++t)
-      for (int v = 0; v < NV; ++v)
-        acc[v][t] = _mm256_add_ps(_mm256_load_ps(s_in + t * kMR + 8 * v), acc[v][t]);
-  if (s_out) {
-    for (int t = 0; t < NT; ++t)
-      for (int v = 0; v < NV; ++v) _mm256_store_ps(s_out + t * kMR + 8 * v, acc[v][t]);
-    return;
-  }
   for (int v = 0; v < NV; ++v) {
-    const __m256i m = row_mask(nr - 8 * v);
-    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * v, m) : _mm256_setzero_ps();
-    for (int t = 0; t < NT; ++t)
-      _mm256_maskstore_ps(y + t * ldy + 8 * v, m, bias ? _mm256_add_ps(acc[v][t], b) : acc[v][t]);
+    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * v, m[v]) : _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) {
+      __m256 r = first ? acc[v][t] : _mm256_add_ps(_mm256_maskload_ps(y + t * ldy + 8 * v, m[v]), acc[v][t]);
+      if (bias) r = _mm256_add_ps(r, b);
+      _mm256_maskstore_ps(y + t * ldy + 8 * v, m[v], r);
+    }
   }
 }
 
@@ -116,9 +111,9 @@ struct Kernel {
     panel::pack_x(x, ldx, nt, kn, xp);
   }
   template <int NV, int NT>
-  static void micro(const float* p, int kn, const float* x, const float* s_in, float* s_out, float* y,
-                    int64_t ldy, int nr, const float* bias) {
-    panel::micro<NV, NT>(p, kn, x, s_in, s_out, y, ldy, nr, bias);
+  static void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,
+                    bool first, const float* bias) {
+    panel::micro<NV, NT>(p, kn, x, ldx, y, ldy, nr, first, bias);
   }
 };
 

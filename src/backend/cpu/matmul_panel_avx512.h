@@ -7,10 +7,9 @@
 // two 16-row vectors of the panel times x[t, k] broadcast for each of the 12 tokens (x of the tile packed
 // k-major first, so the broadcasts read one stream), into 24 vector
 // accumulators (2 loads + 12 broadcasts per 24 FMAs: FMA-bound, and no horizontal sums). Each column block
-// sums from zero and is then added to the running sums (the first one stores; they are kept in a contiguous
-// per-thread buffer, matmul_panel_driver.h, and only the last block writes y), so no FMA chain is longer
-// than kKC columns (one chain over all columns lost 1e-5 against the dot-product tiles on the bundled
-// model's logits); the last block adds the bias.
+// sums from zero and is then added to y (the first one stores), so no FMA chain is longer than kKC columns
+// (one chain over all columns lost 1e-5 against the dot-product tiles on the bundled model's logits); the
+// last block adds the bias.
 //
 // Numerics: the products are exact and each (row, token) sum is f32 FMA chains of <= 256 columns in column
 // order, added block by block (the dot-product tiles of matmul_driver.h sum 16 lane chains and then the
@@ -31,7 +30,7 @@ namespace panel {
 
 constexpr int kMR = 32;   // rows per panel: two vectors
 constexpr int kNR = 12;   // tokens per micro-tile: 2 x 12 accumulators
-constexpr int kKC = 128;  // columns per packed block (a panel: 16 KB of f32)
+constexpr int kKC = 256;  // columns per packed block (a panel: 32 KB of f32)
 constexpr int kMC = 128;  // rows per L2 block (kMC / kMR panels, 128 KB of f32)
 
 // v[i] = row i (16 floats) -> v[j] = column j.
@@ -97,37 +96,35 @@ inline void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
   }
 }
 
-// sum[t][i] = sum_k p[k][i] x[k * kNR + t] (+ s_in[t * kMR + i]) for i < 16 * NV, t < NT; then
-// s_out[t * kMR + i] = sum (a column block before the last), or y[t * ldy + i] = sum (+ bias[i]) for i < nr.
+// y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[k * kNR + t] (+ bias[i]) for i < nr (NV vectors of
+// 16 rows), t < NT.
 template <int NV, int NT>
-inline void micro(const float* p, int kn, const float* x, const float* s_in, float* s_out, float* y,
-                  int64_t ldy, int nr, const float* bias) {
+inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,
+                  bool first, const float* bias) {
   __m512 acc[NV][NT];
+  __mmask16 m[NV];
+  for (int v = 0; v < NV; ++v) {
+    const int left = nr - 16 * v;
+    m[v] = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+  }
   for (int t = 0; t < NT; ++t)
     for (int v = 0; v < NV; ++v) acc[v][t] = _mm512_setzero_ps();
   for (int k = 0; k < kn; ++k) {
     __m512 wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(p + (size_t)k * kMR + 16 * v);
     for (int t = 0; t < NT; ++t) {
-      const __m512 xb = _mm512_set1_ps(x[k * kNR + t]);  // packed x tile
+      const __m512 xb = _mm512_set1_ps(x[k * kNR + t]);  // packed x tile (ldx unused)
       for (int v = 0; v < NV; ++v) acc[v][t] = _mm512_fmadd_ps(wv[v], xb, acc[v][t]);
     }
   }
-  if (s_in)
-    for (int t = 0; t < NT; ++t)
-      for (int v = 0; v < NV; ++v)
-        acc[v][t] = _mm512_add_ps(_mm512_load_ps(s_in + t * kMR + 16 * v), acc[v][t]);
-  if (s_out) {
-    for (int t = 0; t < NT; ++t)
-      for (int v = 0; v < NV; ++v) _mm512_store_ps(s_out + t * kMR + 16 * v, acc[v][t]);
-    return;
-  }
   for (int v = 0; v < NV; ++v) {
-    const int left = nr - 16 * v;
-    const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * v) : _mm512_setzero_ps();
-    for (int t = 0; t < NT; ++t)
-      _mm512_mask_storeu_ps(y + t * ldy + 16 * v, m, bias ? _mm512_add_ps(acc[v][t], b) : acc[v][t]);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m[v], bias + 16 * v) : _mm512_setzero_ps();
+    for (int t = 0; t < NT; ++t) {
+      __m512 r =
+          first ? acc[v][t] : _mm512_add_ps(_mm512_maskz_loadu_ps(m[v], y + t * ldy + 16 * v), acc[v][t]);
+      if (bias) r = _mm512_add_ps(r, b);
+      _mm512_mask_storeu_ps(y + t * ldy + 16 * v, m[v], r);
+    }
   }
 }
 
@@ -142,9 +139,9 @@ struct Kernel {
     panel::pack_x(x, ldx, nt, kn, xp);
   }
   template <int NV, int NT>
-  static void micro(const float* p, int kn, const float* x, const float* s_in, float* s_out, float* y,
-                    int64_t ldy, int nr, const float* bias) {
-    panel::micro<NV, NT>(p, kn, x, s_in, s_out, y, ldy, nr, bias);
+  static void micro(const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy, int nr,
+                    bool first, const float* bias) {
+    panel::micro<NV, NT>(p, kn, x, ldx, y, ldy, nr, first, bias);
   }
 };
 

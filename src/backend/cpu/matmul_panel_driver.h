@@ -4,41 +4,27 @@
 //                                                   // per L2 block, rows per vector
 //   template <class P> static void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p);
 //   static void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp);  // xp[k][kNR], zero past nt
-//   template <int NV, int NT> static void micro(const float* p, int kn, const float* x, const float* s_in,
-//                                               float* s_out, float* y, int64_t ldy, int nr,
-//                                               const float* bias);
-//     // sum[t][i] = sum_k p[k][i] x[k * kNR + t] (+ s_in[t * kMR + i] if s_in), i < NV vectors, t < NT;
-//     // then s_out[t * kMR + i] = sum (all NV vectors) if s_out, else y[t * ldy + i] = sum (+ bias[i]) for
-//     // i < nr
+//   template <int NV, int NT> static void micro(const float* p, int kn, const float* x, int64_t ldx, float*
+//   y,
+//                                               int64_t ldy, int nr, bool first, const float* bias);
+//     // y[t * ldy + i] (first: =, else +=) sum_k p[k][i] x[k * kNR + t] (+ bias[i]), i < nr (NV vectors),
+//     // t < NT
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 namespace ultra::cpu::detail::panel_driver {
 
 // K::micro<NV, nt> for a run-time nt <= NT.
 template <class K, int NV, int NT>
-inline void micro_nt(int nt, const float* p, int kn, const float* x, const float* s_in, float* s_out,
-                     float* y, int64_t ldy, int nr, const float* bias) {
+inline void micro_nt(int nt, const float* p, int kn, const float* x, int64_t ldx, float* y, int64_t ldy,
+                     int nr, bool first, const float* bias) {
   if constexpr (NT > 1)
-    if (nt < NT) return micro_nt<K, NV, NT - 1>(nt, p, kn, x, s_in, s_out, y, ldy, nr, bias);
-  K::template micro<NV, NT>(p, kn, x, s_in, s_out, y, ldy, nr, bias);
-}
-
-// This thread's buffer of partial sums, at least n floats, 64-byte aligned. Grown, never shrunk: the first
-// prefill step of a thread allocates it; later steps of at most that size allocate nothing.
-inline float* sums_buffer(size_t n) {
-  thread_local std::unique_ptr<float[]> buf;
-  thread_local size_t cap = 0;
-  if (cap < n) {
-    buf.reset(new float[n + 16]);
-    cap = n;
-  }
-  return (float*)(((uintptr_t)buf.get() + 63) & ~(uintptr_t)63);
+    if (nt < NT) return micro_nt<K, NV, NT - 1>(nt, p, kn, x, ldx, y, ldy, nr, first, bias);
+  K::template micro<NV, NT>(p, kn, x, ldx, y, ldy, nr, first, bias);
 }
 
 // Requests the weights of the block packed after (rows [rb, re), columns from kc) into L2 while this one's
@@ -61,22 +47,12 @@ inline void prefetch_next(const Args& a, int64_t rb, int64_t re, int64_t r1, int
 // Rows [r0, r1) of every token, in blocks of kMC rows: per column block, the block's panels are packed into
 // an L2-resident buffer (kMC x kKC f32, 128 KB), then each token tile runs over all of them, so that the
 // tile's x, packed k-major (K::pack_x: 12 or 6 floats per column, one sequential stream), stays in L1 across
-// the panels while the panels stream from L2 (one more sequential stream). P is the pack loader (weights of
-// one type -> f32).
-//
-// The partial sums of the column blocks before the last go to a contiguous per-thread buffer (one kNR x kMR
-// tile after the other, kMC x n_tokens floats) rather than to y: y's rows of one block are n_tokens short
-// segments at a stride of a.rows floats, a power of two for most matrices, so they fall into a few cache
-// sets and were evicted between column blocks (y traffic was a quarter of the GEMM's time). The last block
-// adds the buffered sums and writes y once.
+// the panels while the panels stream from L2 (one more sequential stream). P is
+// the pack loader (weights of one type -> f32).
 template <class K, class P, class Args>
 void gemm(const Args& a, int64_t r0, int64_t r1) {
   alignas(64) float buf[K::kMC * K::kKC];
   alignas(64) float xp[K::kKC * K::kNR];
-  constexpr int kTile = K::kNR * K::kMR;  // floats of one tile of partial sums
-  const int n_tiles = (a.n_tokens + K::kNR - 1) / K::kNR;
-  constexpr int kPanels = (K::kMC + K::kMR - 1) / K::kMR;
-  float* sums = a.cols > K::kKC ? sums_buffer((size_t)n_tiles * kPanels * kTile) : nullptr;
   for (int64_t rb = r0; rb < r1; rb += K::kMC) {
     const int64_t re = r1 - rb < K::kMC ? r1 : rb + K::kMC;
     const int np = (int)((re - rb + K::kMR - 1) / K::kMR);
@@ -98,15 +74,12 @@ void gemm(const Args& a, int64_t r0, int64_t r1) {
           const int64_t r = rb + (int64_t)i * K::kMR;
           const int nr = re - r < K::kMR ? (int)(re - r) : K::kMR;
           const float* p = buf + (size_t)i * K::kKC * K::kMR;
-          float* s = sums ? sums + ((size_t)(t / K::kNR) * kPanels + i) * kTile : nullptr;
-          const float* s_in = first ? nullptr : s;
-          float* s_out = last ? nullptr : s;
           float* y = a.y + (int64_t)t * a.rows + r;
           const float* bias = a.bias && last ? a.bias + r : nullptr;
           if (nr > K::kVec)
-            micro_nt<K, 2, K::kNR>(nt, p, kn, x, s_in, s_out, y, a.rows, nr, bias);
+            micro_nt<K, 2, K::kNR>(nt, p, kn, x, a.cols, y, a.rows, nr, first, bias);
           else
-            micro_nt<K, 1, K::kNR>(nt, p, kn, x, s_in, s_out, y, a.rows, nr, bias);
+            micro_nt<K, 1, K::kNR>(nt, p, kn, x, a.cols, y, a.rows, nr, first, bias);
         }
       }
     }
