@@ -547,20 +547,26 @@ void bench_sampler(cudaStream_t st) {
 
 }  // namespace
 
+// Llama-3-8B matrices for the low-bit sections.
+struct LowbitShape {
+  const char* name;
+  int64_t rows, cols;
+};
+const std::vector<LowbitShape>& lowbit_shapes() {
+  static const std::vector<LowbitShape> v = {{"attn 4096x4096", 4096, 4096},
+                                             {"kv 1024x4096", 1024, 4096},
+                                             {"ffn up 14336x4096", 14336, 4096},
+                                             {"ffn down 4096x14336", 4096, 14336},
+                                             {"lm_head 128256x4096", 128256, 4096}};
+  return v;
+}
+
 void bench_lowbit(cudaStream_t st, double ceiling) {
-  struct S {
-    const char* name;
-    int64_t rows, cols;
-  };
-  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
-                                 {"kv 1024x4096", 1024, 4096},
-                                 {"ffn up 14336x4096", 14336, 4096},
-                                 {"ffn down 4096x14336", 4096, 14336},
-                                 {"lm_head 128256x4096", 128256, 4096}};
+  const std::vector<LowbitShape>& shapes = lowbit_shapes();
   const std::vector<int> ns = g_quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 32};
   out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary | fp8 simt | "
       "ternary simt\n");
-  for (const S& s : shapes) {
+  for (const LowbitShape& s : shapes) {
     const GgmlType types[3] = {GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY};
     struct Mat {
       std::vector<uint8_t*> w;
@@ -626,21 +632,13 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
 // 0) against its bulk-copy variant (cp.async.bulk into a ring of 1-6 slots per warp), F8_E4M3 with a scale
 // per row and TERNARY with one per tensor, n = 1 and 4.
 void bench_lowbit_bulk(cudaStream_t st, double ceiling) {
-  struct S {
-    const char* name;
-    int64_t rows, cols;
-  };
-  const std::vector<S> shapes = {{"attn 4096x4096", 4096, 4096},
-                                 {"kv 1024x4096", 1024, 4096},
-                                 {"ffn up 14336x4096", 14336, 4096},
-                                 {"ffn down 4096x14336", 4096, 14336},
-                                 {"lm_head 128256x4096", 128256, 4096}};
+  const std::vector<LowbitShape>& shapes = lowbit_shapes();
   const int slots[] = {0, 1, 2, 3, 4, 6};
   out("\n  lowbit tensor-core gemv, register loads (slots 0) vs bulk copies: us/call (%% of read ceiling)\n");
   out("  %-28s", "");
   for (int sl : slots) out(" | slots %d       ", sl);
   out("\n");
-  for (const S& s : shapes)
+  for (const LowbitShape& s : shapes)
     for (GgmlType t : {GgmlType::F8_E4M3, GgmlType::TERNARY}) {
       const size_t rb = lowbit_row_bytes(t, s.cols), wbytes = (size_t)s.rows * rb;
       std::vector<uint8_t*> w;
@@ -700,9 +698,8 @@ void bench_fp8_gemm(cudaStream_t st) {
   uint8_t* ws = dalloc<uint8_t>(ws_bytes);
   CudaMatmul mm;
   CK(mm.init(ws, ws_bytes));
-  out("\n  prefill matmul, F8_E4M3 weights (scale per row): us/call (TFLOP/s) | bf16 weights | fp8: bf16 "
-      "copy "
-      "| fp8: FP8 GEMM (x per-row E4M3) | speed-up\n");
+  out("\n  prefill matmul, F8_E4M3 weights (scale per row): us/call (TFLOP/s) | bf16 weights | "
+      "fp8: bf16 copy | fp8: FP8 GEMM (x per-row E4M3) | speed-up\n");
   for (const S& s : shapes) {
     const size_t n8 = (size_t)s.rows * s.cols;
     uint8_t* w8 = dalloc<uint8_t>(n8);

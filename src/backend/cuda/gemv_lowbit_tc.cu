@@ -174,6 +174,18 @@ __device__ __forceinline__ void step_mma(float (&d)[2][4], const uint4& va, cons
   }
 }
 
+// step_mma into d; TERNARY's 16 MMAs of a step are then flushed into acc (long MMA chains lose accuracy).
+template <bool kTern>
+__device__ __forceinline__ void step_acc(float (&acc)[4], float (&d)[2][4], const uint4& ca, const uint4& cb,
+                                         const __half* x1, const __half* x2, bool dual, int t,
+                                         const TritMagic& mg) {
+  step_mma<kTern>(d, ca, cb, x1, x2, dual, t, mg);
+  if (kTern) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
+  }
+}
+
 // x' = x * 2^-e in f16 hi / lo parts into xh / xl [n, xs] (zeros past cols); returns e. x read once
 // (8-column units of two float4, all loads issued before any is used: one L2 round trip), its largest |x|
 // reduced, then converted from registers. Unit i of a row is columns 8i .. 8i + 7 (F8_E4M3) or, TERNARY,
@@ -358,11 +370,7 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
         const uint4 ca = *reinterpret_cast<const uint4*>(sa + 64 * j);
         const uint4 cb = *reinterpret_cast<const uint4*>(sb + 64 * j);
         const int c = kStepCols * s + lane_col;
-        step_mma<kTern>(d, ca, cb, x1 + c, x2 + c, dual, t, mg);
-        if (kTern) {  // 16 MMAs per step: flushed every step
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
-        }
+        step_acc<kTern>(acc, d, ca, cb, x1 + c, x2 + c, dual, t, mg);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i];
@@ -389,11 +397,7 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
           vb[u] = ld_stream16(wb + 64 * sn);
         }
         const int c = kStepCols * s + lane_col;
-        step_mma<kTern>(d, ca, cb, x1 + c, x2 + c, dual, t, mg);
-        if (kTern) {  // 16 MMAs per step: flushed every step
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i], d[0][i] = d[1][i] = 0.0f;
-        }
+        step_acc<kTern>(acc, d, ca, cb, x1 + c, x2 + c, dual, t, mg);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] += d[0][i] + d[1][i];
@@ -433,6 +437,13 @@ bool lowbit_tc_on() {
   return on;
 }
 
+// The current device's attribute, 0 if it cannot be read.
+static int device_attr(cudaDeviceAttr attr) {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) return 0;
+  return v;
+}
+
 bool gemv_lowbit_tc_ok(const WeightView& w, int n) {
   return (w.type == GgmlType::F8_E4M3 || w.type == GgmlType::TERNARY) && lowbit_scale_per_row_or_tensor(w) &&
          n >= 1 && n <= kMaxN && w.cols % 64 == 0 && (int64_t)n * w.cols <= kMaxXElems &&
@@ -467,13 +478,9 @@ cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y,
   const bool tern = w.type == GgmlType::TERNARY;
   const int step_cols = tern ? 256 : 64, xs = (int)((w.cols + step_cols - 1) / step_cols * step_cols);
   // Every instance may take the device's opt-in shared memory less the static part (s_max).
-  static const int optin = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0)
-      return 48 << 10;
-    return v - 1024;
-  }();
+  static const int optin = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin) > 0
+                               ? device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin) - 1024
+                               : 48 << 10;
   static const cudaError_t attr[4] = {
       cudaFuncSetAttribute(gemv_lowbit_tc_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            optin),
@@ -506,20 +513,8 @@ cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y,
     // slot each: its copies and MMAs overlap with the other warps'), else its register loads; TERNARY, whose
     // unpacking and not the memory sets its pace, its register loads (the bulk variant measured 0-35%
     // slower).
-    static const int sm_bytes = [] {
-      int dev = 0, v = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess ||
-          cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
-        return 0;
-      return v;
-    }();
-    static const int n_sms = [] {
-      int dev = 0, v = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess ||
-          cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return 0;
-      return v;
-    }();
+    static const int sm_bytes = device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+    static const int n_sms = device_attr(cudaDevAttrMultiProcessorCount);
     auto two_fit = [&](int sl) { return 2 * (tc_smem_bytes(n, xs, sl) + 2048) <= (size_t)sm_bytes; };
     slots = 0;
     if (!tern && sm_bytes > 0) {
