@@ -113,6 +113,13 @@ std::vector<float> run_matmul(ThreadPool& pool, const WeightView& w, const std::
     EXPECT_EQ(y[w.rows * nt + i], kGuard) << "y overrun";
   }
   y.resize(w.rows * nt);
+  // With scratch (the panel GEMM's x packed once per matmul) and without it (packed per row block): the
+  // same tiles in the same order, so the same bits.
+  if (ns) {
+    std::vector<float> y2(w.rows * nt);
+    matmul(pool, w, x.data(), nt, y2.data(), bias, nullptr);
+    EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float))) << "packed x != per-block x";
+  }
   return y;
 }
 
@@ -584,7 +591,7 @@ TEST(Attention, GqaSlotsF32AndF16) {
       for (float qscale : {1.0f, 6.0f}) {  // 6: scores up to ~100, exp would overflow without the max
         const int n_slots = 3, n_kv = 2, n_heads = 8, max_ctx = 1100;
         Cache c(type, n_slots, n_kv, max_ctx, hd);
-        const int hist_len[n_slots] = {1030, 5, 1099};  // positions already in the cache per slot
+        const int hist_len[n_slots] = {1024, 5, 1099};  // positions already in the cache per slot
         // History k/v per slot, as the test's own arrays (rounded to f16 for the F16 cache).
         std::vector<std::vector<float>> hk(n_slots), hv(n_slots);
         auto round_c = [&](float x) { return type == GgmlType::F16 ? fp16_to_fp32(fp32_to_fp16(x)) : x; };
@@ -602,11 +609,11 @@ TEST(Attention, GqaSlotsF32AndF16) {
           for (auto& x : hk[s]) x = round_c(x);
           for (auto& x : hv[s]) x = round_c(x);
         }
-        // One step: a decode token for slot 0 (pos 1030), 3 prefill tokens for slot 1 (pos 5..7), a decode
-        // token for slot 2 at the last position (1099).
-        const int nt = 5;
-        const int32_t pos[nt] = {1030, 5, 6, 7, 1099};
-        const int32_t slot[nt] = {0, 1, 1, 1, 2};
+        // One step: 7 prefill tokens for slot 0 (pos 1024..1030: query tiles of 4 and 3 far into the cache),
+        // 3 prefill tokens for slot 1 (pos 5..7), a decode token for slot 2 at the last position (1099).
+        const int nt = 11;
+        const int32_t pos[nt] = {1024, 1025, 1026, 1027, 1028, 1029, 1030, 5, 6, 7, 1099};
+        const int32_t slot[nt] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 2};
         std::vector<float> k(nt * n_kv * hd), v(nt * n_kv * hd);
         for (int t = 0; t < nt; ++t)
           for (int i = 0; i < n_kv * hd; ++i) {
@@ -749,9 +756,10 @@ TEST(Attention, SoftcapAndSlidingWindow) {
     std::vector<int32_t> all_pos(len), all_slot(len, 0);
     for (int i = 0; i < len; ++i) all_pos[i] = i;
     kv_write(c.view, hk.data(), hv.data(), len, all_pos.data(), all_slot.data());
-    const int nt = 4;
-    const int32_t pos[nt] = {0, 3, 40, 60};
-    const int32_t slot[nt] = {0, 0, 0, 0};
+    // Query tiles (consecutive positions) of 4, 4 and 2 tokens, and lone tokens, against each window.
+    const int nt = 11;
+    const int32_t pos[nt] = {0, 1, 2, 3, 38, 39, 40, 41, 42, 43, 60};
+    const int32_t slot[nt] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     const auto q = randn(nt * n_heads * hd, 33, 3.0f);
     const float scale = 0.3f;
     for (int window : {0, 1, 6, 41, 100}) {

@@ -1,6 +1,7 @@
 // kv_write and causal GQA attention over the slotted KV cache (F32 or F16 elements).
-// attention: one (token, head) pair at a time, pairs dealt round-robin to the threads (prefill tokens have
-// growing context lengths, so contiguous ranges would be unbalanced). Per pair: scores s[p] = q.k_p * scale
+// attention: (token, head) pairs (the SIMD loops: tiles of up to 4 consecutive tokens of a sequence, one
+// head) dealt round-robin to the threads (prefill tokens have growing context lengths, so contiguous ranges
+// would be unbalanced). Per pair: scores s[p] = q.k_p * scale
 // for p <= pos[t] into the thread's scratch row (four positions per pass: one reduction for four dot
 // products), max-subtracted exp (vectorised, ~2 ulp), sum, then out = sum_p s[p] v_p / sum, accumulated in
 // registers (8 vectors of out at a time: 64 elements with AVX2, 128 with AVX-512).

@@ -53,13 +53,24 @@ struct MatmulArgs {
   const float* scale = nullptr;
   int64_t scale_group = 0;
   int64_t scale_row_stride = 0;
+  // The packed-panel GEMM's x, packed once per matmul by MatmulKernels::pack_x (nullptr: each row block
+  // packs its token tiles itself): token tile j (panel_nr tokens, zero past n_tokens), column k at
+  // xp[(j * cols + k) * panel_nr + t].
+  const float* xp = nullptr;
 };
 using MatmulRangeFn = void (*)(const MatmulArgs& a, int64_t r0, int64_t r1);
+// Packs token tiles [j0, j1) of x [n_tokens, cols] into xp (MatmulArgs::xp's layout).
+using MatmulPackXFn = void (*)(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp);
 
 struct MatmulKernels {
   MatmulRangeFn f32, f16, bf16, q8_0;
   MatmulRangeFn fp8, ternary;  // F8_E4M3 (matmul_fp8*.cpp), TERNARY (matmul_ternary*.cpp)
   const char* name;
+  // The packed-panel GEMM of f32/f16/bf16/q8_0 prefill steps of at least panel_min_tokens tokens (0: none),
+  // in token tiles of panel_nr; pack_x packs its x for MatmulArgs::xp.
+  MatmulPackXFn pack_x = nullptr;
+  int panel_nr = 0;
+  int panel_min_tokens = 0;
 };
 
 // The F8_E4M3 and TERNARY range kernels of each SIMD level (matmul_fp8_avx2.cpp, ...).
@@ -123,8 +134,14 @@ static inline size_t cache_index(const KvLayerView& kv, int slot, int head, int 
 static inline int attention_first(int pos, int window) {
   return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
 }
-static constexpr size_t attention_scratch_stride(int max_ctx) {
+// Per thread: kAttentionTile score rows of attention_score_row(max_ctx) floats (the SIMD loop scores up to
+// that many queries of one head at once; the scalar one uses the first row).
+constexpr int kAttentionTile = 4;
+static constexpr size_t attention_score_row(int max_ctx) {
   return ((size_t)max_ctx + 15) / 16 * 16;
+}
+static constexpr size_t attention_scratch_stride(int max_ctx) {
+  return attention_score_row(max_ctx) * kAttentionTile;
 }
 // The loop of a thread's share: f(q, out, first, n_pos, slot, kv_head, scratch) for pairs ith, ith + nth,
 // ... (q and out the pair's head_dim rows, positions [first, first + n_pos) of the slot's kv_head).

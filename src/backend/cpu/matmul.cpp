@@ -139,9 +139,32 @@ const char* kernel_isa() {
   return detail::isa_name(detail::active_isa());
 }
 
-// No kernel needs scratch (Q8_0 reads f32 activations directly).
-size_t matmul_scratch_floats(const WeightView&, int, int) {
-  return 0;
+namespace {
+
+const MatmulKernels& active_kernels() {
+  return g_override ? *g_override : detail::matmul_kernels();
+}
+
+// Whether a step of n_tokens through w takes the kernels' packed-panel GEMM (matmul_driver.h's range_f).
+bool takes_panel(const MatmulKernels& k, const WeightView& w, int n_tokens) {
+  const bool type_ok = w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16 ||
+                       w.type == GgmlType::Q8_0;
+  return type_ok && k.pack_x && k.panel_min_tokens > 0 && n_tokens >= k.panel_min_tokens &&
+         detail::panel_gemm_enabled();
+}
+
+// The packed x of the panel GEMM (MatmulArgs::xp): whole token tiles of every column, 64-byte aligned.
+size_t packed_x_floats(const MatmulKernels& k, const WeightView& w, int n_tokens) {
+  const int64_t tiles = (n_tokens + k.panel_nr - 1) / k.panel_nr;
+  return (size_t)(tiles * k.panel_nr * w.cols) + 16;
+}
+
+}  // namespace
+
+// The panel GEMM's packed x (the other kernels read f32 activations directly).
+size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int) {
+  const MatmulKernels& k = active_kernels();
+  return takes_panel(k, w, n_tokens) ? packed_x_floats(k, w, n_tokens) : 0;
 }
 
 namespace {
@@ -170,9 +193,9 @@ inline int64_t chunk_rows(int64_t rows, int nth, int n_tokens) {
 }  // namespace
 
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
-            float* /*scratch: unused, matmul_scratch_floats() is 0*/) {
+            float* scratch) {
   if (n_tokens <= 0 || w.rows <= 0) return;
-  const MatmulKernels& k = g_override ? *g_override : detail::matmul_kernels();
+  const MatmulKernels& k = active_kernels();
   MatmulCtx ctx;
   ctx.a = MatmulArgs{(const uint8_t*)w.data, w.row_bytes,       w.rows, w.cols, x, n_tokens, y, bias, w.scale,
                      w.scale_group,          w.scale_row_stride};
@@ -198,6 +221,25 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
       break;
     default:
       unsupported("matmul", w.type);
+  }
+  // The panel GEMM's x packed once, all threads sharing the token tiles, before any row block needs it.
+  if (scratch && takes_panel(k, w, n_tokens)) {
+    float* xp = (float*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    struct Pack {
+      const MatmulKernels* k;
+      const float* x;
+      int n_tokens;
+      int64_t cols;
+      float* xp;
+    } pk{&k, x, n_tokens, w.cols, xp};
+    pool.run(
+        [](void* c, int ith, int nth) {
+          const auto& p = *(const Pack*)c;
+          const int tiles = (p.n_tokens + p.k->panel_nr - 1) / p.k->panel_nr;
+          p.k->pack_x(p.x, p.n_tokens, p.cols, tiles * ith / nth, tiles * (ith + 1) / nth, p.xp);
+        },
+        &pk);
+    ctx.a.xp = xp;
   }
   pool.run(
       [](void* c, int ith, int nth) {

@@ -183,6 +183,10 @@ struct Avx512 {
   static constexpr int kR = 4, kT = 4;  // 16 accumulators + 4 weight + 1 activation register of 32
   // Prefill of at least this many tokens: the packed-panel GEMM (matmul_panel_avx512.h).
   static constexpr int kPanelMinTokens = 16;
+  static constexpr int kPanelNR = panel::kNR;
+  static void pack_x(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp) {
+    panel::pack_x_all(x, n_tokens, cols, j0, j1, xp);
+  }
   template <class L>
   static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1) {
     panel::gemm<L>(a, r0, r1);

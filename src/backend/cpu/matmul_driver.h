@@ -12,6 +12,8 @@
 //     static float dot_row_q8(const uint8_t* w, const float* x, int64_t cols);
 //     static constexpr int kPanelMinTokens = ...;  // > 0: steps of at least this many tokens go to
 //     template <class L> static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1);  // (rows r0..r1)
+//     static constexpr int kPanelNR = ...;           // its token tile, and the packing of its x:
+//     static void pack_x(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp);
 //   };
 //
 // and gets its kernel table from driver::kernels<Isa>(name). Every template here takes Isa, a type with
@@ -104,7 +106,10 @@ constexpr MatmulKernels kernels(const char* name, MatmulRangeFn fp8, MatmulRange
                        range_f<Isa, typename Isa::Q8>,
                        fp8,
                        ternary,
-                       name};
+                       name,
+                       Isa::pack_x,
+                       Isa::kPanelNR,
+                       Isa::kPanelMinTokens};
 }
 
 // The driver of the scaled types (F8_E4M3, TERNARY: matmul_fp8_*.cpp, matmul_ternary_*.cpp), the same walk

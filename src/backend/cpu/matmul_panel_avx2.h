@@ -117,6 +117,11 @@ struct Kernel {
   }
 };
 
+// Token tiles [j0, j1) of x, all columns, for MatmulArgs::xp.
+inline void pack_x_all(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp) {
+  panel_driver::pack_x_all<Kernel>(x, n_tokens, cols, j0, j1, xp);
+}
+
 // Rows [r0, r1) of every token (MatmulArgs a, pack loader P).
 template <class P, class Args>
 void gemm(const Args& a, int64_t r0, int64_t r1) {

@@ -28,10 +28,11 @@ namespace ultra::cpu::detail {
 namespace {  // internal linkage: this header is compiled with the AVX-512 flags of one file only
 namespace panel {
 
-constexpr int kMR = 32;   // rows per panel: two vectors
-constexpr int kNR = 12;   // tokens per micro-tile: 2 x 12 accumulators
-constexpr int kKC = 256;  // columns per packed block (a panel: 32 KB of f32)
-constexpr int kMC = 128;  // rows per L2 block (kMC / kMR panels, 128 KB of f32)
+constexpr int kMR = 32;        // rows per panel: two vectors
+constexpr int kNR = 12;        // tokens per micro-tile: 2 x 12 accumulators
+constexpr int kKC = 256;       // columns per packed block (a panel: 32 KB of f32)
+constexpr int kMC = 128;       // rows per L2 block (kMC / kMR panels, 128 KB of f32)
+constexpr int kPrefetchK = 4;  // panel rows requested this many columns ahead (L2 -> L1)
 
 // v[i] = row i (16 floats) -> v[j] = column j.
 inline void transpose16(__m512* v) {
@@ -111,6 +112,9 @@ inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y,
     for (int v = 0; v < NV; ++v) acc[v][t] = _mm512_setzero_ps();
   for (int k = 0; k < kn; ++k) {
     __m512 wv[NV];
+    if constexpr (kPrefetchK > 0)
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch((const char*)(p + (size_t)(k + kPrefetchK) * kMR + 16 * v), _MM_HINT_T0);
     for (int v = 0; v < NV; ++v) wv[v] = _mm512_load_ps(p + (size_t)k * kMR + 16 * v);
     for (int t = 0; t < NT; ++t) {
       const __m512 xb = _mm512_set1_ps(x[k * kNR + t]);  // packed x tile (ldx unused)
@@ -144,6 +148,11 @@ struct Kernel {
     panel::micro<NV, NT>(p, kn, x, ldx, y, ldy, nr, first, bias);
   }
 };
+
+// Token tiles [j0, j1) of x, all columns, for MatmulArgs::xp.
+inline void pack_x_all(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp) {
+  panel_driver::pack_x_all<Kernel>(x, n_tokens, cols, j0, j1, xp);
+}
 
 // Rows [r0, r1) of every token (MatmulArgs a, pack loader P).
 template <class P, class Args>

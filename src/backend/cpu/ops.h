@@ -20,7 +20,8 @@ const char* kernel_isa();
 //   x: [n_tokens, cols] f32, y: [n_tokens, rows] f32, bias: [rows] f32 or nullptr.
 // n_tokens == 1 is the decode matrix x vector; n_tokens > 1 runs a blocked matrix x matrix (prefill) that
 // reads each weight row once per block of tokens. Work is split over the pool's threads by rows.
-// scratch: at least matmul_scratch_floats(W, n_tokens) floats (0 for every type today); may be nullptr if 0.
+// scratch: at least matmul_scratch_floats(W, n_tokens) floats (the packed activations of a prefill step's
+// panel GEMM; 0 for decode); may be nullptr (the GEMM then packs them per row block, slower).
 size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int n_threads);
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
             float* scratch);
