@@ -67,6 +67,10 @@ inline void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, fl
 }
 
 // Decode: one row, four accumulators to cover the FMA latency.
+// Decode reads each weight once; the row loops request their lines this far ahead into L1 (as
+// matmul_avx512.cpp's: the hardware prefetchers alone fell behind on a Skylake-class Xeon).
+constexpr int kDecodePrefetchBytes = 2048;
+
 template <class L>
 inline float dot_row_f(const uint8_t* wb, const float* x, int64_t cols) {
   using E = typename L::E;
@@ -74,6 +78,8 @@ inline float dot_row_f(const uint8_t* wb, const float* x, int64_t cols) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t c = 0;
   for (; c + 32 <= cols; c += 32) {
+    const char* pf = (const char*)(w + c) + kDecodePrefetchBytes;  // this step's 64 or 128 bytes, ahead
+    for (size_t l = 0; l < sizeof(E) / 2; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
     a0 = _mm256_fmadd_ps(L::load8(w + c), _mm256_loadu_ps(x + c), a0);
     a1 = _mm256_fmadd_ps(L::load8(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
     a2 = _mm256_fmadd_ps(L::load8(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
@@ -134,6 +140,7 @@ inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < nb; ++i) {
     const float* xi = x + i * kQ8_0Block;
+    if (i % 2 == 0) _mm_prefetch((const char*)(b + i) + kDecodePrefetchBytes, _MM_HINT_T0);
     const __m256 d = q8_scale(b[i]);
     a0 = _mm256_fmadd_ps(q8_part(b[i], 0, d), _mm256_loadu_ps(xi), a0);
     a1 = _mm256_fmadd_ps(q8_part(b[i], 1, d), _mm256_loadu_ps(xi + 8), a1);
