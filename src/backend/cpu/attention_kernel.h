@@ -107,6 +107,30 @@ void weighted_sum(const E* vrows, int hd, int n_pos, const float* w, float inv, 
   }
 }
 
+// Scores s[0, n) -> exp(s - max) in place (soft-capped first when softcap > 0); returns their sum.
+inline float softmax_weights(float* s, int n, float softcap) {
+  if (softcap > 0)
+    for (int p = 0; p < n; ++p) s[p] = __builtin_tanhf(s[p] / softcap) * softcap;
+  int p = 0;
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  for (; p + 8 <= n; p += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + p));
+  float m = hmax256(vm);
+  for (; p < n; ++p) m = s[p] > m ? s[p] : m;
+  const __m256 vmax = _mm256_set1_ps(m);
+  __m256 vs = _mm256_setzero_ps();
+  for (p = 0; p + 8 <= n; p += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + p), vmax));
+    _mm256_storeu_ps(s + p, e);
+    vs = _mm256_add_ps(vs, e);
+  }
+  float sum = hsum256(vs);
+  for (; p < n; ++p) {
+    s[p] = __builtin_expf(s[p] - m);  // (not std::exp: no inline function shared across ISA flags)
+    sum += s[p];
+  }
+  return sum;
+}
+
 template <class V, class E>
 void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int slot, int kvh, float scale,
                 float softcap, float* out, float* sc) {
@@ -118,28 +142,7 @@ void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int
   for (; p + 4 <= n_pos; p += 4)
     _mm_storeu_ps(sc + p, _mm_mul_ps(dot_rows4<V>(q, K + (size_t)p * hd, hd), vscale));
   for (; p < n_pos; ++p) sc[p] = dot_row<V>(q, K + (size_t)p * hd, hd) * scale;
-  if (softcap > 0)
-    for (p = 0; p < n_pos; ++p) sc[p] = __builtin_tanhf(sc[p] / softcap) * softcap;
-  // max
-  p = 0;
-  __m256 vm = _mm256_set1_ps(-INFINITY);
-  for (; p + 8 <= n_pos; p += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sc + p));
-  float m = hmax256(vm);
-  for (; p < n_pos; ++p) m = sc[p] > m ? sc[p] : m;
-  // exp and sum
-  const __m256 vmax = _mm256_set1_ps(m);
-  __m256 vs = _mm256_setzero_ps();
-  p = 0;
-  for (; p + 8 <= n_pos; p += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + p), vmax));
-    _mm256_storeu_ps(sc + p, e);
-    vs = _mm256_add_ps(vs, e);
-  }
-  float sum = hsum256(vs);
-  for (; p < n_pos; ++p) {
-    sc[p] = __builtin_expf(sc[p] - m);  // (not std::exp: no inline function shared across ISA flags)
-    sum += sc[p];
-  }
+  const float sum = softmax_weights(sc, n_pos, softcap);
   // weighted sum of v, accumulated in registers
   weighted_sum<V>(Vr, hd, n_pos, sc, 1.0f / sum, out);
 }
@@ -260,25 +263,7 @@ void attend_tile(const AttentionArgs& a, const float* const* qs, float* const* o
     const int lo = attention_first(pos0 + i, a.window) - F, hi = pos0 + i + 1 - F;  // [lo, hi) of [0, n)
     for (int p = 0; p < lo; ++p) s[p] = 0.0f;
     for (int p = hi; p < n; ++p) s[p] = 0.0f;
-    if (a.softcap > 0)
-      for (int p = lo; p < hi; ++p) s[p] = __builtin_tanhf(s[p] / a.softcap) * a.softcap;
-    int p = lo;
-    __m256 vm = _mm256_set1_ps(-INFINITY);
-    for (; p + 8 <= hi; p += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + p));
-    float m = hmax256(vm);
-    for (; p < hi; ++p) m = s[p] > m ? s[p] : m;
-    const __m256 vmax = _mm256_set1_ps(m);
-    __m256 vs = _mm256_setzero_ps();
-    for (p = lo; p + 8 <= hi; p += 8) {
-      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + p), vmax));
-      _mm256_storeu_ps(s + p, e);
-      vs = _mm256_add_ps(vs, e);
-    }
-    float sum = hsum256(vs);
-    for (; p < hi; ++p) {
-      s[p] = __builtin_expf(s[p] - m);
-      sum += s[p];
-    }
+    const float sum = softmax_weights(s + lo, hi - lo, a.softcap);
     inv[i] = 1.0f / sum;
   }
   for (int i = nq; i < 4; ++i)  // the repeated rows: any finite weights (not stored)
