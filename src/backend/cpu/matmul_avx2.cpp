@@ -133,19 +133,49 @@ inline void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, f
   }
 }
 
-// Decode: one block per step on four accumulators, one sequential stream (as dot_row_f).
+// Decode: one sequential stream, two blocks per step on four accumulators. Each half block's 16 products are
+// summed unscaled (one multiply and one FMA) and take the block's scale in one more FMA: 3 arithmetic
+// instructions per 16 weights instead of 4 (scaling the weights first, as the tiles do, which reuse them
+// for several tokens). The rounding differs from the tiles' (within the same bound).
+inline __m256 q8_raw(const BlockQ8_0& b, int k) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b.qs + 8 * k))));
+}
+inline __m256 q8_scale_bcast(const BlockQ8_0& b) {  // vpbroadcastw from memory + vcvtph2ps
+  return _mm256_cvtph_ps(_mm_set1_epi16((short)b.d));
+}
 inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
   const BlockQ8_0* b = (const BlockQ8_0*)w;
   const int64_t nb = cols / kQ8_0Block;
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i < nb; ++i) {
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
     const float* xi = x + i * kQ8_0Block;
-    if (i % 2 == 0) _mm_prefetch((const char*)(b + i) + kDecodePrefetchBytes, _MM_HINT_T0);
-    const __m256 d = q8_scale(b[i]);
-    a0 = _mm256_fmadd_ps(q8_part(b[i], 0, d), _mm256_loadu_ps(xi), a0);
-    a1 = _mm256_fmadd_ps(q8_part(b[i], 1, d), _mm256_loadu_ps(xi + 8), a1);
-    a2 = _mm256_fmadd_ps(q8_part(b[i], 2, d), _mm256_loadu_ps(xi + 16), a2);
-    a3 = _mm256_fmadd_ps(q8_part(b[i], 3, d), _mm256_loadu_ps(xi + 24), a3);
+    const char* pf = (const char*)(b + i) + kDecodePrefetchBytes;  // 68 bytes a step: 2 lines cover it
+    _mm_prefetch(pf, _MM_HINT_T0);
+    _mm_prefetch(pf + 64, _MM_HINT_T0);
+    __m256 u0 = _mm256_mul_ps(q8_raw(b[i], 0), _mm256_loadu_ps(xi));
+    __m256 v0 = _mm256_mul_ps(q8_raw(b[i], 1), _mm256_loadu_ps(xi + 8));
+    __m256 u1 = _mm256_mul_ps(q8_raw(b[i + 1], 0), _mm256_loadu_ps(xi + 32));
+    __m256 v1 = _mm256_mul_ps(q8_raw(b[i + 1], 1), _mm256_loadu_ps(xi + 40));
+    u0 = _mm256_fmadd_ps(q8_raw(b[i], 2), _mm256_loadu_ps(xi + 16), u0);
+    v0 = _mm256_fmadd_ps(q8_raw(b[i], 3), _mm256_loadu_ps(xi + 24), v0);
+    u1 = _mm256_fmadd_ps(q8_raw(b[i + 1], 2), _mm256_loadu_ps(xi + 48), u1);
+    v1 = _mm256_fmadd_ps(q8_raw(b[i + 1], 3), _mm256_loadu_ps(xi + 56), v1);
+    const __m256 d0 = q8_scale_bcast(b[i]), d1 = q8_scale_bcast(b[i + 1]);
+    a0 = _mm256_fmadd_ps(u0, d0, a0);
+    a1 = _mm256_fmadd_ps(v0, d0, a1);
+    a2 = _mm256_fmadd_ps(u1, d1, a2);
+    a3 = _mm256_fmadd_ps(v1, d1, a3);
+  }
+  if (i < nb) {
+    const float* xi = x + i * kQ8_0Block;
+    const __m256 u0 = _mm256_fmadd_ps(q8_raw(b[i], 2), _mm256_loadu_ps(xi + 16),
+                                      _mm256_mul_ps(q8_raw(b[i], 0), _mm256_loadu_ps(xi)));
+    const __m256 v0 = _mm256_fmadd_ps(q8_raw(b[i], 3), _mm256_loadu_ps(xi + 24),
+                                      _mm256_mul_ps(q8_raw(b[i], 1), _mm256_loadu_ps(xi + 8)));
+    const __m256 d0 = q8_scale_bcast(b[i]);
+    a0 = _mm256_fmadd_ps(u0, d0, a0);
+    a1 = _mm256_fmadd_ps(v0, d0, a1);
   }
   return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
