@@ -11,6 +11,7 @@
 
 #include "../fuzz/fuzz_harness.h"
 #include "core/error.h"
+#include "core/mmap.h"
 #include "io/convert.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -513,4 +514,49 @@ TEST(ModelLoadHf, UnsupportedFeaturesOfNewArchitectures) {
   EXPECT_EQ(hp.rope_theta_swa, 1e4f);
   EXPECT_EQ(hp.swa_layers, (std::vector<uint8_t>{1, 0}));
   EXPECT_TRUE(hp.tie_embeddings && hp.qk_norm && hp.post_norms && hp.gelu);
+}
+
+// --no-mmap (set_read_into_memory): the file read into 2 MiB-aligned anonymous memory, byte for byte the
+// mapped content, for sizes below, at and above a multiple of 2 MiB; an empty file stays empty; a model
+// loads from it and its weights point into that memory.
+TEST(MappedFileCopy, SameBytesAlignedToHugePages) {
+  std::mt19937 rng(5);
+  for (size_t size : {(size_t)1, (size_t)12345, (size_t)2 << 20, ((size_t)4 << 20) + 17, (size_t)0}) {
+    const fs::path p = tmp("copy_" + std::to_string(size) + ".bin");
+    std::string bytes(size, '\0');
+    for (char& c : bytes) c = (char)rng();
+    std::ofstream(p, std::ios::binary).write(bytes.data(), (std::streamsize)bytes.size());
+    set_read_into_memory(false);
+    const MappedFile mapped(p.string());
+    set_read_into_memory(true);
+    MappedFile copied(p.string());
+    set_read_into_memory(false);
+    EXPECT_FALSE(mapped.copied());
+    ASSERT_EQ(copied.size(), size);
+    ASSERT_EQ(mapped.size(), size);
+    if (size == 0) {
+      EXPECT_EQ(copied.data(), nullptr);
+      continue;
+    }
+    EXPECT_TRUE(copied.copied());
+    EXPECT_EQ((uintptr_t)copied.data() % ((uintptr_t)2 << 20), 0u) << size;
+    EXPECT_EQ(std::memcmp(copied.data(), bytes.data(), size), 0) << size;
+    EXPECT_EQ(std::memcmp(mapped.data(), bytes.data(), size), 0) << size;
+    const MappedFile moved(std::move(copied));  // the move keeps the copy's extent
+    EXPECT_TRUE(moved.copied());
+    EXPECT_EQ(std::memcmp(moved.data(), bytes.data(), size), 0) << size;
+  }
+}
+
+TEST_F(ModelLoad, ReadIntoMemoryLoadsTheSameWeights) {
+  const auto mapped = load_model(base_.string());
+  set_read_into_memory(true);
+  const auto copied = load_model(base_.string());
+  set_read_into_memory(false);
+  ASSERT_EQ(copied->layers.size(), mapped->layers.size());
+  const WeightView& a = mapped->layers[0].wq;
+  const WeightView& b = copied->layers[0].wq;
+  ASSERT_EQ(a.rows * a.row_bytes, b.rows * b.row_bytes);
+  EXPECT_NE(a.data, b.data);
+  EXPECT_EQ(std::memcmp(a.data, b.data, a.rows * a.row_bytes), 0);
 }

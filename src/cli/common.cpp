@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "chat/builtin_templates.h"
+#include "core/mmap.h"
 
 namespace ultra::cli {
 
@@ -29,6 +30,7 @@ std::string bundled_model_path(const char* name) {
 }
 
 void ModelFlags::resolve_model() {
+  if (no_mmap) set_read_into_memory(true);
   if (model_opt && model_opt->count() > 0 && model.empty()) fail("-m: the model path is empty");
   if (!model.empty()) return;
   model = bundled_model_path();
@@ -44,6 +46,9 @@ void ModelFlags::add(CLI::App& app) {
   app.add_option("-c,--ctx-size", ctx, "context size in tokens (default: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("-b,--batch-size", batch, "most tokens per prefill step")->check(CLI::Range(1, 65536));
+  app.add_flag("--no-mmap", no_mmap,
+               "read the model into memory (2 MiB-aligned, advised for huge pages) instead of mapping it: "
+               "faster CPU decode, slower load");
   add_device_flags(app, device, kv_type);
 }
 

@@ -1,4 +1,9 @@
 // Read-only memory map of a whole file. Model weights are used in place from the map (zero copy).
+// Or, when asked (set_read_into_memory(true): `--no-mmap`, or ULTRA_NO_MMAP=1 in the environment), the file
+// is read into anonymous memory aligned to 2 MiB and advised for transparent huge pages (MADV_HUGEPAGE): the
+// kernel rarely backs a file mapping with huge pages, and with 4 KiB pages every 4 KiB of weights streamed
+// in a decode step costs a TLB miss (F16 decode 6-9% faster on a Skylake-class Xeon, docs/BENCHMARKS.md).
+// The price: a slower load, and memory that the page cache cannot share or drop.
 #pragma once
 
 #include <cstddef>
@@ -6,6 +11,10 @@
 #include <string>
 
 namespace ultra {
+
+// Process-wide, for the MappedFiles constructed after the call (set it before loading a model).
+void set_read_into_memory(bool on);
+bool read_into_memory();  // the setting, or ULTRA_NO_MMAP=1 in the environment
 
 class MappedFile {
  public:
@@ -23,11 +32,14 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  bool copied() const { return copied_; }  // read into huge-page memory (not mapped)
 
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  size_t mapped_ = 0;  // bytes to unmap at data_ (size_, or size_ rounded up to 2 MiB when copied)
+  bool copied_ = false;
 };
 
 }  // namespace ultra
