@@ -115,6 +115,20 @@ TEST(Cli, RunTextOutputHasTimings) {
   EXPECT_EQ(o.out, o2.out);
 }
 
+// --no-mmap reads the model into huge-page memory instead of mapping it: the same greedy tokens (the bundled
+// GGUF, and an HF directory's safetensors).
+TEST(Cli, NoMmapSameTokens) {
+  for (const std::string m : {std::string(), " -m " + (kHf / "qwen2_bias").string()}) {
+    const std::string args = "run" + m + " --prompt-ids 1,2,3,4 -n 12 --temp 0 --ignore-eos --json";
+    const Out a = ultra(args), b = ultra(args + " --no-mmap");
+    ASSERT_EQ(a.code, 0) << a.err;
+    ASSERT_EQ(b.code, 0) << b.err;
+    const auto ga = json::parse(a.out)["generated_ids"].get<std::vector<int>>();
+    EXPECT_EQ(ga.size(), 12u);
+    EXPECT_EQ(json::parse(b.out)["generated_ids"].get<std::vector<int>>(), ga) << m;
+  }
+}
+
 TEST(Cli, BenchTable) {
   const Out o = ultra("bench -m " + (kHf / "mistral").string() + " -p 16 -n 8 -r 2 -t 1");
   ASSERT_EQ(o.code, 0) << o.err;
