@@ -16,10 +16,11 @@ namespace ultra::cpu::detail {
 namespace {  // internal linkage: this header is compiled with the AVX2 flags of one file only
 namespace panel {
 
-constexpr int kMR = 16;   // rows per panel: two vectors
-constexpr int kNR = 6;    // tokens per micro-tile: 2 x 6 accumulators
-constexpr int kKC = 256;  // columns per packed block
-constexpr int kMC = 128;  // rows per L2 block (kMC / kMR panels)
+constexpr int kMR = 16;        // rows per panel: two vectors
+constexpr int kNR = 6;         // tokens per micro-tile: 2 x 6 accumulators
+constexpr int kKC = 256;       // columns per packed block
+constexpr int kMC = 128;       // rows per L2 block (kMC / kMR panels)
+constexpr int kPrefetchK = 4;  // panel rows requested this many columns ahead (L2 -> L1)
 
 // v[i] = row i (8 floats) -> v[j] = column j.
 inline void transpose8(__m256* v) {
@@ -84,6 +85,8 @@ inline void micro(const float* p, int kn, const float* x, int64_t ldx, float* y,
     for (int v = 0; v < NV; ++v) acc[v][t] = _mm256_setzero_ps();
   for (int k = 0; k < kn; ++k) {
     __m256 wv[NV];
+    if constexpr (kPrefetchK > 0)  // one 64-byte line per column (kMR floats)
+      _mm_prefetch((const char*)(p + (size_t)(k + kPrefetchK) * kMR), _MM_HINT_T0);
     for (int v = 0; v < NV; ++v) wv[v] = _mm256_load_ps(p + (size_t)k * kMR + 8 * v);
     for (int t = 0; t < NT; ++t) {
       const __m256 xb = _mm256_broadcast_ss(x + k * kNR + t);  // packed x tile (ldx unused)
