@@ -2,7 +2,9 @@
 // having written the dropped tokens, independent slots, and a clear error instead of growth at capacity.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 
 #include "kv/kv_cache.h"
@@ -34,6 +36,39 @@ TEST(KvCache, SizeAndTypes) {
   EXPECT_EQ(kv.capacity(), 100);
   p.type = GgmlType::Q8_0;
   EXPECT_THROW(KvCache{p}, Error);
+}
+
+// One huge-page allocation holds every layer: 2 MiB-aligned, zeroed, and the K and V buffers of all layers
+// disjoint (a writer running past its buffer would clobber the next layer), 64-byte aligned and writable.
+TEST(KvCache, LayersAreDisjointZeroedAndAligned) {
+  KvCacheParams p;
+  p.n_layers = 5;
+  p.n_slots = 3;
+  p.n_kv_heads = 2;
+  p.max_ctx = 37;  // an odd size: the buffers are not multiples of 64 bytes
+  p.head_dim = 6;
+  p.type = GgmlType::F32;
+  KvCache kv(p);
+  const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * p.head_dim;
+  EXPECT_EQ((uintptr_t)kv.layer(0).k % ((uintptr_t)2 << 20), 0u);
+  for (int il = 0; il < p.n_layers; ++il) {
+    KvLayerView l = kv.layer(il);
+    for (void* b : {l.k, l.v}) {
+      EXPECT_EQ((uintptr_t)b % 64, 0u);
+      const float* f = static_cast<const float*>(b);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(f[i], 0.0f) << il << " " << i;
+    }
+    // Fill this layer's K and V with their own marks.
+    std::fill_n(static_cast<float*>(l.k), n, 1.0f + 2 * il);
+    std::fill_n(static_cast<float*>(l.v), n, 2.0f + 2 * il);
+  }
+  for (int il = 0; il < p.n_layers; ++il) {
+    KvLayerView l = kv.layer(il);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(static_cast<const float*>(l.k)[i], 1.0f + 2 * il) << il << " " << i;
+      ASSERT_EQ(static_cast<const float*>(l.v)[i], 2.0f + 2 * il) << il << " " << i;
+    }
+  }
 }
 
 TEST(KvCache, CropBounds) {

@@ -548,6 +548,29 @@ TEST(MappedFileCopy, SameBytesAlignedToHugePages) {
   }
 }
 
+TEST(HugePageMemory, AlignedZeroedWritableAndMoves) {
+  for (bool prefault : {true, false}) {
+    for (size_t size : {(size_t)1, (size_t)4095, (size_t)2 << 20, ((size_t)3 << 20) + 5}) {
+      HugePageMemory m(size, "a test", prefault);
+      ASSERT_NE(m.data(), nullptr);
+      EXPECT_EQ(m.size(), size);
+      EXPECT_EQ((uintptr_t)m.data() % ((uintptr_t)2 << 20), 0u);
+      for (size_t i = 0; i < size; i += 997) ASSERT_EQ(m.data()[i], 0) << size;
+      ASSERT_EQ(m.data()[size - 1], 0);
+      m.data()[size - 1] = 7;
+      HugePageMemory moved(std::move(m));
+      EXPECT_EQ(m.data(), nullptr);
+      EXPECT_EQ(moved.data()[size - 1], 7);
+      HugePageMemory assigned;
+      assigned = std::move(moved);
+      EXPECT_EQ(assigned.data()[size - 1], 7);
+      EXPECT_EQ(assigned.size(), size);
+    }
+  }
+  EXPECT_EQ(HugePageMemory(0, "nothing", true).data(), nullptr);
+  EXPECT_THROW(HugePageMemory((size_t)1 << 60, "an absurd size", true), Error);
+}
+
 TEST_F(ModelLoad, ReadIntoMemoryLoadsTheSameWeights) {
   const auto mapped = load_model(base_.string());
   set_read_into_memory(true);

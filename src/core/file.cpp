@@ -54,6 +54,18 @@ int open_regular_file(const std::string& path, const char* what, size_t* size) {
   return fd;
 }
 
+size_t read_up_to(int fd, void* dst, size_t n, const std::string& path, const char* what) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, static_cast<char*>(dst) + got, n - got, (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail("{}: read error in {}: {}", path, what, std::strerror(errno));
+    if (r == 0) break;  // the file shrank while being read
+    got += (size_t)r;
+  }
+  return got;
+}
+
 std::string read_file(const std::string& path, const char* what, size_t max_bytes) {
   size_t size = 0;
   const int fd = open_regular_file(path, what, &size);
@@ -63,16 +75,11 @@ std::string read_file(const std::string& path, const char* what, size_t max_byte
   }
   std::string out(size, '\0');
   size_t got = 0;
-  while (got < size) {
-    const ssize_t n = ::read(fd, out.data() + got, size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      fail("{}: read error in {}: {}", path, what, std::strerror(e));
-    }
-    if (n == 0) break;  // the file shrank while being read
-    got += (size_t)n;
+  try {
+    got = read_up_to(fd, out.data(), size, path, what);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   ::close(fd);
   out.resize(got);

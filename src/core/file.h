@@ -17,6 +17,10 @@ void check_regular_file(const std::string& path, const char* what = "input");
 // closes it. Throws ultra::Error naming the path.
 int open_regular_file(const std::string& path, const char* what, size_t* size);
 
+// Reads from fd at offset 0 until n bytes are in dst or the file ends (it shrank); retries EINTR. Returns
+// the bytes read. Throws ultra::Error "<path>: read error in <what>: ..." on a failed read.
+size_t read_up_to(int fd, void* dst, size_t n, const std::string& path, const char* what);
+
 // The whole content of a regular file. Files larger than max_bytes are refused before they are read.
 std::string read_file(const std::string& path, const char* what = "input",
                       size_t max_bytes = (size_t)1 << 30);

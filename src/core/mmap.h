@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/huge_pages.h"
+
 namespace ultra {
 
 // Process-wide, for the MappedFiles constructed after the call (set it before loading a model).
@@ -32,14 +34,13 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  bool copied() const { return copied_; }  // read into huge-page memory (not mapped)
+  bool copied() const { return copy_.data() != nullptr; }  // read into huge-page memory (not mapped)
 
  private:
   std::string path_;
-  const uint8_t* data_ = nullptr;
+  const uint8_t* data_ = nullptr;  // into the file mapping, or copy_
   size_t size_ = 0;
-  size_t mapped_ = 0;  // bytes to unmap at data_ (size_, or size_ rounded up to 2 MiB when copied)
-  bool copied_ = false;
+  HugePageMemory copy_;  // the file's bytes when copied
 };
 
 }  // namespace ultra

@@ -17,20 +17,16 @@ KvCache::KvCache(const KvCacheParams& p) : p_(p) {
          p.n_slots, p.n_kv_heads, p.max_ctx, p.head_dim);
   if (p.max_ctx > (1 << 24) || p.n_slots > 4096)
     fail("KV cache: context {} x slots {} is too large", p.max_ctx, p.n_slots);
-  const size_t per_layer = bytes_for(p) / 2 / p.n_layers;
-  k_.reserve(p.n_layers);
-  v_.reserve(p.n_layers);
-  for (int il = 0; il < p.n_layers; ++il) {
-    k_.emplace_back(per_layer);
-    v_.emplace_back(per_layer);
-  }
+  layer_bytes_ = (bytes_for(p) / 2 / p.n_layers + 63) / 64 * 64;
+  mem_ = HugePageMemory(2 * p.n_layers * layer_bytes_, "the KV cache", /*prefault=*/true);
 }
 
 KvLayerView KvCache::layer(int il) {
   KvLayerView v;
   v.type = p_.type;
-  v.k = k_[il].data();
-  v.v = v_[il].data();
+  uint8_t* k = mem_.data() + 2 * (size_t)il * layer_bytes_;
+  v.k = k;
+  v.v = k + layer_bytes_;
   v.n_slots = p_.n_slots;
   v.n_kv_heads = p_.n_kv_heads;
   v.max_ctx = p_.max_ctx;

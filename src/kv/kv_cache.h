@@ -1,14 +1,15 @@
 // Slotted static KV cache: per layer one contiguous K and one V buffer of
 // [n_slots, n_kv_heads, max_ctx, head_dim] elements (F32 or F16), allocated once at context creation and
-// written in place. Each slot holds one sequence. The cache is storage only: which positions of a slot are
-// valid is the engine's business (a sequence's length), so rolling a sequence back is O(1) and never
-// touches the data, and the size never changes.
+// written in place. All layers share one allocation in huge-page memory (core/huge_pages.h): a decode step
+// reads every layer's cache, and with 4 KiB pages each 4 KiB of it is a TLB entry. Each slot holds one
+// sequence. The cache is storage only: which positions of a slot are valid is the engine's business (a
+// sequence's length), so rolling a sequence back is O(1) and never touches the data, and the size never
+// changes.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
-#include "core/buffer.h"
+#include "core/huge_pages.h"
 #include "core/views.h"
 
 namespace ultra {
@@ -35,7 +36,8 @@ class KvCache {
 
  private:
   KvCacheParams p_;
-  std::vector<Buffer<uint8_t>> k_, v_;  // per layer
+  HugePageMemory mem_;      // [n_layers][K, V] blocks of layer_bytes_
+  size_t layer_bytes_ = 0;  // one K (or V) buffer, rounded up to 64 bytes
 };
 
 }  // namespace ultra
