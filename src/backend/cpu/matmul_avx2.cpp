@@ -143,6 +143,17 @@ inline __m256 q8_raw(const BlockQ8_0& b, int k) {
 inline __m256 q8_scale_bcast(const BlockQ8_0& b) {  // vpbroadcastw from memory + vcvtph2ps
   return _mm256_cvtph_ps(_mm_set1_epi16((short)b.d));
 }
+// A block's 32 products summed unscaled in two halves: u over its 1st and 3rd 8 columns, v over the 2nd
+// and 4th (two independent chains).
+struct Q8Sums {
+  __m256 u, v;
+};
+inline Q8Sums q8_block_sums(const BlockQ8_0& b, const float* x) {
+  return {
+      _mm256_fmadd_ps(q8_raw(b, 2), _mm256_loadu_ps(x + 16), _mm256_mul_ps(q8_raw(b, 0), _mm256_loadu_ps(x))),
+      _mm256_fmadd_ps(q8_raw(b, 3), _mm256_loadu_ps(x + 24),
+                      _mm256_mul_ps(q8_raw(b, 1), _mm256_loadu_ps(x + 8)))};
+}
 inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
   const BlockQ8_0* b = (const BlockQ8_0*)w;
   const int64_t nb = cols / kQ8_0Block;
@@ -153,29 +164,18 @@ inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
     const char* pf = (const char*)(b + i) + kDecodePrefetchBytes;  // 68 bytes a step: 2 lines cover it
     _mm_prefetch(pf, _MM_HINT_T0);
     _mm_prefetch(pf + 64, _MM_HINT_T0);
-    __m256 u0 = _mm256_mul_ps(q8_raw(b[i], 0), _mm256_loadu_ps(xi));
-    __m256 v0 = _mm256_mul_ps(q8_raw(b[i], 1), _mm256_loadu_ps(xi + 8));
-    __m256 u1 = _mm256_mul_ps(q8_raw(b[i + 1], 0), _mm256_loadu_ps(xi + 32));
-    __m256 v1 = _mm256_mul_ps(q8_raw(b[i + 1], 1), _mm256_loadu_ps(xi + 40));
-    u0 = _mm256_fmadd_ps(q8_raw(b[i], 2), _mm256_loadu_ps(xi + 16), u0);
-    v0 = _mm256_fmadd_ps(q8_raw(b[i], 3), _mm256_loadu_ps(xi + 24), v0);
-    u1 = _mm256_fmadd_ps(q8_raw(b[i + 1], 2), _mm256_loadu_ps(xi + 48), u1);
-    v1 = _mm256_fmadd_ps(q8_raw(b[i + 1], 3), _mm256_loadu_ps(xi + 56), v1);
+    const Q8Sums s0 = q8_block_sums(b[i], xi), s1 = q8_block_sums(b[i + 1], xi + 32);
     const __m256 d0 = q8_scale_bcast(b[i]), d1 = q8_scale_bcast(b[i + 1]);
-    a0 = _mm256_fmadd_ps(u0, d0, a0);
-    a1 = _mm256_fmadd_ps(v0, d0, a1);
-    a2 = _mm256_fmadd_ps(u1, d1, a2);
-    a3 = _mm256_fmadd_ps(v1, d1, a3);
+    a0 = _mm256_fmadd_ps(s0.u, d0, a0);
+    a1 = _mm256_fmadd_ps(s0.v, d0, a1);
+    a2 = _mm256_fmadd_ps(s1.u, d1, a2);
+    a3 = _mm256_fmadd_ps(s1.v, d1, a3);
   }
   if (i < nb) {
-    const float* xi = x + i * kQ8_0Block;
-    const __m256 u0 = _mm256_fmadd_ps(q8_raw(b[i], 2), _mm256_loadu_ps(xi + 16),
-                                      _mm256_mul_ps(q8_raw(b[i], 0), _mm256_loadu_ps(xi)));
-    const __m256 v0 = _mm256_fmadd_ps(q8_raw(b[i], 3), _mm256_loadu_ps(xi + 24),
-                                      _mm256_mul_ps(q8_raw(b[i], 1), _mm256_loadu_ps(xi + 8)));
+    const Q8Sums s0 = q8_block_sums(b[i], x + i * kQ8_0Block);
     const __m256 d0 = q8_scale_bcast(b[i]);
-    a0 = _mm256_fmadd_ps(u0, d0, a0);
-    a1 = _mm256_fmadd_ps(v0, d0, a1);
+    a0 = _mm256_fmadd_ps(s0.u, d0, a0);
+    a1 = _mm256_fmadd_ps(s0.v, d0, a1);
   }
   return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
