@@ -68,43 +68,54 @@ inline __m128 dot_rows4(const float* q, const E* k, int n) {
   return s;
 }
 
-// out[d0 .. d0 + C W) = inv * sum_p w[p] v_p[d0 ..]: the C accumulators stay in registers for all positions
-// (v rows of hd elements at vrows).
-template <class V, int C, class E>
-inline void weighted_sum_chunk(const E* vrows, int hd, int n_pos, const float* w, float inv, int d0,
-                               float* out) {
-  typename V::R acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = V::zero();
-  for (int p = 0; p < n_pos; ++p) {
-    const typename V::R wp = V::set1(w[p]);
-    const E* v = vrows + (size_t)p * hd + d0;
-    for (int c = 0; c < C; ++c) acc[c] = V::fmadd(wp, V::load(v + V::W * c), acc[c]);
+// outs[i][d0 .. d0 + C W) = inv[i] * sum_p w[i * ld + p] v_p[d0 ..] for queries i < nq (v rows of hd elements
+// at vrows): the Q x C accumulators stay in registers over all positions, and each v vector is loaded once
+// for the Q queries. Rows nq .. Q-1 are computed (their weights must be finite) but not stored.
+template <class V, int Q, int C, class E>
+inline void wsum_chunk(const E* vrows, int hd, int n, const float* w, size_t ld, const float* inv, int nq,
+                       int d0, float* const* outs) {
+  typename V::R acc[Q][C];
+  for (int i = 0; i < Q; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = V::zero();
+  for (int p = 0; p < n; ++p) {
+    typename V::R v[C];
+    const E* vr = vrows + (size_t)p * hd + d0;
+    for (int c = 0; c < C; ++c) v[c] = V::load(vr + V::W * c);
+    for (int i = 0; i < Q; ++i) {
+      const typename V::R wp = V::set1(w[i * ld + p]);
+      for (int c = 0; c < C; ++c) acc[i][c] = V::fmadd(wp, v[c], acc[i][c]);
+    }
   }
-  const typename V::R vi = V::set1(inv);
-  for (int c = 0; c < C; ++c) V::store(out + d0 + V::W * c, V::mul(acc[c], vi));
+  for (int i = 0; i < nq; ++i) {
+    const typename V::R vi = V::set1(inv[i]);
+    for (int c = 0; c < C; ++c) V::store(outs[i] + d0 + V::W * c, V::mul(acc[i][c], vi));
+  }
 }
 
-// weighted_sum_chunk<V, nc> for a run-time nc in [1, C] (nothing for nc = 0).
-template <class V, int C, class E>
-inline void weighted_sum_last(int nc, const E* vrows, int hd, int n_pos, const float* w, float inv, int d0,
-                              float* out) {
+// wsum_chunk<V, Q, nc> for a run-time nc in [1, C] (nothing for nc = 0).
+template <class V, int Q, int C, class E>
+inline void wsum_last(int nc, const E* vrows, int hd, int n, const float* w, size_t ld, const float* inv,
+                      int nq, int d0, float* const* outs) {
   if constexpr (C > 0) {
-    if (nc == C) return weighted_sum_chunk<V, C>(vrows, hd, n_pos, w, inv, d0, out);
-    weighted_sum_last<V, C - 1>(nc, vrows, hd, n_pos, w, inv, d0, out);
+    if (nc == C) return wsum_chunk<V, Q, C>(vrows, hd, n, w, ld, inv, nq, d0, outs);
+    wsum_last<V, Q, C - 1>(nc, vrows, hd, n, w, ld, inv, nq, d0, outs);
   }
 }
 
-template <class V, class E>
-void weighted_sum(const E* vrows, int hd, int n_pos, const float* w, float inv, float* out) {
+// All hd elements of the nq outputs: chunks of C vectors, one shorter chunk, then the last hd % W elements.
+template <class V, int Q, int C, class E>
+void wsum(const E* vrows, int hd, int n, const float* w, size_t ld, const float* inv, int nq,
+          float* const* outs) {
   int d0 = 0;
-  for (; d0 + 8 * V::W <= hd; d0 += 8 * V::W) weighted_sum_chunk<V, 8>(vrows, hd, n_pos, w, inv, d0, out);
-  weighted_sum_last<V, 7>((hd - d0) / V::W, vrows, hd, n_pos, w, inv, d0, out);
+  for (; d0 + C * V::W <= hd; d0 += C * V::W) wsum_chunk<V, Q, C>(vrows, hd, n, w, ld, inv, nq, d0, outs);
+  wsum_last<V, Q, C - 1>((hd - d0) / V::W, vrows, hd, n, w, ld, inv, nq, d0, outs);
   d0 += (hd - d0) / V::W * V::W;
-  for (int i = d0; i < hd; ++i) {  // the last hd % W elements
-    float o = 0;
-    for (int p = 0; p < n_pos; ++p) o += w[p] * to_f32(vrows[(size_t)p * hd + i]);
-    out[i] = o * inv;
-  }
+  for (int i = 0; i < nq; ++i)
+    for (int e = d0; e < hd; ++e) {
+      float o = 0;
+      for (int p = 0; p < n; ++p) o += w[i * ld + p] * to_f32(vrows[(size_t)p * hd + e]);
+      outs[i][e] = o * inv[i];
+    }
 }
 
 // Scores s[0, n) -> exp(s - max) in place (soft-capped first when softcap > 0); returns their sum.
@@ -144,7 +155,8 @@ void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int
   for (; p < n_pos; ++p) sc[p] = dot_row<V>(q, K + (size_t)p * hd, hd) * scale;
   const float sum = softmax_weights(sc, n_pos, softcap);
   // weighted sum of v, accumulated in registers
-  weighted_sum<V>(Vr, hd, n_pos, sc, 1.0f / sum, out);
+  const float inv = 1.0f / sum;
+  wsum<V, 1, 8>(Vr, hd, n_pos, sc, 0, &inv, 1, &out);
 }
 
 // ---- Query tiles: up to kAttentionTile consecutive tokens of one sequence, one head, in one pass over the
@@ -212,38 +224,6 @@ inline void scores_tile(const float* const* qs, const E* K, int hd, int n, float
   }
 }
 
-// outs[i][d0 .. d0 + C W) = inv[i] * sum_p w[i * ld + p] v_p[d0 ..] for i < nq (4 queries' accumulators,
-// 4 x C vectors, in registers over all positions; each v vector loaded once for the 4).
-template <class V, int C, class E>
-inline void wsum_tile_chunk(const E* vrows, int hd, int n, const float* w, size_t ld, const float* inv,
-                            int nq, int d0, float* const* outs) {
-  typename V::R acc[4][C];
-  for (int i = 0; i < 4; ++i)
-    for (int c = 0; c < C; ++c) acc[i][c] = V::zero();
-  for (int p = 0; p < n; ++p) {
-    typename V::R v[C];
-    const E* vr = vrows + (size_t)p * hd + d0;
-    for (int c = 0; c < C; ++c) v[c] = V::load(vr + V::W * c);
-    for (int i = 0; i < 4; ++i) {
-      const typename V::R wp = V::set1(w[i * ld + p]);
-      for (int c = 0; c < C; ++c) acc[i][c] = V::fmadd(wp, v[c], acc[i][c]);
-    }
-  }
-  for (int i = 0; i < nq; ++i) {
-    const typename V::R vi = V::set1(inv[i]);
-    for (int c = 0; c < C; ++c) V::store(outs[i] + d0 + V::W * c, V::mul(acc[i][c], vi));
-  }
-}
-
-template <class V, int C, class E>
-inline void wsum_tile_last(int nc, const E* vrows, int hd, int n, const float* w, size_t ld, const float* inv,
-                           int nq, int d0, float* const* outs) {
-  if constexpr (C > 0) {
-    if (nc == C) return wsum_tile_chunk<V, C>(vrows, hd, n, w, ld, inv, nq, d0, outs);
-    wsum_tile_last<V, C - 1>(nc, vrows, hd, n, w, ld, inv, nq, d0, outs);
-  }
-}
-
 // Queries i < nq (nq in [2, 4]) of kv head kvh in one slot at consecutive positions pos0 + i: query i attends
 // [first_i, pos0 + i]. The 4 score rows cover the union [first_0, pos0 + nq - 1] (all written: the tile's
 // last position is the highest); each row's positions outside its own range get weight 0 (exactly nothing
@@ -268,17 +248,7 @@ void attend_tile(const AttentionArgs& a, const float* const* qs, float* const* o
   }
   for (int i = nq; i < 4; ++i)  // the repeated rows: any finite weights (not stored)
     for (int p = 0; p < n; ++p) sc[i * ld + p] = 0.0f;
-  constexpr int C = V::W == 16 ? 4 : 2;
-  int d0 = 0;
-  for (; d0 + C * V::W <= hd; d0 += C * V::W) wsum_tile_chunk<V, C>(Vr, hd, n, sc, ld, inv, nq, d0, outs);
-  wsum_tile_last<V, C - 1>((hd - d0) / V::W, Vr, hd, n, sc, ld, inv, nq, d0, outs);
-  d0 += (hd - d0) / V::W * V::W;
-  for (int i = 0; i < nq; ++i)
-    for (int e = d0; e < hd; ++e) {  // the last hd % W elements
-      float o = 0;
-      for (int p = 0; p < n; ++p) o += sc[i * ld + p] * to_f32(Vr[(size_t)p * hd + e]);
-      outs[i][e] = o * inv[i];
-    }
+  wsum<V, 4, V::W == 16 ? 4 : 2>(Vr, hd, n, sc, ld, inv, nq, outs);
 }
 
 // A thread's share: the tokens are cut into tiles of up to kAttentionTile consecutive tokens of one slot at
