@@ -260,6 +260,45 @@ TEST(Matmul, FastMatchesRef) {
   }
 }
 
+// Prefill of a matrix with few rows on several threads also splits the tokens (matmul.cpp's token_step:
+// steps of whole 12-token tiles, the last taking the rest). Every output must stay within the f32 bound of
+// FastMatchesRef and be bit-identical to the one-thread result (no split): a step that started at the wrong
+// token, wrote the wrong rows of y, read the wrong packed tile or left tokens out fails one or the other.
+TEST(Matmul, PrefillTokenSplitMatchesOneThread) {
+  ThreadPool pools[4] = {ThreadPool(1), ThreadPool(3), ThreadPool(5), ThreadPool(8)};
+  uint32_t seed = 900;
+  for (GgmlType t : kTypes) {
+    for (int64_t rows : {7, 130, 300}) {
+      const int64_t cols = 96;
+      auto w = make_weights(t, rows, cols, ++seed);
+      for (int nt : {96, 100, 131, 257}) {
+        const auto x = randn(nt * cols, ++seed);
+        const auto bias = randn(rows, ++seed);
+        std::vector<float> ref(rows * nt);
+        matmul_ref(w.view, x.data(), nt, ref.data(), bias.data());
+        for (const auto* ks : kernel_sets()) {
+          KernelOverride ko(ks);
+          const auto y1 = run_matmul(pools[0], w.view, x, nt, bias.data());
+          for (int tk = 0; tk < nt; ++tk)
+            for (int64_t r = 0; r < rows; ++r) {
+              double abs_sum = std::fabs(bias[r]);
+              for (int64_t c = 0; c < cols; ++c)
+                abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
+              ASSERT_NEAR(y1[tk * rows + r], ref[tk * rows + r], 1e-6 * std::sqrt((double)cols) * abs_sum)
+                  << ks->name << " " << type_name(t) << " rows=" << rows << " nt=" << nt << " t=" << tk;
+            }
+          for (int p = 1; p < 4; ++p) {
+            const auto y = run_matmul(pools[p], w.view, x, nt, bias.data());
+            for (size_t i = 0; i < y.size(); ++i)
+              ASSERT_EQ(y[i], y1[i]) << ks->name << " " << type_name(t) << " rows=" << rows << " nt=" << nt
+                                     << " threads=" << pools[p].size() << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Q8_0 rows whose block scales span 2^-8 .. 2^8 (and some all-zero blocks, d = 0): a kernel that applies a
 // neighbouring block's scale, reuses one scale for a whole row or tile, or drops/duplicates a block is off
 // by far more than the f32 tolerance of FastMatchesRef, which applies unchanged here. Decode and prefill

@@ -172,8 +172,13 @@ namespace {
 struct MatmulCtx {
   MatmulArgs a;
   detail::MatmulRangeFn fn;
-  int64_t chunk;
-  alignas(64) std::atomic<int64_t> next{0};  // first row of the next unclaimed chunk
+  int64_t chunk;       // rows per work item
+  int64_t row_chunks;  // ceil(rows / chunk)
+  int tok_step;        // tokens per work item (the last one takes the rest)
+  int tok_chunks;      // n_tokens / tok_step
+  int panel_nr;        // the packed x's token tile (a.xp)
+  // The next unclaimed work item: row chunk + row_chunks * token chunk.
+  alignas(64) std::atomic<int64_t> next{0};
 };
 
 // Rows are handed out in chunks from a shared counter (about 8 per thread, multiples of 16 rows so that
@@ -190,6 +195,19 @@ inline int64_t chunk_rows(int64_t rows, int nth, int n_tokens) {
   return std::clamp<int64_t>(c, 16, 512);
 }
 
+// Prefill of a matrix with fewer row chunks than 2 per thread (768 rows are 6 chunks of 128: on 16 threads
+// 10 would idle) also cuts the tokens, into steps of whole token tiles (a multiple of 12: of every panel_nr
+// and of the tiles' 4 tokens) of at least kMinTokenStep, the last step taking the rest (less than 2 steps).
+// Every step then takes the same kernel path as the whole batch (>= 16 tokens: the panel GEMM) and every
+// output the same arithmetic, so results do not depend on the thread count.
+constexpr int kMinTokenStep = 48;
+inline int token_step(int64_t row_chunks, int nth, int n_tokens) {
+  if (nth == 1 || row_chunks >= 2 * nth || n_tokens < 2 * kMinTokenStep) return n_tokens;
+  const int64_t want = (2 * nth + row_chunks - 1) / row_chunks;  // token steps for ~2 items per thread
+  const int64_t step = n_tokens / want / 12 * 12;                // rounded down: n_tokens / step >= want
+  return (int)std::max<int64_t>(step, kMinTokenStep);
+}
+
 }  // namespace
 
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
@@ -200,6 +218,10 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   ctx.a = MatmulArgs{(const uint8_t*)w.data, w.row_bytes,       w.rows, w.cols, x, n_tokens, y, bias, w.scale,
                      w.scale_group,          w.scale_row_stride};
   ctx.chunk = chunk_rows(w.rows, pool.size(), n_tokens);
+  ctx.row_chunks = (w.rows + ctx.chunk - 1) / ctx.chunk;
+  ctx.tok_step = token_step(ctx.row_chunks, pool.size(), n_tokens);
+  ctx.tok_chunks = n_tokens / ctx.tok_step;
+  ctx.panel_nr = k.panel_nr;
   switch (w.type) {
     case GgmlType::F32:
       ctx.fn = k.f32;
@@ -244,10 +266,24 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   pool.run(
       [](void* c, int ith, int nth) {
         auto& m = *(MatmulCtx*)c;
+        const int64_t items = m.row_chunks * m.tok_chunks;
         for (;;) {
-          const int64_t r0 = m.next.fetch_add(m.chunk, std::memory_order_relaxed);
-          if (r0 >= m.a.rows) break;
-          m.fn(m.a, r0, std::min(r0 + m.chunk, m.a.rows));
+          const int64_t item = m.next.fetch_add(1, std::memory_order_relaxed);
+          if (item >= items) break;
+          const int64_t r0 = item % m.row_chunks * m.chunk;
+          const int tc = (int)(item / m.row_chunks);
+          if (m.tok_chunks == 1) {
+            m.fn(m.a, r0, std::min(r0 + m.chunk, m.a.rows));
+            continue;
+          }
+          // Tokens [t0, t1): x, y and the packed x (whole tiles: t0 is a multiple of 12) from there.
+          const int t0 = tc * m.tok_step, t1 = tc + 1 == m.tok_chunks ? m.a.n_tokens : t0 + m.tok_step;
+          MatmulArgs a = m.a;
+          a.x += (int64_t)t0 * a.cols;
+          a.y += (int64_t)t0 * a.rows;
+          a.n_tokens = t1 - t0;
+          if (a.xp) a.xp += (int64_t)(t0 / m.panel_nr) * a.cols * m.panel_nr;
+          m.fn(a, r0, std::min(r0 + m.chunk, m.a.rows));
         }
       },
       &ctx);
