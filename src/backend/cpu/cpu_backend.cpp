@@ -143,12 +143,30 @@ void CpuBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, S
 
 // ---- ForwardOps ----
 
+// Prefill's row- and element-wise ops go to all threads above these sizes (decode's stay on one: a
+// thread-pool round trip costs more than a row).
+constexpr int64_t kSplitRows = 16;
+constexpr int64_t kSplitElements = (int64_t)1 << 15;
+
+template <class F>
+void CpuBackend::split(int64_t n, int64_t min_split, F&& f) {
+  if (n < min_split || pool_.size() == 1) return f((int64_t)0, n);
+  pool_.parallel([&](int ith, int nth) {
+    int64_t b = 0, e = 0;
+    ThreadPool::split(n, ith, nth, b, e);
+    if (e > b) f(b, e);
+  });
+}
+
 void CpuBackend::embed(const WeightView& table, const int32_t* tokens, int n, float* x) {
-  for (int t = 0; t < n; ++t) cpu::dequant_row(table, tokens[t], x + (size_t)t * table.cols);
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) cpu::dequant_row(table, tokens[t], x + (size_t)t * table.cols);
+  });
 }
 
 void CpuBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) {
-  cpu::rmsnorm(x, w, n_rows, dim, eps, out);
+  split(n_rows, kSplitRows,
+        [&](int64_t b, int64_t e) { cpu::rmsnorm(x + b * dim, w, (int)(e - b), dim, eps, out + b * dim); });
 }
 
 void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
@@ -156,21 +174,31 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y, co
   if (!accumulate) return cpu::matmul(pool_, w, x, n, y, bias, mm_scratch_.data());
   float* tmp = acc_.data();
   cpu::matmul(pool_, w, x, n, tmp, bias, mm_scratch_.data());
-  const size_t len = (size_t)n * w.rows;
-  for (size_t i = 0; i < len; ++i) y[i] += tmp[i];
+  split((int64_t)n * w.rows, kSplitElements, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] += tmp[i];
+  });
 }
 
 void CpuBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
                       const int32_t* pos, bool interleaved) {
   const float* inv_freq = m_.layer_rope_inv_freq(il, p_.n_ctx).data();
   const float mscale = m_.hp.rope_scaling.type == "longrope" ? m_.hp.rope_scaling.attention_factor : 1.0f;
-  cpu::rope(q, n, n_heads, head_dim, pos, inv_freq, interleaved, mscale);
-  cpu::rope(k, n, n_kv_heads, head_dim, pos, inv_freq, interleaved, mscale);
+  // Per token, a cos and a sin per frequency from libm: a prefill's tokens go to all threads.
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    cpu::rope(q + b * n_heads * head_dim, (int)(e - b), n_heads, head_dim, pos + b, inv_freq, interleaved,
+              mscale);
+    cpu::rope(k + b * n_kv_heads * head_dim, (int)(e - b), n_kv_heads, head_dim, pos + b, inv_freq,
+              interleaved, mscale);
+  });
 }
 
 void CpuBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                           const int32_t* seq) {
-  cpu::kv_write(kv_.layer(il), k, v, n, pos, seq);
+  const KvLayerView kv = kv_.layer(il);
+  const int64_t row = (int64_t)kv.n_kv_heads * kv.head_dim;  // each token writes its own cache rows
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    cpu::kv_write(kv, k + b * row, v + b * row, (int)(e - b), pos + b, seq + b);
+  });
 }
 
 void CpuBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
@@ -180,32 +208,29 @@ void CpuBackend::attention(int il, const float* q, int n, int n_heads, const int
 }
 
 void CpuBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  cpu::silu_mul(gate, up, n, out);
+  split(n, kSplitElements, [&](int64_t b, int64_t e) { cpu::silu_mul(gate + b, up + b, e - b, out + b); });
 }
 
 void CpuBackend::gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  // Element-wise with a libm tanh per element (~20 ns): a prefill's 10^7 elements are split over the
-  // threads (same results: each element is computed alone).
-  if (n < (int64_t)1 << 15 || pool_.size() == 1) return cpu::gelu_mul(gate, up, n, out);
-  pool_.parallel([&](int ith, int nth) {
-    int64_t b = 0, e = 0;
-    ThreadPool::split(n, ith, nth, b, e);
-    if (e > b) cpu::gelu_mul(gate + b, up + b, e - b, out + b);
-  });
+  split(n, kSplitElements, [&](int64_t b, int64_t e) { cpu::gelu_mul(gate + b, up + b, e - b, out + b); });
 }
 
 void CpuBackend::scale(float* x, int64_t n, float s) {
-  cpu::scale(x, n, s);
+  split(n, kSplitElements, [&](int64_t b, int64_t e) { cpu::scale(x + b, e - b, s); });
 }
 
 void CpuBackend::softcap(float* x, int64_t n, float cap) {
-  cpu::softcap(x, n, cap);
+  split(n, kSplitElements, [&](int64_t b, int64_t e) { cpu::softcap(x + b, e - b, cap); });
 }
 
 void CpuBackend::norm_add(float* x, const float* w, int n_rows, int dim, float eps, float* y) {
-  cpu::rmsnorm(x, w, n_rows, dim, eps, x);  // in place (rmsnorm reads a row fully before writing it)
-  const size_t len = (size_t)n_rows * dim;
-  for (size_t i = 0; i < len; ++i) y[i] += x[i];
+  split(n_rows, kSplitRows, [&](int64_t b, int64_t e) {
+    float* xr = x + b * dim;
+    cpu::rmsnorm(xr, w, (int)(e - b), dim, eps,
+                 xr);  // in place (rmsnorm reads a row fully before writing it)
+    float* yr = y + b * dim;
+    for (int64_t i = 0; i < (e - b) * dim; ++i) yr[i] += xr[i];
+  });
 }
 
 void CpuBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {

@@ -49,6 +49,11 @@ class CpuBackend final : public Backend, private ForwardOps {
   void norm_add(float* x, const float* w, int n_rows, int dim, float eps, float* y) override;
   void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
 
+  // f(begin, end) over [0, n) split across the threads when n >= min_split (a prefill's rows or elements),
+  // else f(0, n) here. For the row- and element-wise ops: the split changes no result.
+  template <class F>
+  void split(int64_t n, int64_t min_split, F&& f);
+
   const ModelData& m_;
   ContextParams p_;
   int n_sample_;
