@@ -225,9 +225,9 @@ void CpuBackend::softcap(float* x, int64_t n, float cap) {
 
 void CpuBackend::norm_add(float* x, const float* w, int n_rows, int dim, float eps, float* y) {
   split(n_rows, kSplitRows, [&](int64_t b, int64_t e) {
+    // In place: rmsnorm reads a row fully before writing it.
     float* xr = x + b * dim;
-    cpu::rmsnorm(xr, w, (int)(e - b), dim, eps,
-                 xr);  // in place (rmsnorm reads a row fully before writing it)
+    cpu::rmsnorm(xr, w, (int)(e - b), dim, eps, xr);
     float* yr = y + b * dim;
     for (int64_t i = 0; i < (e - b) * dim; ++i) yr[i] += xr[i];
   });

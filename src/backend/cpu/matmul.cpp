@@ -272,10 +272,6 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
           if (item >= items) break;
           const int64_t r0 = item % m.row_chunks * m.chunk;
           const int tc = (int)(item / m.row_chunks);
-          if (m.tok_chunks == 1) {
-            m.fn(m.a, r0, std::min(r0 + m.chunk, m.a.rows));
-            continue;
-          }
           // Tokens [t0, t1): x, y and the packed x (whole tiles: t0 is a multiple of 12) from there.
           const int t0 = tc * m.tok_step, t1 = tc + 1 == m.tok_chunks ? m.a.n_tokens : t0 + m.tok_step;
           MatmulArgs a = m.a;
