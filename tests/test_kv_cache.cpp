@@ -32,7 +32,8 @@ TEST(KvCache, SizeAndTypes) {
   p.head_dim = 8;
   p.type = GgmlType::F16;
   KvCache kv(p);
-  EXPECT_EQ(kv.bytes(), 2u * 3 * 2 * 4 * 100 * 8 * 2);
+  EXPECT_EQ(KvCache::buffer_bytes(p), 2u * 4 * 100 * 8 * 2);
+  EXPECT_EQ(kv.bytes(), (size_t)2 << 20);  // 6 such buffers, in one mapping of whole 2 MiB pages
   EXPECT_EQ(kv.capacity(), 100);
   p.type = GgmlType::Q8_0;
   EXPECT_THROW(KvCache{p}, Error);
@@ -51,6 +52,12 @@ TEST(KvCache, LayersAreDisjointZeroedAndAligned) {
   KvCache kv(p);
   const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * p.head_dim;
   EXPECT_EQ((uintptr_t)kv.layer(0).k % ((uintptr_t)2 << 20), 0u);
+  // The footprint the planner is told is what is mapped: whole 2 MiB pages covering every 64-byte-rounded
+  // buffer (n * 4 = 5328 bytes is 5376 rounded).
+  EXPECT_EQ(KvCache::buffer_bytes(p), 5376u);
+  EXPECT_EQ(kv.bytes(), (size_t)2 << 20);
+  EXPECT_EQ((uint8_t*)kv.layer(p.n_layers - 1).v + KvCache::buffer_bytes(p) - (uint8_t*)kv.layer(0).k,
+            (ptrdiff_t)(2 * p.n_layers * KvCache::buffer_bytes(p)));
   for (int il = 0; il < p.n_layers; ++il) {
     KvLayerView l = kv.layer(il);
     for (void* b : {l.k, l.v}) {

@@ -14,10 +14,14 @@ namespace {
 constexpr size_t kHuge = (size_t)2 << 20;
 }
 
+size_t HugePageMemory::mapped_bytes(size_t bytes) {
+  return (bytes + kHuge - 1) / kHuge * kHuge;
+}
+
 HugePageMemory::HugePageMemory(size_t bytes, const char* what, bool prefault) : size_(bytes) {
   if (bytes == 0) return;
   if (bytes > ((size_t)1 << 56)) fail("cannot allocate {} bytes for {}: too large", bytes, what);
-  const size_t len = (bytes + kHuge - 1) / kHuge * kHuge;
+  const size_t len = mapped_bytes(bytes);
   // Over-map by 2 MiB, then trim to an aligned range of len bytes: huge pages need aligned addresses.
   void* raw = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) fail("cannot allocate {} bytes for {}: {}", len, what, std::strerror(errno));
@@ -30,7 +34,14 @@ HugePageMemory::HugePageMemory(size_t bytes, const char* what, bool prefault) : 
 #ifdef MADV_HUGEPAGE
   ::madvise(p_, len, MADV_HUGEPAGE);  // a hint: refused or ignored where the kernel has no THP
 #endif
-  if (prefault) std::memset(p_, 0, bytes);  // anonymous memory reads as zero; the write faults it in
+  if (prefault) {
+    // Anonymous memory reads as zero: fault it in writable without writing it again (Linux >= 5.14), or,
+    // where the kernel does not know the advice, by writing the zeros.
+#ifdef MADV_POPULATE_WRITE
+    if (::madvise(p_, len, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    std::memset(p_, 0, bytes);
+  }
 }
 
 HugePageMemory::~HugePageMemory() {

@@ -28,6 +28,9 @@ class HugePageMemory {
 
   void make_read_only();  // after it is filled (a copy of weights)
 
+  // The bytes a HugePageMemory of `bytes` maps (its footprint): rounded up to 2 MiB.
+  static size_t mapped_bytes(size_t bytes);
+
  private:
   uint8_t* p_ = nullptr;
   size_t size_ = 0;    // bytes asked

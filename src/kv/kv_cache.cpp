@@ -4,9 +4,13 @@
 
 namespace ultra {
 
-size_t KvCache::bytes_for(const KvCacheParams& p) {
+size_t KvCache::buffer_bytes(const KvCacheParams& p) {
   const size_t elem = p.type == GgmlType::F16 ? 2 : 4;
-  return 2 * (size_t)p.n_layers * p.n_slots * p.n_kv_heads * p.max_ctx * p.head_dim * elem;
+  return ((size_t)p.n_slots * p.n_kv_heads * p.max_ctx * p.head_dim * elem + 63) / 64 * 64;
+}
+
+size_t KvCache::bytes_for(const KvCacheParams& p) {
+  return HugePageMemory::mapped_bytes(2 * (size_t)p.n_layers * buffer_bytes(p));
 }
 
 KvCache::KvCache(const KvCacheParams& p) : p_(p) {
@@ -17,7 +21,7 @@ KvCache::KvCache(const KvCacheParams& p) : p_(p) {
          p.n_slots, p.n_kv_heads, p.max_ctx, p.head_dim);
   if (p.max_ctx > (1 << 24) || p.n_slots > 4096)
     fail("KV cache: context {} x slots {} is too large", p.max_ctx, p.n_slots);
-  layer_bytes_ = (bytes_for(p) / 2 / p.n_layers + 63) / 64 * 64;
+  layer_bytes_ = buffer_bytes(p);
   mem_ = HugePageMemory(2 * p.n_layers * layer_bytes_, "the KV cache", /*prefault=*/true);
 }
 

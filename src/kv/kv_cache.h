@@ -31,13 +31,16 @@ class KvCache {
   KvLayerView layer(int il);
   int capacity() const { return p_.max_ctx; }
 
+  // The memory the cache maps: 2 * n_layers buffers of buffer_bytes(), rounded up to 2 MiB.
   static size_t bytes_for(const KvCacheParams& p);
   size_t bytes() const { return bytes_for(p_); }
+  // One layer's K (or V) buffer, [slots, kv_heads, max_ctx, head_dim], rounded up to 64 bytes.
+  static size_t buffer_bytes(const KvCacheParams& p);
 
  private:
   KvCacheParams p_;
   HugePageMemory mem_;      // [n_layers][K, V] blocks of layer_bytes_
-  size_t layer_bytes_ = 0;  // one K (or V) buffer, rounded up to 64 bytes
+  size_t layer_bytes_ = 0;  // buffer_bytes(p_)
 };
 
 }  // namespace ultra
