@@ -346,6 +346,180 @@ TEST(Matmul, Q8_0BlockScales) {
   }
 }
 
+// ---- Q8_0 with int8 activations (opt-in: ULTRA_Q8_INT8=1 on AVX512-VNNI CPUs) ----
+
+// Q8_0 rows with block scales 2^-8 .. 2^8 and zero blocks (as Q8_0BlockScales), and an x with a zero block,
+// a block 1000x larger than the rest, and one with a single non-zero value.
+struct Int8Case {
+  Weights w;
+  std::vector<float> x;
+};
+Int8Case int8_case(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> ed(-8, 8);
+  const int64_t nb = cols / 32;
+  std::vector<float> f = randn(rows * cols, seed);
+  for (int64_t b = 0; b < rows * nb; ++b) {
+    const float scale = b % 7 == 3 ? 0.0f : std::ldexp(1.0f, ed(rng));
+    for (int i = 0; i < 32; ++i) f[b * 32 + i] *= scale;
+  }
+  Int8Case c;
+  const size_t rb = nb * sizeof(BlockQ8_0);
+  c.w.bytes.resize(rows * rb);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row_q8_0(f.data() + r * cols, cols, (BlockQ8_0*)(c.w.bytes.data() + r * rb));
+  c.w.view = WeightView{GgmlType::Q8_0, c.w.bytes.data(), rows, cols, rb};
+  c.x = randn(cols, seed + 1);
+  if (nb > 1) std::fill_n(c.x.begin() + 32, 32, 0.0f);
+  if (nb > 2)
+    for (int i = 64; i < 96; ++i) c.x[i] *= 1000.0f;
+  if (nb > 3) {
+    std::fill_n(c.x.begin() + 96, 32, 0.0f);
+    c.x[101] = -3.0f;
+  }
+  return c;
+}
+
+// The reference quantiser and kernel: every x within half a step of its int8 value, each block's largest
+// |x| at +-127; the kernel's result within the activation quantisation's bound of the f32-exact product
+// (sum over blocks of d_x / 2 * sum |w|), and far from it when a block takes its neighbour's scale.
+TEST(Matmul, Q8_0Int8Reference) {
+  for (int64_t cols : {32, 96, 160, 4128}) {
+    for (int64_t rows : {1, 7, 33}) {
+      Int8Case c = int8_case(rows, cols, (uint32_t)(cols * 13 + rows));
+      const int64_t nb = cols / 32;
+      std::vector<int8_t> xq(cols);
+      std::vector<float> xd(nb);
+      detail::quantize_x_q8_ref(c.x.data(), cols, xq.data(), xd.data());
+      for (int64_t b = 0; b < nb; ++b) {
+        int top = 0;
+        for (int i = 0; i < 32; ++i) {
+          const int64_t k = b * 32 + i;
+          ASSERT_LE(std::abs((int)xq[k]), 127);
+          top = std::max(top, std::abs((int)xq[k]));
+          ASSERT_LE(std::fabs(c.x[k] - (double)xq[k] * xd[b]), 0.5 * xd[b] * (1 + 1e-5)) << k;
+        }
+        ASSERT_EQ(top, xd[b] > 0 ? 127 : 0) << b;
+      }
+      std::vector<float> exact(rows), y(rows);
+      matmul_ref(c.w.view, c.x.data(), 1, exact.data(), nullptr);
+      detail::MatmulArgs a{c.w.bytes.data(), c.w.view.row_bytes, rows, cols, c.x.data(), 1, y.data(),
+                           nullptr};
+      a.xq = xq.data();
+      a.xd = xd.data();
+      detail::matmul_q8_int8_ref(a, 0, rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        double bound = 0;
+        for (int64_t k = 0; k < cols; ++k)
+          bound += std::fabs(weight_value(c.w.view, r, k)) * 0.5 * xd[k / 32];
+        ASSERT_NEAR(y[r], exact[r], bound * (1 + 1e-5) + 1e-30) << cols << " " << rows << " " << r;
+      }
+    }
+  }
+}
+
+// The AVX512-VNNI quantiser gives the reference's bytes, and its kernel the reference's sums to f32
+// accumulation rounding; rows split across the range as matmul() splits them.
+TEST(Matmul, Q8_0Int8Vnni) {
+  if (!detail::cpu_has_avx512_vnni())
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the int8 kernel is not run here";
+  for (int64_t cols : {32, 96, 160, 4128}) {
+    for (int64_t rows : {1, 7, 33}) {
+      Int8Case c = int8_case(rows, cols, (uint32_t)(cols * 17 + rows));
+      const int64_t nb = cols / 32;
+      std::vector<int8_t> xq(cols), xq2(cols);
+      std::vector<float> xd(nb), xd2(nb);
+      detail::quantize_x_q8_ref(c.x.data(), cols, xq.data(), xd.data());
+      detail::quantize_x_q8_vnni(c.x.data(), cols, xq2.data(), xd2.data());
+      ASSERT_EQ(xq, xq2) << cols;
+      ASSERT_EQ(xd, xd2) << cols;
+      std::vector<float> ref(rows), y(rows + 1, kGuard), bias = randn(rows, 5);
+      for (const float* b : {(const float*)nullptr, (const float*)bias.data()}) {
+        detail::MatmulArgs a{c.w.bytes.data(), c.w.view.row_bytes, rows, cols, c.x.data(), 1, ref.data(), b};
+        a.xq = xq.data();
+        a.xd = xd.data();
+        detail::matmul_q8_int8_ref(a, 0, rows);
+        a.y = y.data();
+        detail::matmul_q8_int8_vnni(a, 0, rows / 2);
+        detail::matmul_q8_int8_vnni(a, rows / 2, rows);
+        ASSERT_EQ(y[rows], kGuard);
+        for (int64_t r = 0; r < rows; ++r) {
+          double abs_sum = b ? std::fabs(b[r]) : 0;
+          for (int64_t k = 0; k < cols; ++k)
+            abs_sum += std::fabs(weight_value(c.w.view, r, k) * xq[k] * xd[k / 32]);
+          ASSERT_NEAR(y[r], ref[r], 1e-6 * std::sqrt((double)cols) * abs_sum)
+              << cols << " " << rows << " " << r;
+        }
+      }
+    }
+  }
+}
+
+// The int8 prefill GEMM against the reference token by token: panels of 32 and 16 rows and row tails, token
+// tiles and tails (6 a tile), several column blocks (4128 columns are 129 blocks: 32 + 32 + 32 + 32 + 1),
+// with and without bias, the rows split in two ranges; and the whole path through matmul() (the x packed
+// once, the token split of a many-thread prefill) on 1, 3 and 8 threads.
+TEST(Matmul, Q8_0Int8VnniGemm) {
+  if (!detail::cpu_has_avx512_vnni())
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the int8 GEMM is not run here";
+  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(3), ThreadPool(8)};
+  for (int64_t cols : {32, 96, 4128}) {
+    for (int64_t rows : {7, 16, 33, 130}) {
+      Int8Case c = int8_case(rows, cols, (uint32_t)(cols * 19 + rows));
+      const int64_t nb = cols / 32;
+      for (int nt : {1, 2, 5, 6, 7, 13, 100}) {
+        std::vector<float> x = randn(nt * cols, (uint32_t)(nt + cols));
+        std::copy(c.x.begin(), c.x.end(), x.begin() + (nt - 1) * cols);  // the zero / large / sparse blocks
+        const std::vector<float> bias = randn(rows, 9);
+        // reference: each token quantised alone
+        std::vector<float> ref(nt * rows);
+        std::vector<int8_t> xq(cols);
+        std::vector<float> xd(nb);
+        for (int t = 0; t < nt; ++t) {
+          detail::quantize_x_q8_ref(x.data() + t * cols, cols, xq.data(), xd.data());
+          detail::MatmulArgs a{c.w.bytes.data(),      c.w.view.row_bytes, rows, cols, nullptr, 1,
+                               ref.data() + t * rows, bias.data()};
+          a.xq = xq.data();
+          a.xd = xd.data();
+          detail::matmul_q8_int8_ref(a, 0, rows);
+        }
+        auto check = [&](const std::vector<float>& y, const char* what) {
+          for (int t = 0; t < nt; ++t) {
+            detail::quantize_x_q8_ref(x.data() + t * cols, cols, xq.data(), xd.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              double abs_sum = std::fabs(bias[r]);
+              for (int64_t k = 0; k < cols; ++k)
+                abs_sum += std::fabs(weight_value(c.w.view, r, k) * xq[k] * xd[k / 32]);
+              ASSERT_NEAR(y[t * rows + r], ref[t * rows + r], 1e-6 * std::sqrt((double)cols) * abs_sum)
+                  << what << " cols=" << cols << " rows=" << rows << " nt=" << nt << " t=" << t << " r=" << r;
+            }
+          }
+        };
+        const int tiles = (nt + detail::kQ8NT - 1) / detail::kQ8NT;
+        std::vector<uint8_t> xp(tiles * nb * detail::kQ8TileBlockBytes + 64);
+        uint8_t* xp0 = (uint8_t*)(((uintptr_t)xp.data() + 63) & ~(uintptr_t)63);
+        detail::pack_x_q8_vnni(x.data(), nt, cols, 0, tiles, xp0);
+        std::vector<float> y(nt * rows + 1, kGuard);
+        detail::MatmulArgs a{c.w.bytes.data(), c.w.view.row_bytes, rows, cols, x.data(), nt,
+                             y.data(),         bias.data()};
+        a.xq = (const int8_t*)xp0;
+        detail::matmul_q8_int8_gemm_vnni(a, 0, rows / 2);
+        detail::matmul_q8_int8_gemm_vnni(a, rows / 2, rows);
+        ASSERT_EQ(y[nt * rows], kGuard);
+        check(y, "gemm");
+        detail::set_q8_int8_override(1);
+        for (auto& pool : pools) {
+          std::vector<float> scratch(matmul_scratch_floats(c.w.view, nt, pool.size()));
+          std::vector<float> y2(nt * rows);
+          matmul(pool, c.w.view, x.data(), nt, y2.data(), bias.data(), scratch.data());
+          check(y2, pool.size() == 1 ? "matmul 1 thread" : "matmul threads");
+        }
+        detail::set_q8_int8_override(-1);
+      }
+    }
+  }
+}
+
 // A single non-zero activation (127) selects one weight column: every output is one product rounded once, so
 // it must equal (float)(w * 127) exactly; a mis-indexed column or row in any tile/tail path is caught.
 TEST(Matmul, OneHotColumnsExact) {

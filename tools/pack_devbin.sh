@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Packs the GPU test and benchmark binaries of build/ (and bench_matmul, which bench/cpu_compare.py runs
-# there too) with the shared libraries they need that a bare GPU machine lacks (everything ldd resolves
-# outside libc / libstdc++ / CUDA), into .devpack/bin.tar.xz, which a device call carries
+# Packs the GPU test and benchmark binaries of build/ (and bench_matmul and test_cpu_ops, which
+# tools/device_cpu_compare.sh runs there too) with the shared libraries they need that a bare GPU machine
+# lacks (everything ldd resolves outside libc / libstdc++ / CUDA), into .devpack/bin.tar.xz, which a device call carries
 # (`carry: [".devpack"]`) and unpacks with `tar xJf .devpack/bin.tar.xz` before
 # `export LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64` (tools/gpu_run_all.sh does the export).
 #   tools/pack_devbin.sh [BUILD_DIR]
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 build="${1:-build}"
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devpack
-for b in ultra test_cuda_backend test_cuda_kernels bench_cuda_kernels bench_server bench_matmul; do
+for b in ultra test_cuda_backend test_cuda_kernels bench_cuda_kernels bench_server bench_matmul test_cpu_ops; do
   [ -x "$build/$b" ] && cp "$build/$b" .devbin/
 done
 strip .devbin/*

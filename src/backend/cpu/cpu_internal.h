@@ -57,6 +57,10 @@ struct MatmulArgs {
   // packs its token tiles itself): token tile j (panel_nr tokens, zero past n_tokens), column k at
   // xp[(j * cols + k) * panel_nr + t].
   const float* xp = nullptr;
+  // Q8_0 with int8 activations (q8_int8_enabled()): decode, x quantised per 32-column block by
+  // quantize_x_q8_*(), x[c] ~ xq[c] * xd[c / 32]; prefill, x packed by pack_x_q8_vnni (xd unused)
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
 };
 using MatmulRangeFn = void (*)(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Packs token tiles [j0, j1) of x [n_tokens, cols] into xp (MatmulArgs::xp's layout).
@@ -89,6 +93,33 @@ const MatmulKernels& matmul_kernels();
 // Whether this CPU can run matmul_kernels_avx2() / matmul_kernels_avx512().
 bool cpu_has_avx2();
 bool cpu_has_avx512();
+// Whether this CPU has AVX512-VNNI besides cpu_has_avx512() (the *_vnni.cpp files).
+bool cpu_has_avx512_vnni();
+// Q8_0 with int8 activations (llama.cpp's numerics: x quantised per 32-block to int8 with an f32 scale,
+// integer dot products per block), decode and prefill: opt-in with ULTRA_Q8_INT8=1, on CPUs with
+// AVX512-VNNI while the kernels run AVX-512 (read once). Off, Q8_0 multiplies f32 activations exactly (the
+// default).
+bool q8_int8_enabled();
+// x [cols] (cols % 32 == 0) -> xq [cols] int8, xd [cols / 32]: per 32-block d = max |x| / 127, q = x / d
+// rounded to nearest even (d = 0 and q = 0 for an all-zero block). quantize_x_q8_ref is the scalar
+// reference, the other the AVX-512 one (cpu_has_avx512_vnni() must hold); the two give identical bytes.
+void quantize_x_q8_ref(const float* x, int64_t cols, int8_t* xq, float* xd);
+void quantize_x_q8_vnni(const float* x, int64_t cols, int8_t* xq, float* xd);
+// Q8_0 rows [r0, r1) . the quantised x (a.xq, a.xd; n_tokens == 1): sum over blocks of d_w * d_x * (the
+// exact integer dot product of the block). The reference does the same arithmetic in double.
+void matmul_q8_int8_ref(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_q8_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+// Prefill (n_tokens > 1) with int8 activations: x packed once per matmul by pack_x_q8_vnni (token tiles
+// [j0, j1) of kQ8NT tokens into xp; a tile's block is kQ8TileBlockBytes, the layout in
+// matmul_q8_vnni.cpp), then matmul_q8_int8_gemm_vnni with a.xq = xp at the first tile of a.x's tokens.
+// Each output is the reference's sum over blocks (matmul_q8_int8_ref of the token's quantize_x_q8_ref).
+constexpr int kQ8NT = 6;
+constexpr int64_t kQ8TileBlockBytes = 8 * kQ8NT * 4 + kQ8NT * 8;  // x quads, then d_x and corrections
+void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, uint8_t* xp);
+void matmul_q8_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+// Tests: force q8_int8_enabled() on (1, where the CPU has AVX512-VNNI) or off (0); -1: the environment.
+void set_q8_int8_override(int on);
+
 // Whether prefill steps may take an ISA's packed-panel GEMM (matmul_driver.h): true unless the environment
 // has ULTRA_CPU_PANEL=0 (A/B measurements; read once).
 bool panel_gemm_enabled();

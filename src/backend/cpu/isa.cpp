@@ -13,6 +13,7 @@ namespace {
 struct Features {
   bool avx2 = false;    // AVX, AVX2, FMA, F16C, with YMM state enabled by the OS
   bool avx512 = false;  // and AVX-512 F, BW, VL, DQ, with opmask/ZMM state enabled
+  bool vnni = false;    // and AVX512-VNNI (int8 dot products: the *_vnni.cpp files)
 };
 
 uint64_t xgetbv0() {
@@ -37,6 +38,7 @@ Features detect() {
              avx512vl = b & (1u << 31);
   f.avx2 = avx2 && fma && f16c && ymm_state;
   f.avx512 = f.avx2 && avx512f && avx512dq && avx512bw && avx512vl && zmm_state;
+  f.vnni = f.avx512 && (c & (1u << 11));
   return f;
 }
 
@@ -82,6 +84,24 @@ bool cpu_has_avx2() {
 
 bool cpu_has_avx512() {
   return cpu_supports(Isa::Avx512);
+}
+
+bool cpu_has_avx512_vnni() {
+  return features().vnni;
+}
+
+namespace {
+int g_q8_int8_override = -1;
+}
+
+bool q8_int8_enabled() {
+  static const bool env = env_set("ULTRA_Q8_INT8");
+  const bool want = g_q8_int8_override >= 0 ? g_q8_int8_override == 1 : env;
+  return want && active_isa() == Isa::Avx512 && cpu_has_avx512_vnni();
+}
+
+void set_q8_int8_override(int on) {
+  g_q8_int8_override = on;
 }
 
 Isa active_isa() {

@@ -22,6 +22,7 @@
 // threads is memory-bound; prefill amortises it over the token tile.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -106,6 +107,31 @@ const MatmulKernels& matmul_kernels_scalar() {
   return k;
 }
 
+void quantize_x_q8_ref(const float* x, int64_t cols, int8_t* xq, float* xd) {
+  for (int64_t b = 0; b < cols / kQ8_0Block; ++b) {
+    const float* xb = x + b * kQ8_0Block;
+    float m = 0;
+    for (int i = 0; i < kQ8_0Block; ++i) m = std::max(m, std::fabs(xb[i]));
+    xd[b] = m / 127.0f;
+    const float id = m > 0 ? 127.0f / m : 0.0f;
+    for (int i = 0; i < kQ8_0Block; ++i) xq[b * kQ8_0Block + i] = (int8_t)std::nearbyint(xb[i] * id);
+  }
+}
+
+void matmul_q8_int8_ref(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const BlockQ8_0* b = (const BlockQ8_0*)(a.w + r * a.row_bytes);
+    double s = 0;
+    for (int64_t k = 0; k < a.cols / kQ8_0Block; ++k) {
+      int32_t dot = 0;
+      for (int i = 0; i < kQ8_0Block; ++i) dot += b[k].qs[i] * a.xq[k * kQ8_0Block + i];
+      s += (double)fp16_to_fp32(b[k].d) * a.xd[k] * dot;
+    }
+    if (a.bias) s += a.bias[r];
+    a.y[r] = (float)s;
+  }
+}
+
 const MatmulKernels& matmul_kernels() {
   static const MatmulKernels& k = []() -> const MatmulKernels& {
     switch (active_isa()) {
@@ -159,12 +185,33 @@ size_t packed_x_floats(const MatmulKernels& k, const WeightView& w, int n_tokens
   return (size_t)(tiles * k.panel_nr * w.cols) + 16;
 }
 
+// Whether a decode step through w takes the int8-activation Q8_0 kernel (cpu_internal.h's q8_int8_enabled();
+// not under a kernel-set override, which tests use to run one set's kernels).
+bool takes_q8_int8(const WeightView& w) {
+  return w.type == GgmlType::Q8_0 && !g_override && detail::q8_int8_enabled();
+}
+
+// Its quantised x in the scratch: cols int8 from a 64-byte boundary, then the cols / 32 f32 scales from the
+// next one.
+inline int64_t round64(int64_t n) {
+  return (n + 63) / 64 * 64;
+}
+size_t q8_int8_floats(const WeightView& w, int n_tokens) {
+  const size_t decode = (size_t)(round64(w.cols) + round64(w.cols / kQ8_0Block * 4) + 64) / 4;
+  // prefill: the packed token tiles (pack_x_q8_vnni)
+  const int64_t tiles = (n_tokens + detail::kQ8NT - 1) / detail::kQ8NT;
+  const size_t prefill = (size_t)(tiles * (w.cols / kQ8_0Block) * detail::kQ8TileBlockBytes + 64) / 4;
+  return std::max(decode, prefill);
+}
+
 }  // namespace
 
-// The panel GEMM's packed x (the other kernels read f32 activations directly).
+// The panel GEMM's packed x, or the int8-activation decode kernel's quantised x (the other kernels read f32
+// activations directly).
 size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int) {
   const MatmulKernels& k = active_kernels();
-  return takes_panel(k, w, n_tokens) ? packed_x_floats(k, w, n_tokens) : 0;
+  const size_t panel = takes_panel(k, w, n_tokens) ? packed_x_floats(k, w, n_tokens) : 0;
+  return takes_q8_int8(w) ? std::max(panel, q8_int8_floats(w, n_tokens)) : panel;
 }
 
 namespace {
@@ -172,11 +219,12 @@ namespace {
 struct MatmulCtx {
   MatmulArgs a;
   detail::MatmulRangeFn fn;
-  int64_t chunk;       // rows per work item
-  int64_t row_chunks;  // ceil(rows / chunk)
-  int tok_step;        // tokens per work item (the last one takes the rest)
-  int tok_chunks;      // n_tokens / tok_step
-  int panel_nr;        // the packed x's token tile (a.xp)
+  int64_t chunk;              // rows per work item
+  int64_t row_chunks;         // ceil(rows / chunk)
+  int tok_step;               // tokens per work item (the last one takes the rest)
+  int tok_chunks;             // n_tokens / tok_step
+  int panel_nr;               // the packed x's token tile (a.xp)
+  int64_t q8_tile_bytes = 0;  // int8 prefill: bytes of a token tile of the packed x (a.xq)
   // The next unclaimed work item: row chunk + row_chunks * token chunk.
   alignas(64) std::atomic<int64_t> next{0};
 };
@@ -184,8 +232,11 @@ struct MatmulCtx {
 // Rows are handed out in chunks from a shared counter (about 8 per thread, multiples of 16 rows so that
 // threads never share a cache line of y): a thread that gets descheduled on a busy machine only delays
 // its current chunk instead of a fixed 1/nth of the matrix, and each chunk is one sequential stream.
-// Prefill chunks are at least kPrefillChunk rows: the packed-panel GEMM packs each token tile's x once per
-// chunk (per 128-row block), which cost ~12% at the 48-row chunks of a 768-row matrix on 2 threads.
+// Prefill chunks are at least kPrefillChunk rows, the packed-panel GEMM's L2 row block (kMC): every chunk
+// streams the packed x of all its tokens once per column block, so shorter chunks read x more often. (When
+// each chunk also packed x itself, 48-row chunks of a 768-row matrix cost ~12% on 2 threads; x is now
+// packed once per matmul and that figure has not been re-measured. The token split below keeps threads
+// busy on short matrices instead.)
 constexpr int64_t kPrefillChunk = 128;
 inline int64_t chunk_rows(int64_t rows, int nth, int n_tokens) {
   if (nth == 1) return rows;
@@ -244,8 +295,36 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     default:
       unsupported("matmul", w.type);
   }
+  // Decode through Q8_0 with int8 activations: x quantised once, here.
+  if (n_tokens == 1 && scratch && takes_q8_int8(w)) {
+    int8_t* xq = (int8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float* xd = (float*)(xq + round64(w.cols));
+    detail::quantize_x_q8_vnni(x, w.cols, xq, xd);
+    ctx.a.xq = xq;
+    ctx.a.xd = xd;
+    ctx.fn = detail::matmul_q8_int8_vnni;
+  } else if (n_tokens > 1 && scratch && takes_q8_int8(w)) {
+    // Prefill: x quantised and packed once, the threads sharing the token tiles.
+    uint8_t* xp = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    struct Pack {
+      const float* x;
+      int n_tokens;
+      int64_t cols;
+      uint8_t* xp;
+    } pk{x, n_tokens, w.cols, xp};
+    pool.run(
+        [](void* c, int ith, int nth) {
+          const auto& p = *(const Pack*)c;
+          const int tiles = (p.n_tokens + detail::kQ8NT - 1) / detail::kQ8NT;
+          detail::pack_x_q8_vnni(p.x, p.n_tokens, p.cols, tiles * ith / nth, tiles * (ith + 1) / nth, p.xp);
+        },
+        &pk);
+    ctx.a.xq = (const int8_t*)xp;
+    ctx.fn = detail::matmul_q8_int8_gemm_vnni;
+    ctx.q8_tile_bytes = w.cols / kQ8_0Block * detail::kQ8TileBlockBytes;
+  }
   // The panel GEMM's x packed once, all threads sharing the token tiles, before any row block needs it.
-  if (scratch && takes_panel(k, w, n_tokens)) {
+  if (scratch && takes_panel(k, w, n_tokens) && !ctx.a.xq) {
     float* xp = (float*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     struct Pack {
       const MatmulKernels* k;
@@ -279,6 +358,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
           a.y += (int64_t)t0 * a.rows;
           a.n_tokens = t1 - t0;
           if (a.xp) a.xp += (int64_t)(t0 / m.panel_nr) * a.cols * m.panel_nr;
+          if (m.q8_tile_bytes) a.xq += (int64_t)(t0 / detail::kQ8NT) * m.q8_tile_bytes;  // 12 | t0, 6 | 12
           m.fn(a, r0, std::min(r0 + m.chunk, m.a.rows));
         }
       },
