@@ -295,23 +295,25 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     default:
       unsupported("matmul", w.type);
   }
-  // Decode through Q8_0 with int8 activations: x quantised once, here.
-  if (n_tokens == 1 && scratch && takes_q8_int8(w)) {
-    int8_t* xq = (int8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
+  uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  const bool q8_int8 = scratch && takes_q8_int8(w);
+  if (q8_int8 && n_tokens == 1) {
+    // Decode through Q8_0 with int8 activations: x quantised once, here.
+    int8_t* xq = (int8_t*)scratch64;
     float* xd = (float*)(xq + round64(w.cols));
     detail::quantize_x_q8_vnni(x, w.cols, xq, xd);
     ctx.a.xq = xq;
     ctx.a.xd = xd;
     ctx.fn = detail::matmul_q8_int8_vnni;
-  } else if (n_tokens > 1 && scratch && takes_q8_int8(w)) {
+  } else if (q8_int8) {
     // Prefill: x quantised and packed once, the threads sharing the token tiles.
-    uint8_t* xp = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     struct Pack {
       const float* x;
       int n_tokens;
       int64_t cols;
       uint8_t* xp;
-    } pk{x, n_tokens, w.cols, xp};
+    } pk{x, n_tokens, w.cols, scratch64};
     pool.run(
         [](void* c, int ith, int nth) {
           const auto& p = *(const Pack*)c;
@@ -319,13 +321,13 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
           detail::pack_x_q8_vnni(p.x, p.n_tokens, p.cols, tiles * ith / nth, tiles * (ith + 1) / nth, p.xp);
         },
         &pk);
-    ctx.a.xq = (const int8_t*)xp;
+    ctx.a.xq = (const int8_t*)scratch64;
     ctx.fn = detail::matmul_q8_int8_gemm_vnni;
     ctx.q8_tile_bytes = w.cols / kQ8_0Block * detail::kQ8TileBlockBytes;
   }
   // The panel GEMM's x packed once, all threads sharing the token tiles, before any row block needs it.
-  if (scratch && takes_panel(k, w, n_tokens) && !ctx.a.xq) {
-    float* xp = (float*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  if (scratch && takes_panel(k, w, n_tokens) && !q8_int8) {
+    float* xp = (float*)scratch64;
     struct Pack {
       const MatmulKernels* k;
       const float* x;

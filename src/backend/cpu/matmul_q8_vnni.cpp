@@ -1,5 +1,5 @@
-// Q8_0 decode with int8 activations on AVX512-VNNI (opt-in: cpu_internal.h's q8_int8_enabled()). Compiled
-// with the AVX-512 flags plus -mavx512vnni (CMakeLists.txt: ULTRA_VNNI_ISA); called only where
+// Q8_0 decode and prefill with int8 activations on AVX512-VNNI (opt-in: cpu_internal.h's q8_int8_enabled()).
+// Compiled with the AVX-512 flags plus -mavx512vnni (CMakeLists.txt: ULTRA_VNNI_ISA); called only where
 // cpu_has_avx512_vnni() holds.
 //
 // x is quantised per 32-column block to int8 with an f32 scale (quantize_x_q8_vnni, the same bytes as
@@ -7,8 +7,12 @@
 // product of 32 int8 pairs: vpdpbusd multiplies unsigned by signed bytes, so the weights' magnitudes (|w| as
 // u8: 128 for -128) meet x with the weights' signs (vpsignb; |x| <= 127, so negating never overflows). The
 // block's sum (|sum| <= 32 * 128 * 127 < 2^24) converts to f32 exactly and takes d_w * d_x in one FMA,
-// against the f32-exact kernels' two int8 -> int32 -> f32 conversions and two FMAs per 16 weights. gcc 12's
-// AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source.
+// against the f32-exact kernels' two int8 -> int32 -> f32 conversions and two FMAs per 16 weights. Prefill
+// takes the int8 GEMM below.
+
+// GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves, which trips these
+// (false-positive) warnings once the intrinsics are inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <immintrin.h>
