@@ -226,7 +226,9 @@ int main(int argc, char** argv) {
   std::vector<int> tcounts = {1};
   if (threads != 1) tcounts.push_back(threads);
 
-  if (!bandwidth_only) std::printf("kernels: %s\n", detail::matmul_kernels().name);
+  if (!bandwidth_only)
+    std::printf("kernels: %s%s\n", detail::matmul_kernels().name,
+                detail::q8_int8_enabled() ? "; Q8_0 with int8 activations (VNNI; ULTRA_Q8_INT8=0: f32)" : "");
   auto skip_type = [&](GgmlType t) {
     if (only_type.empty()) return false;
     std::string n(type_name(t));

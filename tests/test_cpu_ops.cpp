@@ -346,7 +346,26 @@ TEST(Matmul, Q8_0BlockScales) {
   }
 }
 
-// ---- Q8_0 with int8 activations (opt-in: ULTRA_Q8_INT8=1 on AVX512-VNNI CPUs) ----
+// ---- Q8_0 with int8 activations (the default on AVX512-VNNI CPUs; ULTRA_Q8_INT8=0 turns it off) ----
+
+// The environment's wish: on when unset or empty, off only for a value starting with '0'. (The test
+// programs set ULTRA_Q8_INT8=0 before main, tests/pin_exact_numerics.cpp, so they see the exact path.)
+TEST(Matmul, Q8_0Int8Switch) {
+  EXPECT_TRUE(detail::q8_int8_wanted(nullptr));
+  EXPECT_TRUE(detail::q8_int8_wanted(""));
+  EXPECT_TRUE(detail::q8_int8_wanted("1"));
+  EXPECT_FALSE(detail::q8_int8_wanted("0"));
+  const char* env = std::getenv("ULTRA_Q8_INT8");
+  ASSERT_NE(env, nullptr) << "tests/pin_exact_numerics.cpp is not linked into this program";
+  if (std::string(env) == "0") {
+    detail::set_q8_int8_override(-1);
+    EXPECT_FALSE(detail::q8_int8_enabled());
+  }
+  detail::set_q8_int8_override(1);
+  EXPECT_EQ(detail::q8_int8_enabled(),
+            detail::cpu_has_avx512_vnni() && cpu::kernel_isa() == std::string("avx512"));
+  detail::set_q8_int8_override(-1);
+}
 
 // Q8_0 rows with block scales 2^-8 .. 2^8 and zero blocks (as Q8_0BlockScales), and an x with a zero block,
 // a block 1000x larger than the rest, and one with a single non-zero value.

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "backend/cpu/ops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "ultra/generate.h"
@@ -161,7 +162,11 @@ int cmd_run(int argc, char** argv) {
     fmt::print(stderr, "memory: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
                human_bytes(fp.weights), human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots,
                F.model.kv_type_name(), human_bytes(fp.scratch));
-    fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_name(), ctx.params().n_threads);
+    if (ctx.backend_name() == std::string_view("CPU"))
+      fmt::print(stderr, "backend: CPU ({} kernels{}), threads: {}\n", cpu::kernel_isa(),
+                 cpu::q8_int8_activations() ? "; Q8_0 with int8 activations" : "", ctx.params().n_threads);
+    else
+      fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_name(), ctx.params().n_threads);
     if (draft) {
       const ModelInfo& di = draft_model->info();
       fmt::print(stderr, "draft: {} ({}, {} layers, dim {}), weights {}, KV cache {}\n", di.path, di.arch,

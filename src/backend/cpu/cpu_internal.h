@@ -96,10 +96,12 @@ bool cpu_has_avx512();
 // Whether this CPU has AVX512-VNNI besides cpu_has_avx512() (the *_vnni.cpp files).
 bool cpu_has_avx512_vnni();
 // Q8_0 with int8 activations (llama.cpp's numerics: x quantised per 32-block to int8 with an f32 scale,
-// integer dot products per block), decode and prefill: opt-in with ULTRA_Q8_INT8=1, on CPUs with
-// AVX512-VNNI while the kernels run AVX-512 (read once). Off, Q8_0 multiplies f32 activations exactly (the
-// default).
+// integer dot products per block), decode and prefill: the default on CPUs with AVX512-VNNI while the
+// kernels run AVX-512; ULTRA_Q8_INT8=0 turns it off (read once). Off, or without VNNI, Q8_0 multiplies f32
+// activations exactly (what the tests pin: tests/pin_exact_numerics.cpp).
 bool q8_int8_enabled();
+// The environment's wish (ULTRA_Q8_INT8's value, nullptr when unset): on unless it starts with '0'.
+bool q8_int8_wanted(const char* env);
 // x [cols] (cols % 32 == 0) -> xq [cols] int8, xd [cols / 32]: per 32-block d = max |x| / 127, q = x / d
 // rounded to nearest even (d = 0 and q = 0 for an all-zero block). quantize_x_q8_ref is the scalar
 // reference, the other the AVX-512 one (cpu_has_avx512_vnni() must hold); the two give identical bytes.

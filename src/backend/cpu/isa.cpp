@@ -94,8 +94,12 @@ namespace {
 int g_q8_int8_override = -1;
 }
 
+bool q8_int8_wanted(const char* env) {
+  return !env || !*env || *env != '0';
+}
+
 bool q8_int8_enabled() {
-  static const bool env = env_set("ULTRA_Q8_INT8");
+  static const bool env = q8_int8_wanted(std::getenv("ULTRA_Q8_INT8"));
   const bool want = g_q8_int8_override >= 0 ? g_q8_int8_override == 1 : env;
   return want && active_isa() == Isa::Avx512 && cpu_has_avx512_vnni();
 }

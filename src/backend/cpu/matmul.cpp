@@ -165,6 +165,10 @@ const char* kernel_isa() {
   return detail::isa_name(detail::active_isa());
 }
 
+bool q8_int8_activations() {
+  return detail::q8_int8_enabled();
+}
+
 namespace {
 
 const MatmulKernels& active_kernels() {

@@ -15,6 +15,9 @@ namespace ultra::cpu {
 
 // The instruction set the kernels run: "avx512", "avx2" or "scalar" (fixed at the first kernel call).
 const char* kernel_isa();
+// Whether Q8_0 weights multiply int8-quantised activations (AVX512-VNNI CPUs, unless ULTRA_Q8_INT8=0) rather
+// than f32 ones exactly.
+bool q8_int8_activations();
 
 // y[t, r] = sum_c W[r, c] * x[t, c] (+ bias[r]) for t < n_tokens.
 //   x: [n_tokens, cols] f32, y: [n_tokens, rows] f32, bias: [rows] f32 or nullptr.
