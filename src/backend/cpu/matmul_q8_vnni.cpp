@@ -1,4 +1,5 @@
-// Q8_0 decode and prefill with int8 activations on AVX512-VNNI (opt-in: cpu_internal.h's q8_int8_enabled()).
+// Q8_0 decode and prefill with int8 activations on AVX512-VNNI (the default there: cpu_internal.h's
+// q8_int8_enabled()).
 // Compiled with the AVX-512 flags plus -mavx512vnni (CMakeLists.txt: ULTRA_VNNI_ISA); called only where
 // cpu_has_avx512_vnni() holds.
 //
@@ -18,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -108,25 +110,47 @@ constexpr int kKB = 32;   // blocks per column block (1024 columns)
 constexpr int kMC = 128;  // rows per row block (4 panels, 144 KiB packed)
 
 // Rows [r, r + nr) (nr <= 32), blocks [b0, b0 + nbk) of Q8_0 w -> one packed panel (rows past nr: w = 0).
+// Per block and vector, a transpose of 16 rows x 8 column quads (dwords) in registers: row k and row k + 8
+// in the two halves of one zmm, then the 8 x 8 dword transpose of both halves at once (unpack 32, unpack 64,
+// and one two-source permute per output quad), instead of 8 four-byte stores per row.
 void pack_panel(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_t* p) {
+  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13),
+                hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
   for (int b = 0; b < nbk; ++b) {
     uint8_t* pb = p + b * kPanelBlockBytes;
-    float* d = (float*)(pb + kPanelQuadBytes);
-    for (int i = 0; i < kNV * 16; ++i) {
-      const int v = i / 16, l = i % 16;
-      if (i >= nr) {
-        for (int q = 0; q < 8; ++q) std::memset(pb + (q * kNV + v) * 64 + l * 4, 0x80, 4);
-        d[i] = 0.0f;
-        continue;
+    for (int v = 0; v < kNV; ++v) {
+      const int n = std::clamp(nr - 16 * v, 0, 16);  // rows of this vector
+      const uint8_t* qs = w + (size_t)(16 * v) * rb + (b0 + b) * sizeof(BlockQ8_0) + offsetof(BlockQ8_0, qs);
+      auto row = [&](int k) {
+        return k < n ? _mm256_loadu_si256((const __m256i*)(qs + k * rb)) : _mm256_setzero_si256();
+      };
+      __m512i z[8];  // lanes 0-7: row k's 8 quads, lanes 8-15: row k + 8's
+      for (int k = 0; k < 8; ++k) z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(row(k)), row(k + 8), 1);
+      __m512i t[8], u[8];
+      for (int k = 0; k < 8; k += 4) {
+        t[k] = _mm512_unpacklo_epi32(z[k], z[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(z[k], z[k + 1]);
+        t[k + 2] = _mm512_unpacklo_epi32(z[k + 2], z[k + 3]);
+        t[k + 3] = _mm512_unpackhi_epi32(z[k + 2], z[k + 3]);
+        // u[k + j], per 128-bit lane (rows k..k+3, or k+8..k+11): quad j (lanes 0, 2), j + 4 (lanes 1, 3)
+        u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
       }
-      const BlockQ8_0& blk = ((const BlockQ8_0*)(w + i * rb))[b0 + b];
-      const __m256i u =
-          _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)blk.qs), _mm256_set1_epi8((char)0x80));
-      alignas(32) uint32_t quads[8];
-      _mm256_store_si256((__m256i*)quads, u);
-      for (int q = 0; q < 8; ++q) std::memcpy(pb + (q * kNV + v) * 64 + l * 4, &quads[q], 4);
-      d[i] = _cvtsh_ss(blk.d);
+      for (int j = 0; j < 4; ++j) {
+        const __m512i q_lo = _mm512_permutex2var_epi64(u[j], lo, u[j + 4]);  // quad j of rows 0..15
+        const __m512i q_hi = _mm512_permutex2var_epi64(u[j], hi, u[j + 4]);  // quad j + 4
+        _mm512_store_si512((void*)(pb + (j * kNV + v) * 64), _mm512_xor_si512(q_lo, bias));
+        _mm512_store_si512((void*)(pb + ((j + 4) * kNV + v) * 64), _mm512_xor_si512(q_hi, bias));
+      }
     }
+    alignas(64) uint16_t dh[kNV * 16];
+    for (int i = 0; i < kNV * 16; ++i) dh[i] = i < nr ? ((const BlockQ8_0*)(w + i * rb))[b0 + b].d : 0;
+    float* d = (float*)(pb + kPanelQuadBytes);
+    for (int v = 0; v < kNV; ++v)
+      _mm512_storeu_ps(d + 16 * v, _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(dh + 16 * v))));
   }
 }
 
