@@ -1,7 +1,6 @@
-// Q8_0 decode and prefill with int8 activations on AVX512-VNNI (the default there: cpu_internal.h's
-// q8_int8_enabled()).
-// Compiled with the AVX-512 flags plus -mavx512vnni (CMakeLists.txt: ULTRA_VNNI_ISA); called only where
-// cpu_has_avx512_vnni() holds.
+// Q8_0 decode and prefill with int8 activations on AVX512-VNNI, the default there (cpu_internal.h's
+// q8_int8_enabled()). Compiled with the AVX-512 flags plus -mavx512vnni (CMakeLists.txt: ULTRA_VNNI_ISA);
+// called only where cpu_has_avx512_vnni() holds.
 //
 // x is quantised per 32-column block to int8 with an f32 scale (quantize_x_q8_vnni, the same bytes as
 // quantize_x_q8_ref), as llama.cpp does for its quantised types. A weight block then costs one integer dot
