@@ -119,8 +119,11 @@ constexpr int kQ8NT = 6;
 constexpr int64_t kQ8TileBlockBytes = 8 * kQ8NT * 4 + kQ8NT * 8;  // x quads, then d_x and corrections
 void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, uint8_t* xp);
 void matmul_q8_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
-// Tests: force q8_int8_enabled() on (1, where the CPU has AVX512-VNNI) or off (0); -1: the environment.
+// Tests: force q8_int8_enabled() on (1, where the CPU has AVX512-VNNI) or off (0); -1: the environment;
+// 2: on with the scalar reference kernels on any CPU (q8_int8_reference(): matmul() then quantises each
+// token's x with quantize_x_q8_ref and runs matmul_q8_int8_ref on the calling thread; slow, for fixtures).
 void set_q8_int8_override(int on);
+bool q8_int8_reference();
 
 // Whether prefill steps may take an ISA's packed-panel GEMM (matmul_driver.h): true unless the environment
 // has ULTRA_CPU_PANEL=0 (A/B measurements; read once).

@@ -100,8 +100,13 @@ bool q8_int8_wanted(const char* env) {
 
 bool q8_int8_enabled() {
   static const bool env = q8_int8_wanted(std::getenv("ULTRA_Q8_INT8"));
+  if (g_q8_int8_override == 2) return true;
   const bool want = g_q8_int8_override >= 0 ? g_q8_int8_override == 1 : env;
   return want && active_isa() == Isa::Avx512 && cpu_has_avx512_vnni();
+}
+
+bool q8_int8_reference() {
+  return g_q8_int8_override == 2;
 }
 
 void set_q8_int8_override(int on) {

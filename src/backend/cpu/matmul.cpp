@@ -302,6 +302,22 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   const bool q8_int8 = scratch && takes_q8_int8(w);
+  if (q8_int8 && detail::q8_int8_reference()) {
+    // Tests: the scalar int8 kernels, token by token, on this thread (the decode scratch serves each token).
+    int8_t* xq = (int8_t*)scratch64;
+    float* xd = (float*)(xq + round64(w.cols));
+    MatmulArgs a = ctx.a;
+    a.n_tokens = 1;
+    a.xq = xq;
+    a.xd = xd;
+    for (int t = 0; t < n_tokens; ++t) {
+      a.x = x + (int64_t)t * w.cols;
+      a.y = y + (int64_t)t * w.rows;
+      detail::quantize_x_q8_ref(a.x, w.cols, xq, xd);
+      detail::matmul_q8_int8_ref(a, 0, w.rows);
+    }
+    return;
+  }
   if (q8_int8 && n_tokens == 1) {
     // Decode through Q8_0 with int8 activations: x quantised once, here.
     int8_t* xq = (int8_t*)scratch64;
