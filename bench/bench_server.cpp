@@ -260,7 +260,7 @@ int run(int argc, char** argv) {
     sched = std::make_shared<ultra::server::Scheduler>(*model, cp, 4 * max_streams);
     for (const std::string& w : sched->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     ultra::server::ServerOptions so;
-    so.n_http_threads = max_streams + 8;
+
     srv = std::make_unique<ultra::server::Server>(so);
     target.port = srv->bind("127.0.0.1", 0);
     if (target.port < 0) throw ultra::Error("cannot bind a loopback port");

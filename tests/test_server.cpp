@@ -58,7 +58,7 @@ class ServerTest : public ::testing::Test {
     env->sched = std::make_shared<server::Scheduler>(env->model, cp, 64);
     server::ServerOptions so;
     so.api_key = kKey;
-    so.max_body = 64 * 1024;
+    so.limits.max_body = 64 * 1024;
     env->srv = std::make_unique<server::Server>(so);
     env->port = env->srv->bind("127.0.0.1", 0);
     env->srv->attach(env->sched);
@@ -846,7 +846,7 @@ TEST(ServerLoad, ThirtyTwoConcurrentStreams) {
   cp.n_threads = 2;
   auto sched = std::make_shared<server::Scheduler>(model, cp, 64);
   server::ServerOptions so;
-  so.n_http_threads = 40;
+
   server::Server srv(so);
   const int port = srv.bind("127.0.0.1", 0);
   ASSERT_GT(port, 0);

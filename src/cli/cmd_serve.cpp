@@ -2,12 +2,14 @@
 //   ultra serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [-c CTX] [-t N] [--api-key KEY]
 //               [--chat-template FILE|NAME]
 // Listens before the model is loaded (/health answers 503 until it is); SIGINT/SIGTERM stop it: queued and
-// running requests are cancelled (streams end with finish_reason "length"), and it exits 0.
+// running requests are cancelled (streams end with an error event, then [DONE]), and it exits 0.
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -18,13 +20,26 @@
 
 namespace ultra::cli {
 
+namespace {
+
+// The id /v1/models lists: the model file's name (a directory's own name), not the path it was read from.
+std::string model_id(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  const std::string name = p.filename().string();
+  return name.empty() ? path : name;
+}
+
+}  // namespace
+
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"ultra serve: an OpenAI-compatible HTTP server with continuous batching", "ultra serve"};
   ModelFlags mf;
   mf.add(app);
-  std::string host = "127.0.0.1", api_key;
-  int port = 8080, parallel = 4, queue = 64, http_threads = 32;
-  size_t max_body = 1 << 20;
+  std::string host = "127.0.0.1", api_key, alias;
+  int port = 8080, parallel = 4, queue = 64, http_threads = 4;
+  size_t max_body = 1 << 20, max_connections = 4096;
+  double timeout = 30;
   app.add_option("--host", host, "address to listen on (default: loopback only)")->capture_default_str();
   app.add_option("--port", port, "TCP port (0: any free port)")
       ->capture_default_str()
@@ -35,11 +50,25 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--queue", queue, "requests that may wait for a slot; more get 503")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--http-threads", http_threads, "connections served at once")
+  app.add_option(
+         "--http-threads", http_threads,
+         "threads that parse, render and tokenize requests (connections are served by one I/O thread)")
       ->capture_default_str()
-      ->check(CLI::Range(2, 4096));
-  app.add_option("--max-body", max_body, "largest request body in bytes; larger get 413")
-      ->capture_default_str();
+      ->check(CLI::Range(1, 256));
+  app.add_option("--max-connections", max_connections,
+                 "open connections; beyond, the longest-idle one is closed, else 503")
+      ->capture_default_str()
+      ->check(CLI::Range((size_t)1, (size_t)1 << 20));
+  app.add_option("--timeout", timeout,
+                 "seconds to read a request body, to wait for the next request on a connection and for each "
+                 "write; a request head must arrive within min(10, this)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--max-body", max_body,
+                 "largest request body in bytes (after chunked decoding); larger get 413")
+      ->capture_default_str()
+      ->check(CLI::Range((size_t)1, (size_t)1 << 30));
+  app.add_option("-a,--alias", alias, "the model's id in /v1/models (default: the model file's name)");
   app.add_option("--api-key", api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
   std::string chat_template_arg;
   app.add_option("--chat-template", chat_template_arg, chat_template_help())->type_name("FILE|NAME");
@@ -64,9 +93,12 @@ int cmd_serve(int argc, char** argv) {
 
   server::ServerOptions so;
   so.api_key = api_key;
-  so.max_body = max_body;
-  so.n_http_threads = http_threads;
-  so.model_name = mf.model;
+  so.limits.max_body = max_body;
+  so.limits.n_workers = http_threads;
+  so.limits.max_connections = max_connections;
+  so.limits.head_timeout = std::min(10.0, timeout);
+  so.limits.body_timeout = so.limits.idle_timeout = so.limits.write_timeout = timeout;
+  so.model_name = !alias.empty() ? alias : model_id(mf.model);
   so.chat_template = chat_template;
   if (!chat_template_label.empty()) so.chat_template_label = chat_template_label;
   server::Server srv(so);

@@ -93,7 +93,7 @@ void Scheduler::admit() {
       std::lock_guard lk(req->m);
       req->done = true;
       req->finish_reason = "cancelled";
-      req->cv.notify_all();
+      req->notify();
       continue;
     }
     const GenRequest& next = *queue_.front();
@@ -147,7 +147,7 @@ void Scheduler::deliver(Slot& s, const std::string& out, bool all) {
   r.text += out;
   s.n_emitted += out.size();
   release_logprobs(s, all);
-  r.cv.notify_all();
+  r.notify();
 }
 
 void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
@@ -178,7 +178,7 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   req->finish_reason = reason;
   req->error = error;
   req->n_completion = n_gen;
-  req->cv.notify_all();
+  req->notify();
 }
 
 // Hands over the entries whose token's text starts inside the text handed over so far (all: every one).
@@ -244,7 +244,7 @@ void Scheduler::run() {
           std::lock_guard rl(q->m);
           q->done = true;
           q->finish_reason = "cancelled";
-          q->cv.notify_all();
+          q->notify();
         }
         queue_.clear();
         stats_.queue_depth = 0;

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,14 @@ struct GenRequest {
   std::string error;          // non-empty: the step failed
   int n_completion = 0;       // tokens generated
   int n_cached = 0;           // prompt tokens found in the slot's cache (not prefilled)
+
+  // The HTTP layer's wake-up (guarded by m): called with m held after every change above; it must not
+  // block (it posts to the I/O thread).
+  std::function<void()> on_update;
+  void notify() {  // with m held
+    cv.notify_all();
+    if (on_update) on_update();
+  }
 
   std::atomic<bool> cancelled{false};               // set by the HTTP side when the client is gone
   std::chrono::steady_clock::time_point submitted;  // set by submit()

@@ -3,13 +3,12 @@
 #include "core/error.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
-
-#include <sys/socket.h>
 
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "server/chat.h"
 #include "tokenizer/utf8.h"
@@ -51,9 +50,25 @@ json error_body(const ApiError& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(to_text(error_body(e)), "application/json");
+http::Reply json_reply(const json& j, int status = 200) {
+  http::Reply r;
+  r.status = status;
+  r.body = to_text(j);
+  return r;
+}
+
+http::Reply error_reply(const ApiError& e) {
+  http::Reply r = json_reply(error_body(e), e.status);
+  if (e.status == 503) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+// What the HTTP layer itself refuses (413, 415, 431, 400 for malformed HTTP, 503 for too many connections).
+http::Reply layer_error(int status, const std::string& msg) {
+  const char* type = status == 503   ? "unavailable_error"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  return error_reply(ApiError{status, msg, type});
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
@@ -72,15 +87,124 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-json parse_body(const httplib::Request& req) {
+// Request bodies nested deeper than this are refused while they are parsed, before anything copies or
+// walks them (a copy of a JSON value recurses once per level).
+constexpr int kMaxBodyDepth = 128;
+
+json parse_body(const http::Request& req) {
+  struct TooDeep {};
+  std::string field;  // the top-level field being parsed: named when one of its numbers is out of range
+  const json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (depth > kMaxBodyDepth) throw TooDeep{};
+    if (ev == json::parse_event_t::key && depth == 1) field = parsed.get<std::string>();
+    return true;
+  };
   json j;
   try {
-    j = json::parse(req.body);
-  } catch (const json::parse_error& e) {
+    j = json::parse(req.body, cb);
+  } catch (const TooDeep&) {
+    throw ApiError{400, fmt::format("the request body is nested deeper than {} levels", kMaxBodyDepth),
+                   "invalid_request_error", field};
+  } catch (const json::out_of_range& e) {  // a number beyond double's range (1e400)
+    throw ApiError{400,
+                   field.empty() ? "the request body holds a number out of range"
+                                 : fmt::format("'{}' holds a number out of range", field.substr(0, 64)),
+                   "invalid_request_error", field.substr(0, 64)};
+  } catch (const json::exception& e) {
     throw ApiError{400, fmt::format("the request body is not valid JSON: {}", e.what())};
   }
   if (!j.is_object()) throw ApiError{400, "the request body must be a JSON object"};
   return j;
+}
+
+// The fields a completion request may carry. Known and implemented fields are read below; known fields
+// that ask for something ultra does not do are refused when they ask for it (logit_bias, tools, ...);
+// unknown ones are ignored with a line in the log.
+const std::set<std::string, std::less<>> kCommonFields = {"model",
+                                                          "max_tokens",
+                                                          "temperature",
+                                                          "top_p",
+                                                          "n",
+                                                          "stream",
+                                                          "stream_options",
+                                                          "stop",
+                                                          "presence_penalty",
+                                                          "frequency_penalty",
+                                                          "seed",
+                                                          "user",
+                                                          "logit_bias",
+                                                          "logprobs",
+                                                          "metadata",
+                                                          "store",
+                                                          "service_tier",
+                                                          "top_k",
+                                                          "min_p",
+                                                          "repeat_penalty",
+                                                          "repetition_penalty",
+                                                          "repeat_last_n",
+                                                          "ignore_eos",
+                                                          "cache_prompt"};
+const std::set<std::string, std::less<>> kCompletionFields = {"prompt", "echo", "best_of", "suffix"};
+const std::set<std::string, std::less<>> kChatFields = {"messages",
+                                                        "max_completion_tokens",
+                                                        "top_logprobs",
+                                                        "tools",
+                                                        "tool_choice",
+                                                        "parallel_tool_calls",
+                                                        "response_format",
+                                                        "functions",
+                                                        "function_call",
+                                                        "modalities",
+                                                        "audio",
+                                                        "prediction",
+                                                        "reasoning_effort",
+                                                        "web_search_options",
+                                                        "chat_template",
+                                                        "chat_template_kwargs",
+                                                        "add_generation_prompt",
+                                                        "allow_special_in_content"};
+
+bool present(const json& j, const char* k) {
+  return j.contains(k) && !j[k].is_null();
+}
+
+// Refuses what ultra parses but does not implement; logs the names of unknown fields.
+void check_fields(const json& j, bool chat) {
+  const auto unsupported = [](const char* k, const char* what) {
+    throw ApiError{400, fmt::format("'{}' is not supported: {}", k, what), "invalid_request_error", k,
+                   "unsupported_parameter"};
+  };
+  if (present(j, "logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+    unsupported("logit_bias", "ultra does not bias logits yet");
+  if (chat) {
+    if (present(j, "tools") && !(j["tools"].is_array() && j["tools"].empty()))
+      unsupported("tools", "ultra does not call tools yet");
+    if (present(j, "tool_choice") && j["tool_choice"] != "none")
+      unsupported("tool_choice", "ultra does not call tools yet");
+    if (present(j, "functions")) unsupported("functions", "ultra does not call functions");
+    if (present(j, "function_call") && j["function_call"] != "none")
+      unsupported("function_call", "ultra does not call functions");
+    if (present(j, "response_format") && j["response_format"] != json{{"type", "text"}})
+      unsupported("response_format", "only {\"type\": \"text\"} (no JSON mode or schema yet)");
+    if (present(j, "modalities") && j["modalities"] != json::array({"text"}))
+      unsupported("modalities", "text only");
+    if (present(j, "audio")) unsupported("audio", "text only");
+    if (present(j, "prediction")) unsupported("prediction", "no predicted outputs");
+    if (present(j, "web_search_options")) unsupported("web_search_options", "no web search");
+  } else {
+    if (present(j, "echo") && j["echo"] != false) unsupported("echo", "the prompt is not echoed");
+    if (present(j, "best_of") && j["best_of"] != 1) unsupported("best_of", "only best_of = 1");
+    if (present(j, "suffix") && j["suffix"] != "") unsupported("suffix", "no insertion (suffix)");
+  }
+  std::string unknown;
+  int n_unknown = 0;
+  for (const auto& [k, v] : j.items()) {
+    if (kCommonFields.count(k) || (chat ? kChatFields : kCompletionFields).count(k)) continue;
+    if (n_unknown++ < 8) unknown += fmt::format("{}'{}'", unknown.empty() ? "" : ", ", k.substr(0, 64));
+  }
+  if (n_unknown > 0)
+    fmt::print(stderr, "ultra serve: ignoring unknown request field{} {}{}\n", n_unknown > 1 ? "s" : "",
+               unknown, n_unknown > 8 ? fmt::format(" and {} more", n_unknown - 8) : "");
 }
 
 // Typed optional fields: absent or null -> the default; anything of the wrong type -> 400 naming it.
@@ -307,38 +431,119 @@ std::string sse(const json& j) {
   return "data: " + to_text(j) + "\n\n";
 }
 
+// A completion's reply as the scheduler produces it: the whole JSON answer once the generation is done, or
+// SSE events as text becomes final. Polled on the HTTP layer's I/O thread whenever the scheduler wakes it.
+class GenProducer final : public http::Producer {
+ public:
+  GenProducer(Job job, Tokenizer tok) : job_(std::move(job)), tok_(std::move(tok)) {}
+
+  bool streamed() const override { return job_.stream; }
+
+  void subscribe(std::function<void()> wake) override {
+    std::lock_guard lk(job_.req->m);
+    job_.req->on_update = std::move(wake);
+  }
+
+  bool poll(http::Reply& out) override {
+    GenRequest& r = *job_.req;
+    std::string part;
+    std::vector<TokenLogprobs> lp;
+    bool done;
+    {
+      std::lock_guard lk(r.m);
+      part = std::move(r.text);
+      r.text.clear();
+      lp.assign(std::make_move_iterator(r.logprobs_out.begin()),
+                std::make_move_iterator(r.logprobs_out.end()));
+      r.logprobs_out.clear();
+      done = r.done;
+      if (done) r.on_update = nullptr;
+    }
+    if (!job_.stream) {
+      text_ += part;
+      lp_.insert(lp_.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
+      if (!done) return false;
+      out = whole_reply();
+      return true;
+    }
+    if (!part.empty() || !lp.empty() || (first_ && job_.chat)) {
+      const json lpj = r.logprobs ? logprobs_json(tok_, job_.chat, lp) : json(nullptr);
+      out.body += sse(chunk_json(job_, part, nullptr, first_, lpj));
+      first_ = false;
+    }
+    if (!done) return false;
+    std::lock_guard lk(r.m);
+    if (!r.error.empty()) {
+      out.body += sse(error_body(ApiError{500, r.error, "server_error"}));
+    } else if (r.finish_reason ==
+               "cancelled") {  // the server is shutting down (a client that left reads nothing)
+      out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
+                                          "unavailable_error", "", "shutdown"}));
+    } else {
+      out.body += sse(chunk_json(job_, "", r.finish_reason, false));
+      if (job_.include_usage) {
+        json u = chunk_json(job_, "", nullptr, false);
+        u["choices"] = json::array();
+        u["usage"] = usage_json(job_, r.n_completion, r.n_cached);
+        out.body += sse(u);
+      }
+    }
+    out.body += "data: [DONE]\n\n";
+    return true;
+  }
+
+  void cancel() override {
+    job_.req->cancelled = true;  // the scheduler frees the slot before its next step
+    std::lock_guard lk(job_.req->m);
+    job_.req->on_update = nullptr;
+  }
+
+ private:
+  http::Reply whole_reply() {
+    GenRequest& r = *job_.req;
+    std::lock_guard lk(r.m);
+    if (!r.error.empty()) return error_reply(ApiError{500, r.error, "server_error"});
+    if (r.finish_reason == "cancelled")
+      return error_reply(ApiError{503, "the server is shutting down", "unavailable_error", "", "shutdown"});
+    json choice = {{"index", 0},
+                   {"logprobs", r.logprobs ? logprobs_json(tok_, job_.chat, lp_) : json(nullptr)},
+                   {"finish_reason", r.finish_reason}};
+    if (job_.chat)
+      choice["message"] = {{"role", "assistant"}, {"content", text_}};
+    else
+      choice["text"] = text_;
+    return json_reply({{"id", job_.id},
+                       {"object", job_.chat ? "chat.completion" : "text_completion"},
+                       {"created", job_.created},
+                       {"model", job_.model},
+                       {"choices", json::array({choice})},
+                       {"usage", usage_json(job_, r.n_completion, r.n_cached)}});
+  }
+
+  Job job_;
+  Tokenizer tok_;  // a handle: the reply keeps the vocabulary alive
+  bool first_ = true;
+  std::string text_;  // not streamed: the text so far
+  std::vector<TokenLogprobs> lp_;
+};
+
 }  // namespace
 
-Server::Server(ServerOptions opts) : opts_(std::move(opts)), http_(std::make_unique<httplib::Server>()) {
-  const int n = opts_.n_http_threads;
-  http_->new_task_queue = [n] { return new httplib::ThreadPool((size_t)n); };
-  http_->set_payload_max_length(opts_.max_body);
-  // Responses go out as several writes (headers, body, SSE events): without TCP_NODELAY, Nagle's algorithm
-  // waits for the client's delayed ACK (40 ms) before each small one.
-  http_->set_tcp_nodelay(true);
-  routes();
+Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
+  http_ = std::make_unique<http::Server>(opts_.limits, handlers());
 }
 
 Server::~Server() {
   stop();
+  http_.reset();  // joins the workers while the routes' state is alive
 }
 
 int Server::bind(const std::string& host, int port) {
-  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): 32 clients connecting at once
-  // overflowed it and some saw their connection reset. The listening socket is caught as it is created
-  // (keeping httplib's own options) and listen() is called again with the system's maximum.
-  int fd = -1;
-  http_->set_socket_options([&fd](socket_t sock) {
-    httplib::default_socket_options(sock);
-    fd = sock;
-  });
-  const int bound = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
-  if (bound >= 0 && fd >= 0) ::listen(fd, SOMAXCONN);
-  return bound;
+  return http_->bind(host, port);
 }
 
 bool Server::listen() {
-  return http_->listen_after_bind();
+  return http_->run();
 }
 
 void Server::stop() {
@@ -369,11 +574,12 @@ const std::string& Server::chat_template_source() const {
 // The prompt text of a chat request: its messages through the request's own "chat_template" (as vLLM takes
 // it), else the server's; "chat_template_kwargs" are extra template variables; "add_generation_prompt"
 // (default true).
-std::string Server::render_request(const nlohmann::json& j) const {
+std::string Server::render_request(const nlohmann::json& j, const http::Request& req) const {
   if (!j.contains("messages") || !j["messages"].is_array())
     bad("messages", "'messages' must be a list of {role, content} objects");
-  const json kwargs = j.value("chat_template_kwargs", json::object());
-  if (!kwargs.is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
+    bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  const json& kwargs = j.contains("chat_template_kwargs") ? j["chat_template_kwargs"] : json::object();
   const bool agp = get_bool(j, "add_generation_prompt", true);
   std::unique_ptr<ChatTemplate> own;
   const ChatTemplate* t = tmpl_.get();
@@ -393,268 +599,178 @@ std::string Server::render_request(const nlohmann::json& j) const {
   }
 }
 
-void Server::routes() {
-  httplib::Server& s = *http_;
+http::Handlers Server::handlers() {
+  http::Handlers h;
+  h.error = layer_error;
 
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
+  // Authentication, from the head alone: an unauthorised body is never read.
+  h.check_head = [this](const http::Request& req) -> std::optional<http::Reply> {
+    if (opts_.api_key.empty() || req.path == "/health") return std::nullopt;
+    const std::string_view auth = req.header("authorization");
     const std::string_view prefix = "Bearer ";
-    const bool ok = auth.size() > prefix.size() && auth.compare(0, prefix.size(), prefix) == 0 &&
-                    same_secret(std::string_view(auth).substr(prefix.size()), opts_.api_key);
-    if (ok) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, ApiError{401, "invalid or missing API key (expected 'Authorization: Bearer KEY')",
-                             "authentication_error", "", "invalid_api_key"});
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request& req, httplib::Response& res) -> httplib::Server::HandlerResponse {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        if (res.status == 404)
-          send_error(res, ApiError{404, fmt::format("unknown route: {} {}", req.method, req.path),
-                                   "not_found_error"});
-        else if (res.status == 413)
-          send_error(
-              res,
-              ApiError{413,
-                       req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded")
-                           ? "the request body is too large for a form (8192 bytes): send it as "
-                             "Content-Type: application/json"
-                           : "the request body is too large",
-                       "invalid_request_error"});
-        else
-          send_error(res, ApiError{res.status, fmt::format("HTTP error {}", res.status), "server_error"});
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      msg = e.what();
-    } catch (...) {
-    }
-    send_error(res, ApiError{500, msg, "server_error"});
-  });
-
-  // Runs a handler body that may throw ApiError; answers 503 until the model is loaded.
-  auto guarded = [this](auto fn) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) {
-      if (!ready_) {
-        res.set_header("Retry-After", "1");
-        send_error(res, ApiError{503, "the model is loading", "unavailable_error"});
-        return;
-      }
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-        if (e.status == 503) res.set_header("Retry-After", "1");
-      }
-    };
+    if (auth.size() > prefix.size() && auth.substr(0, prefix.size()) == prefix &&
+        same_secret(auth.substr(prefix.size()), opts_.api_key))
+      return std::nullopt;
+    return error_reply(ApiError{401, "invalid or missing API key (expected 'Authorization: Bearer KEY')",
+                                "authentication_error", "", "invalid_api_key"});
   };
 
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  // The cheap GET routes, answered on the I/O thread.
+  h.quick = [this](const http::Request& req, http::Reply& res) {
+    if (req.method != "GET") return false;
+    if (req.path == "/health") {
+      res = json_reply(ready_ ? json{{"status", "ok"}} : json{{"status", "loading"}}, ready_ ? 200 : 503);
+      return true;
+    }
+    if (req.path != "/v1/models" && req.path != "/metrics") return false;
     if (!ready_) {
-      res.status = 503;
-      res.set_content(R"({"status":"loading"})", "application/json");
-      return;
+      res = error_reply(ApiError{503, "the model is loading", "unavailable_error"});
+      return true;
     }
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-
-  s.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
-          json m = {{"id", opts_.model_name},
-                    {"object", "model"},
-                    {"created", now_s()},
-                    {"owned_by", "ultra"},
-                    {"meta", {{"n_ctx", sched_->n_ctx()}, {"n_slots", sched_->n_slots()}}}};
-          res.set_content(to_text(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
-        }));
-
-  s.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-          const SchedulerStats& st = sched_->stats();
-          std::string out;
-          auto metric = [&](const char* name, const char* type, const char* help, int64_t v) {
-            out += fmt::format("# HELP ultra_{0} {1}\n# TYPE ultra_{0} {2}\nultra_{0} {3}\n", name, help,
-                               type, v);
-          };
-          metric("requests_total", "counter", "generation requests accepted", st.requests_total);
-          metric("prompt_tokens_total", "counter", "prompt tokens admitted", st.prompt_tokens_total);
-          metric("prompt_tokens_cached_total", "counter",
-                 "prompt tokens found in a slot's cache (prefix reuse)", st.prompt_tokens_cached_total);
-          metric("generated_tokens_total", "counter", "tokens generated", st.generated_tokens_total);
-          metric("steps_total", "counter", "batched steps run", st.steps_total);
-          metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
-          metric("busy_slots", "gauge", "KV slots held by requests", st.busy_slots);
-          metric("slots", "gauge", "KV slots", sched_->n_slots());
-          out +=
-              "# HELP ultra_time_to_first_token_seconds time from a request's arrival to its first token\n"
-              "# TYPE ultra_time_to_first_token_seconds histogram\n";
-          for (size_t b = 0; b < SchedulerStats::kTtftBuckets; ++b)
-            out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"{}\"}} {}\n",
-                               SchedulerStats::kTtftBounds[b], st.ttft_le[b].load());
-          out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n",
-                             st.ttft_count.load());
-          out +=
-              fmt::format("ultra_time_to_first_token_seconds_sum {}\n", (double)st.ttft_sum_us.load() * 1e-6);
-          out += fmt::format("ultra_time_to_first_token_seconds_count {}\n", st.ttft_count.load());
-          res.set_content(out, "text/plain; version=0.0.4");
-        }));
-
-  s.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-           const json j = parse_body(req);
-           if (!j.contains("content") || !j["content"].is_string())
-             bad("content", "'content' must be a string");
-           const bool add_special = get_bool(j, "add_special", false);
-           const auto ids =
-               sched_->model().tokenizer()->encode(j["content"].get<std::string>(), add_special, true);
-           res.set_content(to_text(json{{"tokens", ids}}), "application/json");
-         }));
-
-  s.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
-           const json j = parse_body(req);
-           const Tokenizer& tok = *sched_->model().tokenizer();
-           if (!j.contains("tokens") || !j["tokens"].is_array())
-             bad("tokens", "'tokens' must be a list of ids");
-           std::vector<int32_t> ids;
-           for (const auto& t : j["tokens"]) {
-             if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
-               bad("tokens", fmt::format("'tokens' must hold ids in [0, {})", tok.n_vocab()));
-             ids.push_back(t.get<int32_t>());
-           }
-           res.set_content(to_text(json{{"content", tok.decode(ids)}}), "application/json");
-         }));
-
-  s.Post("/apply-template", guarded([this](const httplib::Request& req, httplib::Response& res) {
-           const json j = parse_body(req);
-           res.set_content(to_text(json{{"prompt", render_request(j)}}), "application/json");
-         }));
-
-  auto complete = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
-    const json j = parse_body(req);
-    const Tokenizer& tok = *sched_->model().tokenizer();
-    Job job;
-    job.chat = chat;
-    job.req = std::make_shared<GenRequest>();
-    job.id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    job.created = now_s();
-    if (chat) {
-      if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
-        bad("messages", "'messages' must be a non-empty list of {role, content} objects");
-      for (const auto& m : j["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-          bad("messages", "each message must be an object with a string 'role'");
-        if (m.contains("content") && !m["content"].is_null() && !m["content"].is_string() &&
-            !m["content"].is_array())
-          bad("messages", "a message's 'content' must be a string or a list of parts");
-      }
-      const std::string text = render_request(j);
-      // No double BOS: a template that writes the BOS text itself gets none added.
-      job.req->prompt = encode_chat_prompt(tok, text);
-    } else {
-      if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
-      const json& p = j["prompt"];
-      const auto is_ids = [](const json& a) {
-        return a.is_array() && !a.empty() &&
-               std::all_of(a.begin(), a.end(), [](const json& x) { return x.is_number_integer(); });
-      };
-      if (p.is_string()) {
-        job.req->prompt = tok.encode(p.get<std::string>(), true, true);
-      } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-        job.req->prompt = tok.encode(p[0].get<std::string>(), true, true);
-      } else if (is_ids(p)) {
-        for (const auto& x : p) {
-          const int64_t v = x.get<int64_t>();
-          if (v < 0 || v >= tok.n_vocab())
-            bad("prompt", fmt::format("prompt token {} is out of the vocabulary [0, {})", v, tok.n_vocab()));
-          job.req->prompt.push_back((int32_t)v);
-        }
-      } else {
-        bad("prompt", "'prompt' must be a string or a list of token ids (one prompt)");
-      }
+    if (req.path == "/v1/models") {
+      const json m = {{"id", opts_.model_name},
+                      {"object", "model"},
+                      {"created", now_s()},
+                      {"owned_by", "ultra"},
+                      {"meta", {{"n_ctx", sched_->n_ctx()}, {"n_slots", sched_->n_slots()}}}};
+      res = json_reply({{"object", "list"}, {"data", json::array({m})}});
+      return true;
     }
-    parse_generation(j, job, *sched_);
-    if (!sched_->submit(job.req))
-      throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
-                     "", "queue_full"};
-
-    if (!job.stream) {
-      std::string text, part;
-      std::vector<TokenLogprobs> lp;
-      while (!job.req->wait_text(part, 1000, &lp)) text += part;
-      text += part;
-      GenRequest& r = *job.req;
-      std::lock_guard lk(r.m);
-      if (!r.error.empty()) throw ApiError{500, r.error, "server_error"};
-      if (r.finish_reason == "cancelled")
-        throw ApiError{503, "the server is shutting down", "unavailable_error"};
-      json choice = {{"index", 0},
-                     {"logprobs", r.logprobs ? logprobs_json(tok, chat, lp) : json(nullptr)},
-                     {"finish_reason", r.finish_reason}};
-      if (chat)
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-      else
-        choice["text"] = text;
-      json out = {{"id", job.id},
-                  {"object", chat ? "chat.completion" : "text_completion"},
-                  {"created", job.created},
-                  {"model", job.model},
-                  {"choices", json::array({choice})},
-                  {"usage", usage_json(job, r.n_completion, r.n_cached)}};
-      res.set_content(to_text(out), "application/json");
-      return;
-    }
-
-    auto first = std::make_shared<bool>(true);
-    res.set_header("Cache-Control", "no-cache");
-    const Tokenizer tk = tok;  // a handle: the stream keeps the vocabulary alive
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [job, first, tk](size_t, httplib::DataSink& sink) {
-          std::string part;
-          std::vector<TokenLogprobs> lp;
-          const bool done = job.req->wait_text(part, 100, &lp);
-          if (!part.empty() || !lp.empty() || (*first && job.chat)) {
-            const json lpj = job.req->logprobs ? logprobs_json(tk, job.chat, lp) : json(nullptr);
-            const std::string ev = sse(chunk_json(job, part, nullptr, *first, lpj));
-            *first = false;
-            if (!sink.write(ev.data(), ev.size())) return false;
-          }
-          if (!done) return true;
-          std::string tail;
-          {
-            GenRequest& r = *job.req;
-            std::lock_guard lk(r.m);
-            if (!r.error.empty()) {
-              tail = sse(error_body(ApiError{500, r.error, "server_error"}));
-            } else {
-              const json finish = r.finish_reason == "cancelled" ? json("length") : json(r.finish_reason);
-              tail = sse(chunk_json(job, "", finish, false));
-              if (job.include_usage) {
-                json u = chunk_json(job, "", nullptr, false);
-                u["choices"] = json::array();
-                u["usage"] = usage_json(job, r.n_completion, r.n_cached);
-                tail += sse(u);
-              }
-            }
-          }
-          tail += "data: [DONE]\n\n";
-          if (!sink.write(tail.data(), tail.size())) return false;
-          sink.done();
-          return true;
-        },
-        [job](bool) { job.req->cancelled = true; });
+    const SchedulerStats& st = sched_->stats();
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, int64_t v) {
+      out += fmt::format("# HELP ultra_{0} {1}\n# TYPE ultra_{0} {2}\nultra_{0} {3}\n", name, help, type, v);
+    };
+    metric("requests_total", "counter", "generation requests accepted", st.requests_total);
+    metric("prompt_tokens_total", "counter", "prompt tokens admitted", st.prompt_tokens_total);
+    metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cache (prefix reuse)",
+           st.prompt_tokens_cached_total);
+    metric("generated_tokens_total", "counter", "tokens generated", st.generated_tokens_total);
+    metric("steps_total", "counter", "batched steps run", st.steps_total);
+    metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
+    metric("busy_slots", "gauge", "KV slots held by requests", st.busy_slots);
+    metric("slots", "gauge", "KV slots", sched_->n_slots());
+    metric("http_connections", "gauge", "open HTTP connections", (int64_t)http_->connections());
+    out +=
+        "# HELP ultra_time_to_first_token_seconds time from a request's arrival to its first token\n"
+        "# TYPE ultra_time_to_first_token_seconds histogram\n";
+    for (size_t b = 0; b < SchedulerStats::kTtftBuckets; ++b)
+      out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"{}\"}} {}\n",
+                         SchedulerStats::kTtftBounds[b], st.ttft_le[b].load());
+    out += fmt::format("ultra_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n", st.ttft_count.load());
+    out += fmt::format("ultra_time_to_first_token_seconds_sum {}\n", (double)st.ttft_sum_us.load() * 1e-6);
+    out += fmt::format("ultra_time_to_first_token_seconds_count {}\n", st.ttft_count.load());
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = std::move(out);
+    return true;
   };
 
-  s.Post("/v1/completions", guarded([complete](const httplib::Request& req, httplib::Response& res) {
-           complete(req, res, false);
-         }));
-  s.Post("/v1/chat/completions", guarded([complete](const httplib::Request& req, httplib::Response& res) {
-           complete(req, res, true);
-         }));
+  h.handle = [this](http::Request& req) {
+    try {
+      return handle(req);
+    } catch (const ApiError& e) {
+      return error_reply(e);
+    }
+  };
+  return h;
+}
+
+// The routes that parse a body, on a worker thread.
+http::Reply Server::handle(http::Request& req) {
+  const bool post = req.method == "POST";
+  const bool known = req.path == "/tokenize" || req.path == "/detokenize" || req.path == "/apply-template" ||
+                     req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+  if (!post || !known)
+    throw ApiError{404,
+                   fmt::format("unknown route: {} {}", req.method.substr(0, 16), req.path.substr(0, 256)),
+                   "not_found_error"};
+  if (!ready_) throw ApiError{503, "the model is loading", "unavailable_error"};
+  if (req.path == "/v1/completions") return complete(req, false);
+  if (req.path == "/v1/chat/completions") return complete(req, true);
+
+  const json j = parse_body(req);
+  if (req.path == "/tokenize") {
+    if (!j.contains("content") || !j["content"].is_string()) bad("content", "'content' must be a string");
+    const bool add_special = get_bool(j, "add_special", false);
+    const auto ids = sched_->model().tokenizer()->encode(j["content"].get<std::string>(), add_special, true);
+    return json_reply({{"tokens", ids}});
+  }
+  if (req.path == "/detokenize") {
+    const Tokenizer& tok = *sched_->model().tokenizer();
+    if (!j.contains("tokens") || !j["tokens"].is_array()) bad("tokens", "'tokens' must be a list of ids");
+    std::vector<int32_t> ids;
+    for (const auto& t : j["tokens"]) {
+      if (!t.is_number_integer() ||
+          (t.is_number_unsigned() && t.get<uint64_t>() >= (uint64_t)tok.n_vocab()) || t.get<int64_t>() < 0 ||
+          t.get<int64_t>() >= tok.n_vocab())
+        bad("tokens", fmt::format("'tokens' must hold ids in [0, {})", tok.n_vocab()));
+      ids.push_back(t.get<int32_t>());
+    }
+    return json_reply({{"content", tok.decode(ids)}});
+  }
+  return json_reply({{"prompt", render_request(j, req)}});  // /apply-template
+}
+
+http::Reply Server::complete(http::Request& req, bool chat) {
+  const json j = parse_body(req);
+  check_fields(j, chat);
+  const Tokenizer& tok = *sched_->model().tokenizer();
+  Job job;
+  job.chat = chat;
+  job.req = std::make_shared<GenRequest>();
+  job.id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  job.created = now_s();
+  if (chat) {
+    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+      bad("messages", "'messages' must be a non-empty list of {role, content} objects");
+    for (const auto& m : j["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        bad("messages", "each message must be an object with a string 'role'");
+      if (m.contains("content") && !m["content"].is_null() && !m["content"].is_string() &&
+          !m["content"].is_array())
+        bad("messages", "a message's 'content' must be a string or a list of parts");
+    }
+    const std::string text = render_request(j, req);
+    // No double BOS: a template that writes the BOS text itself gets none added.
+    job.req->prompt = encode_chat_prompt(tok, text);
+  } else {
+    if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
+    const json& p = j["prompt"];
+    const auto is_ids = [](const json& a) {
+      return a.is_array() && !a.empty() &&
+             std::all_of(a.begin(), a.end(), [](const json& x) { return x.is_number_integer(); });
+    };
+    if (p.is_string()) {
+      job.req->prompt = tok.encode(p.get<std::string>(), true, true);
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      job.req->prompt = tok.encode(p[0].get<std::string>(), true, true);
+    } else if (is_ids(p)) {
+      for (const auto& x : p) {
+        if (x.is_number_unsigned() && x.get<uint64_t>() > (uint64_t)INT64_MAX)
+          bad("prompt", fmt::format("prompt token {} is out of the vocabulary [0, {})", x.get<uint64_t>(),
+                                    tok.n_vocab()));
+        const int64_t v = x.get<int64_t>();
+        if (v < 0 || v >= tok.n_vocab())
+          bad("prompt", fmt::format("prompt token {} is out of the vocabulary [0, {})", v, tok.n_vocab()));
+        job.req->prompt.push_back((int32_t)v);
+      }
+    } else {
+      bad("prompt", "'prompt' must be a string or a list of token ids (one prompt)");
+    }
+  }
+  parse_generation(j, job, *sched_);
+  if (*req.gone) throw ApiError{499, "the client went away"};  // nothing is sent; the slot is not taken
+  if (!sched_->submit(job.req))
+    throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
+                   "", "queue_full"};
+  const bool stream = job.stream;
+  http::Reply r;
+  if (stream) {
+    r.content_type = "text/event-stream";
+    r.headers.emplace_back("Cache-Control", "no-cache");
+  }
+  r.later = std::make_shared<GenProducer>(std::move(job), tok);
+  return r;
 }
 
 }  // namespace ultra::server

@@ -1,6 +1,7 @@
-// The HTTP layer of `ultra serve`: OpenAI-compatible routes on cpp-httplib, JSON parsing and validation,
-// OpenAI-shaped errors ({"error": {"message", "type", "param", "code"}}). Generation itself is the
-// Scheduler's (scheduler.h); this layer validates a request, queues it and streams or collects its text.
+// The routes of `ultra serve` over the event-driven HTTP layer (http.h): OpenAI-compatible endpoints, JSON
+// parsing and validation, OpenAI-shaped errors ({"error": {"message", "type", "param", "code"}}).
+// Generation itself is the Scheduler's (scheduler.h); a route validates a request, queues it and hands the
+// HTTP layer a producer that streams or collects its text as the scheduler wakes it.
 //
 //   POST /v1/completions, /v1/chat/completions   (stream: SSE "data: {...}\n\n" chunks, then "data: [DONE]")
 //   GET  /v1/models, /health, /metrics
@@ -12,19 +13,17 @@
 #include <string>
 
 #include "chat/chat_template.h"
+#include "server/http.h"
 #include "server/scheduler.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace ultra::server {
 
 struct ServerOptions {
   std::string api_key;               // "": no authentication
   std::string model_name = "ultra";  // what /v1/models lists
-  size_t max_body = 1 << 20;         // bytes; larger bodies get 413
-  int n_http_threads = 32;           // connections served at once
+  // Connections, deadlines, head and body sizes (413 over max_body, after chunked decoding), and the worker
+  // threads that parse, render and tokenize requests.
+  http::Limits limits;
   // The chat template's source (--chat-template): "" = the model's own, else the fallback format when the
   // model has none. chat_template_label: what messages call it (a path, "the built-in 'chatml'").
   std::string chat_template;
@@ -38,8 +37,10 @@ class Server {
 
   // Binds host:port (port 0: any free port); returns the port, or -1 when it cannot bind.
   int bind(const std::string& host, int port);
-  // Serves until stop(); returns false on a socket error.
+  // Serves on the calling thread until stop(); false when it was never bound.
   bool listen();
+  // From any thread: stops accepting; replies under way get a moment to finish (cancel the scheduler's
+  // requests first, so that they do).
   void stop();
 
   // Until a scheduler is attached /health answers 503 {"status":"loading"} and the other routes 503.
@@ -50,10 +51,12 @@ class Server {
   const std::string& chat_template_source() const;
 
  private:
-  void routes();
-  std::string render_request(const nlohmann::json& j) const;
+  http::Handlers handlers();
+  http::Reply handle(http::Request& req);
+  http::Reply complete(http::Request& req, bool chat);
+  std::string render_request(const nlohmann::json& j, const http::Request& req) const;
   ServerOptions opts_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<http::Server> http_;
   std::shared_ptr<Scheduler> sched_;
   std::unique_ptr<ChatTemplate> tmpl_;  // null: the fallback format
   ChatTemplateOptions tmpl_opts_;       // the model's BOS / EOS text
