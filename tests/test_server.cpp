@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "raw_conn.h"
 #include "server/chat.h"
 #include "server/server.h"
 #include "ultra/generate.h"
@@ -660,45 +661,6 @@ TEST(ServerQueue, FullQueueGets503WithRetryAfter) {
   srv.stop();
   th.join();
 }
-
-// A raw TCP connection to the server (for requests no HTTP client would send).
-struct RawConn {
-  int fd = -1;
-  explicit RawConn(int port) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
-      close(fd);
-      fd = -1;
-    }
-    timeval tv{10, 0};
-    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  }
-  ~RawConn() {
-    if (fd >= 0) close(fd);
-  }
-  bool send_all(std::string_view d) {
-    while (!d.empty()) {
-      const ssize_t n = ::send(fd, d.data(), d.size(), MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      d.remove_prefix((size_t)n);
-    }
-    return true;
-  }
-  // Everything until the server closes the connection (or 10 s pass); head_only: until the end of the
-  // response's head (cpp-httplib keeps a connection open for its keep-alive time after a 400).
-  std::string read_all(bool head_only = false) {
-    std::string out;
-    char buf[4096];
-    ssize_t n;
-    while ((!head_only || out.find("\r\n\r\n") == std::string::npos) && (n = read(fd, buf, sizeof buf)) > 0)
-      out.append(buf, (size_t)n);
-    return out;
-  }
-};
 
 std::string http_request(const std::string& path, const std::string& body, const std::string& extra = "") {
   return "POST " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " + kKey +

@@ -9,7 +9,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -19,18 +18,6 @@
 #include "ultra/model.h"
 
 namespace ultra::cli {
-
-namespace {
-
-// The id /v1/models lists: the model file's name (a directory's own name), not the path it was read from.
-std::string model_id(const std::string& path) {
-  std::filesystem::path p(path);
-  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
-  const std::string name = p.filename().string();
-  return name.empty() ? path : name;
-}
-
-}  // namespace
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"ultra serve: an OpenAI-compatible HTTP server with continuous batching", "ultra serve"};
@@ -98,7 +85,7 @@ int cmd_serve(int argc, char** argv) {
   so.limits.max_connections = max_connections;
   so.limits.head_timeout = std::min(10.0, timeout);
   so.limits.body_timeout = so.limits.idle_timeout = so.limits.write_timeout = timeout;
-  so.model_name = !alias.empty() ? alias : model_id(mf.model);
+  so.model_name = !alias.empty() ? alias : server::model_id(mf.model);
   so.chat_template = chat_template;
   if (!chat_template_label.empty()) so.chat_template_label = chat_template_label;
   server::Server srv(so);

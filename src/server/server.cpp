@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -528,6 +529,13 @@ class GenProducer final : public http::Producer {
 };
 
 }  // namespace
+
+std::string model_id(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  const std::string name = p.filename().string();
+  return name.empty() ? path : name;
+}
 
 Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   http_ = std::make_unique<http::Server>(opts_.limits, handlers());

@@ -30,6 +30,10 @@ struct ServerOptions {
   std::string chat_template_label = "--chat-template";
 };
 
+// The id /v1/models lists for a model read from `path`: the file's name (a directory's own name), not the
+// path it was read from.
+std::string model_id(const std::string& path);
+
 class Server {
  public:
   explicit Server(ServerOptions opts);
