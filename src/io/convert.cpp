@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/lowbit_weights.h"
 #include "model/model.h"
+#include "model/tensor_names.h"
 #include "tokenizer/gguf_export.h"
 
 namespace ultra {
@@ -64,6 +65,18 @@ uint32_t file_type(GgmlType t) {
 void row_f32(const WeightView& w, int64_t r, float* out) {
   cpu::dequant_row(w, r, out);
 }
+
+// The source row of output row r of a matrix: r itself, or with permute (Q/K in GGUF arch "llama") HF's
+// rotate-half row (h, a, j) for interleaved row (h, j, a), a in {0, 1}, j < head_dim/2 (llama.cpp's permute).
+struct RowOrder {
+  bool permute;
+  int64_t hd;  // head_dim
+  int64_t operator()(int64_t r) const {
+    if (!permute) return r;
+    const int64_t h = r / hd, i = r % hd, j = i / 2, a = i % 2;
+    return h * hd + a * (hd / 2) + j;
+  }
+};
 
 // The type a matrix of `cols` columns is written in when `t` cannot hold its rows (llama.cpp's quantize
 // falls back the same way); t itself when it can.
@@ -285,61 +298,32 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     ++written;
     if (opt.progress) opt.progress(written, E.count, name);
   };
-  auto same = [](int64_t r) { return r; };
-  // HF rotate-half rows (h, a, j) -> interleaved rows (h, j, a), a in {0,1}, j < head_dim/2 (llama.cpp
-  // permute)
-  const int64_t hd = hp.head_dim, half = hd / 2;
-  auto permuted = [=](int64_t r) {
-    const int64_t h = r / hd, i = r % hd, j = i / 2, a = i % 2;
-    return h * hd + a * half + j;
-  };
   // --keep-embeddings: the input's own type (F32 / F16 / BF16 from safetensors)
   const GgmlType t_embd = opt.keep_embeddings ? m->tok_embd.type : t;
-  E.matrix("token_embd.weight", m->tok_embd, t_embd, same);
-  E.vec("output_norm.weight", m->output_norm, hp.dim);
+  const RowOrder same{false, hp.head_dim};
+  E.matrix(gguf_name(TensorRole::TokEmbd), m->tok_embd, t_embd, same);
+  E.vec(gguf_name(TensorRole::OutputNorm), m->output_norm, hp.dim);
   if (!hp.tie_embeddings)
-    E.matrix("output.weight", m->output, opt.keep_embeddings ? m->output.type : t, same);
-  const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
+    E.matrix(gguf_name(TensorRole::Output), m->output, opt.keep_embeddings ? m->output.type : t, same);
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = m->layers[il];
-    const std::string p = "blk." + std::to_string(il) + ".";
-    // (Gemma's norms were loaded as 1 + w, which is what llama.cpp's GGUF files hold.)
-    E.vec(p + "attn_norm.weight", l.attn_norm, hp.dim);
-    if (l.wqkv.data) {  // Phi-3: fused as llama.cpp keeps it
-      E.matrix(p + "attn_qkv.weight", l.wqkv, t, same);
-    } else if (llama_layout) {
-      E.matrix(p + "attn_q.weight", l.wq, t, permuted);
-      E.matrix(p + "attn_k.weight", l.wk, t, permuted);
-    } else {
-      E.matrix(p + "attn_q.weight", l.wq, t, same);
-      E.matrix(p + "attn_k.weight", l.wk, t, same);
+    // The tensors load_hf_model loaded, in table order. (Gemma's norms were loaded as 1 + w, which is what
+    // llama.cpp's GGUF files hold; Phi-3's fused matrices stay fused, as llama.cpp keeps them.)
+    for (const TensorSpec& ts : layer_tensors()) {
+      if (tensor_need(ts, hp, TensorFormat::Hf) != Need::Required) continue;
+      const std::string name = tensor_name(ts, hp, TensorFormat::Gguf, il);
+      const bool permute = llama_layout && ts.rope_rows;
+      if (ts.matrix) {
+        E.matrix(name, l.*ts.matrix, t, RowOrder{permute, hp.head_dim});
+      } else {
+        if (permute) fail("{}: attention biases with the llama layout are not supported", hf_dir);
+        E.vec(name, l.*ts.vector, dim_size(ts.rows, hp));
+      }
     }
-    if (!l.wqkv.data) E.matrix(p + "attn_v.weight", l.wv, t, same);
-    E.matrix(p + "attn_output.weight", l.wo, t, same);
-    if (l.bq) {
-      if (llama_layout) fail("{}: attention biases with the llama layout are not supported", hf_dir);
-      E.vec(p + "attn_q.bias", l.bq, q_dim);
-      E.vec(p + "attn_k.bias", l.bk, kv_dim);
-      E.vec(p + "attn_v.bias", l.bv, kv_dim);
-    }
-    if (l.q_norm) {
-      E.vec(p + "attn_q_norm.weight", l.q_norm, hp.head_dim);
-      E.vec(p + "attn_k_norm.weight", l.k_norm, hp.head_dim);
-    }
-    if (l.attn_post_norm) E.vec(p + "post_attention_norm.weight", l.attn_post_norm, hp.dim);
-    E.vec(p + "ffn_norm.weight", l.ffn_norm, hp.dim);
-    if (l.ffn_post_norm) E.vec(p + "post_ffw_norm.weight", l.ffn_post_norm, hp.dim);
-    if (l.w_gate_up.data) {  // Phi-3: [W_gate; W_up] as ffn_up
-      E.matrix(p + "ffn_up.weight", l.w_gate_up, t, same);
-    } else {
-      E.matrix(p + "ffn_gate.weight", l.w_gate, t, same);
-      E.matrix(p + "ffn_up.weight", l.w_up, t, same);
-    }
-    E.matrix(p + "ffn_down.weight", l.w_down, t, same);
   }
   if (hp.rope_scaling.type == "longrope") {
-    E.vec("rope_factors_short.weight", hp.rope_scaling.short_factor.data(), hp.head_dim / 2);
-    E.vec("rope_factors_long.weight", hp.rope_scaling.long_factor.data(), hp.head_dim / 2);
+    E.vec(gguf_name(TensorRole::RopeFactorsShort), hp.rope_scaling.short_factor.data(), hp.head_dim / 2);
+    E.vec(gguf_name(TensorRole::RopeFactorsLong), hp.rope_scaling.long_factor.data(), hp.head_dim / 2);
   }
   if (hp.rope_scaling.type == "llama3") {
     // llama.cpp divides each pair's frequency by rope_freqs[i]: store default / scaled.
@@ -348,7 +332,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     const std::vector<float> f0 = plain.rope_inv_freq();
     std::vector<float> factors(hp.head_dim / 2);
     for (size_t i = 0; i < factors.size(); ++i) factors[i] = f0[i] / m->rope_inv_freq[i];
-    E.vec("rope_freqs.weight", factors.data(), (int64_t)factors.size());
+    E.vec(gguf_name(TensorRole::RopeFreqs), factors.data(), (int64_t)factors.size());
   }
   if (std::filesystem::exists(std::filesystem::path(hf_dir) / "tokenizer.json")) {
     const tok::Vocab v = tok::load_vocab(hf_dir);
@@ -395,10 +379,11 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
   for (const auto& ti : r.tensors())
     if (has_scale_tensor(ti.type)) input_scales.insert(scale_tensor_name(ti.name));
   auto same = [](int64_t row) { return row; };
+  const std::string embd_name = gguf_name(TensorRole::TokEmbd), output_name = gguf_name(TensorRole::Output);
   for (const auto& ti : r.tensors()) {
     if (input_scales.count(ti.name)) continue;
     const bool matrix = ti.ne.size() == 2 && ti.name.size() > 7 && ti.name.ends_with(".weight");
-    const bool embedding = ti.name == "token_embd.weight" || ti.name == "output.weight";
+    const bool embedding = ti.name == embd_name || ti.name == output_name;
     if (!matrix || (embedding && opt.keep_embeddings)) {
       E.copy(ti);
       if (has_scale_tensor(ti.type)) E.copy(*r.find_tensor(scale_tensor_name(ti.name)));

@@ -1,7 +1,7 @@
 // GGUF file -> ModelData, following llama.cpp's conventions: keys {arch}.embedding_length etc., tensors
 // token_embd, blk.N.attn_q ..., output_norm, output (absent when tied), optional rope_freqs (Llama-3
-// rope scaling factors). Arch "llama" files have Q/K rows permuted for interleaved-pair RoPE; "qwen2"
-// files keep HF's rotate-half layout.
+// rope scaling factors), named in model/tensor_names.cpp. Arch "llama" files have Q/K rows permuted for
+// interleaved-pair RoPE; "qwen2" files keep HF's rotate-half layout.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -77,16 +77,23 @@ struct GgufLoader {
     }
   }
 
-  const float* vec(const std::string& name, int64_t n, bool optional = false) {
-    // (Gemma's norm weights are stored as 1 + w by llama.cpp's converter and ours: used as they are.)
-    const auto* tp = r.find_tensor(name);
-    if (!tp && optional) return nullptr;
+  bool has(const std::string& name) const { return r.find_tensor(name) != nullptr; }
+
+  // (Gemma's norm weights are stored as 1 + w by llama.cpp's converter and ours: used as they are, shift 0.)
+  const float* vec(const std::string& name, int64_t n, float shift = 0) {
     const auto& t = get(name);
     if (t.ne.size() != 1 || (int64_t)t.ne[0] != n)
       fail("{}: tensor '{}' has shape {}, expected [{}]", r.path(), name, shape_string(t.ne), n);
-    const float* v = m.add_vector(t.type, t.data, n, t.n_bytes);
+    const float* v = m.add_vector(t.type, t.data, n, t.n_bytes, shift);
     if (!v) fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
     return v;
+  }
+
+  // A whole-model vector the file may lack (GGUF-only rope factors): nullptr when absent.
+  const float* optional_vec(TensorRole role, const HParams& hp) {
+    const TensorSpec& t = tensor_spec(role);
+    const std::string name = tensor_name(t, hp, TensorFormat::Gguf);
+    return has(name) ? vec(name, dim_size(t.rows, hp)) : nullptr;
   }
 
   // A float key, finite and representable as a float (a larger double would convert with undefined
@@ -212,8 +219,9 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     hp.rope_scaling.attention_factor = L.key_float(a + "rope.scaling.attn_factor", 1.0);
   }
 
-  const auto& embd = L.get("token_embd.weight");
-  if (embd.ne.size() != 2) fail("{}: tensor 'token_embd.weight' must have 2 dims", path);
+  const std::string embd_name = gguf_name(TensorRole::TokEmbd), output_name = gguf_name(TensorRole::Output);
+  const auto& embd = L.get(embd_name);
+  if (embd.ne.size() != 2) fail("{}: tensor '{}' must have 2 dims", path, embd_name);
   if (embd.ne[1] > (1u << 22)) fail("{}: vocabulary of {} tokens is too large", path, embd.ne[1]);
   hp.n_vocab = (int)embd.ne[1];
   if (auto v = r.get_uint_opt(a + "vocab_size"); v && *v != (uint64_t)hp.n_vocab)
@@ -226,52 +234,16 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
       hp.eos_ids.push_back(id);
   }
   hp.eos_id = hp.eos_ids.empty() ? -1 : hp.eos_ids[0];
-  hp.tie_embeddings = r.find_tensor("output.weight") == nullptr;
+  hp.tie_embeddings = r.find_tensor(output_name) == nullptr;
   hp.validate(path);
 
-  const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
-  m->tok_embd = L.matrix("token_embd.weight", hp.n_vocab, hp.dim);
-  m->output_norm = L.vec("output_norm.weight", hp.dim);
-  m->output = hp.tie_embeddings ? m->tok_embd : L.matrix("output.weight", hp.n_vocab, hp.dim);
-  m->layers.resize(hp.n_layers);
-  for (int il = 0; il < hp.n_layers; ++il) {
-    const std::string p = "blk." + std::to_string(il) + ".";
-    LayerWeights& l = m->layers[il];
-    l.attn_norm = L.vec(p + "attn_norm.weight", hp.dim);
-    if (hp.arch == Arch::Phi3) {  // llama.cpp keeps Phi-3's fused matrices
-      l.wqkv = L.matrix(p + "attn_qkv.weight", q_dim + 2 * kv_dim, hp.dim);
-      l.wq = row_slice(l.wqkv, 0, q_dim);
-      l.wk = row_slice(l.wqkv, q_dim, kv_dim);
-      l.wv = row_slice(l.wqkv, q_dim + kv_dim, kv_dim);
-    } else {
-      l.wq = L.matrix(p + "attn_q.weight", q_dim, hp.dim);
-      l.wk = L.matrix(p + "attn_k.weight", kv_dim, hp.dim);
-      l.wv = L.matrix(p + "attn_v.weight", kv_dim, hp.dim);
-    }
-    l.wo = L.matrix(p + "attn_output.weight", hp.dim, q_dim);
-    l.bq = L.vec(p + "attn_q.bias", q_dim, !hp.qkv_bias);
-    l.bk = L.vec(p + "attn_k.bias", kv_dim, !hp.qkv_bias);
-    l.bv = L.vec(p + "attn_v.bias", kv_dim, !hp.qkv_bias);
-    if (hp.qk_norm) {
-      l.q_norm = L.vec(p + "attn_q_norm.weight", hp.head_dim);
-      l.k_norm = L.vec(p + "attn_k_norm.weight", hp.head_dim);
-    }
-    if (hp.post_norms) l.attn_post_norm = L.vec(p + "post_attention_norm.weight", hp.dim);
-    l.ffn_norm = L.vec(p + "ffn_norm.weight", hp.dim);
-    if (hp.post_norms) l.ffn_post_norm = L.vec(p + "post_ffw_norm.weight", hp.dim);
-    if (hp.arch == Arch::Phi3) {  // ffn_up holds [W_gate; W_up]
-      l.w_gate_up = L.matrix(p + "ffn_up.weight", 2 * (int64_t)hp.ffn_dim, hp.dim);
-      l.w_gate = row_slice(l.w_gate_up, 0, hp.ffn_dim);
-      l.w_up = row_slice(l.w_gate_up, hp.ffn_dim, hp.ffn_dim);
-    } else {
-      l.w_gate = L.matrix(p + "ffn_gate.weight", hp.ffn_dim, hp.dim);
-      l.w_up = L.matrix(p + "ffn_up.weight", hp.ffn_dim, hp.dim);
-    }
-    l.w_down = L.matrix(p + "ffn_down.weight", hp.dim, hp.ffn_dim);
-  }
+  m->tok_embd = L.matrix(embd_name, hp.n_vocab, hp.dim);
+  m->output_norm = L.vec(gguf_name(TensorRole::OutputNorm), hp.dim);
+  m->output = hp.tie_embeddings ? m->tok_embd : L.matrix(output_name, hp.n_vocab, hp.dim);
+  load_layer_tensors(*m, L, TensorFormat::Gguf);
   // Phi-3 LongRoPE: per-pair frequency divisors rope_factors_short/long (llama.cpp's tensors).
-  const float* f_short = L.vec("rope_factors_short.weight", hp.head_dim / 2, /*optional=*/true);
-  const float* f_long = L.vec("rope_factors_long.weight", hp.head_dim / 2, /*optional=*/true);
+  const float* f_short = L.optional_vec(TensorRole::RopeFactorsShort, hp);
+  const float* f_long = L.optional_vec(TensorRole::RopeFactorsLong, hp);
   if ((f_short != nullptr) != (f_long != nullptr))
     fail("{}: rope_factors_short and rope_factors_long must come together", path);
   if (f_short) {
@@ -284,7 +256,7 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   }
   set_rope_tables(*m);
   // Llama-3 rope scaling travels as per-pair divisors of the frequency (llama.cpp's rope_freqs tensor).
-  if (const float* f = L.vec("rope_freqs.weight", hp.head_dim / 2, /*optional=*/true)) {
+  if (const float* f = L.optional_vec(TensorRole::RopeFreqs, hp)) {
     for (int i = 0; i < hp.head_dim / 2; ++i) {
       if (!(f[i] > 0)) fail("{}: rope_freqs[{}] = {} must be positive", path, i, f[i]);
       m->rope_inv_freq[i] /= f[i];

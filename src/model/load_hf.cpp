@@ -1,15 +1,15 @@
-// HF model directory -> ModelData. Tensor names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
-// self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm.weight,
-// lm_head.weight (absent when tied). Q/K are in HF's rotate-half layout. Qwen3/Gemma 3 add
-// self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and post_feedforward_layernorm
-// (post_attention_layernorm is then the attention output's norm) and store norms as w for x * (1 + w): loaded
-// as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj.
-// FP8 checkpoints (safetensors dtype F8_E4M3): each FP8 matrix X.weight has a scale X.weight_scale
-// (compressed-tensors / llm-compressor) or X.weight_scale_inv (DeepSeek, Qwen FP8), which multiplies either
-// way: one value (per tensor), [rows] or [rows, 1] (per output channel), or [ceil(rows / Br), ceil(cols /
-// Bc)] for config.json's quantization_config.weight_block_size [Br, Bc] (default [128, 128]); block
-// scales are expanded at load to one per row and Bc columns. X.input_scale (static activation scales) is
-// accepted and not used: activations stay f32.
+// HF model directory -> ModelData. Tensor names (model/tensor_names.cpp): model.embed_tokens.weight,
+// model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+// mlp.{gate,up,down}_proj}, model.norm.weight, lm_head.weight (absent when tied). Q/K are in HF's rotate-half
+// layout. Qwen3/Gemma 3 add self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and
+// post_feedforward_layernorm (post_attention_layernorm is then the attention output's norm) and store norms
+// as w for x * (1 + w): loaded as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj. FP8 checkpoints
+// (safetensors dtype F8_E4M3): each FP8 matrix X.weight has a scale X.weight_scale (compressed-tensors /
+// llm-compressor) or X.weight_scale_inv (DeepSeek, Qwen FP8), which multiplies either way: one value (per
+// tensor), [rows] or [rows, 1] (per output channel), or [ceil(rows / Br), ceil(cols / Bc)] for config.json's
+// quantization_config.weight_block_size [Br, Bc] (default [128, 128]); block scales are expanded at load to
+// one per row and Bc columns. X.input_scale (static activation scales) is accepted and not used: activations
+// stay f32.
 #include <cstring>
 #include <filesystem>
 #include <unordered_set>
@@ -97,9 +97,9 @@ struct HfLoader {
     return prepare_lowbit(m, w, fmt::format("{}: tensor '{}'", t.file, name));
   }
 
-  const float* vec(const std::string& name, int64_t n, bool optional = false, float shift = 0) {
-    const auto* tp = ck.find(name);
-    if (!tp && optional) return nullptr;
+  bool has(const std::string& name) const { return ck.find(name) != nullptr; }
+
+  const float* vec(const std::string& name, int64_t n, float shift = 0) {
     const auto& t = get(name);
     if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
       fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_string(t.shape), n);
@@ -165,63 +165,21 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
       }
     }
   }
-  const int64_t q_dim = (int64_t)hp.n_heads * hp.head_dim, kv_dim = (int64_t)hp.n_kv_heads * hp.head_dim;
-
-  const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
-  const float ns = gemma ? 1.0f : 0.0f;  // norm weight shift: Gemma's x * (1 + w)
-  m->tok_embd = L.matrix("model.embed_tokens.weight", hp.n_vocab, hp.dim);
-  m->output_norm = L.vec("model.norm.weight", hp.dim, false, ns);
+  const std::string embd_name = hf_name(TensorRole::TokEmbd, hp), head_name = hf_name(TensorRole::Output, hp);
+  const TensorSpec& norm = tensor_spec(TensorRole::OutputNorm);
+  m->tok_embd = L.matrix(embd_name, hp.n_vocab, hp.dim);
+  m->output_norm =
+      L.vec(tensor_name(norm, hp, TensorFormat::Hf), hp.dim, norm_shift(norm, hp, TensorFormat::Hf));
   if (!hp.tie_embeddings) {
-    m->output = L.matrix("lm_head.weight", hp.n_vocab, hp.dim);
+    m->output = L.matrix(head_name, hp.n_vocab, hp.dim);
   } else {
     m->output = m->tok_embd;
-    if (const auto* head = m->st->find("lm_head.weight")) {
-      check_tied_lm_head(*head, L.get("model.embed_tokens.weight"), dir);
-      L.used.insert("lm_head.weight");
+    if (const auto* head = m->st->find(head_name)) {
+      check_tied_lm_head(*head, L.get(embd_name), dir);
+      L.used.insert(head_name);
     }
   }
-  m->layers.resize(hp.n_layers);
-  for (int il = 0; il < hp.n_layers; ++il) {
-    const std::string p = "model.layers." + std::to_string(il) + ".";
-    LayerWeights& l = m->layers[il];
-    l.attn_norm = L.vec(p + "input_layernorm.weight", hp.dim, false, ns);
-    if (hp.arch == Arch::Phi3) {
-      l.wqkv = L.matrix(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hp.dim);
-      l.wq = row_slice(l.wqkv, 0, q_dim);
-      l.wk = row_slice(l.wqkv, q_dim, kv_dim);
-      l.wv = row_slice(l.wqkv, q_dim + kv_dim, kv_dim);
-    } else {
-      l.wq = L.matrix(p + "self_attn.q_proj.weight", q_dim, hp.dim);
-      l.wk = L.matrix(p + "self_attn.k_proj.weight", kv_dim, hp.dim);
-      l.wv = L.matrix(p + "self_attn.v_proj.weight", kv_dim, hp.dim);
-    }
-    l.wo = L.matrix(p + "self_attn.o_proj.weight", hp.dim, q_dim);
-    if (hp.qkv_bias) {
-      l.bq = L.vec(p + "self_attn.q_proj.bias", q_dim);
-      l.bk = L.vec(p + "self_attn.k_proj.bias", kv_dim);
-      l.bv = L.vec(p + "self_attn.v_proj.bias", kv_dim);
-    }
-    if (hp.qk_norm) {
-      l.q_norm = L.vec(p + "self_attn.q_norm.weight", hp.head_dim, false, ns);
-      l.k_norm = L.vec(p + "self_attn.k_norm.weight", hp.head_dim, false, ns);
-    }
-    if (hp.post_norms) {
-      l.attn_post_norm = L.vec(p + "post_attention_layernorm.weight", hp.dim, false, ns);
-      l.ffn_norm = L.vec(p + "pre_feedforward_layernorm.weight", hp.dim, false, ns);
-      l.ffn_post_norm = L.vec(p + "post_feedforward_layernorm.weight", hp.dim, false, ns);
-    } else {
-      l.ffn_norm = L.vec(p + "post_attention_layernorm.weight", hp.dim);
-    }
-    if (hp.arch == Arch::Phi3) {
-      l.w_gate_up = L.matrix(p + "mlp.gate_up_proj.weight", 2 * (int64_t)hp.ffn_dim, hp.dim);
-      l.w_gate = row_slice(l.w_gate_up, 0, hp.ffn_dim);
-      l.w_up = row_slice(l.w_gate_up, hp.ffn_dim, hp.ffn_dim);
-    } else {
-      l.w_gate = L.matrix(p + "mlp.gate_proj.weight", hp.ffn_dim, hp.dim);
-      l.w_up = L.matrix(p + "mlp.up_proj.weight", hp.ffn_dim, hp.dim);
-    }
-    l.w_down = L.matrix(p + "mlp.down_proj.weight", hp.dim, hp.ffn_dim);
-  }
+  load_layer_tensors(*m, L, TensorFormat::Hf);
   set_rope_tables(*m);
   L.check_all_used(fmt::format("config.json: num_hidden_layers = {}, {}", hp.n_layers, arch_name(hp.arch)));
   return m;

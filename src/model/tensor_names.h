@@ -1,0 +1,130 @@
+// The tensors of a model, named once for every format (as llama.cpp's llama-arch.cpp keeps
+// {LLM_TENSOR_ATTN_Q, "blk.%d.attn_q"}): one row per tensor role gives its GGUF name (llama.cpp's
+// convention), its HF transformers name, the architectures that have it, its shape in hyper-parameters and
+// the LayerWeights slot it fills. The GGUF loader, the HF loader (load_layer_tensors in loader_util.h) and
+// the HF -> GGUF converter iterate the per-layer rows in table order, which is also the order the converter
+// writes them in; the whole-model rows give their names and shapes to code of their own (tied output,
+// rope factors).
+//
+// A new tensor is a new row plus its LayerWeights slot (and its use in forward). Mixture-of-experts rows
+// (llama.cpp's blk.{}.ffn_gate_inp router [n_expert, dim] and the stacked blk.{}.ffn_{gate,up,down}_exps
+// [n_expert, ...]; HF's model.layers.{}.mlp.gate.weight and model.layers.{}.mlp.experts.{}.gate_proj.weight,
+// one tensor per expert, the second "{}" the expert) add a Dim for the expert count and the expert FFN
+// size, a When for the MoE architectures, and a three-dimensional slot the loaders fill by stacking.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "model/hparams.h"
+#include "model/model.h"
+
+namespace ultra {
+
+// Every tensor role, in table order: the whole-model tensors, then the per-layer ones in file order.
+enum class TensorRole : uint8_t {
+  TokEmbd,
+  OutputNorm,
+  Output,            // absent when the embeddings are tied
+  RopeFreqs,         // Llama-3 rope scaling as per-pair frequency divisors (GGUF only)
+  RopeFactorsShort,  // Phi-3 LongRoPE divisors (GGUF only; HF keeps them in config.json)
+  RopeFactorsLong,
+  AttnNorm,
+  AttnQkv,  // Phi-3's fused [Wq; Wk; Wv]
+  AttnQ,
+  AttnK,
+  AttnV,
+  AttnOut,
+  AttnQBias,
+  AttnKBias,
+  AttnVBias,
+  AttnQNorm,
+  AttnKNorm,
+  AttnPostNorm,
+  FfnNorm,
+  FfnPostNorm,
+  FfnGateUp,  // Phi-3's fused [W_gate; W_up] (GGUF names it ffn_up)
+  FfnGate,
+  FfnUp,
+  FfnDown,
+  Count
+};
+
+// A tensor dimension in hyper-parameters (dim_size).
+enum class Dim : uint8_t {
+  None,      // no dimension: a vector's cols
+  Embd,      // hp.dim
+  QDim,      // n_heads * head_dim
+  KvDim,     // n_kv_heads * head_dim
+  QkvDim,    // QDim + 2 * KvDim
+  HeadDim,   // head_dim
+  HalfHead,  // head_dim / 2
+  Ffn,       // ffn_dim
+  Ffn2,      // 2 * ffn_dim
+  Vocab,     // n_vocab
+};
+int64_t dim_size(Dim d, const HParams& hp);
+
+// Which models have a tensor, from the hyper-parameters the architecture set (holds).
+enum class When : uint8_t {
+  Always,
+  Never,
+  Fused,      // fused QKV and gate/up matrices (Phi-3)
+  Unfused,    // separate Q, K, V and gate, up matrices (every other architecture)
+  QkvBias,    // hp.qkv_bias (Qwen2)
+  QkNorm,     // hp.qk_norm (Qwen3, Gemma 3)
+  PostNorms,  // hp.post_norms (Gemma 2/3)
+};
+bool holds(When w, const HParams& hp);
+
+enum class TensorFormat : uint8_t { Gguf, Hf };
+
+// Consecutive row ranges of a fused matrix, viewed as matrices of their own (row_slice).
+struct RowPart {
+  WeightView LayerWeights::*slot = nullptr;
+  Dim rows = Dim::None;
+};
+
+struct TensorSpec {
+  TensorRole role;
+  // Names; "{}" stands for the layer index. hf: nullptr where HF checkpoints have no such tensor.
+  const char* gguf;
+  const char* hf;
+  When when = When::Always;
+  // The HF name where hf_alt_when holds, instead of hf (Gemma's pre_feedforward_layernorm for ffn_norm).
+  When hf_alt_when = When::Never;
+  const char* hf_alt = nullptr;
+  // A GGUF file may carry the tensor where `when` does not hold; it is then loaded if present (llama.cpp's
+  // TENSOR_NOT_REQUIRED: attention biases of any Llama-family file).
+  bool gguf_optional = false;
+  // Shape [rows, cols] as HF and WeightView order it (GGUF's ne is {cols, rows}); cols None: a vector [rows].
+  Dim rows = Dim::None;
+  Dim cols = Dim::None;
+  // Where a per-layer tensor goes: a matrix or a vector slot.
+  WeightView LayerWeights::*matrix = nullptr;
+  const float* LayerWeights::*vector = nullptr;
+  bool norm = false;       // an RMSNorm weight: HF Gemma stores w for x * (1 + w), loaded as 1 + w
+  bool rope_rows = false;  // rows in HF's rotate-half order; GGUF arch "llama" permutes them (interleaved)
+  std::array<RowPart, 3> parts{};  // a fused matrix: its row ranges as these slots
+};
+
+// Whether a model has a tensor, in a file of format f.
+enum class Need : uint8_t { Absent, Required, Optional };
+Need tensor_need(const TensorSpec& t, const HParams& hp, TensorFormat f);
+
+// The per-layer rows, in file order.
+std::span<const TensorSpec> layer_tensors();
+// The row of a role.
+const TensorSpec& tensor_spec(TensorRole r);
+
+// The tensor's name in format f for layer il (ignored by whole-model tensors).
+std::string tensor_name(const TensorSpec& t, const HParams& hp, TensorFormat f, int il = 0);
+std::string gguf_name(TensorRole r, int il = 0);
+std::string hf_name(TensorRole r, const HParams& hp, int il = 0);
+
+// What a vector of t is shifted by when loaded from format f (Gemma's HF norms: 1).
+float norm_shift(const TensorSpec& t, const HParams& hp, TensorFormat f);
+
+}  // namespace ultra

@@ -1,0 +1,148 @@
+// The tensor-name table (model/tensor_names.h) as both loaders and the converter use it: for every HF fixture
+// and its converted GGUF file, dropping any one tensor the model needs gives an error naming the file and
+// the tensor; the GGUF names are llama.cpp's; fused rows split exactly into their parts.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/convert.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "model/tensor_names.h"
+#include "tmp_dir.h"
+
+using namespace ultra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kHf = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+
+const std::vector<std::string> kFixtures = {"gemma2",           "gemma3",  "llama_gqa", "llama_gqa_bf16",
+                                            "llama_tied_rope3", "mistral", "phi3_long", "phi3_short",
+                                            "qwen2_bias",       "qwen3"};
+
+const ultra::test::TmpDir& tmp() {
+  static const ultra::test::TmpDir dir("ultra_tensor_names");
+  return dir;
+}
+
+// The message of the error load_model(path) throws, or "" when it loads.
+std::string load_error(const std::string& path) {
+  try {
+    load_model(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// dir/model.safetensors: src's tensors except `drop`, as they are.
+void write_without(const safetensors::File& src, const std::string& drop, const fs::path& dir) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& t : src.tensors()) {
+    if (t.name == drop) continue;
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.n_bytes}}};
+    data.append((const char*)t.data, t.n_bytes);
+  }
+  const std::string h = header.dump();
+  const uint64_t n = h.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write((const char*)&n, 8);
+  out << h << data;
+}
+
+}  // namespace
+
+// HF: every tensor of every fixture is required; a missing one is named with the model directory.
+TEST(TensorNames, HfMissingTensorNamesTensorAndDirectory) {
+  for (const std::string& fx : kFixtures) {
+    const fs::path d = tmp().path() / ("hf_" + fx);
+    fs::create_directories(d);
+    for (const char* f : {"config.json", "generation_config.json"})
+      if (fs::exists(kHf / fx / f)) fs::copy_file(kHf / fx / f, d / f, fs::copy_options::overwrite_existing);
+    const auto src = safetensors::File::open((kHf / fx / "model.safetensors").string());
+    ASSERT_GT(src->tensors().size(), 10u) << fx;
+    for (const auto& t : src->tensors()) {
+      write_without(*src, t.name, d);
+      EXPECT_EQ(load_error(d.string()).find(d.string() + ": missing tensor '" + t.name + "'"), 0u)
+          << fx << ": " << load_error(d.string());
+    }
+    fs::remove_all(d);
+  }
+}
+
+// GGUF: every tensor of every converted fixture is required, except output.weight (its absence means tied
+// embeddings) and the rope factor vectors (optional); a missing one is named with the file.
+TEST(TensorNames, GgufMissingTensorNamesTensorAndFile) {
+  for (const std::string& fx : kFixtures) {
+    const std::string base = tmp().file(fx + ".gguf"), p = tmp().file(fx + "_drop.gguf");
+    ConvertOptions opt;
+    opt.out_type = "f32";
+    convert_hf_to_gguf((kHf / fx).string(), base, opt);
+    const gguf::Reader r = gguf::Reader::open(base);
+    int checked = 0;
+    for (const auto& drop : r.tensors()) {
+      if (drop.name == gguf_name(TensorRole::Output) || drop.name.starts_with("rope_")) continue;
+      gguf::Writer w;
+      for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+      for (const auto& t : r.tensors())
+        if (t.name != drop.name) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+      w.write(p);
+      EXPECT_EQ(load_error(p).find(p + ": missing tensor '" + drop.name + "'"), 0u)
+          << fx << ": " << load_error(p);
+      ++checked;
+    }
+    EXPECT_GT(checked, 10) << fx;
+    fs::remove(base);
+    fs::remove(p);
+  }
+}
+
+// The GGUF names are llama.cpp's (llama-arch.cpp's LLM_TENSOR_NAMES, ".weight"/".bias" added), HF's are
+// transformers'.
+TEST(TensorNames, Names) {
+  EXPECT_EQ(gguf_name(TensorRole::TokEmbd), "token_embd.weight");
+  EXPECT_EQ(gguf_name(TensorRole::AttnQ, 3), "blk.3.attn_q.weight");
+  EXPECT_EQ(gguf_name(TensorRole::AttnQkv, 0), "blk.0.attn_qkv.weight");
+  EXPECT_EQ(gguf_name(TensorRole::AttnKBias, 12), "blk.12.attn_k.bias");
+  EXPECT_EQ(gguf_name(TensorRole::AttnPostNorm, 1), "blk.1.post_attention_norm.weight");
+  EXPECT_EQ(gguf_name(TensorRole::FfnPostNorm, 1), "blk.1.post_ffw_norm.weight");
+  EXPECT_EQ(gguf_name(TensorRole::FfnGateUp, 2), "blk.2.ffn_up.weight");
+  HParams hp;
+  EXPECT_EQ(hf_name(TensorRole::FfnNorm, hp, 4), "model.layers.4.post_attention_layernorm.weight");
+  hp.arch = Arch::Gemma2;
+  hp.post_norms = true;
+  EXPECT_EQ(hf_name(TensorRole::FfnNorm, hp, 4), "model.layers.4.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(hf_name(TensorRole::AttnPostNorm, hp, 4), "model.layers.4.post_attention_layernorm.weight");
+  EXPECT_EQ(norm_shift(tensor_spec(TensorRole::FfnNorm), hp, TensorFormat::Hf), 1.0f);
+  EXPECT_EQ(norm_shift(tensor_spec(TensorRole::FfnNorm), hp, TensorFormat::Gguf), 0.0f);
+  EXPECT_THROW(hf_name(TensorRole::RopeFreqs, hp), Error);  // GGUF only
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::AttnQBias), hp, TensorFormat::Gguf), Need::Optional);
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::AttnQBias), hp, TensorFormat::Hf), Need::Absent);
+}
+
+// Each per-layer row: a matrix or a vector slot, never both; a fused matrix's parts cover its rows exactly.
+TEST(TensorNames, RowsAreConsistent) {
+  HParams hp;
+  hp.dim = 64, hp.n_heads = 4, hp.n_kv_heads = 2, hp.head_dim = 16, hp.ffn_dim = 96;
+  for (const TensorSpec& t : layer_tensors()) {
+    EXPECT_NE(t.matrix == nullptr, t.vector == nullptr) << t.gguf;
+    EXPECT_EQ(t.matrix != nullptr, t.cols != Dim::None) << t.gguf;
+    int64_t rows = 0;
+    for (const RowPart& p : t.parts)
+      if (p.slot) rows += dim_size(p.rows, hp);
+    if (t.parts[0].slot) {
+      EXPECT_EQ(rows, dim_size(t.rows, hp)) << t.gguf;
+    }
+  }
+}
