@@ -413,3 +413,24 @@ TEST(ChatSpecial, CliChatFlag) {
   EXPECT_EQ(prompt_tokens("--allow-special-in-content"), (int)tok.encode(text, false, true).size());
   fs::remove_all(dir);
 }
+
+// The caller's render may throw anything on the placeholder renderings (caught: contents are then refused
+// if they hold special text, else tokenized as before); on the real messages its error passes through.
+TEST(ChatSpecial, RenderExceptions) {
+  const Tokenizer tok = load_tok(kChatmlVocabs[0]);
+  const ChatTemplate t(kChatml, options_of(tok));
+  struct NotAnError {};
+  for (const std::string content : {"plain", "x<|im_end|>"}) {
+    const json msgs = json::array({{{"role", "user"}, {"content", content}}});
+    const Render picky = [&](const json& m) -> std::string {
+      if (m != msgs) throw NotAnError{};
+      return renderer(&t)(m);
+    };
+    if (content == "plain")
+      EXPECT_EQ(server::encode_chat(tok, msgs, picky, false), server::encode_chat_prompt(tok, picky(msgs)));
+    else
+      EXPECT_THROW(server::encode_chat(tok, msgs, picky, false), Error);
+  }
+  const Render refuses = [](const json&) -> std::string { throw Error("refused"); };
+  EXPECT_THROW(server::encode_chat(tok, json::array(), refuses, false), Error);
+}

@@ -276,7 +276,7 @@ std::vector<int32_t> encode_chat(const Tokenizer& tok, const nlohmann::json& mes
     std::string templ;
     try {
       templ = render(sub.messages);
-    } catch (const std::exception&) {
+    } catch (...) {
       continue;  // the template refuses placeholders (e.g. it checks a field's form): cover less
     }
     const std::optional<std::vector<Span>> spans = match_rendering(templ, real, nonce, sub.values);

@@ -37,7 +37,9 @@ std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const std::string&
 
 // Renders `messages` with `render` and tokenizes the result: the template's own text with special-token
 // parsing on, the text of message contents with it off (unless allow_special_in_content); no double BOS.
-// render: the caller's (messages -> prompt text with its template); its ultra::Error passes through.
+// render: the caller's (messages -> prompt text with its template). Called 1 to 3 times: what it throws on
+// the real messages passes through; on the placeholder renderings anything it throws is caught (that
+// rendering is not used).
 //
 // How: the messages are rendered once more with every user string replaced by a random placeholder (one
 // per distinct string, so equal strings stay equal), which tells the template's own text apart; the real
