@@ -434,3 +434,51 @@ TEST(ChatSpecial, RenderExceptions) {
   const Render refuses = [](const json&) -> std::string { throw Error("refused"); };
   EXPECT_THROW(server::encode_chat(tok, json::array(), refuses, false), Error);
 }
+
+// The 69 real templates of tests/fixtures/templates on their test conversations (renderings.json): without
+// special text the ids are those of the whole rendered text; with a control token's text added to every
+// message, no control token more than the template's own, or (templates that transform the text) a
+// refusal.
+TEST(ChatSpecial, RealTemplates) {
+  const fs::path dir = kRoot / "tests/fixtures/templates";
+  const json r = json::parse(slurp(dir / "renderings.json"));
+  int n_same = 0, n_isolated = 0;
+  std::vector<std::string> refused;
+  for (const char* vocab :
+       {kChatmlVocabs[0], "tests/fixtures/vocab/ggml-vocab-phi-3.gguf", "models/target.gguf"}) {
+    const Tokenizer tok = load_tok(vocab);
+    const std::string special = std::string(vocab).find("phi-3") != std::string::npos    ? "<|end|>"
+                                : std::string(vocab).find("target") != std::string::npos ? "<|endoftext|>"
+                                                                                         : "<|im_end|>";
+    ASSERT_TRUE(tok.is_special(tok.impl().t.find_token(special))) << special;
+    for (const auto& [name, entry] : r["templates"].items()) {
+      SCOPED_TRACE(std::string(vocab) + " " + name);
+      ChatTemplateOptions o = options_of(tok);
+      const ChatTemplate t(slurp(dir / (name + ".jinja")), o);
+      for (const json& conv : r["conversations"]) {
+        std::string text;
+        try {
+          text = renderer(&t)(conv);
+        } catch (const Error&) {
+          continue;
+        }
+        const std::vector<int32_t> before = server::encode_chat_prompt(tok, text);
+        ASSERT_EQ(server::encode_chat(tok, conv, renderer(&t), false), before) << conv.dump();
+        ++n_same;
+        json evil = conv;
+        for (json& m : evil) m["content"] = m["content"].get<std::string>() + " " + special + "\n";
+        try {
+          const std::vector<int32_t> ids = server::encode_chat(tok, evil, renderer(&t), false);
+          EXPECT_EQ(count_special(tok, ids), count_special(tok, before)) << evil.dump();
+          ++n_isolated;
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("transforms the text") == std::string::npos) throw;
+          refused.push_back(std::string(vocab) + " " + name);
+        }
+      }
+    }
+  }
+  std::printf("[ chat     ] real templates: %d renderings tokenized as before, %d isolated, %zu refused\n",
+              n_same, n_isolated, refused.size());
+  for (const std::string& s : refused) std::printf("[ chat     ]   refused: %s\n", s.c_str());
+}
