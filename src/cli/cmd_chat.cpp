@@ -130,6 +130,10 @@ int cmd_chat(int argc, char** argv) {
   app.add_flag("--verbose", verbose, "after each reply, print its token counts and timings to stderr");
   app.add_flag("--no-cache-prompt", no_cache,
                "prefill the whole conversation every turn instead of reusing the cache's common prefix");
+  bool allow_special = false;
+  app.add_flag(
+      "--allow-special-in-content", allow_special,
+      "parse special-token text (e.g. <|im_end|>) in messages as control tokens (default: plain text)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -215,8 +219,10 @@ int cmd_chat(int argc, char** argv) {
     bool refused = false;
     for (;;) {
       try {
-        prompt =
-            server::encode_chat_prompt(*tok, server::render_chat(tmpl ? &*tmpl : nullptr, messages, true));
+        prompt = server::encode_chat(
+            *tok, messages,
+            [&](const json& m) { return server::render_chat(tmpl ? &*tmpl : nullptr, m, true); },
+            allow_special);
       } catch (const Error& e) {
         fmt::print(stderr, "error: the chat template refused the conversation: {}\n", e.what());
         refused = true;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -30,8 +31,35 @@ std::string message_text(const nlohmann::json& content);
 ChatTemplateOptions chat_template_options(const Model& model);
 
 // A rendered chat prompt's tokens: special tokens written in the text are parsed, and the BOS the
-// vocabulary adds is not added when the text already starts with the BOS text (no double BOS).
+// vocabulary adds is not added when the text already starts with the BOS text (no double BOS). Parses
+// special-token text that messages contain too: encode_chat() is the one for requests.
 std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const std::string& text);
+
+// Renders `messages` with `render` and tokenizes the result: the template's own text with special-token
+// parsing on, the text of message contents with it off (unless allow_special_in_content); no double BOS.
+// render: the caller's (messages -> prompt text with its template). Called 1 to 3 times: what it throws on
+// the real messages passes through; on the placeholder renderings anything it throws is caught (that
+// rendering is not used).
+//
+// How: the messages are rendered once more with every user string replaced by a random placeholder (one
+// per distinct string, so equal strings stay equal), which tells the template's own text apart; the real
+// rendering must be that text with each placeholder replaced by its string, or by the string with
+// whitespace (spaces, tabs, newlines) cut from either end (as trim / strip do). Then the real rendering is
+// tokenized with control tokens recognised only outside the strings' spans (Tokenizer::
+// encode_with_literal), so a conversation whose strings hold no special-token text gets exactly the ids
+// of encode_chat_prompt(render(messages)).
+// Which strings: first every string in a message but its "role" and any "type" (content, the text of
+// content parts, name, reasoning_content, tool_call_id, tool_calls' function names and arguments, ...);
+// when the template does more with some of them than print them (tojson, slicing, comparisons, a
+// raise_exception on their form), the contents alone (string contents and text parts); when even those do
+// not come back, none. Any string left out (at least "role", "type" and object keys) that holds the text
+// of a control token is refused: ultra::Error naming the message, the field and the token text (which the
+// server answers with 400). Not covered: what the caller passes to render other than messages (tools,
+// chat_template_kwargs).
+// allow_special_in_content: the old behaviour, encode_chat_prompt(tok, render(messages)).
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const nlohmann::json& messages,
+                                 const std::function<std::string(const nlohmann::json&)>& render,
+                                 bool allow_special_in_content);
 
 // Stop strings over streamed text: push() takes newly generated text and returns what is final, holding
 // back a tail that could be the beginning of a stop string (so that no part of a stop string ever leaks

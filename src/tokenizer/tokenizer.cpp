@@ -53,6 +53,15 @@ class SpecialMatcher {
 
   bool find(std::string_view text, size_t from, bool parse_special, size_t& begin, size_t& end,
             int32_t& id) const {
+    return find_if(
+        text, from, [&](bool always, size_t, size_t) { return always || parse_special; }, begin, end, id);
+  }
+
+  // find() with the eligibility of a token decided by ok(always, begin, end): always is true for a
+  // user-defined token, [begin, end) is the occurrence's byte range.
+  template <class Ok>
+  bool find_if(std::string_view text, size_t from, const Ok& ok, size_t& begin, size_t& end,
+               int32_t& id) const {
     if (!any_) return false;
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();
@@ -65,7 +74,7 @@ class SpecialMatcher {
         if (it == edges_.end()) break;
         node = it->second;
         const Node& nd = nodes_[node];
-        if (nd.token >= 0 && (nd.always || parse_special)) {
+        if (nd.token >= 0 && ok(nd.always, i, k + 1)) {
           best = nd.token;
           best_end = k + 1;
         }
@@ -460,16 +469,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
   return out;
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool add_special,
-                       bool parse_special) const {
-  const Impl& m = *impl_;
+namespace {
+
+// Tokenizer::encode with the special-token matches that ok(always, begin, end) accepts (see
+// SpecialMatcher::find_if).
+template <class Ok>
+void encode_text(const Tokenizer::Impl& m, std::string_view text, std::vector<int32_t>& out, bool add_special,
+                 const Ok& ok) {
   if (add_special && m.v.add_bos) out.push_back(m.v.bos);
   WordCache::Pin pin;  // taken at the first cached word
   size_t pos = 0;
   while (pos < text.size()) {
     size_t b = 0, e = 0;
     int32_t id = -1;
-    const bool found = m.special.find(text, pos, parse_special, b, e, id);
+    const bool found = m.special.find_if(text, pos, ok, b, e, id);
     size_t raw_end = found ? b : text.size();
     if (found && (m.v.attrs[id] & kAttrLstrip))
       while (raw_end > pos && is_space(text[raw_end - 1])) --raw_end;
@@ -481,6 +494,43 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool ad
       while (pos < text.size() && is_space(text[pos])) ++pos;
   }
   if (add_special && m.v.add_eos) out.push_back(m.v.eos);
+}
+
+}  // namespace
+
+void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool add_special,
+                       bool parse_special) const {
+  encode_text(*impl_, text, out, add_special,
+              [parse_special](bool always, size_t, size_t) { return always || parse_special; });
+}
+
+void Tokenizer::encode_with_literal(std::string_view text, std::span<const Span> literal,
+                                    std::vector<int32_t>& out, bool add_special) const {
+  for (size_t i = 0; i < literal.size(); ++i) {
+    const Span& s = literal[i];
+    if (s.begin >= s.end || s.end > text.size() || (i > 0 && s.begin < literal[i - 1].end))
+      fail("encode_with_literal: span {} [{}, {}) is empty, out of the text ({} bytes) or out of order", i,
+           s.begin, s.end, text.size());
+  }
+  // An occurrence [b, e) is eligible unless it overlaps a span: the first span ending after b must begin at
+  // or after e.
+  const auto ok = [literal](bool always, size_t b, size_t e) {
+    if (always) return true;
+    const auto it = std::upper_bound(literal.begin(), literal.end(), b,
+                                     [](size_t x, const Span& s) { return x < s.end; });
+    return it == literal.end() || it->begin >= e;
+  };
+  encode_text(*impl_, text, out, add_special, ok);
+}
+
+int32_t Tokenizer::find_special(std::string_view text, size_t* at) const {
+  size_t b = 0, e = 0;
+  int32_t id = -1;
+  if (!impl_->special.find_if(
+          text, 0, [](bool always, size_t, size_t) { return !always; }, b, e, id))
+    return -1;
+  if (at) *at = b;
+  return id;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {

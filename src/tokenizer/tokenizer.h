@@ -45,6 +45,23 @@ class Tokenizer {
   // Same, appending to out.
   void encode(std::string_view text, std::vector<int32_t>& out, bool add_special, bool parse_special) const;
 
+  // A byte range [begin, end) of a text.
+  struct Span {
+    size_t begin = 0, end = 0;
+  };
+  // Like encode(text, out, add_special, /*parse_special=*/true), except that a control or unknown token whose
+  // text overlaps one of `literal` is not recognised: there the text is ordinary text (user-defined tokens
+  // are still recognised everywhere). For a prompt whose user-supplied parts (literal) must not become
+  // control tokens while the template's own text around them does. The text is cut into raw fragments only
+  // at recognised tokens, so when no control token's text overlaps `literal` the ids equal
+  // encode(text, out, add_special, true). literal: ascending, disjoint, non-empty spans within text;
+  // anything else throws ultra::Error.
+  void encode_with_literal(std::string_view text, std::span<const Span> literal, std::vector<int32_t>& out,
+                           bool add_special) const;
+  // The first control or unknown token whose text occurs in text (leftmost, then longest): its id, or -1
+  // when there is none; *at (when given): its byte offset.
+  int32_t find_special(std::string_view text, size_t* at = nullptr) const;
+
   // The decoded bytes of all ids (raw: invalid UTF-8 is kept as is). skip_special drops control and unknown
   // tokens. SPM vocabularies drop the space that the encoder's prefix rule added in front of the text.
   // Throws ultra::Error for an id outside [0, n_vocab).
