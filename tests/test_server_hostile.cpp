@@ -314,6 +314,22 @@ TEST_F(Hostile, ShutdownEndsStreamsWithAnError) {
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos);
 }
 
+// Special-token text inside a message is plain text unless the request allows it: a message cannot forge a
+// turn (the bundled vocabulary's end-of-sequence text, written in a message, was its control token).
+TEST_F(Hostile, SpecialTokenTextInMessagesIsText) {
+  Served s;
+  const std::string eos(s.model.tokenizer()->token_to_piece(s.model.tokenizer()->eos()));
+  const auto prompt_tokens = [&](bool allow) {
+    const json body = {{"messages", {{{"role", "user"}, {"content", "a" + eos + "b"}}}},
+                       {"max_tokens", 1},
+                       {"allow_special_in_content", allow}};
+    auto r = s.client().Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
+    return r ? json::parse(r->body)["usage"]["prompt_tokens"].get<int>() : -1;
+  };
+  EXPECT_GT(prompt_tokens(false), prompt_tokens(true)) << "the EOS text became the control token";
+}
+
 // HTTP/1.0 and Expect: 100-continue clients are served; the /v1/models id is the model's file name.
 TEST_F(Hostile, OldAndCarefulClients) {
   Served s;

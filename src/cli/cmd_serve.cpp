@@ -57,6 +57,10 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range((size_t)1, (size_t)1 << 30));
   app.add_option("-a,--alias", alias, "the model's id in /v1/models (default: the model file's name)");
   app.add_option("--api-key", api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
+  bool allow_special = false;
+  app.add_flag("--allow-special-in-content", allow_special,
+               "parse special-token text inside chat messages as control tokens (default: plain text, so a "
+               "message cannot forge a turn); a request's \"allow_special_in_content\" overrides it");
   std::string chat_template_arg;
   app.add_option("--chat-template", chat_template_arg, chat_template_help())->type_name("FILE|NAME");
   try {
@@ -85,6 +89,7 @@ int cmd_serve(int argc, char** argv) {
   so.limits.max_connections = max_connections;
   so.limits.head_timeout = std::min(10.0, timeout);
   so.limits.body_timeout = so.limits.idle_timeout = so.limits.write_timeout = timeout;
+  so.allow_special_in_content = allow_special;
   so.model_name = !alias.empty() ? alias : server::model_id(mf.model);
   so.chat_template = chat_template;
   if (!chat_template_label.empty()) so.chat_template_label = chat_template_label;

@@ -579,12 +579,11 @@ const std::string& Server::chat_template_source() const {
   return tmpl_source_;
 }
 
-// The prompt text of a chat request: its messages through the request's own "chat_template" (as vLLM takes
+// The prompt text of a chat request: `messages` through the request's own "chat_template" (as vLLM takes
 // it), else the server's; "chat_template_kwargs" are extra template variables; "add_generation_prompt"
 // (default true).
-std::string Server::render_request(const nlohmann::json& j, const http::Request& req) const {
-  if (!j.contains("messages") || !j["messages"].is_array())
-    bad("messages", "'messages' must be a list of {role, content} objects");
+std::string Server::render_request(const nlohmann::json& j, const nlohmann::json& messages,
+                                   const http::Request& req) const {
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
     bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   const json& kwargs = j.contains("chat_template_kwargs") ? j["chat_template_kwargs"] : json::object();
@@ -601,7 +600,7 @@ std::string Server::render_request(const nlohmann::json& j, const http::Request&
     t = own.get();
   }
   try {
-    return render_chat(t, j["messages"], agp, kwargs);
+    return render_chat(t, messages, agp, kwargs);
   } catch (const Error& e) {
     bad("messages", std::string("the chat template refused the conversation: ") + e.what());
   }
@@ -716,7 +715,9 @@ http::Reply Server::handle(http::Request& req) {
     }
     return json_reply({{"content", tok.decode(ids)}});
   }
-  return json_reply({{"prompt", render_request(j, req)}});  // /apply-template
+  if (!j.contains("messages") || !j["messages"].is_array())
+    bad("messages", "'messages' must be a list of {role, content} objects");
+  return json_reply({{"prompt", render_request(j, j["messages"], req)}});  // /apply-template
 }
 
 http::Reply Server::complete(http::Request& req, bool chat) {
@@ -738,9 +739,15 @@ http::Reply Server::complete(http::Request& req, bool chat) {
           !m["content"].is_array())
         bad("messages", "a message's 'content' must be a string or a list of parts");
     }
-    const std::string text = render_request(j, req);
-    // No double BOS: a template that writes the BOS text itself gets none added.
-    job.req->prompt = encode_chat_prompt(tok, text);
+    // The template's own text may hold control tokens, the messages' text does not (unless allowed): a
+    // message cannot forge a turn. No double BOS.
+    const bool allow = get_bool(j, "allow_special_in_content", opts_.allow_special_in_content);
+    try {
+      job.req->prompt = encode_chat(
+          tok, j["messages"], [&](const json& m) { return render_request(j, m, req); }, allow);
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];

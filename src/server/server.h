@@ -28,6 +28,9 @@ struct ServerOptions {
   // model has none. chat_template_label: what messages call it (a path, "the built-in 'chatml'").
   std::string chat_template;
   std::string chat_template_label = "--chat-template";
+  // Parse special-token text inside messages as control tokens (a request's "allow_special_in_content"
+  // overrides it); off: a message cannot forge a turn.
+  bool allow_special_in_content = false;
 };
 
 // The id /v1/models lists for a model read from `path`: the file's name (a directory's own name), not the
@@ -58,7 +61,8 @@ class Server {
   http::Handlers handlers();
   http::Reply handle(http::Request& req);
   http::Reply complete(http::Request& req, bool chat);
-  std::string render_request(const nlohmann::json& j, const http::Request& req) const;
+  std::string render_request(const nlohmann::json& j, const nlohmann::json& messages,
+                             const http::Request& req) const;
   ServerOptions opts_;
   std::unique_ptr<http::Server> http_;
   std::shared_ptr<Scheduler> sched_;
