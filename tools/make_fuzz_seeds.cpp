@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../fuzz/fuzz_harness.h"
@@ -239,6 +241,45 @@ void gguf_vocab_seeds(const fs::path& out) {
   std::printf("  %s (%ju bytes)\n", seed.c_str(), (uintmax_t)fs::file_size(seed));
 }
 
+// HTTP requests as clients send them: each route, keep-alive and pipelined, chunked, 100-continue, streamed.
+void http_seeds(const fs::path& out) {
+  const auto post = [](const std::string& path, const std::string& body, const std::string& extra = "") {
+    return "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + extra +
+           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const std::pair<const char*, std::string> seeds[] = {
+      {"health", "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"},
+      {"models_metrics", "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics HTTP/1.0\r\n\r\n"},
+      {"completion", post("/v1/completions", R"({"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0})")},
+      {"completion_ids_stream",
+       post("/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 3, "stream": true, "logprobs": 2})")},
+      {"chat",
+       post("/v1/chat/completions",
+            R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": )"
+            R"("Hi <|im_end|>"}], "max_tokens": 3, "stop": ["
+"], "top_logprobs": 1, "logprobs": true})")},
+      {"chat_template",
+       post("/v1/chat/completions",
+            R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, )"
+            R"("chat_template": "{% for m in messages %}{{ m.content | upper }}{% endfor %}", )"
+            R"("chat_template_kwargs": {"a": [1, {"b": null}]}})")},
+      {"tokenize_pipelined",
+       post("/tokenize", R"({"content": "JULIET:"})") + post("/detokenize", R"({"tokens": [1, 2, 3]})") +
+           post("/apply-template", R"({"messages": [{"role": "user", "content": "x"}]})")},
+      {"chunked",
+       "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "5\r\n{\"con\r\nf\r\ntent\": \"ROMEO\"}\r\n0\r\n\r\n"},
+      {"expect", post("/tokenize", R"({"content": "a"})", "Expect: 100-continue\r\n")},
+  };
+  for (const auto& [name, bytes] : seeds) {
+    const fs::path seed = out / (std::string(name) + ".http");
+    FILE* f = std::fopen(seed.c_str(), "wb");
+    if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() || std::fclose(f) != 0)
+      throw std::runtime_error("cannot write " + seed.string());
+    std::printf("  %s (%zu bytes)\n", seed.c_str(), bytes.size());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -250,7 +291,7 @@ int main(int argc, char** argv) {
   const fs::path vocab_dir =
       argc > 2 ? fs::path(argv[2]) : kSource.parent_path() / "shared" / "data" / "vocab";
   try {
-    for (const char* t : {"gguf", "safetensors", "tokenizer_json", "hf_config", "gguf_vocab"})
+    for (const char* t : {"gguf", "safetensors", "tokenizer_json", "hf_config", "gguf_vocab", "http"})
       fs::create_directories(out / t);
     std::printf("gguf:\n");
     gguf_seeds(out / "gguf", vocab_dir);
@@ -262,6 +303,8 @@ int main(int argc, char** argv) {
     hf_config_seeds(out / "hf_config");
     std::printf("gguf_vocab:\n");
     gguf_vocab_seeds(out / "gguf_vocab");
+    std::printf("http:\n");
+    http_seeds(out / "http");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
