@@ -339,7 +339,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
   }
 
   void send(Reply r) {
-    if (closed) return;
+    if (closed) {  // the client left while a worker handled its request
+      if (r.later) r.later->cancel();
+      return;
+    }
     if (srv.stopping) keep_alive = false;
     if (!r.later) {
       out = head_text(r, r.body.size(), keep_alive, false);
