@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -573,6 +574,68 @@ TEST(Cli, ChatCtrlCStopsTheReply) {
   std::ifstream f(err);
   const std::string e((std::istreambuf_iterator<char>(f)), {});
   EXPECT_EQ(chat_turns(e).size(), 2u) << e;
+}
+
+}  // namespace
+
+namespace {
+
+const std::string kTarget = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string();
+
+// SIGTERM or SIGINT while quantize writes its output: the hidden temporary file is removed, and the exit
+// status is the signal's. The signal is sent while the temporary file is being written (the process stopped
+// first, so it cannot finish in between); if a run ends before its temporary file is seen, another is
+// started.
+TEST(Cli, SignalRemovesTheTemporaryOutput) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const TmpDir tmp("ultra_cli");
+    const std::string out = tmp.file("out.gguf");
+    bool caught = false;
+    for (int attempt = 0; attempt < 10 && !caught; ++attempt) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        signal(SIGINT, SIG_DFL);  // not ignored, whatever the test runner's shell did
+        signal(SIGTERM, SIG_DFL);
+        const int fd = ::open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        execl(ULTRA_ULTRA_BIN, "ultra", "quantize", kTarget.c_str(), out.c_str(), "--type", "ternary",
+              (char*)nullptr);
+        _exit(127);
+      }
+      auto tmp_file = [&] {  // the temporary output exists and has been written to
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(tmp.path()))
+          if (e.path().filename().string().rfind(".out.gguf.tmp.", 0) == 0 &&
+              fs::file_size(e.path(), ec) > 0 && !ec)
+            return true;
+        return false;
+      };
+      int st = 0;
+      bool exited = false;
+      while (!tmp_file()) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+          exited = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (!exited) {
+        kill(pid, SIGSTOP);
+        caught = tmp_file();  // still there: the process is between creating and renaming it
+        kill(pid, sig);
+        kill(pid, SIGCONT);
+        ASSERT_EQ(waitpid(pid, &st, 0), pid);
+      }
+      if (!caught) {  // it finished first: start over
+        fs::remove(out);
+        continue;
+      }
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "status " << st;
+      EXPECT_EQ(listing(tmp.path()), std::vector<std::string>{}) << strsignal(sig);
+    }
+    EXPECT_TRUE(caught) << "never caught quantize while it wrote (" << strsignal(sig) << ")";
+  }
 }
 
 }  // namespace
