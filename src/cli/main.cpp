@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "ultra/error.h"
 
 namespace {
@@ -58,7 +59,9 @@ int main(int argc, char** argv) {
   for (const auto& c : kCommands) {
     if (cmd == c.name) {
       try {
-        return c.fn(argc - 1, argv + 1);
+        const int rc = c.fn(argc - 1, argv + 1);
+        ultra::cli::flush_stdout();  // a write error still buffered (e.g. `> /dev/full`) is an error too
+        return rc;
       } catch (const ultra::Error& e) {
         fmt::print(stderr, "error: {}\n", e.what());
         return 1;
