@@ -790,4 +790,29 @@ TEST(Cli, RunJsonSpeculativeCountsTokens) {
   }
 }
 
+// bench takes llama-bench's comma lists for -p, -n, -t and -b: one row per value (and per combination of
+// threads and batch size), in the table and in --json.
+TEST(Cli, BenchTakesCommaLists) {
+  const std::string m = (kHf / "mistral").string();
+  const Out o = ultra("bench -m " + m + " -p 4,8 -n 2,3 -r 1 -t 1,2 --json");
+  ASSERT_EQ(o.code, 0) << o.err;
+  const json j = json::parse(o.out);
+  std::vector<std::string> tests;
+  std::vector<int> threads;
+  for (const auto& r : j["results"]) {
+    tests.push_back(r["test"]);
+    threads.push_back(r["threads"]);
+  }
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp4", "pp8", "tg2", "tg3", "pp4", "pp8", "tg2", "tg3"}));
+  EXPECT_EQ(threads, (std::vector<int>{1, 1, 1, 1, 2, 2, 2, 2}));
+  const Out b = ultra("bench -m " + m + " -p 8 -n 0 -r 1 -t 1 -b 2,8");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.out.find("n_batch"), std::string::npos) << b.out;
+  EXPECT_EQ(std::count(b.out.begin(), b.out.end(), '\n'), 4) << b.out;  // header, rule, two rows
+  EXPECT_NE(b.out.find("|       2 |        pp8 |"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("|       8 |        pp8 |"), std::string::npos) << b.out;
+  const Out bad = ultra("bench -m " + m + " -p 4,x -r 1");
+  EXPECT_NE(bad.code, 0);
+}
+
 }  // namespace
