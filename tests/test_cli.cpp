@@ -790,8 +790,8 @@ TEST(Cli, RunJsonSpeculativeCountsTokens) {
   }
 }
 
-// bench takes llama-bench's comma lists for -p, -n, -t and -b: one row per value (and per combination of
-// threads and batch size), in the table and in --json.
+// bench takes llama-bench's comma lists for -p, -n, -t, -b and -ngl: one row per value (and per combination
+// of threads and batch size), in the table and in --json.
 TEST(Cli, BenchTakesCommaLists) {
   const std::string m = (kHf / "mistral").string();
   const Out o = ultra("bench -m " + m + " -p 4,8 -n 2,3 -r 1 -t 1,2 --json");
@@ -813,6 +813,12 @@ TEST(Cli, BenchTakesCommaLists) {
   EXPECT_NE(b.out.find("|       8 |        pp8 |"), std::string::npos) << b.out;
   const Out bad = ultra("bench -m " + m + " -p 4,x -r 1");
   EXPECT_NE(bad.code, 0);
+  // -ngl: a device per value (0: the CPU).
+  const Out g = ultra("bench -m " + m + " -p 4 -n 0 -r 1 -t 1 -ngl 0,0 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  const json gj = json::parse(g.out);
+  ASSERT_EQ(gj["results"].size(), 2u);
+  for (const auto& r : gj["results"]) EXPECT_EQ(r["backend"], "CPU");
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ int cmd_bench(int argc, char** argv) {
   // per combination of threads and batch size (a context each; the model is loaded once).
   app.remove_option(app.get_option("--threads"));
   app.remove_option(app.get_option("--batch-size"));
-  std::vector<int> n_prompts = {512}, n_gens = {128}, threads_list = {0}, batches = {512};
+  app.remove_option(app.get_option("--n-gpu-layers"));
+  std::vector<int> n_prompts = {512}, n_gens = {128}, threads_list = {0}, batches = {512}, ngls;
   std::vector<int> depths = {0}, parallels = {1};
   int reps = 5;
   bool json = false;
@@ -68,6 +69,11 @@ int cmd_bench(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
+  app.add_option("--n-gpu-layers", ngls,
+                 "llama.cpp compatibility (also -ngl), e.g. 0,99: > 0 is --device cuda (all layers), 0 is "
+                 "--device cpu")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("-r,--repetitions", reps, "timed repetitions")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -89,6 +95,10 @@ int cmd_bench(int argc, char** argv) {
   const Model model = Model::load(mf.model);
   for (std::vector<int>* v : {&n_prompts, &n_gens, &threads_list, &batches, &depths, &parallels})
     if (v->empty()) fail("a list flag of ultra bench was given no value");
+  // The devices to run on: --device's, or one per -ngl value.
+  std::vector<std::string> devices;
+  for (int n : ngls) devices.push_back(n > 0 ? "cuda" : "cpu");
+  if (devices.empty()) devices.push_back(mf.device);
   const int max_prompt = *std::max_element(n_prompts.begin(), n_prompts.end());
   const int max_gen = *std::max_element(n_gens.begin(), n_gens.end());
   const int max_depth = *std::max_element(depths.begin(), depths.end());
@@ -101,7 +111,7 @@ int cmd_bench(int argc, char** argv) {
   const bool queue = !(qe && std::strcmp(qe, "0") == 0);
 
   struct Row {
-    std::string test;
+    std::string test, backend;
     int threads = 0, n_batch = 0;
     Stat tps;
     std::vector<double> samples;
@@ -110,96 +120,99 @@ int cmd_bench(int argc, char** argv) {
   StepStats st_all;         // summed over the contexts
   double tg_submit_us = 0;  // host time in submit() over the timed decode steps
   int64_t tg_submits = 0;
-  std::string backend;
-  for (const int n_threads : threads_list) {
-    for (const int n_batch : batches) {
-      ContextParams cp = mf.context_params();
-      cp.n_threads = n_threads;
-      cp.n_batch = n_batch;
-      if (cp.n_ctx <= 0) cp.n_ctx = std::max(max_prompt, max_depth + max_gen) + 1;
-      if (cp.n_batch > std::max(max_prompt, max_par) && max_prompt > 0)
-        cp.n_batch = std::max(max_prompt, max_par);
-      cp.n_slots = max_par;
-      cp.n_outputs = max_par;
-      cp.gpu_timing = true;  // GPU: the idle time between replayed steps (printed below)
-      Context ctx(model, cp);
-      print_warnings(ctx);
-      backend = ctx.backend_name();
-      Batch batch(ctx.params().n_batch);
+  std::string backend;  // of the last context (the JSON's top-level field)
+  for (const std::string& device : devices) {
+    for (const int n_threads : threads_list) {
+      for (const int n_batch : batches) {
+        ContextParams cp = mf.context_params();
+        apply_device_flags(device, mf.kv_type, cp);
+        cp.n_threads = n_threads;
+        cp.n_batch = n_batch;
+        if (cp.n_ctx <= 0) cp.n_ctx = std::max(max_prompt, max_depth + max_gen) + 1;
+        if (cp.n_batch > std::max(max_prompt, max_par) && max_prompt > 0)
+          cp.n_batch = std::max(max_prompt, max_par);
+        cp.n_slots = max_par;
+        cp.n_outputs = max_par;
+        cp.gpu_timing = true;  // GPU: the idle time between replayed steps (printed below)
+        Context ctx(model, cp);
+        print_warnings(ctx);
+        backend = ctx.backend_name();
+        Batch batch(ctx.params().n_batch);
 
-      // pp: one output row (the last), as llama-bench. tg: one row per sequence and step, the next token
-      // drawn greedily inside the step and fed back with Batch::kSampled (the decode loop of generate(); on a
-      // GPU no logits leave the device), after `depth` tokens of context (prefilled, not timed).
-      for (int s = 0; s < max_par; ++s) ctx.set_sampling(s, SamplingParams::greedy());
-      auto run_pp = [&](int n_prompt) {
-        ctx.clear(0);
-        const auto t0 = std::chrono::steady_clock::now();
-        prefill(ctx, batch, 0, std::span(ids).first(n_prompt), Output::logits);
-        return ms_since(t0);
-      };
-      bool timed = false;
-      auto run_tg = [&](int n_gen, int depth, int parallel) {
-        for (int s = 0; s < parallel;
-             ++s) {  // every sequence starts with ids[0, depth): crop when it is there
-          if (ctx.seq_len(s) >= depth) {
-            ctx.crop(s, depth);
-          } else {
-            ctx.clear(s);
-            if (depth > 0) prefill(ctx, batch, s, std::span(ids).first(depth));
+        // pp: one output row (the last), as llama-bench. tg: one row per sequence and step, the next token
+        // drawn greedily inside the step and fed back with Batch::kSampled (the decode loop of generate(); on
+        // a GPU no logits leave the device), after `depth` tokens of context (prefilled, not timed).
+        for (int s = 0; s < max_par; ++s) ctx.set_sampling(s, SamplingParams::greedy());
+        auto run_pp = [&](int n_prompt) {
+          ctx.clear(0);
+          const auto t0 = std::chrono::steady_clock::now();
+          prefill(ctx, batch, 0, std::span(ids).first(n_prompt), Output::logits);
+          return ms_since(t0);
+        };
+        bool timed = false;
+        auto run_tg = [&](int n_gen, int depth, int parallel) {
+          for (int s = 0; s < parallel;
+               ++s) {  // every sequence starts with ids[0, depth): crop when it is there
+            if (ctx.seq_len(s) >= depth) {
+              ctx.crop(s, depth);
+            } else {
+              ctx.clear(s);
+              if (depth > 0) prefill(ctx, batch, s, std::span(ids).first(depth));
+            }
+          }
+          // Queued one step ahead (on a GPU the next step is launched while the current one runs; on the CPU
+          // submit() runs the step).
+          const StepStats before = ctx.stats();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < n_gen; ++i) {
+            batch.clear();
+            for (int s = 0; s < parallel; ++s)
+              batch.add(i == 0 ? (1 + s) % n_vocab : Batch::kSampled, depth + i, s, Output::sample);
+            ctx.submit(batch);
+            if (ctx.n_queued() == (queue ? 2 : 1)) ctx.wait();
+          }
+          while (ctx.n_queued() > 0) ctx.wait();
+          const double ms = ms_since(t0);
+          if (timed) {  // the untimed first run captures the graphs
+            tg_submit_us += ctx.stats().submit_us - before.submit_us;
+            tg_submits += ctx.stats().n_submits - before.n_submits;
+          }
+          return ms;
+        };
+
+        const int threads = ctx.params().n_threads, used_batch = ctx.params().n_batch;
+        for (const int n_prompt : n_prompts) {
+          if (n_prompt == 0) continue;
+          run_pp(n_prompt);
+          Row r{fmt::format("pp{}", n_prompt), backend, threads, used_batch, {}, {}};
+          for (int i = 0; i < reps; ++i) r.samples.push_back(1e3 * n_prompt / run_pp(n_prompt));
+          r.tps = stats(r.samples);
+          rows.push_back(r);
+        }
+        for (const int n_gen : n_gens) {
+          if (n_gen == 0) continue;
+          for (int depth : depths) {
+            for (int parallel : parallels) {
+              run_tg(n_gen, depth, parallel);
+              std::string test = fmt::format("tg{}", n_gen);
+              if (depth > 0) test += fmt::format(" @ d{}", depth);
+              if (parallel > 1) test += fmt::format(" x{}", parallel);
+              Row r{test, backend, threads, used_batch, {}, {}};
+              timed = true;
+              for (int i = 0; i < reps; ++i)
+                r.samples.push_back(1e3 * n_gen * parallel / run_tg(n_gen, depth, parallel));
+              timed = false;
+              r.tps = stats(r.samples);
+              rows.push_back(r);
+            }
           }
         }
-        // Queued one step ahead (on a GPU the next step is launched while the current one runs; on the CPU
-        // submit() runs the step).
-        const StepStats before = ctx.stats();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < n_gen; ++i) {
-          batch.clear();
-          for (int s = 0; s < parallel; ++s)
-            batch.add(i == 0 ? (1 + s) % n_vocab : Batch::kSampled, depth + i, s, Output::sample);
-          ctx.submit(batch);
-          if (ctx.n_queued() == (queue ? 2 : 1)) ctx.wait();
-        }
-        while (ctx.n_queued() > 0) ctx.wait();
-        const double ms = ms_since(t0);
-        if (timed) {  // the untimed first run captures the graphs
-          tg_submit_us += ctx.stats().submit_us - before.submit_us;
-          tg_submits += ctx.stats().n_submits - before.n_submits;
-        }
-        return ms;
-      };
-
-      const int threads = ctx.params().n_threads, used_batch = ctx.params().n_batch;
-      for (const int n_prompt : n_prompts) {
-        if (n_prompt == 0) continue;
-        run_pp(n_prompt);
-        Row r{fmt::format("pp{}", n_prompt), threads, used_batch, {}, {}};
-        for (int i = 0; i < reps; ++i) r.samples.push_back(1e3 * n_prompt / run_pp(n_prompt));
-        r.tps = stats(r.samples);
-        rows.push_back(r);
+        const StepStats& st = ctx.stats();
+        st_all.n_graph_launches += st.n_graph_launches;
+        st_all.launch_us += st.launch_us;
+        st_all.n_gpu_gaps += st.n_gpu_gaps;
+        st_all.gpu_idle_us += st.gpu_idle_us;
       }
-      for (const int n_gen : n_gens) {
-        if (n_gen == 0) continue;
-        for (int depth : depths) {
-          for (int parallel : parallels) {
-            run_tg(n_gen, depth, parallel);
-            std::string test = fmt::format("tg{}", n_gen);
-            if (depth > 0) test += fmt::format(" @ d{}", depth);
-            if (parallel > 1) test += fmt::format(" x{}", parallel);
-            Row r{test, threads, used_batch, {}, {}};
-            timed = true;
-            for (int i = 0; i < reps; ++i)
-              r.samples.push_back(1e3 * n_gen * parallel / run_tg(n_gen, depth, parallel));
-            timed = false;
-            r.tps = stats(r.samples);
-            rows.push_back(r);
-          }
-        }
-      }
-      const StepStats& st = ctx.stats();
-      st_all.n_graph_launches += st.n_graph_launches;
-      st_all.launch_us += st.launch_us;
-      st_all.n_gpu_gaps += st.n_gpu_gaps;
-      st_all.gpu_idle_us += st.gpu_idle_us;
     }
   }
 
@@ -222,6 +235,7 @@ int cmd_bench(int argc, char** argv) {
     j["results"] = nlohmann::json::array();
     for (const auto& r : rows)
       j["results"].push_back({{"test", r.test},
+                              {"backend", r.backend},
                               {"threads", r.threads},
                               {"n_batch", r.n_batch},
                               {"tps_mean", r.tps.mean},
@@ -237,7 +251,7 @@ int cmd_bench(int argc, char** argv) {
                      "", "", "", show_batch ? fmt::format(" {:->6}: |", "") : "", "", "");
   for (const auto& r : rows)
     out += fmt::format("| {:<30} | {:>10} | {:>9.2f} M | {:<7} | {:>7} |{} {:>10} | {:>20} |\n", name,
-                       human_bytes(size), params / 1e6, backend, r.threads,
+                       human_bytes(size), params / 1e6, r.backend, r.threads,
                        show_batch ? fmt::format(" {:>7} |", r.n_batch) : "", r.test,
                        fmt::format("{:.2f} ± {:.2f}", r.tps.mean, r.tps.sd));
   if (st_all.n_graph_launches > 0)

@@ -72,7 +72,8 @@ int cmd_run(int argc, char** argv) {
   F.model.add(app);
   app.add_option("-p,--prompt", F.prompt, "prompt text");
   app.add_option("--prompt-ids", F.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
-  app.add_option("-n,--n-predict", F.n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
+  app.add_option("-n,--n-predict", F.n_predict, "tokens to generate (0: prefill the prompt only)")
+      ->check(CLI::Range(0, 1 << 24));
   add_sampling_flags(app, F.sp, F.seed);
   app.add_flag("--ignore-eos", F.ignore_eos, "keep generating past end-of-generation tokens");
   app.add_flag("--json", F.json,
