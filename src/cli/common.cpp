@@ -8,10 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
+#include <memory>
 #include <random>
-#include <sstream>
 
 #include "chat/builtin_templates.h"
 #include "core/mmap.h"
@@ -223,7 +221,7 @@ std::string read_text_file(const std::string& path, const char* what) {
                               : "not a regular file");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) fail("{}: cannot open {}: {}", path, what, std::strerror(errno));
-  text.reserve(fs::file_size(path, ec));
+  if (const uintmax_t n = fs::file_size(path, ec); !ec) text.reserve(n);
   if (!read_all(f.get())) fail("{}: read error: {}", path, std::strerror(errno));
   return text;
 }
