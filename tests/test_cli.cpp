@@ -593,7 +593,8 @@ TEST(Cli, StdoutWriteErrorsFail) {
        {std::string("run -p ROMEO: -n 8 --temp 0"), std::string("run -p ROMEO: -n 8 --temp 0 --json"),
         std::string("run --prompt-ids 1,2 -n 4 --temp 0 -m ") + (kHf / "llama_gqa").string(),
         "tokenize -m " + kTarget + " hello", "chat --temp 0 -n 4 < " + in,
-        "bench -m " + (kHf / "mistral").string() + " -p 4 -n 2 -r 1 -t 1"}) {
+        "bench -m " + (kHf / "mistral").string() + " -p 4 -n 2 -r 1 -t 1", std::string("--help"),
+        std::string("run --help")}) {
     const Out o = ultra(args + " > /dev/full");
     EXPECT_EQ(o.code, 1) << args << "\n" << o.err;
     EXPECT_NE(o.err.find("error: standard output: write failed: No space left on device"), std::string::npos)

@@ -1,6 +1,7 @@
 // ultra: command-line entry point. `ultra SUBCOMMAND [flags]`; see `ultra --help`.
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -51,6 +52,10 @@ int main(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     usage(stdout);
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      fmt::print(stderr, "error: standard output: write failed: {}\n", std::strerror(errno));
+      return 1;
+    }
     return 0;
   }
   for (int i = 2; i < argc; ++i)
