@@ -822,6 +822,11 @@ TEST(Cli, BenchTakesCommaLists) {
   const json gj = json::parse(g.out);
   ASSERT_EQ(gj["results"].size(), 2u);
   for (const auto& r : gj["results"]) EXPECT_EQ(r["backend"], "CPU");
+  // The table is printed a row at a time: without a GPU, -ngl 0,99 shows the CPU row before the error.
+  const Out c = ultra("bench -m " + m + " -p 4 -n 0 -r 1 -t 1 -ngl 0,99");
+  EXPECT_LT(c.code, 128);
+  EXPECT_NE(c.out.find("| CPU     |       1 |        pp4 |"), std::string::npos) << c.out;
+  if (c.code != 0) EXPECT_NE(c.err.find("CUDA"), std::string::npos) << c.err;
 }
 
 }  // namespace

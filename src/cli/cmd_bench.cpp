@@ -117,6 +117,28 @@ int cmd_bench(int argc, char** argv) {
     std::vector<double> samples;
   };
   std::vector<Row> rows;
+  const std::string name = model_type_name(model.info());
+  const double size = (double)model.info().weight_bytes, params = model.info().n_params;
+  // The batch-size column only when -b was given (as llama-bench shows the fields that were set).
+  const bool show_batch = app.count("--batch-size") > 0;
+  // The table is printed a row at a time, as each test ends (as llama-bench does); --json at the end.
+  if (!json) {
+    write_stdout(fmt::format("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} |{} {:>10} | {:>20} |\n", "model",
+                             "size", "params", "backend", "threads",
+                             show_batch ? fmt::format(" {:>7} |", "n_batch") : "", "test", "t/s"));
+    write_stdout(fmt::format("| {:-<30} | {:->10}: | {:->9}: | {:-<7} | {:->6}: |{} {:->9}: | {:->19}: |\n",
+                             "", "", "", "", "", show_batch ? fmt::format(" {:->6}: |", "") : "", "", ""),
+                 /*flush=*/true);
+  }
+  auto add_row = [&](Row r) {
+    if (!json)
+      write_stdout(fmt::format("| {:<30} | {:>10} | {:>9.2f} M | {:<7} | {:>7} |{} {:>10} | {:>20} |\n", name,
+                               human_bytes(size), params / 1e6, r.backend, r.threads,
+                               show_batch ? fmt::format(" {:>7} |", r.n_batch) : "", r.test,
+                               fmt::format("{:.2f} ± {:.2f}", r.tps.mean, r.tps.sd)),
+                   /*flush=*/true);
+    rows.push_back(std::move(r));
+  };
   StepStats st_all;         // summed over the contexts
   double tg_submit_us = 0;  // host time in submit() over the timed decode steps
   int64_t tg_submits = 0;
@@ -187,7 +209,7 @@ int cmd_bench(int argc, char** argv) {
           Row r{fmt::format("pp{}", n_prompt), backend, threads, used_batch, {}, {}};
           for (int i = 0; i < reps; ++i) r.samples.push_back(1e3 * n_prompt / run_pp(n_prompt));
           r.tps = stats(r.samples);
-          rows.push_back(r);
+          add_row(std::move(r));
         }
         for (const int n_gen : n_gens) {
           if (n_gen == 0) continue;
@@ -203,7 +225,7 @@ int cmd_bench(int argc, char** argv) {
                 r.samples.push_back(1e3 * n_gen * parallel / run_tg(n_gen, depth, parallel));
               timed = false;
               r.tps = stats(r.samples);
-              rows.push_back(r);
+              add_row(std::move(r));
             }
           }
         }
@@ -216,10 +238,6 @@ int cmd_bench(int argc, char** argv) {
     }
   }
 
-  const std::string name = model_type_name(model.info());
-  const double size = (double)model.info().weight_bytes, params = model.info().n_params;
-  // The batch-size column only when -b was given (as llama-bench shows the fields that were set).
-  const bool show_batch = app.count("--batch-size") > 0;
   if (json) {
     nlohmann::json j;
     j["model"] = mf.model;
@@ -244,25 +262,14 @@ int cmd_bench(int argc, char** argv) {
     write_stdout(j.dump() + "\n");
     return 0;
   }
-  std::string out = fmt::format("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} |{} {:>10} | {:>20} |\n", "model",
-                                "size", "params", "backend", "threads",
-                                show_batch ? fmt::format(" {:>7} |", "n_batch") : "", "test", "t/s");
-  out += fmt::format("| {:-<30} | {:->10}: | {:->9}: | {:-<7} | {:->6}: |{} {:->9}: | {:->19}: |\n", "", "",
-                     "", "", "", show_batch ? fmt::format(" {:->6}: |", "") : "", "", "");
-  for (const auto& r : rows)
-    out += fmt::format("| {:<30} | {:>10} | {:>9.2f} M | {:<7} | {:>7} |{} {:>10} | {:>20} |\n", name,
-                       human_bytes(size), params / 1e6, r.backend, r.threads,
-                       show_batch ? fmt::format(" {:>7} |", r.n_batch) : "", r.test,
-                       fmt::format("{:.2f} ± {:.2f}", r.tps.mean, r.tps.sd));
   if (st_all.n_graph_launches > 0)
-    out += fmt::format(
+    write_stdout(fmt::format(
         "\n{}: {} steps replayed as graphs; host time per decode step {:.2f} us (submit: staging and the "
         "graph launch call, {:.2f} us of it), {}; GPU idle between steps {:.2f} us (mean of {} gaps)\n",
         backend, st_all.n_graph_launches, tg_submits ? tg_submit_us / (double)tg_submits : 0.0,
         st_all.launch_us / (double)st_all.n_graph_launches,
         queue ? "each step queued one ahead" : "each step waited for before the next (ULTRA_BENCH_QUEUE=0)",
-        st_all.n_gpu_gaps ? st_all.gpu_idle_us / (double)st_all.n_gpu_gaps : 0.0, st_all.n_gpu_gaps);
-  write_stdout(out);
+        st_all.n_gpu_gaps ? st_all.gpu_idle_us / (double)st_all.n_gpu_gaps : 0.0, st_all.n_gpu_gaps));
   return 0;
 }
 
