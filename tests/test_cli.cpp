@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -573,6 +574,259 @@ TEST(Cli, ChatCtrlCStopsTheReply) {
   std::ifstream f(err);
   const std::string e((std::istreambuf_iterator<char>(f)), {});
   EXPECT_EQ(chat_turns(e).size(), 2u) << e;
+}
+
+}  // namespace
+
+namespace {
+
+const std::string kTarget = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string();
+
+// Standard output that cannot be written (a full device) is an error: non-zero exit and a message, for
+// streamed text, JSON, the tokenize listing, chat replies and the bench table alike.
+TEST(Cli, StdoutWriteErrorsFail) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const TmpDir tmp("ultra_cli");
+  const std::string in = tmp.file("in.txt");
+  std::ofstream(in) << "Good morrow, fair lady!\n";
+  for (const std::string& args :
+       {std::string("run -p ROMEO: -n 8 --temp 0"), std::string("run -p ROMEO: -n 8 --temp 0 --json"),
+        std::string("run --prompt-ids 1,2 -n 4 --temp 0 -m ") + (kHf / "llama_gqa").string(),
+        "tokenize -m " + kTarget + " hello", "chat --temp 0 -n 4 < " + in,
+        "bench -m " + (kHf / "mistral").string() + " -p 4 -n 2 -r 1 -t 1", std::string("--help"),
+        std::string("run --help")}) {
+    const Out o = ultra(args + " > /dev/full");
+    EXPECT_EQ(o.code, 1) << args << "\n" << o.err;
+    EXPECT_NE(o.err.find("error: standard output: write failed: No space left on device"), std::string::npos)
+        << args << "\n"
+        << o.err;
+  }
+}
+
+// Peak resident memory (KiB) of `ultra ARGS...` with its standard output to /dev/null.
+long peak_rss_kb(const std::vector<std::string>& args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open("/dev/null", O_WRONLY);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    alarm(120);  // a hang ends the child (SIGALRM), which fails the test
+    std::vector<char*> argv{const_cast<char*>("ultra")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(ULTRA_ULTRA_BIN, argv.data());
+    _exit(127);
+  }
+  int st = 0;
+  rusage ru{};
+  if (pid < 0 || wait4(pid, &st, 0, &ru) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+  return ru.ru_maxrss;
+}
+
+// tokenize -f writes its listing (about 20 bytes per token) in chunks as it goes: on a 6 MB text its peak
+// memory is that of --ids (which also streams), not the whole listing more (about 5x the text before).
+// Both keep the text and its ids (the tokenizer encodes the whole text at once).
+TEST(Cli, TokenizeStreamsTheListing) {
+  const TmpDir tmp("ultra_cli");
+  const std::string big = tmp.file("big.txt");
+  size_t size = 0;
+  {
+    const char* words[] = {"the ", "king ",  "ROMEO:\n", "love ",  "thou ",
+                           "art ", "fair, ", "and ",     "night! "};
+    std::ofstream f(big);
+    for (uint32_t i = 0, x = 1; size < (6u << 20); ++i) {
+      x = x * 1103515245u + 12345u;
+      const char* w = words[(x >> 16) % 9];
+      f << w;
+      size += std::strlen(w);
+    }
+  }
+  const long listing = peak_rss_kb({"tokenize", "-m", kTarget, "-f", big});
+  const long ids = peak_rss_kb({"tokenize", "-m", kTarget, "-f", big, "--ids"});
+  ASSERT_GT(listing, 0);
+  ASSERT_GT(ids, 0);
+  EXPECT_LT(listing, ids + (long)(size / 1024) / 2)
+      << "listing " << listing << " KiB, --ids " << ids << " KiB";
+
+  // The chunked listing is whole: one line per id, the ids in order.
+  const std::string mid = tmp.file("mid.txt");
+  std::ofstream(mid) << file_bytes(big).substr(0, 200000);
+  const Out l = ultra("tokenize -m " + kTarget + " -f " + mid);
+  const Out i = ultra("tokenize -m " + kTarget + " -f " + mid + " --ids");
+  ASSERT_EQ(l.code, 0) << l.err;
+  ASSERT_EQ(i.code, 0) << i.err;
+  ASSERT_GT(l.out.size(), 3u << 16);  // several chunks
+  std::istringstream ls(l.out), is(i.out);
+  std::string line;
+  int n = 0;
+  while (std::getline(ls, line)) {
+    int want = -1;
+    ASSERT_TRUE(is >> want);
+    EXPECT_EQ(std::stoi(line.substr(0, 7)), want) << "line " << n;
+    ++n;
+  }
+  int extra;
+  EXPECT_FALSE(is >> extra);
+  EXPECT_GT(n, 30000);
+}
+
+// SIGTERM or SIGINT while quantize writes its output: the hidden temporary file is removed, and the exit
+// status is the signal's. The signal is sent while the temporary file is being written (the process stopped
+// first, so it cannot finish in between); if a run ends before its temporary file is seen, another is
+// started.
+TEST(Cli, SignalRemovesTheTemporaryOutput) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const TmpDir tmp("ultra_cli");
+    const std::string out = tmp.file("out.gguf");
+    bool caught = false;
+    for (int attempt = 0; attempt < 10 && !caught; ++attempt) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        signal(SIGINT, SIG_DFL);  // not ignored, whatever the test runner's shell did
+        signal(SIGTERM, SIG_DFL);
+        const int fd = ::open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        execl(ULTRA_ULTRA_BIN, "ultra", "quantize", kTarget.c_str(), out.c_str(), "--type", "ternary",
+              (char*)nullptr);
+        _exit(127);
+      }
+      auto tmp_file = [&] {  // the temporary output exists and has been written to
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(tmp.path()))
+          if (e.path().filename().string().rfind(".out.gguf.tmp.", 0) == 0 &&
+              fs::file_size(e.path(), ec) > 0 && !ec)
+            return true;
+        return false;
+      };
+      int st = 0;
+      bool exited = false;
+      while (!tmp_file()) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+          exited = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (!exited) {
+        kill(pid, SIGSTOP);
+        caught = tmp_file();  // still there: the process is between creating and renaming it
+        kill(pid, sig);
+        kill(pid, SIGCONT);
+        ASSERT_EQ(waitpid(pid, &st, 0), pid);
+      }
+      if (!caught) {  // it finished first: start over
+        fs::remove(out);
+        continue;
+      }
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "status " << st;
+      EXPECT_EQ(listing(tmp.path()), std::vector<std::string>{}) << strsignal(sig);
+    }
+    EXPECT_TRUE(caught) << "never caught quantize while it wrote (" << strsignal(sig) << ")";
+  }
+}
+
+// Malformed numbers are refused with a message naming the value as given; -n 0 generates nothing in run
+// and chat alike; an empty output path fails before anything is written.
+TEST(Cli, RefusesMalformedValues) {
+  const std::string m = (kHf / "llama_gqa").string();
+  const std::string run = "run -m " + m + " -n 1 ";
+  expect_error(run + "--prompt-ids 1,,2", "an empty element");
+  expect_error(run + "--prompt-ids ,1", "an empty element");
+  expect_error(run + "--prompt-ids 1,", "an empty element");
+  expect_error(run + "--prompt-ids 1,-2", "'-2' is not a token id");
+  expect_error(run + "--prompt-ids 18446744073709551615", "token id 18446744073709551615 is out of range");
+  expect_error(run + "--prompt-ids 2147483648", "token id 2147483648 is out of range");
+  const Out spaced = ultra(run + "--prompt-ids '1, 2 ,3' --json");
+  ASSERT_EQ(spaced.code, 0) << spaced.err;
+  EXPECT_EQ(json::parse(spaced.out)["prompt_ids"].get<std::vector<int>>(), (std::vector<int>{1, 2, 3}));
+  for (const char* seed : {"1e23", "99999999999999999999", "1.5", "-2", "0x10", "''"})
+    expect_error(run + "--prompt-ids 1 --seed " + seed, "-s/--seed");
+  for (const char* p : {"nan", "inf", "-nan"}) {
+    const Out o = ultra("run -p x -n 2 --lookup 2 --draft-p-min " + std::string(p));
+    EXPECT_NE(o.code, 0) << p;
+    EXPECT_NE(o.err.find("--draft-p-min: '" + std::string(p) + "' is not a finite number"), std::string::npos)
+        << o.err;
+  }
+  const Out half = ultra("run -p x -n 2 --lookup 2 --draft-p-min 0.5 --temp 0");
+  EXPECT_EQ(half.code, 0) << half.err;
+
+  const TmpDir tmp("ultra_cli");
+  expect_error("quantize " + kTarget + " '' --type q8_0", "OUT: the output path is empty");
+  expect_error("convert " + m + " -o ''", "-o: the output path is empty");
+  expect_error("quantize " + kTarget + " " + tmp.path().string() + "/ --type q8_0", "names a directory");
+
+  // -n 0: run prefills only; chat prefills the message and replies nothing.
+  const Out r0 = ultra("run -p ROMEO: -n 0 --json");
+  ASSERT_EQ(r0.code, 0) << r0.err;
+  EXPECT_TRUE(json::parse(r0.out)["generated_ids"].empty());
+  const std::string in = tmp.file("in.txt");
+  std::ofstream(in) << "Good morrow!\nAnd you?\n";
+  const Out c0 = ultra("chat --temp 0 -n 0 --verbose < " + in);
+  ASSERT_EQ(c0.code, 0) << c0.err;
+  EXPECT_EQ(c0.out, "\n\n");
+  const auto turns = chat_turns(c0.err);
+  ASSERT_EQ(turns.size(), 2u) << c0.err;
+  for (const auto& t : turns) EXPECT_EQ(t.end, "length");
+  EXPECT_NE(c0.err.find("reply 0 tokens"), std::string::npos) << c0.err;
+}
+
+// run --json counts generated tokens, not target passes: a speculative run's eval_tokens are its tokens
+// after the first (as a plain run's), eval_tps their rate, and eval_runs the passes (rounds + plain steps).
+TEST(Cli, RunJsonSpeculativeCountsTokens) {
+  for (const std::string& spec : {std::string(""), std::string(" --speculative --draft-max 6")}) {
+    const Out o = ultra("run -p ROMEO: -n 64 --temp 0 --ignore-eos --json" + spec);
+    ASSERT_EQ(o.code, 0) << o.err;
+    const json j = json::parse(o.out);
+    const json& t = j["timings"];
+    EXPECT_EQ(j["generated_ids"].size(), 64u);
+    EXPECT_EQ(t["generated_tokens"].get<int>(), 64) << spec;
+    EXPECT_EQ(t["eval_tokens"].get<int>(), 63) << spec;
+    EXPECT_NEAR(t["eval_tps"].get<double>(), 1e3 * 63 / t["eval_ms"].get<double>(), 1e-6);
+    if (spec.empty()) {
+      EXPECT_EQ(t["eval_runs"].get<int>(), 63);
+    } else {
+      const json& s = j["speculative"];
+      EXPECT_EQ(t["eval_runs"].get<int>(), s["rounds"].get<int>() + s["plain_steps"].get<int>());
+      EXPECT_LT(t["eval_runs"].get<int>(), 63);  // the bundled pair accepts drafts
+    }
+  }
+}
+
+// bench takes llama-bench's comma lists for -p, -n, -t, -b and -ngl: one row per value (and per combination
+// of threads and batch size), in the table and in --json.
+TEST(Cli, BenchTakesCommaLists) {
+  const std::string m = (kHf / "mistral").string();
+  const Out o = ultra("bench -m " + m + " -p 4,8 -n 2,3 -r 1 -t 1,2 --json");
+  ASSERT_EQ(o.code, 0) << o.err;
+  const json j = json::parse(o.out);
+  std::vector<std::string> tests;
+  std::vector<int> threads;
+  for (const auto& r : j["results"]) {
+    tests.push_back(r["test"]);
+    threads.push_back(r["threads"]);
+  }
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp4", "pp8", "tg2", "tg3", "pp4", "pp8", "tg2", "tg3"}));
+  EXPECT_EQ(threads, (std::vector<int>{1, 1, 1, 1, 2, 2, 2, 2}));
+  const Out b = ultra("bench -m " + m + " -p 8 -n 0 -r 1 -t 1 -b 2,8");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.out.find("n_batch"), std::string::npos) << b.out;
+  EXPECT_EQ(std::count(b.out.begin(), b.out.end(), '\n'), 4) << b.out;  // header, rule, two rows
+  EXPECT_NE(b.out.find("|       2 |        pp8 |"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("|       8 |        pp8 |"), std::string::npos) << b.out;
+  const Out bad = ultra("bench -m " + m + " -p 4,x -r 1");
+  EXPECT_NE(bad.code, 0);
+  // -ngl: a device per value (0: the CPU).
+  const Out g = ultra("bench -m " + m + " -p 4 -n 0 -r 1 -t 1 -ngl 0,0 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  const json gj = json::parse(g.out);
+  ASSERT_EQ(gj["results"].size(), 2u);
+  for (const auto& r : gj["results"]) EXPECT_EQ(r["backend"], "CPU");
+  // The table is printed a row at a time: without a GPU, -ngl 0,99 shows the CPU row before the error.
+  const Out c = ultra("bench -m " + m + " -p 4 -n 0 -r 1 -t 1 -ngl 0,99");
+  EXPECT_LT(c.code, 128);
+  EXPECT_NE(c.out.find("| CPU     |       1 |        pp4 |"), std::string::npos) << c.out;
+  if (c.code != 0) EXPECT_NE(c.err.find("CUDA"), std::string::npos) << c.err;
 }
 
 }  // namespace

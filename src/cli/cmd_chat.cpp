@@ -92,10 +92,9 @@ std::string unescape(const std::string& s) {
   return out;
 }
 
+// Throws ultra::Error when standard output cannot be written (the chat ends with an error, exit 1).
 void write_out(std::string_view s) {
-  if (s.empty()) return;
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
+  if (!s.empty()) write_stdout(s, /*flush=*/true);
 }
 
 struct Turn {
@@ -120,7 +119,10 @@ int cmd_chat(int argc, char** argv) {
   bool verbose = false, no_cache = false;
   app.add_option("--system", system_prompt, "a system message that starts the conversation");
   app.add_option("--chat-template", template_file, chat_template_help())->type_name("FILE|NAME");
-  app.add_option("-n,--n-predict", n_predict, "most tokens per reply (-1: until the model ends it)")
+  app.add_option(
+         "-n,--n-predict", n_predict,
+         "most tokens per reply (-1: until the model ends it; 0: none, as run -n 0: the message is only "
+         "prefilled)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 24));
   app.add_option("--stop", stops,
@@ -190,7 +192,7 @@ int cmd_chat(int argc, char** argv) {
     if (!system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", system_prompt}});
   };
   reset();
-  const int reserve = n_predict > 0 ? std::min(n_predict, n_ctx / 2) : n_ctx / 4;  // room kept for a reply
+  const int reserve = n_predict >= 0 ? std::min(n_predict, n_ctx / 2) : n_ctx / 4;  // room kept for a reply
   const bool interactive = isatty(STDIN_FILENO);
   Batch batch(ctx.params().n_batch);
   LineReader in;
@@ -276,6 +278,8 @@ int cmd_chat(int argc, char** argv) {
     if (g_interrupted) {
       g_interrupted = 0;  // this Ctrl-C stopped the reply; the next one at the prompt exits
       t.end = "interrupted";
+    } else if (n_predict == 0) {  // -n 0: nothing generated (the message stays in the cache)
+      t.end = "length";
     } else {
       TextStream stream(*tok, /*skip_special=*/true);
       server::StopStrings stop(stops);

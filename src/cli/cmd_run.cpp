@@ -72,7 +72,8 @@ int cmd_run(int argc, char** argv) {
   F.model.add(app);
   app.add_option("-p,--prompt", F.prompt, "prompt text");
   app.add_option("--prompt-ids", F.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
-  app.add_option("-n,--n-predict", F.n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
+  app.add_option("-n,--n-predict", F.n_predict, "tokens to generate (0: prefill the prompt only)")
+      ->check(CLI::Range(0, 1 << 24));
   add_sampling_flags(app, F.sp, F.seed);
   app.add_flag("--ignore-eos", F.ignore_eos, "keep generating past end-of-generation tokens");
   app.add_flag("--json", F.json,
@@ -92,7 +93,7 @@ int cmd_run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--draft-p-min", F.spec.p_min,
                  "adaptive draft length: stop drafting when the draft's top probability is below this")
-      ->check(CLI::Range(0.0f, 1.0f))
+      ->check(finite_range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--lookup", F.spec.lookup_ngram,
                  "prompt-lookup drafts: continue the last N tokens' earlier occurrence (0: off)")
@@ -183,6 +184,7 @@ int cmd_run(int argc, char** argv) {
   std::vector<int32_t> generated;
   generated.reserve(F.n_predict);
   bool io_error = false;
+  bool out_error = false;  // standard output failed: generation stops, the command fails
   // Text streams through the incremental detokenizer (complete UTF-8 only); without a tokenizer, ids.
   std::optional<TextStream> stream;
   std::string text;
@@ -193,23 +195,23 @@ int cmd_run(int argc, char** argv) {
   auto emit = [&](std::string_view s) {
     if (F.json)
       text.append(s);
-    else
-      std::fwrite(s.data(), 1, s.size(), stdout);
+    else if (!out_error && !put_stdout(s, /*flush=*/true))
+      out_error = true;
   };
-  if (!F.json && stream && F.prompt_ids.empty()) fmt::print("{}", F.prompt);  // echo, as llama.cpp does
+  if (!F.json && stream && F.prompt_ids.empty()) write_stdout(F.prompt, true);  // echo, as llama.cpp does
   auto on_token = [&](int32_t id, Context& c, int row) {
     generated.push_back(id);
     if (dump) {
       const std::span<const float> l = c.logits(row);
       if (std::fwrite(l.data(), sizeof(float), l.size(), dump) != l.size()) io_error = true;
     }
-    if (stream) {
+    if (stream)
       emit(stream->push(id));
-    } else if (!F.json) {
-      fmt::print("{} ", id);
+    else if (!F.json) {
+      char buf[16];
+      emit(std::string_view(buf, fmt::format_to_n(buf, sizeof buf, "{} ", id).size));
     }
-    if (!F.json) std::fflush(stdout);
-    return true;
+    return !out_error;
   };
   GenerateResult t;
   SpeculativeStats spec_stats;
@@ -232,8 +234,12 @@ int cmd_run(int argc, char** argv) {
   if (stream) emit(stream->flush());
   if (dump && std::fclose(dump) != 0) io_error = true;
   if (io_error) fail("{}: write failed", F.dump_logits);
+  if (out_error) fail_stdout();
 
   if (F.json) {
+    // eval_*: the tokens generated after the first (which the prompt's last row gave) and their rate, in
+    // both modes; eval_runs: the target's decode passes (speculative: one per round, not per token).
+    const int n_eval_tokens = std::max(0, t.n_generated - 1);
     nlohmann::json j;
     j["prompt_ids"] = prompt;
     j["generated_ids"] = generated;
@@ -242,10 +248,12 @@ int cmd_run(int argc, char** argv) {
                     {"prompt_ms", t.prompt_ms},
                     {"prompt_tokens", t.n_prompt},
                     {"eval_ms", t.eval_ms},
-                    {"eval_tokens", t.n_eval},
+                    {"eval_tokens", n_eval_tokens},
+                    {"eval_runs", t.n_eval},
+                    {"generated_tokens", t.n_generated},
                     {"sample_ms", t.sample_ms},
                     {"prompt_tps", t.prompt_ms > 0 ? 1e3 * t.n_prompt / t.prompt_ms : 0.0},
-                    {"eval_tps", t.eval_ms > 0 ? 1e3 * t.n_eval / t.eval_ms : 0.0}};
+                    {"eval_tps", t.eval_ms > 0 ? 1e3 * n_eval_tokens / t.eval_ms : 0.0}};
     if (F.speculating())
       j["speculative"] = {{"draft_max", F.spec.n_draft},           {"rounds", spec_stats.rounds},
                           {"drafted", spec_stats.drafted},         {"accepted", spec_stats.accepted},
@@ -254,9 +262,9 @@ int cmd_run(int argc, char** argv) {
                           {"verify_ms", spec_stats.verify_ms}};
     j["context_full"] = t.context_full;
     j["stop"] = t.stopped_eog ? "eog" : t.context_full ? "context_full" : "length";
-    fmt::print("{}\n", j.dump());
+    write_stdout(j.dump() + "\n");
   } else {
-    fmt::print("\n");
+    write_stdout("\n");
     if (t.context_full) fmt::print(stderr, "\ncontext full ({} tokens): stopped\n", ctx.params().n_ctx);
     print_timings(stderr, load_ms, t, F.speculating());
     if (F.speculating() && F.n_predict > 0)

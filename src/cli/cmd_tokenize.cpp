@@ -8,10 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
 #include <iterator>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -98,18 +95,24 @@ int cmd_tokenize(int argc, char** argv) {
 
   const Tokenizer tok = Tokenizer::load(model);
   const std::vector<int32_t> ids = tok.encode(text, add_special, !no_parse_special);
+  // The listing (about 20 bytes per id) is written in chunks of about 64 KiB as it is formatted, never held
+  // whole: the memory is the text and its ids.
+  constexpr size_t kChunk = 1 << 16;
   std::string out;
-  if (ids_only) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i) out += ' ';
-      out += std::to_string(ids[i]);
+  out.reserve(kChunk + 256);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids_only)
+      fmt::format_to(std::back_inserter(out), "{}{}", i ? " " : "", ids[i]);
+    else
+      fmt::format_to(std::back_inserter(out), "{:>7} -> '{}'\n", ids[i],
+                     printable(tok.token_to_piece(ids[i])));
+    if (out.size() >= kChunk) {
+      write_stdout(out);
+      out.clear();
     }
-    out += '\n';
-  } else {
-    for (int32_t id : ids) out += fmt::format("{:>7} -> '{}'\n", id, printable(tok.token_to_piece(id)));
   }
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  std::fflush(stdout);
+  if (ids_only) out += '\n';
+  write_stdout(out, /*flush=*/true);
   return 0;
 }
 

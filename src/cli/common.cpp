@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
+#include <memory>
 #include <random>
-#include <sstream>
 
 #include "chat/builtin_templates.h"
 #include "core/mmap.h"
@@ -63,7 +65,9 @@ void add_sampling_flags(CLI::App& app, SamplingParams& sp, int64_t& seed) {
       ->capture_default_str();
   app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty")->capture_default_str();
   app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty")->capture_default_str();
-  app.add_option("-s,--seed", seed, "RNG seed (-1: random)");
+  app.add_option_function<std::string>(
+         "-s,--seed", [&seed](const std::string& v) { seed = parse_seed(v); }, "RNG seed (-1: random)")
+      ->type_name("INT");
 }
 
 void resolve_sampling(SamplingParams& sp, int64_t seed) {
@@ -132,26 +136,80 @@ void print_warnings(const Context& ctx) {
 std::vector<int32_t> parse_id_list(const std::string& s) {
   std::vector<int32_t> ids;
   size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && (s[i] == ',' || s[i] == ' ')) ++i;
-    if (i >= s.size()) break;
+  for (;;) {  // one comma-separated element per iteration
+    const size_t end = std::min(s.find(',', i), s.size());
+    size_t b = i, e = end;
+    while (b < e && s[b] == ' ') ++b;
+    while (e > b && s[e - 1] == ' ') --e;
+    const std::string_view elem(s.data() + b, e - b);
+    if (elem.empty())
+      fail("invalid token id list '{}': an empty element (expected ids separated by commas, e.g. 1,2,3)", s);
+    if (elem.find_first_not_of("0123456789") != std::string_view::npos)
+      fail("invalid token id list '{}': '{}' is not a token id (expected e.g. 1,2,3)", s, elem);
     int32_t v = 0;
-    auto [p, ec] = std::from_chars(s.data() + i, s.data() + s.size(), v);
-    if (ec != std::errc() || v < 0) fail("invalid token id list '{}' (expected e.g. 1,2,3)", s);
+    auto [p, ec] = std::from_chars(elem.data(), elem.data() + elem.size(), v);
+    if (ec != std::errc() || p != elem.data() + elem.size())
+      fail("token id {} is out of range (token ids are below 2^31)", elem);
     ids.push_back(v);
-    i = p - s.data();
-    if (i < s.size() && s[i] != ',' && s[i] != ' ')
-      fail("invalid token id list '{}' (expected e.g. 1,2,3)", s);
+    if (end == s.size()) break;
+    i = end + 1;
   }
   return ids;
 }
 
+int64_t parse_seed(const std::string& s) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size() || v < -1)
+    fail("-s/--seed '{}': expected an integer from -1 (random) to {}", s, INT64_MAX);
+  return v;
+}
+
+CLI::Validator finite_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& in) -> std::string {
+        double v = 0;
+        auto [p, ec] = std::from_chars(in.data(), in.data() + in.size(), v);
+        if (in.empty() || ec != std::errc() || p != in.data() + in.size() || !std::isfinite(v))
+          return fmt::format("'{}' is not a finite number", in);
+        if (v < lo || v > hi) return fmt::format("Value {} not in range {} to {}", in, lo, hi);
+        return {};
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
+
+bool put_stdout(std::string_view s, bool flush) {
+  if (!s.empty() && std::fwrite(s.data(), 1, s.size(), stdout) != s.size()) return false;
+  return !flush || (std::fflush(stdout) == 0 && !std::ferror(stdout));
+}
+
+void fail_stdout() {
+  const int e = errno;
+  fail("standard output: write failed: {}", e ? std::strerror(e) : "I/O error");
+}
+
+void write_stdout(std::string_view s, bool flush) {
+  if (!put_stdout(s, flush)) fail_stdout();
+}
+
+void flush_stdout() {
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) fail_stdout();
+}
+
 std::string read_text_file(const std::string& path, const char* what) {
   namespace fs = std::filesystem;
-  std::ostringstream ss;
+  // Read straight into the result (a stringstream would hold the text twice at its peak).
+  std::string text;
+  auto read_all = [&text](std::FILE* f) {
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    return !std::ferror(f);
+  };
   if (path == "-") {
-    ss << std::cin.rdbuf();
-    return ss.str();
+    if (!read_all(stdin)) fail("standard input: read error: {}", std::strerror(errno));
+    return text;
   }
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -161,11 +219,11 @@ std::string read_text_file(const std::string& path, const char* what) {
          fs::is_directory(st) ? "a directory"
          : fs::is_fifo(st)    ? "a FIFO"
                               : "not a regular file");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open {}", path, what);
-  ss << f.rdbuf();
-  if (f.bad()) fail("{}: read error", path);
-  return ss.str();
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) fail("{}: cannot open {}: {}", path, what, std::strerror(errno));
+  if (const uintmax_t n = fs::file_size(path, ec); !ec) text.reserve(n);
+  if (!read_all(f.get())) fail("{}: read error: {}", path, std::strerror(errno));
+  return text;
 }
 
 std::string chat_template_from_arg(const std::string& value, std::string* label) {

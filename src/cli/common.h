@@ -61,8 +61,26 @@ void apply_device_flags(const std::string& device, const std::string& kv_type, C
 // in the source tree this binary was built from; "" when none exists.
 std::string bundled_model_path(const char* name = "target.gguf");
 
-// "1,2,3" -> {1,2,3}; throws ultra::Error on anything else.
+// "1,2,3" -> {1,2,3} (spaces around an id allowed); throws ultra::Error on anything else: an empty element
+// ("1,,2", a leading or trailing comma), a non-digit, or an id of 2^31 or more, named as given.
 std::vector<int32_t> parse_id_list(const std::string& s);
+
+// -s/--seed's value: a decimal integer from -1 (random) to 2^63 - 1; throws ultra::Error naming the flag
+// otherwise (exponents, fractions, hex, out-of-range numbers).
+int64_t parse_seed(const std::string& s);
+
+// CLI11's Range(lo, hi) lets NaN through (every comparison with it is false): this one refuses NaN and the
+// infinities too, and names the range.
+CLI::Validator finite_range(double lo, double hi);
+
+// Standard output, checked: a full disk (`> /dev/full`), a closed pipe or any other write error ends the
+// command with "error: standard output: write failed: ..." and a non-zero exit instead of exit 0.
+// put_stdout writes (and flushes when asked), returning false on failure with errno set; write_stdout and
+// flush_stdout throw ultra::Error. main() flushes with flush_stdout after every command.
+bool put_stdout(std::string_view s, bool flush = false);
+void write_stdout(std::string_view s, bool flush = false);
+void flush_stdout();
+[[noreturn]] void fail_stdout();
 
 std::string human_bytes(double bytes);
 

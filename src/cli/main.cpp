@@ -1,6 +1,7 @@
 // ultra: command-line entry point. `ultra SUBCOMMAND [flags]`; see `ultra --help`.
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "ultra/error.h"
 
 namespace {
@@ -50,6 +52,10 @@ int main(int argc, char** argv) {
   const std::string_view cmd = argv[1];
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     usage(stdout);
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      fmt::print(stderr, "error: standard output: write failed: {}\n", std::strerror(errno));
+      return 1;
+    }
     return 0;
   }
   for (int i = 2; i < argc; ++i)
@@ -58,7 +64,9 @@ int main(int argc, char** argv) {
   for (const auto& c : kCommands) {
     if (cmd == c.name) {
       try {
-        return c.fn(argc - 1, argv + 1);
+        const int rc = c.fn(argc - 1, argv + 1);
+        ultra::cli::flush_stdout();  // a write error still buffered (e.g. `> /dev/full`) is an error too
+        return rc;
       } catch (const ultra::Error& e) {
         fmt::print(stderr, "error: {}\n", e.what());
         return 1;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/tmp_cleanup.h"
 
 namespace ultra::gguf {
 
@@ -471,7 +472,8 @@ class Encoder {
 
 // Output file written under a unique temporary name in the destination's directory (so that the final
 // rename stays within one file system and two writers never share it) and renamed over the destination by
-// commit(); removed on every other path (an exception from a producer, a failed write or rename).
+// commit(); removed on every other path (an exception from a producer, a failed write or rename), and
+// registered with io/tmp_cleanup.h so that a program ended by SIGINT/SIGTERM/SIGHUP removes it too.
 class TmpFile {
  public:
   explicit TmpFile(const std::string& path) : path_(path) {
@@ -479,7 +481,12 @@ class TmpFile {
     const std::filesystem::path p(path);
     const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
     tmp_ = (dir / ("." + p.filename().string() + ".tmp.XXXXXX")).string();
-    const int fd = ::mkstemp(tmp_.data());
+    int fd = -1;
+    {
+      const io::SignalBlock block;  // no signal between creating the file and registering it
+      fd = ::mkstemp(tmp_.data());
+      if (fd >= 0) slot_ = io::register_tmp(tmp_.c_str());
+    }
     if (fd < 0) fail("{}: cannot create a temporary file {}: {}", path, tmp_, std::strerror(errno));
     created_ = true;
     // mkstemp creates the file 0600; give it the mode a plain create would (0666 minus the umask).
@@ -492,12 +499,14 @@ class TmpFile {
       ::close(fd);
       ::unlink(tmp_.c_str());
       created_ = false;
+      io::unregister_tmp(std::exchange(slot_, -1));
       fail("{}: cannot open {}: {}", path, tmp_, std::strerror(e));
     }
   }
   ~TmpFile() {
     if (f_) std::fclose(f_);
     if (created_ && !committed_) ::unlink(tmp_.c_str());
+    io::unregister_tmp(slot_);  // after the unlink: a signal before it still removes the file
   }
   TmpFile(const TmpFile&) = delete;
   TmpFile& operator=(const TmpFile&) = delete;
@@ -528,6 +537,7 @@ class TmpFile {
       fail("{}: cannot rename {} to it: {}", path_, tmp_, std::strerror(errno));
     }
     committed_ = true;
+    io::unregister_tmp(std::exchange(slot_, -1));
   }
 
  private:
@@ -535,11 +545,14 @@ class TmpFile {
   FILE* f_ = nullptr;
   bool created_ = false;
   bool committed_ = false;
+  int slot_ = -1;  // io::register_tmp's
 };
 
 }  // namespace
 
 void check_output_path(const std::string& path) {
+  if (path.empty()) fail("the output path is empty");
+  if (path.back() == '/') fail("{}: the output path names a directory (it ends with '/'), not a file", path);
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) fail("{}: cannot use as output: {}", path, std::strerror(errno));

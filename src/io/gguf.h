@@ -178,7 +178,8 @@ class Reader {
 };
 
 // Throws ultra::Error unless path is absent or a regular file: an output never replaces a directory, a
-// symlink, a device node or a FIFO. (A new path's directory must exist; the writer then fails to create.)
+// symlink, a device node or a FIFO. An empty path, or one ending in '/', is refused. (A new path's directory
+// must exist; the writer then fails to create.)
 void check_output_path(const std::string& path);
 
 // Writes GGUF v3. Tensor data is copied from caller memory at write() time (or produced by a callback so
