@@ -17,8 +17,10 @@
 #include <sstream>
 #include <thread>
 
+#include <pthread.h>
 #include <unistd.h>
 
+#include "../fuzz/fuzz_chat_template.h"
 #include "chat/builtin_templates.h"
 #include "chat/chat_template.h"
 #include "cli/common.h"
@@ -435,6 +437,41 @@ TEST(ChatTemplate, LongFlatChainsAreRejected) {
   EXPECT_EQ(R("{{ 1" + rep(" + 1", 150) + " }}"), "151");
 }
 
+// A macro calling itself from the bottom of a 190-level expression: 62 calls of 190 levels each overflowed an
+// 8 MB stack (SIGSEGV); the evaluator stops at a floor of the thread's stack instead, on a small thread too.
+TEST(ChatTemplate, MacroRecursionInsideDeepExpressions) {
+  std::string chain;
+  for (int k = 0; k < 190; ++k) chain += " ~ 0";
+  const std::string src =
+      "{% macro f(n) %}{% if n < 62 %}{{ f(n + 1)" + chain + " }}{% endif %}{% endmacro %}{{ f(0)|length }}";
+  EXPECT_NE(Err(src).find("line 1: template evaluation nested too deeply for the stack"), std::string::npos);
+  std::string in_thread;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 512u << 10);
+  pthread_t th;
+  struct Arg {
+    const std::string* src;
+    std::string* out;
+  } arg{&src, &in_thread};
+  ASSERT_EQ(pthread_create(
+                &th, &attr,
+                [](void* p) -> void* {
+                  auto* a = static_cast<Arg*>(p);
+                  *a->out = Err(*a->src);
+                  return nullptr;
+                },
+                &arg),
+            0);
+  pthread_join(th, nullptr);
+  pthread_attr_destroy(&attr);
+  EXPECT_NE(in_thread.find("nested too deeply for the stack"), std::string::npos) << in_thread;
+  // Shallower recursion through the same expression renders.
+  const std::string ok =
+      "{% macro f(n) %}{% if n < 5 %}{{ f(n + 1)" + chain + " }}{% endif %}{% endmacro %}{{ f(0)|length }}";
+  EXPECT_EQ(R(ok), std::to_string(5 * 190));
+}
+
 // ---- the render budget ----
 
 std::string RB(const std::string& src, const RenderBudget& b, const json& extra = json::object()) {
@@ -507,8 +544,10 @@ TEST(ChatTemplateBudget, ConcatenationLoop) {
   EXPECT_LT(s, 1.0);
   // Reading a large string over and over costs the bytes it touches: stopped by the work budget.
   const json big = {{"big", std::string(8u << 20, 'a')}};
+  RenderBudget no_clock;  // the work budget, not the clock (a loaded machine), is what this checks
+  no_clock.max_seconds = 30;
   const double s2 = expect_refused(
-      [&] { RB("{% for i in range(100000) %}{% if 'b' in big %}{% endif %}{% endfor %}", {}, big); },
+      [&] { RB("{% for i in range(100000) %}{% if 'b' in big %}{% endif %}{% endfor %}", no_clock, big); },
       "exceeded its work budget");
   EXPECT_LT(s2, 1.0);
 }
@@ -597,6 +636,28 @@ TEST(ChatTemplateBudget, RealTemplatesStayFarInsideTheDefaults) {
     }
   }
   std::printf("[chat-template] slowest real render: %.3f ms\n", worst * 1e3);
+}
+
+// tests/fixtures/fuzz/chat_template/ holds inputs of the chat-template fuzzer (fuzz/fuzz_chat_template.h)
+// that once crashed or ran away: 50,000-link flat chains (SIGSEGV before the parser bounded them) and the
+// budget's attack classes (gigabytes or minutes before). Each is replayed through the fuzzer's own code and
+// must be refused with ultra::Error, quickly.
+TEST(FuzzRegression, ChatTemplate) {
+  const fs::path dir = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "fuzz" / "chat_template";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir << " not found";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string bytes = slurp(e.path());
+    const auto t0 = std::chrono::steady_clock::now();
+    bool rendered = true;
+    EXPECT_NO_THROW(rendered = ultra::fuzz::chat_template_one(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                              bytes.size()))
+        << e.path();
+    EXPECT_FALSE(rendered) << e.path();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 13);
 }
 
 TEST(ChatTemplate, HostileTemplatesFailCleanly) {

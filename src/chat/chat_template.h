@@ -31,9 +31,9 @@ struct RenderBudget {
   size_t max_bytes = 64u << 20;  // total bytes of strings/lists/dicts the render may allocate (the messages'
                                  // own conversion included); freed memory is not given back
   // Steps weighted by the bytes they touch: one unit per evaluated node or loop iteration, plus one per
-  // 64 bytes read or written (copying, comparing, searching, appending to the output). 2^25 units is
-  // 2 GiB touched or 33M steps (the 5M step limit comes first), about a second of CPU at most.
-  uint64_t max_work = uint64_t(1) << 25;
+  // 64 bytes read or written (copying, comparing, searching, appending to the output). 2^24 units is
+  // 1 GiB touched or 16M steps (the 5M step limit comes first): a fraction of a second of CPU.
+  uint64_t max_work = uint64_t(1) << 24;
   double max_seconds = 0.25;                  // wall time, from the start of apply()
   const std::atomic<bool>* cancel = nullptr;  // when set to true by another thread, the render stops
 };

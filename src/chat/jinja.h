@@ -334,7 +334,7 @@ struct Limits {
   uint64_t max_steps = 5'000'000;  // evaluated nodes and loop iterations
   // The render's budget (Meter): total bytes allocated, work units, wall time, a cancel flag.
   size_t max_bytes = 64u << 20;
-  uint64_t max_work = uint64_t(1) << 25;
+  uint64_t max_work = uint64_t(1) << 24;
   double max_seconds = 0.25;
   const std::atomic<bool>* cancel = nullptr;
 };

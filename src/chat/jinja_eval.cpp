@@ -4,6 +4,9 @@
 // from running away (nesting, macro recursion, steps, output size).
 #include <fmt/format.h>
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 
@@ -43,6 +46,7 @@ class InterpImpl : public Interp {
 
   Flow exec(const Node& n) {
     step(n.line);
+    check_stack(n.line);
     switch (n.kind) {
       case NK::Text:
         emit(n.text);
@@ -240,6 +244,7 @@ class InterpImpl : public Interp {
   // ---- expressions ----
   Value eval(const Expr& e) {
     step(e.line);
+    check_stack(e.line);
     switch (e.kind) {
       case EK::Literal:
         return e.value;
@@ -542,6 +547,30 @@ class InterpImpl : public Interp {
 };
 
 Interp::Interp(const Globals& g, const Limits& l) : globals(g), limits(l) {}
+
+// The parser bounds a template's nesting and its expressions' depth, and macro calls nest at most
+// max_call_depth deep, but their product (a macro that calls itself from inside a 200-level expression)
+// can still outrun a thread's stack: the evaluator stops at a floor that leaves a reserve of the stack for
+// the builtins the deepest level calls.
+void Interp::set_stack_floor() {
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
+  void* lo = nullptr;
+  size_t size = 0;
+  const int rc = pthread_attr_getstack(&attr, &lo, &size);
+  pthread_attr_destroy(&attr);
+  const char* here = static_cast<const char*>(__builtin_frame_address(0));
+  const char* bottom = static_cast<const char*>(lo);
+  if (rc != 0 || here <= bottom || here > bottom + size) return;
+  const size_t avail = size_t(here - bottom);
+  stack_floor_ = bottom + std::min<size_t>(avail / 4, 256u << 10);
+}
+
+void Interp::check_stack(int line) const {
+  if (static_cast<const char*>(__builtin_frame_address(0)) < stack_floor_)
+    error_at(line,
+             "template evaluation nested too deeply for the stack (macro calls inside deep expressions)");
+}
 Interp::~Interp() {
   for (const auto& w : namespaces_)
     if (const auto d = w.lock()) d->items.clear();
@@ -572,6 +601,7 @@ std::string render(const Body& body, const Globals& g, const nlohmann::json& mes
                    bool add_generation_prompt, const nlohmann::json& extra, const Limits& limits) {
   const Meter meter(Meter::Budget{limits.max_bytes, limits.max_work, limits.max_seconds, limits.cancel});
   InterpImpl in(g, limits);
+  in.set_stack_floor();
   in.push_scope();
   install_globals(in);
   if (extra.is_object())
