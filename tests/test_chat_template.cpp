@@ -500,20 +500,28 @@ size_t peak_rss_kb() {
   return 0;
 }
 
+// The default budget without the clock: on a loaded test machine the time budget could run out first, and
+// these tests check that the memory budget does (in well under a second all the same).
+RenderBudget mem_only() {
+  RenderBudget b;
+  b.max_seconds = 30;
+  return b;
+}
+
 // Each attack class below took gigabytes or minutes before the render had a budget; now it stops at the
 // default budget within a fraction of a second, with an error saying which budget ran out.
 TEST(ChatTemplateBudget, ListOfLargeStrings) {
   // 10^7 references to a 1 MB string: was 10^7 copies of it (10 TB).
-  const double s =
-      expect_refused([] { RB("{% set s = 'x' * 1000000 %}{% set l = [s] * 10000000 %}{{ l|length }}", {}); },
-                     "exceeded its memory budget");
+  const double s = expect_refused(
+      [] { RB("{% set s = 'x' * 1000000 %}{% set l = [s] * 10000000 %}{{ l|length }}", mem_only()); },
+      "exceeded its memory budget");
   EXPECT_LT(s, 1.0);
   // The same by doubling a list of large strings.
   const double s2 = expect_refused(
       [] {
         RB("{% set ns = namespace(l=['x' * 1000000]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
            "{% endfor %}{{ ns.l|length }}",
-           {});
+           mem_only());
       },
       "exceeded its memory budget");
   EXPECT_LT(s2, 1.0);
@@ -522,11 +530,12 @@ TEST(ChatTemplateBudget, ListOfLargeStrings) {
 
 TEST(ChatTemplateBudget, SortOfALargeList) {
   // Sorting (case-insensitively: a lowered copy of each key) 1000 strings of 1 MB: was 3 GB.
-  const double s = expect_refused([] { RB("{% set l = ['X' * 1000000] * 1000 %}{{ (l|sort)|length }}", {}); },
-                                  "exceeded its memory budget");
+  const double s =
+      expect_refused([] { RB("{% set l = ['X' * 1000000] * 1000 %}{{ (l|sort)|length }}", mem_only()); },
+                     "exceeded its memory budget");
   EXPECT_LT(s, 1.0);
-  const double s2 =
-      expect_refused([] { RB("{{ (range(100000)|map('string')|list * 100)|sort|length }}", {}); }, "budget");
+  const double s2 = expect_refused(
+      [] { RB("{{ (range(100000)|map('string')|list * 100)|sort|length }}", mem_only()); }, "budget");
   EXPECT_LT(s2, 1.0);
   EXPECT_LT(peak_rss_kb(), size_t(1) << 20);
 }
@@ -538,7 +547,7 @@ TEST(ChatTemplateBudget, ConcatenationLoop) {
       [] {
         RB("{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s ~ 'x' * 100 %}"
            "{% endfor %}{{ ns.s|length }}",
-           {});
+           mem_only());
       },
       "exceeded its memory budget");
   EXPECT_LT(s, 1.0);
@@ -609,14 +618,15 @@ TEST(ChatTemplateBudget, WallTime) {
   EXPECT_LT(expect_refused([&] { RB(kSlow, {}); }, "chat template"), 1.0);
 }
 
-// The 69 real templates render byte-identically with a budget of 1/64 of the default bytes and work and a
-// fifth of its time: the defaults leave them a wide margin.
+// The 69 real templates render byte-identically with a budget of 1/64 of the default bytes and work (and
+// half its time): the defaults leave them a wide margin (they fit in 1/512 too).
 TEST(ChatTemplateBudget, RealTemplatesStayFarInsideTheDefaults) {
   const json& r = renderings();
   RenderBudget small;
   small.max_bytes = RenderBudget{}.max_bytes / 64;
   small.max_work = RenderBudget{}.max_work / 64;
-  small.max_seconds = RenderBudget{}.max_seconds / 5;
+  small.max_seconds =
+      RenderBudget{}.max_seconds / 2;  // they take microseconds; a loaded machine, milliseconds
   double worst = 0;
   for (const auto& name : template_names()) {
     ChatTemplate tmpl(slurp(tdir() / (name + ".jinja")),
