@@ -24,11 +24,16 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
 std::string ChatTemplate::apply(const nlohmann::json& messages, bool add_generation_prompt,
-                                const nlohmann::json& extra) const {
+                                const nlohmann::json& extra, const RenderBudget& budget) const {
   if (!messages.is_array()) fail("chat template: messages must be a JSON array");
   if (!extra.is_null() && !extra.is_object()) fail("chat template: extra variables must be a JSON object");
   jinja::Globals g{impl_->options.bos_token, impl_->options.eos_token, int64_t(impl_->options.now)};
-  return jinja::render(impl_->body, g, messages, add_generation_prompt, extra);
+  jinja::Limits limits;
+  limits.max_bytes = budget.max_bytes;
+  limits.max_work = budget.max_work;
+  limits.max_seconds = budget.max_seconds;
+  limits.cancel = budget.cancel;
+  return jinja::render(impl_->body, g, messages, add_generation_prompt, extra, limits);
 }
 
 const std::string& ChatTemplate::source() const {

@@ -3,6 +3,8 @@
 // Internal to src/chat; the public face is chat_template.h.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -13,7 +15,107 @@
 
 namespace ultra::jinja {
 
+// ---- the budget of a render ----
+
+// What one render may spend (see RenderBudget in chat_template.h) besides the per-value limits of Limits.
+// A render installs a Meter for its thread; creating a string, list or dict charges its bytes to it, and
+// the evaluator and builtins charge the work they do. Outside a render (parsing) nothing is charged.
+//
+// Work is counted in units: one per evaluated node or loop iteration (a step), plus one per kBytesPerWork
+// bytes a step reads or writes (copying, comparing, searching, appending to the output).
+constexpr size_t kBytesPerWork = 64;
+
+class Meter {
+ public:
+  struct Budget {
+    size_t max_bytes;
+    uint64_t max_work;
+    double max_seconds;
+    const std::atomic<bool>* cancel;
+  };
+  explicit Meter(const Budget& b);  // installs itself for the calling thread
+  ~Meter();                         // uninstalls
+  Meter(const Meter&) = delete;
+  Meter& operator=(const Meter&) = delete;
+
+  static Meter* current() { return current_; }
+  // While one exists, nothing is charged on this thread: the bookkeeping of the evaluator itself (a loop's
+  // `loop` object, rebuilt each iteration and freed with it) is paid for by the step it belongs to.
+  class Pause {
+   public:
+    Pause() : saved_(current_) { current_ = nullptr; }
+    ~Pause() { current_ = saved_; }
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+
+   private:
+    Meter* saved_;
+  };
+  // Charges `bytes` allocated (they count as touched too); throws ultra::Error past max_bytes.
+  void alloc(size_t bytes) {
+    bytes_ += bytes;
+    if (bytes_ > budget_.max_bytes) over_bytes();
+    work(1 + bytes / kBytesPerWork);
+  }
+  // Charges work units; every kCheckEvery units also the wall clock and the cancel flag.
+  void work(uint64_t units) {
+    work_ += units;
+    if (work_ >= next_check_) check();
+  }
+  void touch(size_t bytes) { work(1 + bytes / kBytesPerWork); }
+  size_t bytes() const { return bytes_; }
+  uint64_t work_done() const { return work_; }
+  double seconds() const;
+
+ private:
+  static constexpr uint64_t kCheckEvery = 4096;
+  static thread_local Meter* current_;
+  [[noreturn]] void over_bytes() const;
+  void check();
+  Budget budget_;
+  Meter* saved_;
+  std::chrono::steady_clock::time_point start_;
+  size_t bytes_ = 0;
+  uint64_t work_ = 0;
+  uint64_t next_check_ = 0;
+};
+
+inline void charge_alloc(size_t bytes) {
+  if (Meter* m = Meter::current()) m->alloc(bytes);
+}
+inline void charge_touch(size_t bytes) {
+  if (Meter* m = Meter::current()) m->touch(bytes);
+}
+
 // ---- values ----
+
+// An immutable string shared between the values that hold it: copying a value (a variable lookup, a loop
+// binding, a list element) is O(1) whatever the string's length. Making one from a std::string charges the
+// render's Meter. Reads as a const std::string&.
+class Str {
+ public:
+  Str() = default;
+  Str(std::string s) {  // NOLINT(google-explicit-constructor): values are made from strings everywhere
+    if (s.empty()) return;
+    charge_alloc(s.size() + 64);
+    p_ = std::make_shared<const std::string>(std::move(s));
+  }
+  const std::string& get() const { return p_ ? *p_ : empty_string(); }
+  operator const std::string&() const { return get(); }  // NOLINT(google-explicit-constructor)
+  size_t size() const { return get().size(); }
+  bool empty() const { return get().empty(); }
+  const char* c_str() const { return get().c_str(); }
+  friend bool operator==(const Str& a, const Str& b) { return a.p_ == b.p_ || a.get() == b.get(); }
+  friend bool operator==(const Str& a, const std::string& b) { return a.get() == b; }
+  friend bool operator==(const Str& a, const char* b) { return a.get() == b; }
+
+ private:
+  static const std::string& empty_string() {
+    static const std::string e;
+    return e;
+  }
+  std::shared_ptr<const std::string> p_;
+};
 
 struct Value;
 struct Dict;
@@ -42,7 +144,7 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;  // String; for Undefined, the name that was undefined
+  Str s;  // String; for Undefined, the name that was undefined
   std::shared_ptr<std::vector<Value>> list;
   bool tuple = false;
   std::shared_ptr<Dict> dict;
@@ -79,10 +181,17 @@ struct Value {
   static Value string(std::string x) {
     Value v;
     v.kind = Kind::String;
+    v.s = Str(std::move(x));
+    return v;
+  }
+  static Value string(Str x) {
+    Value v;
+    v.kind = Kind::String;
     v.s = std::move(x);
     return v;
   }
   static Value make_list(std::vector<Value> items = {}, bool is_tuple = false) {
+    charge_alloc(items.size() * sizeof(Value) + 64);
     Value v;
     v.kind = Kind::List;
     v.list = std::shared_ptr<std::vector<Value>>(new std::vector<Value>(std::move(items)),
@@ -193,6 +302,7 @@ struct Expr {
   ExprP a, b, c;  // operands: Attr/Item/Slice/Call/Filter/Test base = a; Item index = b; Slice a[b:c:items]
   bool negated = false;  // Test: `is not`
   ExprP step;            // Slice step
+  int depth = 1;         // levels of the tree under (and including) this node: the evaluator's recursion
 };
 
 struct Node;
@@ -222,6 +332,11 @@ struct Limits {
   size_t max_output = 16u << 20;   // bytes of output or of any one string
   int max_call_depth = 64;         // nested macro calls
   uint64_t max_steps = 5'000'000;  // evaluated nodes and loop iterations
+  // The render's budget (Meter): total bytes allocated, work units, wall time, a cancel flag.
+  size_t max_bytes = 64u << 20;
+  uint64_t max_work = uint64_t(1) << 24;
+  double max_seconds = 0.25;
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct Globals {

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 
 #include "chat/jinja_builtins.h"
@@ -207,11 +209,91 @@ std::string py_format(const std::string& fmt_s, const CallArgs& a) {
   return out;
 }
 
+// Python's round(x, nd) of a float: the decimal rounding, half to even, of x's exact binary value (as
+// CPython's double_round, via the exact decimal expansion glibc's printf gives), read back as a double.
+double py_round(double x, int64_t nd, int line) {
+  if (!std::isfinite(x)) return x;  // nan and infinities round to themselves
+  if (nd > 323) return x;           // CPython's NDIGITS_MAX: no digit of a double is that far right
+  if (nd < -308) return 0.0 * x;    // CPython's NDIGITS_MIN: 0 with x's sign
+  if (nd >= 0) {
+    char buf[700];
+    std::snprintf(buf, sizeof buf, "%.*f", int(nd), x);  // exact, rounded half to even
+    return std::strtod(buf, nullptr);
+  }
+  // nd < 0: round the exact integer and fraction digits at 10^-nd.
+  char buf[1500];
+  std::snprintf(buf, sizeof buf, "%.1100f",
+                std::fabs(x));  // exact: a double has at most 1074 fraction digits
+  const std::string all(buf);
+  const size_t dot = all.find('.');
+  const std::string ip = all.substr(0, dot), fp = all.substr(dot + 1);
+  const size_t drop = size_t(-nd);
+  std::string kept = ip.size() > drop ? ip.substr(0, ip.size() - drop) : "0";
+  const std::string dropped =
+      (ip.size() > drop ? ip.substr(ip.size() - drop) : std::string(drop - ip.size(), '0') + ip) + fp;
+  bool up = dropped[0] > '5';
+  if (dropped[0] == '5') {
+    const bool rest = dropped.find_first_not_of('0', 1) != std::string::npos;
+    up = rest || (kept.back() - '0') % 2 == 1;
+  }
+  if (up) {
+    size_t k = kept.size();
+    while (k > 0 && kept[k - 1] == '9') kept[--k] = '0';
+    if (k == 0)
+      kept.insert(kept.begin(), '1');
+    else
+      ++kept[k - 1];
+  }
+  const double r = std::strtod((kept + "e" + std::to_string(drop)).c_str(), nullptr);
+  if (std::isinf(r)) error_at(line, "round: rounded value too large to represent");
+  return std::signbit(x) ? -r : r;
+}
+
 }  // namespace
+
+// jinja2's round filter: method "common" is Python's round(value, precision) -- an int stays an int
+// (rounded half to even at 10^-precision when precision < 0), a float is rounded half to even as a decimal
+// and nan / inf stay as they are; "ceil" and "floor" are math.ceil / math.floor(value * 10**precision) /
+// 10**precision, a float, and an error for nan and inf as in Python.
+static Value round_filter(const Value& v, const CallArgs& a) {
+  const int line = a.line;
+  if (!v.is_number()) error_at(line, "round needs a number");
+  const int64_t prec = int_arg(a, 0, "precision", 0);
+  const std::string method = str_arg(a, 1, "method", "common");
+  if (method != "common" && method != "ceil" && method != "floor")
+    error_at(line, "round: method must be common, ceil or floor");
+  const bool is_int = v.kind == Kind::Int || v.kind == Kind::Bool;
+  const int64_t iv = v.kind == Kind::Bool ? v.b : v.i;
+  if (method == "common") {
+    if (!is_int) return Value::number(py_round(v.f, prec, line));
+    if (prec >= 0) return Value::integer(iv);
+    if (prec < -19) return Value::integer(0);  // |int64| < 10^19 / 2
+    __int128 m = 1;
+    for (int64_t k = 0; k < -prec; ++k) m *= 10;
+    const __int128 x = iv;
+    __int128 q = x / m, r = x % m;
+    if (r < 0) {
+      r += m;
+      q -= 1;
+    }
+    if (2 * r > m || (2 * r == m && (q % 2 != 0))) q += 1;
+    const __int128 out = q * m;
+    if (out > INT64_MAX || out < INT64_MIN)
+      error_at(line, fmt::format("round: the result for {} does not fit in a 64-bit integer", iv));
+    return Value::integer(int64_t(out));
+  }
+  if (prec > 308) error_at(line, "round: int too large to convert to float");
+  const double m = std::pow(10.0, double(prec));
+  if (m == 0) error_at(line, "round: float division by zero");
+  const double x = (is_int ? double(iv) : v.f) * m;
+  if (std::isnan(x)) error_at(line, "round: cannot convert float NaN to integer");
+  if (std::isinf(x)) error_at(line, "round: cannot convert float infinity to integer");
+  return Value::number((method == "ceil" ? std::ceil(x) : std::floor(x)) / m);
+}
 
 Value Interp::get_attr(const Value& base, const std::string& name, int line) {
   if (base.is_undefined())
-    error_at(line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s));
+    error_at(line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s.get()));
   if (base.is_dict()) {
     const Value* v = base.dict->find(name);
     return v ? *v : Value::undefined(name);
@@ -221,7 +303,7 @@ Value Interp::get_attr(const Value& base, const std::string& name, int line) {
 
 Value Interp::get_item(const Value& base, const Value& idx, int line) {
   if (base.is_undefined())
-    error_at(line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s));
+    error_at(line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s.get()));
   if (base.is_dict()) {
     if (!idx.is_string() && idx.kind != Kind::Int && idx.kind != Kind::Bool) return Value::undefined();
     const Value* v = base.dict->find(dict_key(idx, line));
@@ -235,11 +317,18 @@ Value Interp::get_item(const Value& base, const Value& idx, int line) {
       if (i < 0 || i >= n) return Value::undefined();
       return (*base.list)[size_t(i)];
     }
-    std::vector<std::string> cps = code_points(base.s);
-    const int64_t n = int64_t(cps.size());
+    // Code point i, found by walking the string (no copy of it).
+    const std::string& s = base.s;
+    charge_touch(s.size());
+    const int64_t n = int64_t(code_point_count(s));
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Value::undefined();
-    return Value::string(cps[size_t(i)]);
+    size_t from = 0;
+    for (int64_t seen = -1; from < s.size(); ++from)
+      if ((static_cast<unsigned char>(s[from]) & 0xC0) != 0x80 && ++seen == i) break;
+    size_t to = from + 1;
+    while (to < s.size() && (static_cast<unsigned char>(s[to]) & 0xC0) == 0x80) ++to;
+    return Value::string(s.substr(from, to - from));
   }
   return Value::undefined();
 }
@@ -249,6 +338,7 @@ std::vector<Value> Interp::iterate(const Value& v, int line) {
     case Kind::Undefined:
       return {};
     case Kind::List:
+      charge_alloc(v.list->size() * sizeof(Value));
       return *v.list;
     case Kind::Dict: {
       std::vector<Value> keys;
@@ -256,6 +346,7 @@ std::vector<Value> Interp::iterate(const Value& v, int line) {
       return keys;
     }
     case Kind::String: {
+      charge_alloc(v.s.size() * (sizeof(Value) + sizeof(std::string)));
       std::vector<Value> out;
       for (auto& c : code_points(v.s)) out.push_back(Value::string(std::move(c)));
       return out;
@@ -268,7 +359,8 @@ std::vector<Value> Interp::iterate(const Value& v, int line) {
 bool Interp::contains(const Value& c, const Value& item, int line) {
   if (c.is_string()) {
     if (!item.is_string()) error_at(line, "'in <string>' requires string as left operand");
-    return c.s.find(item.s) != std::string::npos;
+    charge_touch(c.s.size());
+    return c.s.get().find(item.s.get()) != std::string::npos;
   }
   if (c.is_list()) {
     for (const auto& x : *c.list)
@@ -356,6 +448,7 @@ static Value sorted(Interp& in, std::vector<Value> items, bool reverse, bool cas
     if (!case_sensitive && k.is_string()) k.s = lower(k.s);
     return k;
   };
+  charge_alloc(items.size() * 2 * sizeof(Value));
   std::vector<std::pair<Value, Value>> keyed;
   for (auto& v : items) keyed.emplace_back(key(v), std::move(v));
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
@@ -368,14 +461,15 @@ static Value sorted(Interp& in, std::vector<Value> items, bool reverse, bool cas
 
 Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
   const int line = a.line;
-  auto need_str = [&]() -> std::string { return v.is_string() ? v.s : to_str(v); };
+  if (v.is_string()) charge_touch(v.s.size());
+  auto need_str = [&]() -> std::string { return v.is_string() ? v.s.get() : to_str(v); };
   if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
     if (name == "safe") return v;
     return Value::string(html_escape(need_str()));
   }
   if (name == "trim") {
     const Value* chars = a.get(0, "chars");
-    const std::string* cs = chars && chars->is_string() ? &chars->s : nullptr;
+    const std::string* cs = chars && chars->is_string() ? &chars->s.get() : nullptr;
     return Value::string(strip(need_str(), cs, true, true));
   }
   if (name == "tojson") {
@@ -463,20 +557,36 @@ Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
         replace(need_str(), to_str(*from), to_str(*to), int_arg(a, 2, "count", -1), limits.max_output));
   }
   if (name == "int") {
+    // jinja2 3.1: int(value) for a number, int(value, 10) for a string, else int(float(value)), else the
+    // default. Python's int is unbounded: a result outside int64 is an error naming the value here, not a
+    // silently wrong number. A float infinity is an error (Python's OverflowError escapes jinja2), a NaN
+    // gives the default (ValueError, caught), and so do the strings "inf" and "nan" (caught there).
     const int64_t def = int_arg(a, 0, "default", 0);
     if (v.kind == Kind::Int) return v;
     if (v.kind == Kind::Bool) return Value::integer(v.b);
-    if (v.kind == Kind::Float)
-      return std::isfinite(v.f) && std::fabs(v.f) < 9e18 ? Value::integer(int64_t(v.f)) : Value::integer(def);
+    auto from_double = [&](double d) {
+      if (std::isnan(d)) return Value::integer(def);
+      if (std::isinf(d)) error_at(line, "int: cannot convert float infinity to integer");
+      if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+        error_at(line, fmt::format("int: {} does not fit in a 64-bit integer", py_float(d)));
+      return Value::integer(int64_t(d));
+    };
+    if (v.kind == Kind::Float) return from_double(v.f);
     if (v.is_string()) {
       const std::string s = strip(v.s, nullptr, true, true);
+      const bool digits =
+          !s.empty() && s.find_first_not_of("0123456789", s[0] == '+' || s[0] == '-') == std::string::npos &&
+          s.find_first_of("0123456789") != std::string::npos;
+      if (digits) {
+        errno = 0;
+        const long long x = std::strtoll(s.c_str(), nullptr, 10);
+        if (errno == ERANGE) error_at(line, fmt::format("int: {} does not fit in a 64-bit integer", s));
+        return Value::integer(x);
+      }
+      // float(s): decimal notation or inf / nan (strtod would also take hexadecimal, which Python does not).
       char* end = nullptr;
-      errno = 0;
-      const long long x = std::strtoll(s.c_str(), &end, 10);
-      if (!s.empty() && end && *end == 0 && !errno) return Value::integer(x);
-      const double d = std::strtod(s.c_str(), &end);
-      if (!s.empty() && end && *end == 0 && std::isfinite(d) && std::fabs(d) < 9e18)
-        return Value::integer(int64_t(d));
+      const double d = s.find_first_of("xX") == std::string::npos ? std::strtod(s.c_str(), &end) : 0;
+      if (!s.empty() && end && *end == 0) return std::isinf(d) ? Value::integer(def) : from_double(d);
     }
     return Value::integer(def);
   }
@@ -500,19 +610,11 @@ Value Interp::apply_filter(const std::string& name, Value v, CallArgs& a) {
     if (v.kind == Kind::Bool) return Value::integer(v.b);
     error_at(line, fmt::format("bad operand type for abs(): '{}'", kind_name(v)));
   }
-  if (name == "round") {
-    if (!v.is_number()) error_at(line, "round needs a number");
-    const int64_t prec = int_arg(a, 0, "precision", 0);
-    const std::string method = str_arg(a, 1, "method", "common");
-    const double m = std::pow(10.0, double(prec));
-    double x = v.as_double() * m;
-    x = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
-    return Value::number(x / m);
-  }
+  if (name == "round") return round_filter(v, a);
   if (name == "indent") {
     const Value* w = a.get(0, "width");
     std::string ind = w && w->is_string()
-                          ? w->s
+                          ? w->s.get()
                           : std::string(size_t(std::clamp<int64_t>(int_arg(a, 0, "width", 4), 0, 256)), ' ');
     const bool first = bool_arg(a, 1, "first", false), blank = bool_arg(a, 2, "blank", false);
     std::string s = need_str() + "\n";
@@ -718,9 +820,10 @@ Value Interp::call_method(const Value& obj, const std::string& name, CallArgs& a
     error_at(line, fmt::format("unsupported method '{}' of '{}'", name, kind_name(obj)));
   }
   const std::string& s = obj.s;
+  charge_touch(s.size());
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const Value* chars = a.get(0, "chars");
-    const std::string* cs = chars && chars->is_string() ? &chars->s : nullptr;
+    const std::string* cs = chars && chars->is_string() ? &chars->s.get() : nullptr;
     return Value::string(strip(s, cs, name != "rstrip", name != "lstrip"));
   }
   if (name == "split")
@@ -790,7 +893,7 @@ Value Interp::call_method(const Value& obj, const std::string& name, CallArgs& a
       if (!x.is_string()) error_at(line, "sequence item: expected str instance");
       if (!first) out += s;
       first = false;
-      out += x.s;
+      out += x.s.get();
       if (out.size() > limits.max_output) error_at(line, "join result exceeds the size limit");
     }
     return Value::string(std::move(out));

@@ -34,6 +34,10 @@ class Interp {
   std::vector<std::weak_ptr<Dict>> namespaces_;
 
   void step(int line);
+  // Lowest address the evaluator's frames may reach on this thread (see jinja_eval.cpp); null: unchecked.
+  const char* stack_floor_ = nullptr;
+  void set_stack_floor();
+  void check_stack(int line) const;
   Value lookup(const std::string& name) const;
   void set_var(const std::string& name, Value v);
   Value eval_expr(const Expr& e);

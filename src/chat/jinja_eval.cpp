@@ -4,6 +4,9 @@
 // from running away (nesting, macro recursion, steps, output size).
 #include <fmt/format.h>
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 
@@ -36,19 +39,26 @@ class InterpImpl : public Interp {
   }
 
   void emit(const std::string& s) {
+    charge_touch(s.size());
     out_->append(s);
     if (out_->size() > limits.max_output) error_at(0, "output exceeds the size limit");
   }
 
   Flow exec(const Node& n) {
     step(n.line);
+    check_stack(n.line);
     switch (n.kind) {
       case NK::Text:
         emit(n.text);
         return Flow::Normal;
-      case NK::Output:
-        emit(to_str(eval(*n.expr)));
+      case NK::Output: {
+        const Value v = eval(*n.expr);
+        if (v.is_string())
+          emit(v.s);
+        else
+          emit(to_str(v));
         return Flow::Normal;
+      }
       case NK::If:
         for (const auto& [cond, body] : n.branches)
           if (!cond || eval(*cond).truthy()) return exec(body);
@@ -142,23 +152,27 @@ class InterpImpl : public Interp {
       step(n.line);
       push_scope();
       try {
-        Value loop = Value::make_dict();
-        Dict& d = *loop.dict;
-        d.set("index", Value::integer(k + 1));
-        d.set("index0", Value::integer(k));
-        d.set("revindex", Value::integer(len - k));
-        d.set("revindex0", Value::integer(len - k - 1));
-        d.set("first", Value::boolean(k == 0));
-        d.set("last", Value::boolean(k == len - 1));
-        d.set("length", Value::integer(len));
-        d.set("depth", Value::integer(1));
-        d.set("depth0", Value::integer(0));
-        d.set("previtem", k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem"));
-        d.set("nextitem", k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem"));
-        d.set("cycle", Value::function("cycle", [k](Interp&, CallArgs& a) {
-                if (a.pos.empty()) return Value::undefined();
-                return a.pos[size_t(k) % a.pos.size()];
-              }));
+        Value loop;
+        {
+          const Meter::Pause bookkeeping;
+          loop = Value::make_dict();
+          Dict& d = *loop.dict;
+          d.set("index", Value::integer(k + 1));
+          d.set("index0", Value::integer(k));
+          d.set("revindex", Value::integer(len - k));
+          d.set("revindex0", Value::integer(len - k - 1));
+          d.set("first", Value::boolean(k == 0));
+          d.set("last", Value::boolean(k == len - 1));
+          d.set("length", Value::integer(len));
+          d.set("depth", Value::integer(1));
+          d.set("depth0", Value::integer(0));
+          d.set("previtem", k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem"));
+          d.set("nextitem", k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem"));
+          d.set("cycle", Value::function("cycle", [k](Interp&, CallArgs& a) {
+                  if (a.pos.empty()) return Value::undefined();
+                  return a.pos[size_t(k) % a.pos.size()];
+                }));
+        }
         set_var("loop", std::move(loop));
         bind_targets(n, items[size_t(k)]);
         const Flow f = exec(n.body);
@@ -230,6 +244,7 @@ class InterpImpl : public Interp {
   // ---- expressions ----
   Value eval(const Expr& e) {
     step(e.line);
+    check_stack(e.line);
     switch (e.kind) {
       case EK::Literal:
         return e.value;
@@ -319,7 +334,7 @@ class InterpImpl : public Interp {
       Value obj = eval(*e.a->a);
       const std::string& name = e.a->name;
       if (obj.is_undefined())
-        error_at(e.line, fmt::format("'{}' is undefined", obj.s.empty() ? "value" : obj.s));
+        error_at(e.line, fmt::format("'{}' is undefined", obj.s.empty() ? "value" : obj.s.get()));
       if (obj.is_dict() && !obj.dict->is_namespace) {
         CallArgs a = eval_args(e);
         Value r;
@@ -359,16 +374,20 @@ class InterpImpl : public Interp {
     int64_t lo = opt(e.b, hlo), hi = opt(e.c, hhi), st = opt(e.step, hst);
     if (!hst) st = 1;
     if (st == 0) error_at(e.line, "slice step cannot be zero");
-    std::vector<Value> items;
-    std::vector<std::string> cps;
+    // Strings are sliced by code point: offs[k] is the byte offset of code point k (offs[n] = size).
+    std::vector<size_t> offs;
     int64_t n;
     if (base.is_list()) {
       n = int64_t(base.list->size());
     } else if (base.is_string()) {
-      cps = code_points(base.s);
-      n = int64_t(cps.size());
+      const std::string& s = base.s;
+      charge_alloc(s.size() * sizeof(size_t));
+      for (size_t k = 0; k < s.size(); ++k)
+        if ((static_cast<unsigned char>(s[k]) & 0xC0) != 0x80) offs.push_back(k);
+      n = int64_t(offs.size());
+      offs.push_back(s.size());
     } else if (base.is_undefined()) {
-      error_at(e.line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s));
+      error_at(e.line, fmt::format("'{}' is undefined", base.s.empty() ? "value" : base.s.get()));
     } else {
       error_at(e.line, fmt::format("'{}' object is not subscriptable", kind_name(base)));
     }
@@ -379,17 +398,20 @@ class InterpImpl : public Interp {
       return std::clamp<int64_t>(v, -1, n - 1);
     };
     const int64_t a = norm(lo, hlo, 0, n - 1), b = norm(hi, hhi, n, -1);
-    std::vector<int64_t> idx;
-    if (st > 0)
-      for (int64_t k = a; k < b; k += st) idx.push_back(k);
-    else
-      for (int64_t k = a; k > b; k += st) idx.push_back(k);
-    if (base.is_list()) {
-      for (int64_t k : idx) items.push_back((*base.list)[size_t(k)]);
-      return Value::make_list(std::move(items), base.tuple);
-    }
+    std::vector<Value> items;
     std::string s;
-    for (int64_t k : idx) s += cps[size_t(k)];
+    // The indices a, a+st, ... up to b (excluded); stops before a step past b (st may be huge).
+    const uint64_t ast = st > 0 ? uint64_t(st) : uint64_t(0) - uint64_t(st);
+    for (int64_t k = a; st > 0 ? k < b : k > b; k += st) {
+      if (base.is_list()) {
+        items.push_back((*base.list)[size_t(k)]);
+      } else {
+        const size_t from = offs[size_t(k)], to = offs[size_t(k) + 1];
+        s.append(base.s.get(), from, to - from);
+      }
+      if (uint64_t(st > 0 ? b - k : k - b) <= ast) break;
+    }
+    if (base.is_list()) return Value::make_list(std::move(items), base.tuple);
     return Value::string(std::move(s));
   }
 
@@ -406,7 +428,13 @@ class InterpImpl : public Interp {
     if (op == ">=") return Value::boolean(compare(a, b, line) >= 0);
     if (op == "in") return Value::boolean(contains(b, a, line));
     if (op == "not in") return Value::boolean(!contains(b, a, line));
-    if (op == "~") return check_size(Value::string(to_str(a) + to_str(b)), line);
+    if (op == "~") {
+      std::string xs, ys;
+      const std::string& x = a.is_string() ? a.s.get() : (xs = to_str(a));
+      const std::string& y = b.is_string() ? b.s.get() : (ys = to_str(b));
+      if (x.size() + y.size() > limits.max_output) error_at(line, "result exceeds the size limit");
+      return Value::string(x + y);
+    }
     auto bad = [&]() -> Value {
       error_at(line, fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, kind_name(a),
                                  kind_name(b)));
@@ -421,7 +449,10 @@ class InterpImpl : public Interp {
         return Value::integer(r);
       }
       if (a.is_number() && b.is_number()) return Value::number(a.as_double() + b.as_double());
-      if (a.is_string() && b.is_string()) return check_size(Value::string(a.s + b.s), line);
+      if (a.is_string() && b.is_string()) {
+        if (a.s.size() + b.s.size() > limits.max_output) error_at(line, "result exceeds the size limit");
+        return Value::string(a.s.get() + b.s.get());
+      }
       if (a.is_list() && b.is_list()) {
         std::vector<Value> items = *a.list;
         items.insert(items.end(), b.list->begin(), b.list->end());
@@ -454,9 +485,11 @@ class InterpImpl : public Interp {
           error_at(line, "result exceeds the size limit");
         if (seq->is_string()) {
           std::string s;
-          for (int64_t k = 0; k < times; ++k) s += seq->s;
+          for (int64_t k = 0; k < times; ++k) s += seq->s.get();
           return Value::string(std::move(s));
         }
+        // Charged before it is built: [big] * n is n values, however large big is.
+        if (times > 0) charge_alloc(uint64_t(times) * unit * sizeof(Value));
         std::vector<Value> items;
         for (int64_t k = 0; k < times; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
         return Value::make_list(std::move(items));
@@ -514,6 +547,30 @@ class InterpImpl : public Interp {
 };
 
 Interp::Interp(const Globals& g, const Limits& l) : globals(g), limits(l) {}
+
+// The parser bounds a template's nesting and its expressions' depth, and macro calls nest at most
+// max_call_depth deep, but their product (a macro that calls itself from inside a 200-level expression)
+// can still outrun a thread's stack: the evaluator stops at a floor that leaves a reserve of the stack for
+// the builtins the deepest level calls.
+void Interp::set_stack_floor() {
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
+  void* lo = nullptr;
+  size_t size = 0;
+  const int rc = pthread_attr_getstack(&attr, &lo, &size);
+  pthread_attr_destroy(&attr);
+  const char* here = static_cast<const char*>(__builtin_frame_address(0));
+  const char* bottom = static_cast<const char*>(lo);
+  if (rc != 0 || here <= bottom || here > bottom + size) return;
+  const size_t avail = size_t(here - bottom);
+  stack_floor_ = bottom + std::min<size_t>(avail / 4, 256u << 10);
+}
+
+void Interp::check_stack(int line) const {
+  if (static_cast<const char*>(__builtin_frame_address(0)) < stack_floor_)
+    error_at(line,
+             "template evaluation nested too deeply for the stack (macro calls inside deep expressions)");
+}
 Interp::~Interp() {
   for (const auto& w : namespaces_)
     if (const auto d = w.lock()) d->items.clear();
@@ -521,6 +578,7 @@ Interp::~Interp() {
 
 void Interp::step(int line) {
   if (++steps_ > limits.max_steps) error_at(line, "template evaluation exceeds the step limit");
+  if (Meter* m = Meter::current()) m->work(1);
 }
 
 Value Interp::lookup(const std::string& name) const {
@@ -541,7 +599,9 @@ Value Interp::eval_expr(const Expr& e) {
 
 std::string render(const Body& body, const Globals& g, const nlohmann::json& messages,
                    bool add_generation_prompt, const nlohmann::json& extra, const Limits& limits) {
+  const Meter meter(Meter::Budget{limits.max_bytes, limits.max_work, limits.max_seconds, limits.cancel});
   InterpImpl in(g, limits);
+  in.set_stack_floor();
   in.push_scope();
   install_globals(in);
   if (extra.is_object())

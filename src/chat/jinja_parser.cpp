@@ -1,6 +1,8 @@
 // Jinja parser: tokens to the syntax tree, with jinja2's operator precedence.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "chat/jinja.h"
 
 namespace ultra::jinja {
@@ -71,6 +73,30 @@ struct Parser {
     ++p;
   }
 
+  // Sets the depth of a node whose operands are parsed, and bounds it: the evaluator and the destructor
+  // recurse once per level, and a flat chain (`1 + 1 + ...`, `a.b.c...`, `x|f|f...`, `f()()...`) builds a
+  // tree as deep as it is long, which the parser's own (loop, not recursion) does not see. The tree's depth
+  // plus the parser's nesting at this point is bounded like nesting alone.
+  ExprP done(ExprP n) {
+    int d = 0;
+    auto see = [&](const ExprP& x) {
+      if (x) d = std::max(d, x->depth);
+    };
+    see(n->a);
+    see(n->b);
+    see(n->c);
+    see(n->step);
+    for (const auto& x : n->items) see(x);
+    for (const auto& kv : n->kwargs) see(kv.second);
+    n->depth = d + 1;
+    if (depth + n->depth > kMaxDepth)
+      error_at(n->line,
+               fmt::format("expression too deeply nested or too long a chain of operators (more than "
+                           "{} levels)",
+                           kMaxDepth));
+    return n;
+  }
+
   ExprP make(EK k, int line) {
     auto e = std::make_unique<Expr>();
     e->kind = k;
@@ -89,7 +115,7 @@ struct Parser {
       c->b = parse_or();
       if (accept_name("else")) c->c = expression();
       c->a = std::move(e);
-      return c;
+      return done(std::move(c));
     }
     return e;
   }
@@ -100,7 +126,7 @@ struct Parser {
       ++p;
       n->a = std::move(e);
       n->b = parse_and();
-      e = std::move(n);
+      e = done(std::move(n));
     }
     return e;
   }
@@ -111,7 +137,7 @@ struct Parser {
       ++p;
       n->a = std::move(e);
       n->b = parse_not();
-      e = std::move(n);
+      e = done(std::move(n));
     }
     return e;
   }
@@ -121,7 +147,7 @@ struct Parser {
       auto n = make(EK::Not, cur().line);
       ++p;
       n->a = parse_not();
-      return n;
+      return done(std::move(n));
     }
     return parse_compare();
   }
@@ -130,7 +156,7 @@ struct Parser {
     n->name = op;
     n->a = std::move(a);
     n->b = std::move(b);
-    return n;
+    return done(std::move(n));
   }
   ExprP parse_compare() {
     ExprP e = parse_math1();
@@ -196,7 +222,7 @@ struct Parser {
       auto n = make(EK::Unary, cur().line);
       n->name = t[p++].text;
       n->a = parse_unary(false);
-      e = std::move(n);
+      e = done(std::move(n));
     } else {
       e = parse_primary();
     }
@@ -245,7 +271,7 @@ struct Parser {
           if (is_op(")")) break;
           tup->items.push_back(expression());
         }
-        e = std::move(tup);
+        e = done(std::move(tup));
       }
       expect_op(")");
       return e;
@@ -260,7 +286,7 @@ struct Parser {
         n->items.push_back(expression());
       }
       expect_op("]");
-      return n;
+      return done(std::move(n));
     }
     if (accept_op("{")) {
       auto n = make(EK::Dict, line);
@@ -274,7 +300,7 @@ struct Parser {
         n->items.push_back(expression());
       }
       expect_op("}");
-      return n;
+      return done(std::move(n));
     }
     unexpected("an expression");
   }
@@ -311,7 +337,7 @@ struct Parser {
           n->name = expect_name();
         }
         n->a = std::move(e);
-        e = std::move(n);
+        e = done(std::move(n));
       } else if (accept_op("[")) {
         ExprP lo, hi, st;
         bool slice = false;
@@ -328,12 +354,12 @@ struct Parser {
         n->b = std::move(lo);
         n->c = std::move(hi);
         n->step = std::move(st);
-        e = std::move(n);
+        e = done(std::move(n));
       } else if (accept_op("(")) {
         auto n = make(EK::Call, line);
         n->a = std::move(e);
         parse_args(*n);
-        e = std::move(n);
+        e = done(std::move(n));
       } else {
         return e;
       }
@@ -355,7 +381,7 @@ struct Parser {
         n->name = dotted_name();
         n->a = std::move(e);
         if (accept_op("(")) parse_args(*n);
-        e = std::move(n);
+        e = done(std::move(n));
       } else if (is_name("is")) {
         ++p;
         auto n = make(EK::Test, line);
@@ -373,12 +399,12 @@ struct Parser {
                k.text != "is" && k.text != "if" && k.text != "in" && k.text != "not");
           if (arg_follows) n->items.push_back(parse_primary_postfix());
         }
-        e = std::move(n);
+        e = done(std::move(n));
       } else if (accept_op("(")) {
         auto n = make(EK::Call, line);
         n->a = std::move(e);
         parse_args(*n);
-        e = std::move(n);
+        e = done(std::move(n));
       } else {
         return e;
       }
@@ -500,7 +526,7 @@ struct Parser {
           auto tup = make(EK::Tuple, kw.line);
           tup->items.push_back(std::move(n->expr));
           while (accept_op(",")) tup->items.push_back(expression());
-          n->expr = std::move(tup);
+          n->expr = done(std::move(tup));
         }
         expect_block_end();
         return n;

@@ -29,6 +29,39 @@ void release_later(void* p, void (*destroy)(void*)) {
   draining = false;
 }
 
+thread_local Meter* Meter::current_ = nullptr;
+
+Meter::Meter(const Budget& b)
+    : budget_(b), saved_(current_), start_(std::chrono::steady_clock::now()), next_check_(kCheckEvery) {
+  if (budget_.cancel && budget_.cancel->load(std::memory_order_relaxed))
+    fail("chat template render was cancelled");  // before installing: no destructor runs after a throw
+  current_ = this;
+}
+
+Meter::~Meter() {
+  current_ = saved_;
+}
+
+double Meter::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Meter::over_bytes() const {
+  fail("chat template render exceeded its memory budget ({} bytes allocated, at most {})", bytes_,
+       budget_.max_bytes);
+}
+
+void Meter::check() {
+  next_check_ = work_ + kCheckEvery;
+  if (work_ > budget_.max_work)
+    fail("chat template render exceeded its work budget ({} units of steps and bytes touched)",
+         budget_.max_work);
+  if (budget_.cancel && budget_.cancel->load(std::memory_order_relaxed))
+    fail("chat template render was cancelled");
+  if (seconds() > budget_.max_seconds)
+    fail("chat template render exceeded its time budget ({} s)", budget_.max_seconds);
+}
+
 static void check_nesting(int depth) {
   if (depth > kMaxNesting) fail("chat template: a value is nested deeper than {} levels", kMaxNesting);
 }
@@ -83,6 +116,7 @@ void Dict::set(const std::string& key, Value v) {
       old = std::move(v);
       return;
     }
+  charge_alloc(sizeof(items[0]) + key.size());
   items.emplace_back(key, std::move(v));
 }
 
@@ -157,6 +191,16 @@ std::string py_float(double d) {
   return out;
 }
 
+constexpr size_t kMaxBuilt = 32u << 20;
+
+// A string that repr() or json.dumps() is building: shared strings let a small list stand for gigabytes of
+// text, so the size is bounded (and charged as work) while it grows, not once it is done.
+static void check_built(const std::string& out) {
+  charge_touch(out.size());
+  if (out.size() > kMaxBuilt)
+    fail("chat template: a value's text exceeds the size limit ({} bytes)", kMaxBuilt);
+}
+
 static std::string repr_string(const std::string& s) {
   const bool has_single = s.find('\'') != std::string::npos;
   const bool has_double = s.find('"') != std::string::npos;
@@ -192,6 +236,7 @@ std::string repr(const Value& v, int depth) {
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
         out += repr((*v.list)[k], depth + 1);
+        check_built(out);
       }
       if (v.tuple && v.list->size() == 1) out += ",";
       return out + (v.tuple ? ")" : "]");
@@ -203,6 +248,7 @@ std::string repr(const Value& v, int depth) {
         if (!first) out += ", ";
         first = false;
         out += repr(key_value(k)) + ": " + repr(x, depth + 1);
+        check_built(out);
       }
       return out + (v.dict->is_namespace ? "}>" : "}");
     }
@@ -306,6 +352,7 @@ static void json_rec(std::string& out, const Value& v, int indent, bool sort_key
         if (k) out += isep;
         newline(level + 1);
         json_rec(out, (*v.list)[k], indent, sort_keys, isep, ksep, level + 1);
+        check_built(out);
       }
       newline(level);
       out += ']';
@@ -331,6 +378,7 @@ static void json_rec(std::string& out, const Value& v, int indent, bool sort_key
         json_string(out, to_str(key_value(kv->first)));
         out += ksep;
         json_rec(out, kv->second, indent, sort_keys, isep, ksep, level + 1);
+        check_built(out);
       }
       newline(level);
       out += '}';
@@ -374,8 +422,10 @@ Value from_json(const nlohmann::json& j, int depth) {
     }
     case nlohmann::json::value_t::object: {
       Value d = Value::make_dict();
-      for (auto it = j.begin(); it != j.end(); ++it)
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        charge_alloc(sizeof(d.dict->items[0]) + it.key().size());
         d.dict->items.emplace_back(it.key(), from_json(it.value(), depth + 1));
+      }
       return d;
     }
     default:
@@ -385,6 +435,7 @@ Value from_json(const nlohmann::json& j, int depth) {
 
 bool equals(const Value& a, const Value& b, int depth) {
   check_nesting(depth);
+  charge_touch(a.is_string() && b.is_string() ? std::min(a.s.size(), b.s.size()) : 0);
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::Float || b.kind == Kind::Float) return a.as_double() == b.as_double();
     const int64_t x = a.kind == Kind::Bool ? a.b : a.i, y = b.kind == Kind::Bool ? b.b : b.i;
@@ -422,6 +473,7 @@ bool equals(const Value& a, const Value& b, int depth) {
 
 int compare(const Value& a, const Value& b, int line, int depth) {
   check_nesting(depth);
+  charge_touch(a.is_string() && b.is_string() ? std::min(a.s.size(), b.s.size()) : 0);
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::Float || b.kind == Kind::Float) {
       const double x = a.as_double(), y = b.as_double();
@@ -431,7 +483,7 @@ int compare(const Value& a, const Value& b, int line, int depth) {
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.is_string() && b.is_string()) {
-    const int c = a.s.compare(b.s);
+    const int c = a.s.get().compare(b.s.get());
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
   if (a.is_list() && b.is_list()) {
