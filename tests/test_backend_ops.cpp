@@ -642,6 +642,11 @@ std::vector<Param> params() {
   return p;
 }
 
+// gtest prints a failing test's parameter: the case and kernel set, not 16 bytes.
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << case_name(cases()[p.index]) << " on " << kset_name(p.kset);
+}
+
 class BackendOps : public ::testing::TestWithParam<Param> {};
 
 TEST_P(BackendOps, Run) {
