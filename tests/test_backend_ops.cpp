@@ -24,19 +24,23 @@
 #include "core/fp8.h"
 #include "core/ternary.h"
 #include "core/thread_pool.h"
+#include "cpu_test_data.h"
 #include "op_cases.h"
 
 using namespace ultra;
 using namespace ultra::cpu;
+using ultra::test::add_x_blocks;
+using ultra::test::Cache;
 using ultra::test::Data;
+using ultra::test::kGuard;
 using ultra::test::Mag;
 using ultra::test::Op;
 using ultra::test::OpCase;
+using ultra::test::randn;
 using ultra::test::Tol;
+using ultra::test::weight_value;
 
 namespace {
-
-constexpr float kGuard = 12345.678f;  // canary written past every output and scratch buffer
 
 enum class Kset { Scalar, Avx2, Avx512, Vnni };
 constexpr Kset kKsets[] = {Kset::Scalar, Kset::Avx2, Kset::Avx512, Kset::Vnni};
@@ -153,28 +157,6 @@ std::string case_name(const OpCase& c) {
   return "?";
 }
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// A zero 32-block, a block 1000x larger and a block with one non-zero value, in every cols-long row of x.
-void add_x_blocks(std::vector<float>& x, int64_t cols) {
-  for (size_t r = 0; r + cols <= x.size(); r += cols) {
-    float* xr = x.data() + r;
-    if (cols >= 64) std::fill_n(xr + 32, 32, 0.0f);
-    if (cols >= 96)
-      for (int i = 64; i < 96; ++i) xr[i] *= 1000.0f;
-    if (cols >= 128) {
-      std::fill_n(xr + 96, 32, 0.0f);
-      xr[101] = -3.0f;
-    }
-  }
-}
-
 // ---- comparison
 
 // Elements of y outside the case's rule around ref (mag: the op's magnitudes, Mag); reports the first few
@@ -205,124 +187,23 @@ void expect_guard(const float* p, int n, const std::string& what) {
 // ---- matmul
 
 struct MatmulData {
-  std::vector<uint8_t> bytes;
-  std::vector<float> scales;
-  WeightView w;
+  ultra::test::Weights wt;
   std::vector<double> wv;  // [rows, cols] the exact weight values, decoded here
   std::vector<float> x, bias;
   std::vector<float> ref;   // matmul_ref
   std::vector<double> mag;  // sqrt(cols) * (sum |w x| + |bias|)
 };
 
-// The exact value of W[r, c], decoded independently of the kernels.
-double weight_value(const WeightView& w, int64_t r, int64_t c) {
-  const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
-  switch (w.type) {
-    case GgmlType::F32:
-      return ((const float*)row)[c];
-    case GgmlType::F16:
-      return fp16_to_fp32(((const uint16_t*)row)[c]);
-    case GgmlType::BF16:
-      return bf16_to_fp32(((const uint16_t*)row)[c]);
-    case GgmlType::Q8_0: {
-      const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / 32];
-      return (double)fp16_to_fp32(b.d) * b.qs[c % 32];
-    }
-    case GgmlType::F8_E4M3:
-      return (double)fp8_e4m3_to_fp32(row[c]) * w.scale[r * w.scale_row_stride + c / w.scale_group];
-    case GgmlType::TERNARY:
-      return ternary_trit(((const uint32_t*)row)[c / kTernaryPerWord], (int)(c % kTernaryPerWord)) *
-             (double)w.scale[r * w.scale_row_stride + c / w.scale_group];
-    default:
-      return NAN;
-  }
-}
-
 void make_weights(const OpCase& c, MatmulData& d) {
-  const int64_t rows = c.rows, cols = c.cols;
-  std::mt19937 rng(c.seed);
-  std::vector<float> f = randn(rows * cols, c.seed);
-  size_t rb = 0;
-  switch (c.type) {
-    case GgmlType::F32:
-      rb = cols * 4;
-      break;
-    case GgmlType::F16:
-    case GgmlType::BF16:
-      rb = cols * 2;
-      break;
-    case GgmlType::Q8_0:
-      rb = cols / 32 * sizeof(BlockQ8_0);
-      break;
-    case GgmlType::F8_E4M3:
-      rb = cols;
-      break;
-    case GgmlType::TERNARY:
-      rb = cols / kTernaryPerWord * 4;
-      break;
-    default:
-      ADD_FAILURE() << "no weight generator for " << type_name(c.type);
-  }
-  d.bytes.assign(rb * rows, 0);
-  if (c.type == GgmlType::Q8_0 && c.data == Data::Q8WideScales) {
-    std::uniform_int_distribution<int> ed(-8, 8);
-    for (int64_t b = 0; b < rows * cols / 32; ++b) {
-      const float s = b % 7 == 3 ? 0.0f : std::ldexp(1.0f, ed(rng));
-      for (int i = 0; i < 32; ++i) f[b * 32 + i] *= s;
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = d.bytes.data() + r * rb;
-    const float* src = f.data() + r * cols;
-    switch (c.type) {
-      case GgmlType::F32:
-        std::memcpy(row, src, cols * 4);
-        break;
-      case GgmlType::F16:
-        for (int64_t i = 0; i < cols; ++i) ((uint16_t*)row)[i] = fp32_to_fp16(src[i]);
-        break;
-      case GgmlType::BF16:
-        for (int64_t i = 0; i < cols; ++i) ((uint16_t*)row)[i] = fp32_to_bf16(src[i]);
-        break;
-      case GgmlType::Q8_0:
-        quantize_row_q8_0(src, cols, (BlockQ8_0*)row);
-        break;
-      case GgmlType::F8_E4M3:  // every finite code
-        for (int64_t i = 0; i < cols; ++i) {
-          do row[i] = (uint8_t)rng();
-          while (fp8_e4m3_is_nan(row[i]));
-        }
-        break;
-      case GgmlType::TERNARY: {
-        std::vector<int8_t> t(cols);
-        for (auto& v : t) v = (int8_t)((int)(rng() % 3) - 1);
-        ternary_pack(t.data(), cols, (uint32_t*)row);
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  d.w = WeightView{c.type, d.bytes.data(), rows, cols, rb};
-  if (c.type == GgmlType::F8_E4M3 || c.type == GgmlType::TERNARY) {
-    const int64_t group = c.group > 0 ? c.group : cols;
-    const int64_t stride = c.group < 0 ? 0 : (cols + group - 1) / group;
-    d.scales.resize(std::max<int64_t>(1, rows * stride));
-    for (auto& s : d.scales)
-      s = c.type == GgmlType::TERNARY ? 0.01f + (rng() % 1000) / 1000.0f
-                                      : std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -(int)(rng() % 12));
-    d.w.scale = d.scales.data();
-    d.w.scale_group = group;
-    d.w.scale_row_stride = stride;
-  }
-  d.wv.resize(rows * cols);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < cols; ++i) d.wv[r * cols + i] = weight_value(d.w, r, i);
+  d.wt = ultra::test::make_weights(c.type, c.rows, c.cols, c.seed, c.group, c.data == Data::Q8WideScales);
+  d.wv.resize(c.rows * c.cols);
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t i = 0; i < c.cols; ++i) d.wv[r * c.cols + i] = weight_value(d.wt.view, r, i);
 }
 
 // sqrt(cols) * (sum_c |w_rc x_tc| + |bias_r|) for x [nt, cols] (a quantised x for the int8 path).
 std::vector<double> dot_magnitudes(const MatmulData& d, const float* x, int nt, const float* bias) {
-  const int64_t rows = d.w.rows, cols = d.w.cols;
+  const int64_t rows = d.wt.view.rows, cols = d.wt.view.cols;
   std::vector<double> mag(rows * nt);
   for (int t = 0; t < nt; ++t)
     for (int64_t r = 0; r < rows; ++r) {
@@ -343,7 +224,7 @@ std::unique_ptr<MatmulData> prepare_matmul(const OpCase& c) {
   if (c.bias) d->bias = randn(c.rows, c.seed + 2);
   const float* b = c.bias ? d->bias.data() : nullptr;
   d->ref.resize(c.rows * c.tokens);
-  matmul_ref(d->w, d->x.data(), c.tokens, d->ref.data(), b);
+  matmul_ref(d->wt.view, d->x.data(), c.tokens, d->ref.data(), b);
   d->mag = dot_magnitudes(*d, d->x.data(), c.tokens, b);
   return d;
 }
@@ -410,7 +291,7 @@ int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bo
     for (int t = 0; t < c.tokens; ++t) {
       detail::quantize_x_q8_ref(d.x.data() + t * cols, cols, xq.data(), xd.data());
       detail::MatmulArgs a{
-          d.bytes.data(), d.w.row_bytes, c.rows, cols, nullptr, 1, ref8.data() + t * c.rows, b};
+          d.wt.bytes.data(), d.wt.view.row_bytes, c.rows, cols, nullptr, 1, ref8.data() + t * c.rows, b};
       a.xq = xq.data();
       a.xd = xd.data();
       detail::matmul_q8_int8_ref(a, 0, c.rows);
@@ -425,7 +306,7 @@ int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bo
   for (int nth : c.threads) {
     ThreadPool pool(nth);
     const std::string what = std::string(int8 ? "vnni" : ks->name) + " threads=" + std::to_string(nth);
-    const auto y = run_matmul(pool, d.w, d.x.data(), c.tokens, b, int8, what);
+    const auto y = run_matmul(pool, d.wt.view, d.x.data(), c.tokens, b, int8, what);
     bad += mismatches(c, what, y.data(), ref->data(), mag->data(), y.size(), report);
   }
   return bad;
@@ -549,25 +430,6 @@ void run_rope(const OpCase& c, Kset) {
 }
 
 // ---- attention
-
-// A KV cache layer poisoned with NaN: a position never written must never be read.
-struct Cache {
-  std::vector<uint8_t> k, v;
-  KvLayerView view;
-  Cache(GgmlType type, int n_slots, int n_kv, int max_ctx, int hd) {
-    const size_t n = (size_t)n_slots * n_kv * max_ctx * hd, es = type == GgmlType::F32 ? 4 : 2;
-    k.resize(n * es);
-    v.resize(n * es);
-    if (type == GgmlType::F32) {
-      std::fill((float*)k.data(), (float*)k.data() + n, NAN);
-      std::fill((float*)v.data(), (float*)v.data() + n, NAN);
-    } else {
-      std::fill((uint16_t*)k.data(), (uint16_t*)k.data() + n, (uint16_t)0x7e00);
-      std::fill((uint16_t*)v.data(), (uint16_t*)v.data() + n, (uint16_t)0x7e00);
-    }
-    view = KvLayerView{type, k.data(), v.data(), n_slots, n_kv, max_ctx, hd};
-  }
-};
 
 // Two slots with ctx positions of history each (written in prefill-like chunks of 64); this step's tokens
 // split between them (the first half on slot 1), consecutive positions from ctx in each (query tiles).

@@ -13,78 +13,18 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
+#include "cpu_test_data.h"
 
 using namespace ultra;
 using namespace ultra::cpu;
+using ultra::test::Cache;
+using ultra::test::kGuard;
+using ultra::test::make_weights;
+using ultra::test::randn;
+using ultra::test::weight_value;
+using ultra::test::Weights;
 
 namespace {
-
-constexpr float kGuard = 12345.678f;  // canary written past every output/scratch buffer
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-struct Weights {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-
-Weights make_weights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  const std::vector<float> f = randn(rows * cols, seed);
-  Weights w;
-  size_t rb = 0;
-  switch (type) {
-    case GgmlType::F32:
-      rb = cols * 4;
-      break;
-    case GgmlType::F16:
-    case GgmlType::BF16:
-      rb = cols * 2;
-      break;
-    case GgmlType::Q8_0:
-      rb = cols / 32 * sizeof(BlockQ8_0);
-      break;
-    default:
-      ADD_FAILURE();
-  }
-  w.bytes.resize(rb * rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = w.bytes.data() + r * rb;
-    const float* src = f.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      if (type == GgmlType::F32) ((float*)row)[c] = src[c];
-      if (type == GgmlType::F16) ((uint16_t*)row)[c] = fp32_to_fp16(src[c]);
-      if (type == GgmlType::BF16) ((uint16_t*)row)[c] = fp32_to_bf16(src[c]);
-    }
-    if (type == GgmlType::Q8_0) quantize_row_q8_0(src, cols, (BlockQ8_0*)row);
-  }
-  w.view = WeightView{type, w.bytes.data(), rows, cols, rb};
-  return w;
-}
-
-// Exact weight value, decoded independently of the library (dequant_row is tested against this too).
-double weight_value(const WeightView& w, int64_t r, int64_t c) {
-  const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
-  switch (w.type) {
-    case GgmlType::F32:
-      return ((const float*)row)[c];
-    case GgmlType::F16:
-      return fp16_to_fp32(((const uint16_t*)row)[c]);
-    case GgmlType::BF16:
-      return bf16_to_fp32(((const uint16_t*)row)[c]);
-    case GgmlType::Q8_0: {
-      const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / 32];
-      return (double)fp16_to_fp32(b.d) * b.qs[c % 32];
-    }
-    default:
-      return NAN;
-  }
-}
 
 // Every matmul kernel set this CPU can run (scalar always, AVX2 and AVX-512 when present), so each is
 // tested here whatever the run-time choice.
@@ -282,28 +222,10 @@ struct Int8Case {
   std::vector<float> x;
 };
 Int8Case int8_case(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> ed(-8, 8);
-  const int64_t nb = cols / 32;
-  std::vector<float> f = randn(rows * cols, seed);
-  for (int64_t b = 0; b < rows * nb; ++b) {
-    const float scale = b % 7 == 3 ? 0.0f : std::ldexp(1.0f, ed(rng));
-    for (int i = 0; i < 32; ++i) f[b * 32 + i] *= scale;
-  }
   Int8Case c;
-  const size_t rb = nb * sizeof(BlockQ8_0);
-  c.w.bytes.resize(rows * rb);
-  for (int64_t r = 0; r < rows; ++r)
-    quantize_row_q8_0(f.data() + r * cols, cols, (BlockQ8_0*)(c.w.bytes.data() + r * rb));
-  c.w.view = WeightView{GgmlType::Q8_0, c.w.bytes.data(), rows, cols, rb};
+  c.w = make_weights(GgmlType::Q8_0, rows, cols, seed, 0, /*wide_q8_scales=*/true);
   c.x = randn(cols, seed + 1);
-  if (nb > 1) std::fill_n(c.x.begin() + 32, 32, 0.0f);
-  if (nb > 2)
-    for (int i = 64; i < 96; ++i) c.x[i] *= 1000.0f;
-  if (nb > 3) {
-    std::fill_n(c.x.begin() + 96, 32, 0.0f);
-    c.x[101] = -3.0f;
-  }
+  ultra::test::add_x_blocks(c.x, cols);
   return c;
 }
 
@@ -632,29 +554,6 @@ TEST(Rope, RotateHalfEqualsInterleavedOnPermuted) {
 
 // ---------------------------------------------------------------------------------------------------------
 // KV cache and attention
-
-namespace {
-
-struct Cache {
-  std::vector<uint8_t> k, v;
-  KvLayerView view;
-  Cache(GgmlType type, int n_slots, int n_kv, int max_ctx, int hd) {
-    const size_t n = (size_t)n_slots * n_kv * max_ctx * hd, es = type == GgmlType::F32 ? 4 : 2;
-    k.resize(n * es);
-    v.resize(n * es);
-    // Poison: positions never written must never be read (NaN propagates through any product).
-    if (type == GgmlType::F32) {
-      std::fill((float*)k.data(), (float*)k.data() + n, NAN);
-      std::fill((float*)v.data(), (float*)v.data() + n, NAN);
-    } else {
-      std::fill((uint16_t*)k.data(), (uint16_t*)k.data() + n, (uint16_t)0x7e00);
-      std::fill((uint16_t*)v.data(), (uint16_t*)v.data() + n, (uint16_t)0x7e00);
-    }
-    view = KvLayerView{type, k.data(), v.data(), n_slots, n_kv, max_ctx, hd};
-  }
-};
-
-}  // namespace
 
 TEST(KvWrite, LayoutAndF16Rounding) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
