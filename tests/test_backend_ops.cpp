@@ -95,7 +95,8 @@ std::string unavailable(const OpCase& c, Kset k) {
     case Kset::Vnni:
       if (!detail::cpu_has_avx512_vnni()) return "this CPU lacks AVX512-VNNI";
       if (c.op == Op::Matmul && detail::active_isa() != detail::Isa::Avx512)
-        return "the int8-activation matmul runs only while the kernels run AVX-512 (ULTRA_NO_AVX512 set?)";
+        return "the int8-activation matmul runs only while the kernels run AVX-512 (ULTRA_NO_SIMD or "
+               "ULTRA_NO_AVX512 is set)";
       return "";
   }
   return "?";
@@ -554,7 +555,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, BackendOps, ::testing::ValuesIn(params()),
 
 // Which kernel sets this CPU runs (printed), and every op of the table has at least one set.
 TEST(BackendOpsTable, KernelSetsOfThisCpu) {
-  std::printf("[ kernels  ] active level %s; avx2 %s, avx512 %s, vnni %s\n", kernel_isa(),
+  std::printf("[ kernels  ] active level %s; forced sets: avx2 %s, avx512 %s, vnni %s\n", kernel_isa(),
               detail::cpu_has_avx2() ? "runs" : "skipped (CPU lacks it)",
               detail::cpu_has_avx512() ? "runs" : "skipped (CPU lacks it)",
               detail::cpu_has_avx512_vnni() ? "runs" : "skipped (CPU lacks it)");
