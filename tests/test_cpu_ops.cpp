@@ -1,6 +1,8 @@
 // Fast CPU kernels against their scalar references (and the references against formulas written here).
 // Tolerances are derived in the comments; each is tight enough that dropping, duplicating or mis-indexing
-// a single element of a row (or a position/head in attention) fails.
+// a single element of a row (or a position/head in attention) fails. The table of kernel-vs-reference cases
+// over every kernel set is test_backend_ops (tests/op_cases.h); this file keeps the references against
+// formulas, the exactness and thread-split properties, and the int8 kernels' own entry points.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,78 +13,18 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
+#include "cpu_test_data.h"
 
 using namespace ultra;
 using namespace ultra::cpu;
+using ultra::test::Cache;
+using ultra::test::kGuard;
+using ultra::test::make_weights;
+using ultra::test::randn;
+using ultra::test::weight_value;
+using ultra::test::Weights;
 
 namespace {
-
-constexpr float kGuard = 12345.678f;  // canary written past every output/scratch buffer
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-struct Weights {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-
-Weights make_weights(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  const std::vector<float> f = randn(rows * cols, seed);
-  Weights w;
-  size_t rb = 0;
-  switch (type) {
-    case GgmlType::F32:
-      rb = cols * 4;
-      break;
-    case GgmlType::F16:
-    case GgmlType::BF16:
-      rb = cols * 2;
-      break;
-    case GgmlType::Q8_0:
-      rb = cols / 32 * sizeof(BlockQ8_0);
-      break;
-    default:
-      ADD_FAILURE();
-  }
-  w.bytes.resize(rb * rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = w.bytes.data() + r * rb;
-    const float* src = f.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      if (type == GgmlType::F32) ((float*)row)[c] = src[c];
-      if (type == GgmlType::F16) ((uint16_t*)row)[c] = fp32_to_fp16(src[c]);
-      if (type == GgmlType::BF16) ((uint16_t*)row)[c] = fp32_to_bf16(src[c]);
-    }
-    if (type == GgmlType::Q8_0) quantize_row_q8_0(src, cols, (BlockQ8_0*)row);
-  }
-  w.view = WeightView{type, w.bytes.data(), rows, cols, rb};
-  return w;
-}
-
-// Exact weight value, decoded independently of the library (dequant_row is tested against this too).
-double weight_value(const WeightView& w, int64_t r, int64_t c) {
-  const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
-  switch (w.type) {
-    case GgmlType::F32:
-      return ((const float*)row)[c];
-    case GgmlType::F16:
-      return fp16_to_fp32(((const uint16_t*)row)[c]);
-    case GgmlType::BF16:
-      return bf16_to_fp32(((const uint16_t*)row)[c]);
-    case GgmlType::Q8_0: {
-      const BlockQ8_0& b = ((const BlockQ8_0*)row)[c / 32];
-      return (double)fp16_to_fp32(b.d) * b.qs[c % 32];
-    }
-    default:
-      return NAN;
-  }
-}
 
 // Every matmul kernel set this CPU can run (scalar always, AVX2 and AVX-512 when present), so each is
 // tested here whatever the run-time choice.
@@ -209,60 +151,13 @@ TEST(Matmul, RefMatchesDirectFormula) {
   }
 }
 
-// Every weight type is converted exactly to f32 in registers (F16/BF16 widen; Q8_0's q * d has at most
-// 7 + 11 significant bits), so the kernels differ from the float64 reference only by f32 rounding in the
-// FMA chains. With L lanes each lane sums cols/L products (the panel GEMM of prefill, nt >= 16: chains of
-// <= 256 columns added block by block); the rounding errors are independent, giving ~u*sqrt(cols)*sum|w x|
-// (u = 6e-8) with a generous factor:
-//   |y - ref| <= 1e-6 * sqrt(cols) * sum_c |w_c x_c|.
-// Dropping one column changes y by |w_c x_c| ~ sum|w x|/cols, e.g. 2.4e-4*sum for cols 4128 (vs 6.4e-5 tol);
-// dropping a Q8_0 block or applying another block's scale is off by ~32 times that.
-TEST(Matmul, FastMatchesRef) {
-  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
-  uint32_t seed = 100;
-  for (GgmlType t : kTypes) {
-    for (int64_t cols : {32, 96, 768, 4128}) {
-      for (int64_t rows : {1, 7, 33, 513}) {
-        auto w = make_weights(t, rows, cols, ++seed);
-        for (int nt : {1, 2, 3, 5, 8, 13, 17, 24}) {  // >= 16: the AVX-512 panel GEMM
-          const auto x = randn(nt * cols, ++seed);
-          const auto bias = randn(rows, ++seed);
-          const float* b = (nt % 2) ? bias.data() : nullptr;  // with and without bias
-          std::vector<float> ref(rows * nt);
-          matmul_ref(w.view, x.data(), nt, ref.data(), b);
-          // per output tolerance
-          std::vector<double> tol(rows * nt);
-          for (int tk = 0; tk < nt; ++tk) {
-            const float* xt = x.data() + tk * cols;
-            for (int64_t r = 0; r < rows; ++r) {
-              double abs_sum = b ? std::fabs(b[r]) : 0.0;
-              for (int64_t c = 0; c < cols; ++c) abs_sum += std::fabs(weight_value(w.view, r, c) * xt[c]);
-              tol[tk * rows + r] = 1e-6 * std::sqrt((double)cols) * abs_sum;
-            }
-          }
-          for (const auto* ks : kernel_sets())
-            for (auto& pool : pools) {
-              KernelOverride ko(ks);
-              const auto y = run_matmul(pool, w.view, x, nt, b);
-              int bad = 0;
-              for (size_t i = 0; i < y.size() && bad < 5; ++i) {
-                if (!(std::fabs(y[i] - ref[i]) <= tol[i])) {
-                  ++bad;
-                  ADD_FAILURE() << ks->name << " " << type_name(t) << " cols=" << cols << " rows=" << rows
-                                << " nt=" << nt << " threads=" << pool.size() << " i=" << i << " y=" << y[i]
-                                << " ref=" << ref[i] << " tol=" << tol[i];
-                }
-              }
-            }
-        }
-      }
-    }
-  }
-}
+// The kernels of every set against matmul_ref over the weight types, shapes, tails, token and thread counts
+// (with the Q8_0 block scales 2^-8 .. 2^8 and the float types' odd column counts): test_backend_ops's table,
+// tests/op_cases.h, whose tol_matmul derives the bound used here, |y - ref| <= 1e-6 sqrt(cols) sum |w x|.
 
 // Prefill of a matrix with few rows on several threads also splits the tokens (matmul.cpp's token_step:
-// steps of whole 12-token tiles, the last taking the rest). Every output must stay within the f32 bound of
-// FastMatchesRef and be bit-identical to the one-thread result (no split): a step that started at the wrong
+// steps of whole 12-token tiles, the last taking the rest). Every output must stay within the f32 bound
+// above and be bit-identical to the one-thread result (no split): a step that started at the wrong
 // token, wrote the wrong rows of y, read the wrong packed tile or left tokens out fails one or the other.
 TEST(Matmul, PrefillTokenSplitMatchesOneThread) {
   ThreadPool pools[4] = {ThreadPool(1), ThreadPool(3), ThreadPool(5), ThreadPool(8)};
@@ -299,53 +194,6 @@ TEST(Matmul, PrefillTokenSplitMatchesOneThread) {
   }
 }
 
-// Q8_0 rows whose block scales span 2^-8 .. 2^8 (and some all-zero blocks, d = 0): a kernel that applies a
-// neighbouring block's scale, reuses one scale for a whole row or tile, or drops/duplicates a block is off
-// by far more than the f32 tolerance of FastMatchesRef, which applies unchanged here. Decode and prefill
-// tiles, odd row counts and odd block counts (the tail of the 2-block step of the AVX-512 decode loop).
-TEST(Matmul, Q8_0BlockScales) {
-  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
-  std::mt19937 rng(77);
-  std::uniform_int_distribution<int> ed(-8, 8);
-  for (int64_t cols : {32, 64, 96, 160, 4128}) {
-    for (int64_t rows : {1, 7, 33, 130}) {
-      const int64_t nb = cols / 32;
-      std::vector<float> f = randn(rows * cols, (uint32_t)(cols * 31 + rows));
-      for (int64_t b = 0; b < rows * nb; ++b) {
-        const float scale = b % 7 == 3 ? 0.0f : std::ldexp(1.0f, ed(rng));
-        for (int i = 0; i < 32; ++i) f[b * 32 + i] *= scale;
-      }
-      Weights w;
-      const size_t rb = nb * sizeof(BlockQ8_0);
-      w.bytes.resize(rows * rb);
-      for (int64_t r = 0; r < rows; ++r)
-        quantize_row_q8_0(f.data() + r * cols, cols, (BlockQ8_0*)(w.bytes.data() + r * rb));
-      w.view = WeightView{GgmlType::Q8_0, w.bytes.data(), rows, cols, rb};
-      for (int nt : {1, 2, 4, 7, 9, 19}) {
-        const auto x = randn(nt * cols, (uint32_t)(cols + 7 * rows + nt));
-        std::vector<float> ref(rows * nt);
-        matmul_ref(w.view, x.data(), nt, ref.data(), nullptr);
-        for (const auto* ks : kernel_sets())
-          for (auto& pool : pools) {
-            KernelOverride ko(ks);
-            const auto y = run_matmul(pool, w.view, x, nt, nullptr);
-            for (int tk = 0; tk < nt; ++tk) {
-              for (int64_t r = 0; r < rows; ++r) {
-                double abs_sum = 0;
-                for (int64_t c = 0; c < cols; ++c)
-                  abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
-                const double tol = 1e-6 * std::sqrt((double)cols) * abs_sum;
-                ASSERT_NEAR(y[tk * rows + r], ref[tk * rows + r], tol)
-                    << ks->name << " cols=" << cols << " rows=" << rows << " nt=" << nt
-                    << " threads=" << pool.size();
-              }
-            }
-          }
-      }
-    }
-  }
-}
-
 // ---- Q8_0 with int8 activations (the default on AVX512-VNNI CPUs; ULTRA_Q8_INT8=0 turns it off) ----
 
 // The environment's wish: on when unset or empty, off only for a value starting with '0'. (The test
@@ -367,35 +215,17 @@ TEST(Matmul, Q8_0Int8Switch) {
   detail::set_q8_int8_override(-1);
 }
 
-// Q8_0 rows with block scales 2^-8 .. 2^8 and zero blocks (as Q8_0BlockScales), and an x with a zero block,
-// a block 1000x larger than the rest, and one with a single non-zero value.
+// Q8_0 rows with block scales 2^-8 .. 2^8 and zero blocks (as op_cases.h's widescales), and an x with a zero
+// block, a block 1000x larger than the rest, and one with a single non-zero value.
 struct Int8Case {
   Weights w;
   std::vector<float> x;
 };
 Int8Case int8_case(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> ed(-8, 8);
-  const int64_t nb = cols / 32;
-  std::vector<float> f = randn(rows * cols, seed);
-  for (int64_t b = 0; b < rows * nb; ++b) {
-    const float scale = b % 7 == 3 ? 0.0f : std::ldexp(1.0f, ed(rng));
-    for (int i = 0; i < 32; ++i) f[b * 32 + i] *= scale;
-  }
   Int8Case c;
-  const size_t rb = nb * sizeof(BlockQ8_0);
-  c.w.bytes.resize(rows * rb);
-  for (int64_t r = 0; r < rows; ++r)
-    quantize_row_q8_0(f.data() + r * cols, cols, (BlockQ8_0*)(c.w.bytes.data() + r * rb));
-  c.w.view = WeightView{GgmlType::Q8_0, c.w.bytes.data(), rows, cols, rb};
+  c.w = make_weights(GgmlType::Q8_0, rows, cols, seed, 0, /*wide_q8_scales=*/true);
   c.x = randn(cols, seed + 1);
-  if (nb > 1) std::fill_n(c.x.begin() + 32, 32, 0.0f);
-  if (nb > 2)
-    for (int i = 64; i < 96; ++i) c.x[i] *= 1000.0f;
-  if (nb > 3) {
-    std::fill_n(c.x.begin() + 96, 32, 0.0f);
-    c.x[101] = -3.0f;
-  }
+  ultra::test::add_x_blocks(c.x, cols);
   return c;
 }
 
@@ -563,34 +393,6 @@ TEST(Matmul, OneHotColumnsExact) {
     }
 }
 
-// Float weight types accept any column count: odd counts exercise the scalar (AVX2) and masked (AVX-512)
-// column tails of the decode and prefill kernels. Same tolerance as FastMatchesRef.
-TEST(Matmul, FloatTypesOddCols) {
-  ThreadPool pool(2);
-  for (const auto* ks : kernel_sets()) {
-    KernelOverride ko(ks);
-    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
-      for (int64_t cols : {1, 3, 20, 50, 127}) {
-        auto w = make_weights(t, 13, cols, (uint32_t)cols);
-        for (int nt : {1, 3, 6, 18}) {
-          const auto x = randn(nt * cols, (uint32_t)(cols + nt));
-          std::vector<float> ref(13 * nt);
-          matmul_ref(w.view, x.data(), nt, ref.data(), nullptr);
-          const auto y = run_matmul(pool, w.view, x, nt, nullptr);
-          for (int tk = 0; tk < nt; ++tk)
-            for (int r = 0; r < 13; ++r) {
-              double abs_sum = 0;
-              for (int64_t c = 0; c < cols; ++c)
-                abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
-              ASSERT_NEAR(y[tk * 13 + r], ref[tk * 13 + r], 1e-6 * std::sqrt((double)cols) * abs_sum)
-                  << ks->name << " " << type_name(t) << " cols=" << cols << " nt=" << nt;
-            }
-        }
-      }
-    }
-  }
-}
-
 // Large-magnitude and all-zero activation blocks.
 TEST(Matmul, ZeroBlocks) {
   ThreadPool pool(2);
@@ -752,29 +554,6 @@ TEST(Rope, RotateHalfEqualsInterleavedOnPermuted) {
 
 // ---------------------------------------------------------------------------------------------------------
 // KV cache and attention
-
-namespace {
-
-struct Cache {
-  std::vector<uint8_t> k, v;
-  KvLayerView view;
-  Cache(GgmlType type, int n_slots, int n_kv, int max_ctx, int hd) {
-    const size_t n = (size_t)n_slots * n_kv * max_ctx * hd, es = type == GgmlType::F32 ? 4 : 2;
-    k.resize(n * es);
-    v.resize(n * es);
-    // Poison: positions never written must never be read (NaN propagates through any product).
-    if (type == GgmlType::F32) {
-      std::fill((float*)k.data(), (float*)k.data() + n, NAN);
-      std::fill((float*)v.data(), (float*)v.data() + n, NAN);
-    } else {
-      std::fill((uint16_t*)k.data(), (uint16_t*)k.data() + n, (uint16_t)0x7e00);
-      std::fill((uint16_t*)v.data(), (uint16_t*)v.data() + n, (uint16_t)0x7e00);
-    }
-    view = KvLayerView{type, k.data(), v.data(), n_slots, n_kv, max_ctx, hd};
-  }
-};
-
-}  // namespace
 
 TEST(KvWrite, LayoutAndF16Rounding) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
