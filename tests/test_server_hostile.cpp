@@ -314,6 +314,31 @@ TEST_F(Hostile, ShutdownEndsStreamsWithAnError) {
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos);
 }
 
+// A request's own chat template that would run for hours (string concatenation in a loop) or take
+// gigabytes is stopped by its render budget: 400 naming the budget, within a second; the server goes on.
+TEST_F(Hostile, TemplateRenderIsBounded) {
+  Served s;
+  for (const std::string tmpl :
+       {"{% set ns = namespace(s='x') %}{% for i in range(10000) %}{% for j in range(10000) %}"
+        "{% set ns.s = ns.s ~ 'abcdefgh' %}{% endfor %}{% endfor %}{{ ns.s | length }}",
+        "{{ ('x' * 1000000) * 100000 }}",
+        "{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% for j in range(10000) %}"
+        "{% set ns.l = ns.l + [messages[0].content ~ i] %}{% endfor %}{% endfor %}{{ ns.l | sort | length }}",
+        "{% for i in range(10000) %}{% for j in range(10000) %}{{ messages[0].content }}{% endfor %}{% "
+        "endfor %}"}) {
+    const json body = {{"messages", {{{"role", "user"}, {"content", std::string(1000, 'y')}}}},
+                       {"chat_template", tmpl},
+                       {"max_tokens", 1}};
+    const auto t0 = Clock::now();
+    auto r = s.client().Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("the chat template refused the conversation"), std::string::npos) << r->body;
+    EXPECT_LT(ms_since(t0), 1500) << tmpl;
+  }
+  EXPECT_GE(s.health_ms(), 0);
+}
+
 // Special-token text inside a message is plain text unless the request allows it: a message cannot forge a
 // turn (the bundled vocabulary's end-of-sequence text, written in a message, was its control token).
 TEST_F(Hostile, SpecialTokenTextInMessagesIsText) {

@@ -23,8 +23,8 @@ std::string message_text(const nlohmann::json& content) {
 }
 
 std::string render_chat(const ChatTemplate* tmpl, const nlohmann::json& messages, bool add_generation_prompt,
-                        const nlohmann::json& kwargs) {
-  if (tmpl) return tmpl->apply(messages, add_generation_prompt, kwargs);
+                        const nlohmann::json& kwargs, const RenderBudget& budget) {
+  if (tmpl) return tmpl->apply(messages, add_generation_prompt, kwargs, budget);
   std::string out;
   for (const auto& m : messages) {
     out += "<|" + m["role"].get<std::string>() + "|>\n";

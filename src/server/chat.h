@@ -20,9 +20,11 @@ namespace ultra::server {
 
 // messages: a JSON array of {"role": string, "content": string | [{"type":"text","text":...}, ...]}
 // (validated by the caller). tmpl: the template, or null for the fallback. kwargs: chat_template_kwargs
-// (template variables; unused by the fallback). Throws ultra::Error when the template raises.
+// (template variables; unused by the fallback); budget: the render's bounds and cancel flag. Throws
+// ultra::Error when the template raises or runs out of its budget.
 std::string render_chat(const ChatTemplate* tmpl, const nlohmann::json& messages, bool add_generation_prompt,
-                        const nlohmann::json& kwargs = nlohmann::json::object());
+                        const nlohmann::json& kwargs = nlohmann::json::object(),
+                        const RenderBudget& budget = {});
 
 // The text of a message's content (a string, or the concatenated "text" parts of a list).
 std::string message_text(const nlohmann::json& content);

@@ -600,7 +600,10 @@ std::string Server::render_request(const nlohmann::json& j, const nlohmann::json
     t = own.get();
   }
   try {
-    return render_chat(t, messages, agp, kwargs);
+    // Bounded in bytes, work and time; stopped when the client leaves or the server stops.
+    RenderBudget budget;
+    budget.cancel = req.gone.get();
+    return render_chat(t, messages, agp, kwargs, budget);
   } catch (const Error& e) {
     bad("messages", std::string("the chat template refused the conversation: ") + e.what());
   }
