@@ -33,19 +33,9 @@ struct Dist {
   explicit Dist(int n_vocab) : ids(n_vocab), probs(n_vocab) {}
 };
 
-// The sampler's draw: the first kept j with u * total < cumulative p (double), else the last non-zero one.
+// The sampler's draw (draw_index) from the kept ids and their probabilities with the uniform u.
 int32_t draw(const int32_t* ids, const float* p, int n, double u) {
-  double total = 0;
-  for (int j = 0; j < n; ++j) total += p[j];
-  const double target = u * total;
-  double cum = 0;
-  for (int j = 0; j < n; ++j) {
-    cum += p[j];
-    if (target < cum) return ids[j];
-  }
-  int j = n - 1;
-  while (j > 0 && p[j] == 0.0f) --j;
-  return ids[j];
+  return ids[draw_index(p, n, u)];
 }
 
 // The continuation of the most recent earlier occurrence of the last `ngram` tokens of h, at most k tokens.
