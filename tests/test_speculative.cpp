@@ -21,6 +21,7 @@
 
 #include "engine/testing.h"
 #include "greedy_util.h"
+#include "sampling/philox.h"
 #include "sampling/sampler.h"
 #include "spec_sampling_check.h"
 #include "tmp_dir.h"
@@ -217,6 +218,45 @@ TEST(Speculative, PositionsPastTheCropAreNeverRead) {
       EXPECT_GT(st.drafted - st.accepted, 5);  // rejections happened: there was something to poison
     }
   }
+}
+
+// The host's draws (the first token after a sampled prompt, the bonus and residual tokens, the draft's
+// proposals) are sample_distribution followed by draw_index: that is the token sample_row draws, over
+// random logits, settings and positions. The edge cases pin the comparison (strict '<') and the fallback.
+TEST(Speculative, HostDrawIsTheSamplersDraw) {
+  constexpr int V = 300;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> logit(0.0f, 3.0f);
+  SamplerScratch scratch(V);
+  std::vector<float> logits(V), probs(V);
+  std::vector<int32_t> ids(V), window(40);
+  int n_multi = 0;  // draws from more than one candidate
+  for (int trial = 0; trial < 2000; ++trial) {
+    for (float& l : logits) l = logit(rng);
+    for (int32_t& t : window) t = (int32_t)(rng() % V);
+    SamplingParams sp;
+    sp.temperature = 0.3f + 0.2f * (float)(trial % 8);
+    sp.top_k = trial % 3 == 0 ? 0 : 1 + trial % 50;
+    sp.top_p = trial % 4 == 0 ? 1.0f : 0.9f;
+    sp.min_p = trial % 5 == 0 ? 0.0f : 0.02f;
+    sp.repeat_penalty = trial % 2 ? 1.3f : 1.0f;
+    sp.seed = 1000 + trial;
+    const int n_sample = trial % 7 == 0 ? V - 20 : V;
+    const int64_t pos = trial * 13 % 97;
+    const auto w = penalty_window(sp, window);
+    const int n = sample_distribution(sp, logits.data(), n_sample, w, scratch, ids.data(), probs.data());
+    n_multi += n > 1;
+    const int32_t host = ids[draw_index(probs.data(), n, philox_uniform(sp.seed, pos, DrawStream::token))];
+    EXPECT_EQ(host, sample_row(sp, logits.data(), n_sample, w, pos, scratch, nullptr).token)
+        << "trial " << trial;
+  }
+  EXPECT_GT(n_multi, 1000);
+  const float a[] = {0.0f, 0.25f, 0.75f}, b[] = {0.25f, 0.75f}, c[] = {0.5f, 0.5f, 0.0f, 0.0f}, z[] = {0, 0};
+  EXPECT_EQ(draw_index(a, 3, 0.0), 1);   // a zero-probability candidate is never drawn
+  EXPECT_EQ(draw_index(b, 2, 0.25), 1);  // u * total == cumulative: the next one
+  EXPECT_EQ(draw_index(b, 2, 0.2499), 0);
+  EXPECT_EQ(draw_index(c, 4, std::nextafter(1.0, 0.0)), 1);
+  EXPECT_EQ(draw_index(z, 2, 0.5), 0);  // an all-zero residual: the first
 }
 
 TEST(Speculative, ClearErrors) {

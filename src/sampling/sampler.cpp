@@ -64,6 +64,20 @@ std::span<const int32_t> penalty_window(const SamplingParams& p, std::span<const
   return tokens.size() > w ? tokens.subspan(tokens.size() - w) : tokens;
 }
 
+int draw_index(const float* probs, int n, double u) {
+  double total = 0.0;
+  for (int j = 0; j < n; ++j) total += probs[j];
+  const double target = u * total;
+  double cum = 0.0;
+  for (int j = 0; j < n; ++j) {
+    cum += probs[j];
+    if (target < cum) return j;
+  }
+  int j = n - 1;  // rounding at the very top: the last candidate with non-zero probability
+  while (j > 0 && probs[j] == 0.0f) --j;
+  return j;
+}
+
 // The sampling chain over a SamplerScratch (a struct so that it can reach the scratch's members).
 struct SamplerImpl {
   using Candidate = SamplerScratch::Candidate;
@@ -248,23 +262,7 @@ struct SamplerImpl {
     r.nonfinite = fill(logits);
     const int m = build_distribution();
     const float* pr = s.probs_.data();
-    const double u = philox_uniform(p.seed, position, DrawStream::token);
-    double total = 0.0;
-    for (int j = 0; j < m; ++j) total += pr[j];
-    const double target = u * total;
-    double cum = 0.0;
-    int pick = -1;
-    for (int j = 0; j < m; ++j) {
-      cum += pr[j];
-      if (target < cum) {
-        pick = j;
-        break;
-      }
-    }
-    if (pick < 0) {  // rounding at the very top: the last candidate with non-zero probability
-      pick = m - 1;
-      while (pick > 0 && pr[pick] == 0.0f) --pick;
-    }
+    const int pick = draw_index(pr, m, philox_uniform(p.seed, position, DrawStream::token));
     // log p_j = (l_j - l_0) / T - log(sum of kept exp), with the exponent recomputed in double.
     const Candidate* c = s.cand_.data();
     const double log_sum = std::log(s.kept_sum_);

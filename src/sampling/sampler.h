@@ -69,6 +69,11 @@ SampleResult sample_row(const SamplingParams& p, const float* logits, int n_samp
 int sample_distribution(const SamplingParams& p, const float* logits, int n_sample,
                         std::span<const int32_t> window, SamplerScratch& s, int32_t* ids, float* probs);
 
+// The draw sample_row makes from a distribution (sample_distribution's probs, or any weights >= 0): the
+// first j with u * total < probs[0] + ... + probs[j] (sums in double), else, rounding at the very top, the
+// last j with probs[j] != 0 (0 when all are zero). n >= 1; u in [0, 1) (philox_uniform).
+int draw_index(const float* probs, int n, double u);
+
 // out[n_vocab] = logits with the window's penalties applied (NaN stays NaN).
 void apply_penalties(const SamplingParams& p, const float* logits, std::span<const int32_t> window,
                      SamplerScratch& s, float* out);
