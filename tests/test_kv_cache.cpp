@@ -141,6 +141,35 @@ TEST(KvLayout, SizingForBothBackendsAndTheFootprint) {
   }
 }
 
+// kv_allocate (the CUDA backend's device cache): each layer's K then V from the allocator, buffer_bytes()
+// each, in the layout's views.
+TEST(KvLayout, AllocateGivesEachLayerItsKAndV) {
+  KvLayout l;
+  l.n_layers = 3;
+  l.n_slots = 2;
+  l.n_kv_heads = 4;
+  l.max_ctx = 5;
+  l.head_dim = 8;
+  l.type = GgmlType::BF16;
+  std::vector<std::vector<uint8_t>> bufs;
+  bufs.reserve(6);
+  const std::vector<KvLayerView> layers = kv_allocate(l, [&](size_t bytes) {
+    EXPECT_EQ(bytes, 2u * 4 * 5 * 8 * 2);
+    return (void*)bufs.emplace_back(bytes).data();
+  });
+  ASSERT_EQ(layers.size(), 3u);
+  ASSERT_EQ(bufs.size(), 6u);
+  for (int il = 0; il < 3; ++il) {
+    EXPECT_EQ(layers[il].k, bufs[2 * il].data());
+    EXPECT_EQ(layers[il].v, bufs[2 * il + 1].data());
+    EXPECT_EQ(layers[il].type, GgmlType::BF16);
+    EXPECT_EQ(layers[il].n_slots, 2);
+    EXPECT_EQ(layers[il].n_kv_heads, 4);
+    EXPECT_EQ(layers[il].max_ctx, 5);
+    EXPECT_EQ(layers[il].head_dim, 8);
+  }
+}
+
 // Poisoning writes all-ones bytes (NaN) over positions [from, max_ctx) of one slot, every head, K and V of
 // every layer, and nothing else.
 TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {

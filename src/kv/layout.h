@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/views.h"
 #include "model/hparams.h"
@@ -49,6 +50,19 @@ size_t kv_cache_bytes(const KvLayout& l, KvMemory mem);
 size_t kv_cache_bytes(const HParams& hp, int n_slots, int n_ctx, KvType type, KvMemory mem);
 // One host buffer: buffer_bytes() rounded up to 64 bytes (a cache line), so every buffer starts on one.
 size_t kv_host_buffer_bytes(const KvLayout& l);
+
+// The layers of a cache whose buffers come from alloc(bytes) -> void* (device memory, say), called for each
+// layer's K, then its V, buffer_bytes() each: [n_layers] views. Clearing them is the caller's.
+template <class Alloc>
+std::vector<KvLayerView> kv_allocate(const KvLayout& l, Alloc&& alloc) {
+  std::vector<KvLayerView> layers;
+  for (int il = 0; il < l.n_layers; ++il) {
+    void* k = alloc(l.buffer_bytes());
+    void* v = alloc(l.buffer_bytes());
+    layers.push_back(l.view(k, v));
+  }
+  return layers;
+}
 
 // Poisoning (tests: testing::poison_kv_past_length): the bytes written are all ones, a NaN in F32, F16 and
 // BF16. kv_poison calls fill(dst, n_bytes) once per contiguous range of the layer's K and V that holds the

@@ -217,15 +217,12 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
   upload_weights();
 
-  // KV cache (kv/layout.h): one K and one V buffer per layer, [n_slots, n_kv_heads, n_ctx, head_dim].
+  // KV cache (kv/layout.h): one K and one V buffer per layer, [n_slots, n_kv_heads, n_ctx, head_dim], zeroed.
   const size_t kv_layer = kv_shape.buffer_bytes();
-  for (int il = 0; il < hp.n_layers; ++il) {
-    KvLayerView v = proto;
-    v.k = mem_.alloc(kv_layer, "KV cache");
-    v.v = mem_.alloc(kv_layer, "KV cache");
+  kv_ = kv_allocate(kv_shape, [&](size_t bytes) { return mem_.alloc(bytes, "KV cache"); });
+  for (const KvLayerView& v : kv_) {
     check(cudaMemsetAsync(v.k, 0, kv_layer, stream_), "KV clear");
     check(cudaMemsetAsync(v.v, 0, kv_layer, stream_), "KV clear");
-    kv_.push_back(v);
   }
 
   // Activations.
