@@ -5,9 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 
+#include "engine/backend.h"
+#include "engine/model_impl.h"
 #include "kv/kv_cache.h"
+#include "kv/layout.h"
+#include "kv/sequences.h"
 #include "ultra/generate.h"
 
 using namespace ultra;
@@ -93,6 +99,216 @@ TEST(KvCache, CropBounds) {
   EXPECT_THROW(ctx.crop(1, 5), Error);   // cannot "crop" forward
   EXPECT_THROW(ctx.crop(2, 0), Error);   // no such sequence
   EXPECT_THROW(ctx.crop(0, -1), Error);  // negative
+}
+
+// kv_cache_bytes is the one sizing function: the host figure (64-byte buffers in 2 MiB pages) is what
+// KvCache maps, the device figure is the exact buffers the CUDA backend allocates, and the context's
+// footprint (what `ultra run` prints and the memory check compares) is the host figure.
+TEST(KvLayout, SizingForBothBackendsAndTheFootprint) {
+  HParams hp;
+  hp.n_layers = 3;
+  hp.n_kv_heads = 1;
+  hp.head_dim = 3;
+  const KvLayout l = kv_layout(hp, 2, 5, KvType::f16);
+  EXPECT_EQ(l.type, GgmlType::F16);
+  EXPECT_EQ(l.buffer_bytes(), 2u * 1 * 5 * 3 * 2);  // 60: not a multiple of 64
+  EXPECT_EQ(kv_host_buffer_bytes(l), 64u);
+  EXPECT_EQ(KvCache::buffer_bytes(l), 64u);
+  EXPECT_EQ(kv_cache_bytes(l, KvMemory::device), 2u * 3 * 60);
+  EXPECT_EQ(kv_cache_bytes(l, KvMemory::host), (size_t)2 << 20);
+  EXPECT_EQ(kv_cache_bytes(hp, 2, 5, KvType::f16, KvMemory::device), 2u * 3 * 60);
+  EXPECT_EQ(kv_layout(hp, 1, 1, KvType::f32).elem_bytes(), 4u);
+  EXPECT_EQ(kv_layout(hp, 1, 1, KvType::bf16).type, GgmlType::BF16);
+  EXPECT_EQ(kv_layout(hp, 1, 1, KvType::bf16).elem_bytes(), 2u);
+  // Past one 2 MiB page: 2 layers x 2 buffers of 768 KiB map 4 MiB on the host, 3 MiB on the device.
+  hp.n_layers = 2;
+  hp.n_kv_heads = 4;
+  hp.head_dim = 64;
+  const KvLayout big = kv_layout(hp, 3, 256, KvType::f32);  // 3 * 4 * 256 * 64 * 4 = 768 KiB per buffer
+  EXPECT_EQ(kv_cache_bytes(big, KvMemory::device), (size_t)3 << 20);
+  EXPECT_EQ(kv_cache_bytes(big, KvMemory::host), (size_t)4 << 20);
+  // (slot, head, pos) rows: [slots, heads, ctx, head_dim].
+  EXPECT_EQ(big.row_offset(0, 0, 1), 256u);
+  EXPECT_EQ(big.row_offset(0, 1, 0), 256u * 256);
+  EXPECT_EQ(big.row_offset(2, 3, 255) + big.row_bytes(), big.buffer_bytes());
+
+  const Model m = Model::load(kModel.string());
+  const HParams& mhp = m.impl().data->hp;
+  for (KvType t : {KvType::f32, KvType::f16}) {
+    Context ctx(m, {.n_ctx = 96, .n_slots = 3, .kv_type = t});
+    EXPECT_EQ(ctx.footprint().kv, kv_cache_bytes(mhp, 3, 96, t, KvMemory::host));
+    EXPECT_EQ(plan_cpu_backend(*m.impl().data, ctx.params()).kv, ctx.footprint().kv);
+  }
+}
+
+// kv_allocate (the CUDA backend's device cache): each layer's K then V from the allocator, buffer_bytes()
+// each, in the layout's views.
+TEST(KvLayout, AllocateGivesEachLayerItsKAndV) {
+  KvLayout l;
+  l.n_layers = 3;
+  l.n_slots = 2;
+  l.n_kv_heads = 4;
+  l.max_ctx = 5;
+  l.head_dim = 8;
+  l.type = GgmlType::BF16;
+  std::vector<std::vector<uint8_t>> bufs;
+  bufs.reserve(6);
+  const std::vector<KvLayerView> layers = kv_allocate(l, [&](size_t bytes) {
+    EXPECT_EQ(bytes, 2u * 4 * 5 * 8 * 2);
+    return (void*)bufs.emplace_back(bytes).data();
+  });
+  ASSERT_EQ(layers.size(), 3u);
+  ASSERT_EQ(bufs.size(), 6u);
+  for (int il = 0; il < 3; ++il) {
+    EXPECT_EQ(layers[il].k, bufs[2 * il].data());
+    EXPECT_EQ(layers[il].v, bufs[2 * il + 1].data());
+    EXPECT_EQ(layers[il].type, GgmlType::BF16);
+    EXPECT_EQ(layers[il].n_slots, 2);
+    EXPECT_EQ(layers[il].n_kv_heads, 4);
+    EXPECT_EQ(layers[il].max_ctx, 5);
+    EXPECT_EQ(layers[il].head_dim, 8);
+  }
+}
+
+// Poisoning writes all-ones bytes (NaN) over positions [from, max_ctx) of one slot, every head, K and V of
+// every layer, and nothing else.
+TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
+    KvCacheParams p;
+    p.n_layers = 2;
+    p.n_slots = 3;
+    p.n_kv_heads = 2;
+    p.max_ctx = 10;
+    p.head_dim = 4;
+    p.type = type;
+    KvCache kv(p);
+    const size_t elem = type == GgmlType::F32 ? 4 : 2, row = p.head_dim * elem;
+    const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * row;
+    for (int il = 0; il < p.n_layers; ++il) {
+      std::memset(kv.layer(il).k, 0x11, n);
+      std::memset(kv.layer(il).v, 0x22, n);
+    }
+    int ranges = 0;
+    kv_poison(kv.layer(0), 1, 6, [&](uint8_t*, size_t bytes) {
+      EXPECT_EQ(bytes, 4 * row);
+      ++ranges;
+    });
+    EXPECT_EQ(ranges, 2 * p.n_kv_heads);
+    kv.poison(1, 6);
+    for (int il = 0; il < p.n_layers; ++il)
+      for (int b = 0; b < 2; ++b) {
+        const uint8_t* d = static_cast<const uint8_t*>(b == 0 ? kv.layer(il).k : kv.layer(il).v);
+        for (int s = 0; s < p.n_slots; ++s)
+          for (int h = 0; h < p.n_kv_heads; ++h)
+            for (int pos = 0; pos < p.max_ctx; ++pos) {
+              const uint8_t want = s == 1 && pos >= 6 ? 0xFF : b == 0 ? 0x11 : 0x22;
+              const size_t at = (((size_t)s * p.n_kv_heads + h) * p.max_ctx + pos) * row;
+              for (size_t i = 0; i < row; ++i)
+                ASSERT_EQ(d[at + i], want) << il << " " << b << " " << s << " " << h << " " << pos;
+            }
+      }
+    // The poisoned values read as NaN.
+    const size_t at = ((size_t)1 * p.n_kv_heads * p.max_ctx + 7) * row;
+    if (type == GgmlType::F32) {
+      EXPECT_TRUE(std::isnan(*reinterpret_cast<const float*>((const uint8_t*)kv.layer(1).v + at)));
+    } else {
+      uint16_t h;
+      std::memcpy(&h, (const uint8_t*)kv.layer(1).v + at, 2);
+      EXPECT_EQ(h & 0x7C00, 0x7C00);  // exponent all ones
+      EXPECT_NE(h & 0x03FF, 0);       // mantissa non-zero: NaN
+    }
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Sequences: lengths and tokens by position, O(1) crop that never extends nor touches the tokens, clear
+// errors for a sequence out of range.
+TEST(Sequences, CropAndBounds) {
+  EXPECT_THROW(Sequences(0, 8), Error);
+  EXPECT_THROW(Sequences(2, 0), Error);
+  Sequences sq(2, 8);
+  EXPECT_EQ(sq.n_slots(), 2);
+  EXPECT_EQ(sq.n_ctx(), 8);
+  EXPECT_EQ(sq.len(0), 0);
+  EXPECT_TRUE(sq.held(1).empty());
+  for (int i = 0; i < 6; ++i) sq.tokens(1)[i] = 10 + i;
+  sq.set_len(1, 6);
+  EXPECT_EQ(std::vector<int32_t>(sq.held(1).begin(), sq.held(1).end()),
+            (std::vector<int32_t>{10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(sq.token_log() + 8, sq.tokens(1));  // [n_slots, n_ctx]
+  EXPECT_EQ(sq.len(0), 0);                      // the other slot is untouched
+
+  sq.crop(1, 2);
+  EXPECT_EQ(sq.len(1), 2);
+  EXPECT_EQ(sq.held(1).size(), 2u);
+  EXPECT_EQ(sq.tokens(1)[4], 14);  // the data past the length stays: crop is O(1)
+  sq.crop(1, 2);                   // keeping all of it is allowed
+  sq.crop(1, 0);
+  EXPECT_EQ(sq.len(1), 0);
+
+  sq.set_len(0, 3);
+  EXPECT_EQ(error_of([&] { sq.crop(0, 4); }), "crop: sequence 0 holds 3 tokens, cannot keep 4");
+  EXPECT_EQ(error_of([&] { sq.crop(0, -1); }), "crop: sequence 0 holds 3 tokens, cannot keep -1");
+  EXPECT_EQ(error_of([&] { sq.crop(2, 0); }), "crop: sequence 2 is out of range [0, 2)");
+  EXPECT_EQ(error_of([&] { sq.crop(-1, 0); }), "crop: sequence -1 is out of range [0, 2)");
+  EXPECT_EQ(error_of([&] { sq.check_crop(0, 9, "x"); }), "x: sequence 0 holds 3 tokens, cannot keep 9");
+  EXPECT_EQ(error_of([&] { sq.check(5, "seq_len"); }), "seq_len: sequence 5 is out of range [0, 2)");
+  EXPECT_EQ(sq.len(0), 3);  // no failed call changed anything
+}
+
+// A snapshot keeps a length and the sampler settings; restoring it forgets the positions past it and puts
+// the settings back. A snapshot longer than the sequence, or with invalid settings, is refused unchanged.
+TEST(Sequences, SnapshotRestore) {
+  Sequences sq(3, 16);
+  SamplingParams a;
+  a.temperature = 0.5f;
+  a.top_k = 7;
+  sq.set_sampling(2, a);
+  sq.set_len(2, 5);
+  const SeqSnapshot snap = sq.snapshot(2);
+  EXPECT_EQ(snap.n_tokens, 5);
+  EXPECT_EQ(snap.sampling.top_k, 7);
+
+  SamplingParams b;
+  b.temperature = 0.0f;
+  sq.set_sampling(2, b);
+  sq.set_len(2, 11);
+  sq.restore(2, snap);
+  EXPECT_EQ(sq.len(2), 5);
+  EXPECT_EQ(sq.sampling(2).top_k, 7);
+  EXPECT_EQ(sq.sampling(2).temperature, 0.5f);
+  EXPECT_EQ(sq.sampling(0).top_k, SamplingParams{}.top_k);  // other sequences untouched
+
+  SeqSnapshot longer = snap;
+  longer.n_tokens = 6;
+  EXPECT_EQ(error_of([&] { sq.restore(2, longer); }), "restore: sequence 2 holds 5 tokens, the snapshot 6");
+  SeqSnapshot negative = snap;
+  negative.n_tokens = -1;
+  EXPECT_THROW(sq.restore(2, negative), Error);
+  SeqSnapshot bad = snap;
+  bad.n_tokens = 1;
+  bad.sampling.top_p = 2.0f;
+  EXPECT_NE(error_of([&] { sq.restore(2, bad); }).find("top_p"), std::string::npos);
+  EXPECT_EQ(error_of([&] { sq.restore(3, snap); }), "restore: sequence 3 is out of range [0, 3)");
+  EXPECT_EQ(error_of([&] { (void)sq.snapshot(-1); }), "snapshot: sequence -1 is out of range [0, 3)");
+  EXPECT_EQ(sq.len(2), 5);  // the refused restores changed nothing
+  EXPECT_EQ(sq.sampling(2).top_k, 7);
+
+  SamplingParams invalid;
+  invalid.temperature = -1.0f;
+  EXPECT_THROW(sq.set_sampling(1, invalid), Error);
+  EXPECT_EQ(error_of([&] { sq.set_sampling(3, a); }), "set_sampling: sequence 3 is out of range [0, 3)");
+  EXPECT_EQ(sq.sampling(1).temperature, SamplingParams{}.temperature);
+  sq.restore(2, sq.snapshot(2));  // restoring the current state is a no-op
+  EXPECT_EQ(sq.len(2), 5);
 }
 
 class KvSession : public ::testing::TestWithParam<KvType> {};

@@ -13,6 +13,7 @@
 #include "engine/backend.h"
 #include "engine/model_impl.h"
 #include "engine/testing.h"
+#include "kv/sequences.h"
 
 namespace ultra {
 
@@ -137,10 +138,8 @@ struct Context::Impl {
   int n_sample;
   std::unique_ptr<Backend> be;
 
-  // Sequences.
-  std::vector<int> len;                  // [n_slots] tokens in the cache, queued steps' rows included
-  Buffer<int32_t> tokens;                // [n_slots, n_ctx] the tokens, by position (-1: on the device only)
-  std::vector<SamplingParams> sampling;  // [n_slots]
+  // Sequences: lengths, tokens, sampler settings (kv/sequences.h).
+  Sequences seqs;
   // What Batch::kSampled means for a sequence: nothing (the last step that included it did not sample its
   // last row, or it was cropped), last_sampled[s] (known on the host), or output feed_out[s] of the queued
   // step in record feed_rec[s].
@@ -190,9 +189,7 @@ struct Context::Impl {
     if (p.backend == BackendKind::cuda) be = make_cuda_backend(m, p, n_sample);
 #endif
     if (!be) be = make_cpu_backend(m, p, n_sample);
-    len.assign(p.n_slots, 0);
-    tokens = Buffer<int32_t>((size_t)p.n_slots * p.n_ctx);
-    sampling.assign(p.n_slots, SamplingParams{});
+    seqs = Sequences(p.n_slots, p.n_ctx);
     feed.assign(p.n_slots, kNone);
     last_sampled.assign(p.n_slots, -1);
     feed_rec.assign(p.n_slots, -1);
@@ -240,17 +237,10 @@ struct Context::Impl {
     const size_t rec_bytes = 7 * (size_t)p.n_batch * sizeof(int32_t) + (size_t)p.n_outputs * sizeof(int32_t) +
                              (size_t)p.n_outputs * (sizeof(SampleJob) + sizeof(SampleResult)) +
                              (size_t)p.n_outputs * SamplingParams::kMaxProbs * sizeof(TokenLogprob);
-    return (size_t)p.n_slots * p.n_ctx * sizeof(int32_t) + kRecords * rec_bytes +
+    return Sequences::token_bytes(p.n_slots, p.n_ctx) + kRecords * rec_bytes +
            (size_t)p.n_slots * (2 * sizeof(int32_t) + 3 * sizeof(int) + sizeof(SamplingParams) + 1);
   }
 
-  int32_t* seq_tokens(int s) {
-    return tokens.data() + (size_t)s * p.n_ctx;
-  }
-
-  void check_seq(int s, const char* what) const {
-    if (s < 0 || s >= p.n_slots) fail("{}: sequence {} is out of range [0, {})", what, s, p.n_slots);
-  }
   void check_idle(const char* what) const {
     if (n_queued > 0)
       fail("{}: {} submitted step{} still queued (wait() for {} first)", what, n_queued,
@@ -263,7 +253,7 @@ struct Context::Impl {
     if (n == 0) fail("step: the batch is empty");
     if (n > p.n_batch)
       fail("step: the batch has {} rows, more than the context's n_batch of {}", n, p.n_batch);
-    for (int s = 0; s < p.n_slots; ++s) next_pos[s] = len[s];
+    for (int s = 0; s < p.n_slots; ++s) next_pos[s] = seqs.len(s);
     int n_out = 0;
     for (int i = 0; i < n; ++i) {
       const int32_t s = b.seq(i), t = b.token(i), ps = b.pos(i);
@@ -280,12 +270,12 @@ struct Context::Impl {
         if (src >= source->p.n_slots)
           fail("step: row {}: Batch::follow({}): the followed context has {} sequences", i, src,
                source->p.n_slots);
-        if (ps > source->len[src])
+        if (ps > source->seqs.len(src))
           fail(
               "step: row {}: Batch::follow({}) at position {}: the followed sequence holds {} tokens (a row "
               "may follow it up to one position past its end)",
-              i, src, ps, source->len[src]);
-        if (ps == source->len[src] && source->feed[src] == kNone)
+              i, src, ps, source->seqs.len(src));
+        if (ps == source->seqs.len(src) && source->feed[src] == kNone)
           fail(
               "step: row {}: Batch::follow({}) at position {}: the followed sequence's last step sampled no "
               "token for it",
@@ -300,7 +290,7 @@ struct Context::Impl {
         fail(
             "step: row {}: position {} of sequence {} does not continue it: expected {} (the sequence holds "
             "{} tokens)",
-            i, ps, s, next_pos[s], len[s]);
+            i, ps, s, next_pos[s], seqs.len(s));
       ++next_pos[s];
       if ((uint8_t)o > (uint8_t)Output::verify) fail("step: row {}: invalid output kind {}", i, (int)o);
       if (o == Output::propose || o == Output::verify) check_speculative(b, i);
@@ -314,7 +304,7 @@ struct Context::Impl {
   void check_speculative(const Batch& b, int i) const {
     const char* what = b.output(i) == Output::propose ? "Output::propose" : "Output::verify";
     if (!be->speculative_outputs()) fail("step: row {}: {} needs the GPU backend", i, what);
-    const SamplingParams& sp = sampling[b.seq(i)];
+    const SamplingParams& sp = seqs.sampling(b.seq(i));
     if (sp.temperature > 0.0f &&
         !(sp.top_k >= 1 && sp.top_k <= SamplingParams::kMaxSpeculativeTopK && sp.top_k < n_sample))
       fail("step: row {}: {} needs a greedy sampler or one with top_k in [1, {}] (below {}); it has top_k {}",
@@ -372,7 +362,7 @@ struct Context::Impl {
       r.tok[i] = t;
       r.pos[i] = ps;
       r.seq[i] = s;
-      seq_tokens(s)[ps] = known;  // the penalty windows of this step's sample rows read these (CPU)
+      seqs.tokens(s)[ps] = known;  // the penalty windows of this step's sample rows read these (CPU)
       last_row[s] = i;
       r.row_out[i] = r.row_job[i] = -1;
       // The token at ps is given now (any row): a proposal kept for it stays only when it was fed as drawn.
@@ -383,8 +373,8 @@ struct Context::Impl {
       r.out_row[n_out] = i;
       const Output o = b.output(i);
       if (o == Output::sample || o == Output::propose || o == Output::verify) {
-        const SamplingParams& sp = sampling[s];
-        const auto win = penalty_window(sp, {seq_tokens(s), (size_t)ps + 1});
+        const SamplingParams& sp = seqs.sampling(s);
+        const auto win = penalty_window(sp, {seqs.tokens(s), (size_t)ps + 1});
         SampleJob& job = r.jobs[n_jobs];
         job = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
         const bool greedy = !(sp.temperature > 0.0f);
@@ -434,7 +424,7 @@ struct Context::Impl {
     if (reads) ++queued_reads;
     for (int i = 0; i < n; ++i) {
       const int s = r.seq[i];
-      len[s] = r.pos[i] + 1;
+      seqs.set_len(s, r.pos[i] + 1);
       if (last_row[s] != i) continue;
       if (r.row_job[i] >= 0) {
         feed[s] = kQueued;
@@ -456,7 +446,7 @@ struct Context::Impl {
     Record& r = rec[ri];
     for (int i = 0; i < r.n; ++i) {
       if (r.tok[i] >= 0) continue;
-      r.tok[i] = seq_tokens(r.seq[i])[r.pos[i]] =
+      r.tok[i] = seqs.tokens(r.seq[i])[r.pos[i]] =
           r.link_seq[i] >= 0 ? followed(r.link_seq[i], r.pos[i]) : last_sampled[r.seq[i]];
     }
     for (int i = 0; i < r.n; ++i) {
@@ -470,8 +460,8 @@ struct Context::Impl {
   // sampled for pos (one past the end); -1 while only the device knows it.
   int32_t followed(int src, int pos) const {
     const Impl& S = *source;
-    if (pos < S.len[src]) return S.tokens[(size_t)src * S.p.n_ctx + pos];
-    return pos == S.len[src] && S.feed[src] == kKnown ? S.last_sampled[src] : -1;
+    if (pos < S.seqs.len(src)) return S.seqs.tokens(src)[pos];
+    return pos == S.seqs.len(src) && S.feed[src] == kKnown ? S.last_sampled[src] : -1;
   }
   // What submit() stages for row i's Batch::follow(src) at pos: the token when the host knows it, else the
   // backend's reference to the source's device state.
@@ -485,7 +475,7 @@ struct Context::Impl {
           "followed context, and the backends cannot share it (wait() for the followed context first)",
           i, src);
     const Impl& S = *source;
-    if (pos < S.len[src]) return Backend::kLinkedLog - src;
+    if (pos < S.seqs.len(src)) return Backend::kLinkedLog - src;
     if (S.feed_rec[src] != (S.next_rec + kRecords - 1) % kRecords)
       fail(
           "step: row {}: Batch::follow({}): the followed token comes from a queued step that is not the "
@@ -559,31 +549,29 @@ int Context::n_sample_vocab() const {
 }
 
 int Context::seq_len(int seq) const {
-  impl_->check_seq(seq, "seq_len");
-  return impl_->len[seq];
+  impl_->seqs.check(seq, "seq_len");
+  return impl_->seqs.len(seq);
 }
 std::span<const int32_t> Context::seq_tokens(int seq) const {
-  impl_->check_seq(seq, "seq_tokens");
-  return {impl_->tokens.data() + (size_t)seq * impl_->p.n_ctx, (size_t)impl_->len[seq]};
+  impl_->seqs.check(seq, "seq_tokens");
+  return impl_->seqs.held(seq);
 }
 void Context::crop(int seq, int n) {
-  impl_->check_seq(seq, "crop");
-  if (n < 0 || n > impl_->len[seq])
-    fail("crop: sequence {} holds {} tokens, cannot keep {}", seq, impl_->len[seq], n);
+  impl_->seqs.check_crop(seq, n, "crop");
   impl_->check_idle("crop");
-  if (n < impl_->len[seq]) {
+  if (n < impl_->seqs.len(seq)) {
     impl_->feed[seq] = Impl::kNone;
     for (int e = 0; e < kProposalRing; ++e)  // proposals for the positions forgotten
       if (int32_t& at = impl_->proposed[(size_t)seq * kProposalRing + e]; at >= n) at = -1;
   }
-  impl_->len[seq] = n;
+  impl_->seqs.crop(seq, n);
 }
 
 void testing::poison_kv_past_length(Context& ctx, int seq) {
   Context::Impl& c = ctx.impl();
-  c.check_seq(seq, "poison_kv_past_length");
+  c.seqs.check(seq, "poison_kv_past_length");
   c.check_idle("poison_kv_past_length");
-  c.be->poison_kv(seq, c.len[seq]);
+  c.be->poison_kv(seq, c.seqs.len(seq));
 }
 
 namespace {
@@ -662,25 +650,19 @@ void testing::defer_steps(Context& ctx) {
 }
 
 void Context::set_sampling(int seq, const SamplingParams& p) {
-  impl_->check_seq(seq, "set_sampling");
-  p.validate();
-  impl_->sampling[seq] = p;
+  impl_->seqs.set_sampling(seq, p);
 }
 const SamplingParams& Context::sampling(int seq) const {
-  impl_->check_seq(seq, "sampling");
-  return impl_->sampling[seq];
+  impl_->seqs.check(seq, "sampling");
+  return impl_->seqs.sampling(seq);
 }
 SeqSnapshot Context::snapshot(int seq) const {
-  impl_->check_seq(seq, "snapshot");
-  return {impl_->len[seq], impl_->sampling[seq]};
+  return impl_->seqs.snapshot(seq);
 }
 void Context::restore(int seq, const SeqSnapshot& s) {
-  impl_->check_seq(seq, "restore");
-  if (s.n_tokens < 0 || s.n_tokens > impl_->len[seq])
-    fail("restore: sequence {} holds {} tokens, the snapshot {}", seq, impl_->len[seq], s.n_tokens);
-  s.sampling.validate();
+  impl_->seqs.check_restore(seq, s);
   crop(seq, s.n_tokens);
-  impl_->sampling[seq] = s.sampling;
+  impl_->seqs.restore(seq, s);
 }
 
 void Context::step(const Batch& batch) {
@@ -709,7 +691,7 @@ void Context::follow(Context* source) {
   me.unlink_source();  // its own follower stays
   if (!source) return;
   Impl& s = *source->impl_;
-  me.linked_device = me.be->link({s.be.get(), s.tokens.data(), s.p.n_ctx, s.p.n_slots});
+  me.linked_device = me.be->link({s.be.get(), s.seqs.token_log(), s.p.n_ctx, s.p.n_slots});
   me.source = &s;
   s.follower = &me;
 }

@@ -3,22 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 
 namespace ultra {
 
 namespace {
-
-KvCacheParams kv_params(const ModelData& m, const ContextParams& p) {
-  KvCacheParams k;
-  k.n_layers = m.hp.n_layers;
-  k.n_slots = p.n_slots;
-  k.n_kv_heads = m.hp.n_kv_heads;
-  k.max_ctx = p.n_ctx;
-  k.head_dim = m.hp.head_dim;
-  k.type = p.kv_type == KvType::f16 ? GgmlType::F16 : GgmlType::F32;  // bf16 is refused by the context
-  return k;
-}
 
 size_t mm_scratch(const ModelData& m, const ContextParams& p) {
   size_t s = cpu::matmul_scratch_floats(m.output, p.n_outputs, p.n_threads);
@@ -69,14 +57,18 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParam
 Footprint plan_cpu_backend(const ModelData& m, const ContextParams& p) {
   Footprint f;
   f.weights = m.weight_bytes;
-  f.kv = KvCache::bytes_for(kv_params(m, p));
+  f.kv = kv_cache_bytes(m.hp, p.n_slots, p.n_ctx, p.kv_type, KvMemory::host);
   f.scratch =
       buffer_sizes(m, p).total() * sizeof(float) + (size_t)p.n_threads * m.hp.n_vocab * kSamplerBytesPerToken;
   return f;
 }
 
 CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int n_sample)
-    : m_(model), p_(params), n_sample_(n_sample), pool_(p_.n_threads), kv_(kv_params(model, p_)) {
+    : m_(model),
+      p_(params),
+      n_sample_(n_sample),
+      pool_(p_.n_threads),
+      kv_(kv_layout(model.hp, p_.n_slots, p_.n_ctx, p_.kv_type)) {
   const BufferSizes s = buffer_sizes(m_, p_);
   x_ = Buffer<float>(s.x);
   xb_ = Buffer<float>(s.xb);
@@ -98,16 +90,7 @@ CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int 
 }
 
 void CpuBackend::poison_kv(int seq, int from) {
-  // All-ones bytes are a NaN in F32 and F16.
-  for (int il = 0; il < m_.hp.n_layers; ++il) {
-    const KvLayerView v = kv_.layer(il);
-    const size_t elem = v.type == GgmlType::F32 ? 4 : 2, row = (size_t)v.head_dim * elem;
-    for (int h = 0; h < v.n_kv_heads; ++h) {
-      const size_t at = (((size_t)seq * v.n_kv_heads + h) * v.max_ctx + from) * row;
-      std::memset((uint8_t*)v.k + at, 0xFF, (size_t)(v.max_ctx - from) * row);
-      std::memset((uint8_t*)v.v + at, 0xFF, (size_t)(v.max_ctx - from) * row);
-    }
-  }
+  kv_.poison(seq, from);
 }
 
 Footprint CpuBackend::footprint() const {

@@ -12,6 +12,7 @@
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/tuning.h"
 #include "core/error.h"
+#include "kv/layout.h"
 
 namespace ultra {
 
@@ -38,18 +39,6 @@ int64_t lowbit_bf16_elems(const WeightView& w) {
 
 std::string mib(size_t b) {
   return fmt::format("{:.1f} MiB", b / 1048576.0);
-}
-
-GgmlType kv_ggml_type(KvType t) {
-  switch (t) {
-    case KvType::f32:
-      return GgmlType::F32;
-    case KvType::f16:
-      return GgmlType::F16;
-    case KvType::bf16:
-      return GgmlType::BF16;
-  }
-  return GgmlType::F16;
 }
 
 }  // namespace
@@ -120,14 +109,10 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
 
   // Sizes first: refuse before allocating anything when the device cannot hold the context.
   const size_t q_dim = (size_t)hp.n_heads * hp.head_dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
-  const size_t nb = n_rows_cap_, kv_elem = p_.kv_type == KvType::f32 ? 4 : 2;
-  kv_bytes_ = 2 * (size_t)hp.n_layers * p_.n_slots * kv_dim * p_.n_ctx * kv_elem;
-  KvLayerView proto;
-  proto.type = kv_ggml_type(p_.kv_type);
-  proto.n_slots = p_.n_slots;
-  proto.n_kv_heads = hp.n_kv_heads;
-  proto.max_ctx = p_.n_ctx;
-  proto.head_dim = hp.head_dim;
+  const size_t nb = n_rows_cap_;
+  const KvLayout kv_shape = kv_layout(hp, p_.n_slots, p_.n_ctx, p_.kv_type);
+  kv_bytes_ = kv_cache_bytes(kv_shape, KvMemory::device);
+  const KvLayerView proto = kv_shape.view(nullptr, nullptr);
   // ULTRA_CUDA_ATTENTION=rows keeps prefill chunks on the per-row attention kernel (A/B measurements of the
   // tiled one; process-wide, like the tuning switches it sets).
   if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION"); e && std::strcmp(e, "rows") == 0)
@@ -232,15 +217,12 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
   upload_weights();
 
-  // KV cache: one K and one V buffer per layer, [n_slots, n_kv_heads, n_ctx, head_dim].
-  const size_t kv_layer = (size_t)p_.n_slots * kv_dim * p_.n_ctx * kv_elem;
-  for (int il = 0; il < hp.n_layers; ++il) {
-    KvLayerView v = proto;
-    v.k = mem_.alloc(kv_layer, "KV cache");
-    v.v = mem_.alloc(kv_layer, "KV cache");
+  // KV cache (kv/layout.h): one K and one V buffer per layer, [n_slots, n_kv_heads, n_ctx, head_dim], zeroed.
+  const size_t kv_layer = kv_shape.buffer_bytes();
+  kv_ = kv_allocate(kv_shape, [&](size_t bytes) { return mem_.alloc(bytes, "KV cache"); });
+  for (const KvLayerView& v : kv_) {
     check(cudaMemsetAsync(v.k, 0, kv_layer, stream_), "KV clear");
     check(cudaMemsetAsync(v.v, 0, kv_layer, stream_), "KV clear");
-    kv_.push_back(v);
   }
 
   // Activations.
@@ -550,17 +532,10 @@ void CudaBackend::upload_weights() {
 }
 
 void CudaBackend::poison_kv(int seq, int from) {
-  // All-ones bytes are a NaN in F32, F16 and BF16.
-  for (const KvLayerView& v : kv_) {
-    const size_t elem = v.type == GgmlType::F32 ? 4 : 2, row = (size_t)v.head_dim * elem;
-    for (int h = 0; h < v.n_kv_heads; ++h) {
-      const size_t at = (((size_t)seq * v.n_kv_heads + h) * v.max_ctx + from) * row;
-      check(cudaMemsetAsync((uint8_t*)v.k + at, 0xFF, (size_t)(v.max_ctx - from) * row, stream_),
-            "KV poison");
-      check(cudaMemsetAsync((uint8_t*)v.v + at, 0xFF, (size_t)(v.max_ctx - from) * row, stream_),
-            "KV poison");
-    }
-  }
+  for (const KvLayerView& v : kv_)
+    kv_poison(v, seq, from, [&](uint8_t* p, size_t n) {
+      check(cudaMemsetAsync(p, kKvPoisonByte, n, stream_), "KV poison");
+    });
   check(cudaStreamSynchronize(stream_), "KV poison");
 }
 

@@ -149,12 +149,12 @@ class CudaBackend final : public Backend, private ForwardOps {
   float* gu1_ = nullptr;   // [2 ffn_dim]
   // [n_layers] each layer's RoPE table (ModelData::layer_rope_inv_freq), device memory
   std::vector<const float*> layer_inv_freq_;
-  float rope_mscale_ = 1.0f;     // longrope's attention factor on cos and sin
-  std::vector<KvLayerView> kv_;  // [n_layers]
-  size_t kv_bytes_ = 0;
-  StepBuffers b_;                         // device
-  int32_t* token_log_ = nullptr;          // [n_slots, n_ctx] device copy of the sequences' tokens
-  CudaBackend* link_ = nullptr;           // the backend whose tokens this one's steps may read (link())
+  float rope_mscale_ = 1.0f;      // longrope's attention factor on cos and sin
+  std::vector<KvLayerView> kv_;   // [n_layers] the KV cache, device memory in the layout of kv/layout.h
+  size_t kv_bytes_ = 0;           // kv_cache_bytes(.., KvMemory::device)
+  StepBuffers b_;                 // device
+  int32_t* token_log_ = nullptr;  // [n_slots, n_ctx] device copy of the sequences' tokens
+  CudaBackend* link_ = nullptr;   // the backend whose tokens this one's steps may read (link())
   cuda::LinkedTokens* d_link_ = nullptr;  // device memory: link_'s token log and result tokens
   cuda::SpecDist* proposals_ = nullptr;   // [n_slots, kProposalRing] Output::propose rows' distributions
   cuda::CudaMatmul mm_;
