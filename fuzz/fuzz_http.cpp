@@ -10,9 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -57,7 +59,7 @@ int dial(int port) {
   a.sin_port = htons((uint16_t)port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
-    std::fprintf(stderr, "fuzz_http: the server refused a connection\n");
+    std::fprintf(stderr, "fuzz_http: cannot connect to the server: %s\n", std::strerror(errno));
     std::abort();
   }
   timeval tv{5, 0};  // far beyond every deadline of the server
@@ -88,6 +90,10 @@ std::string exchange(int port, const uint8_t* data, size_t size) {
     }
     out.append(buf, (size_t)n);
   }
+  // Closed with a reset: our side closed first (the half-close), and hundreds of connections a second in
+  // TIME_WAIT would use up the loopback's ephemeral ports within minutes.
+  const linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   close(fd);
   return out;
 }
