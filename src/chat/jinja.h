@@ -38,13 +38,13 @@ class Meter {
   Meter(const Meter&) = delete;
   Meter& operator=(const Meter&) = delete;
 
-  static Meter* current() { return current_; }
+  static Meter* current() { return slot(); }
   // While one exists, nothing is charged on this thread: the bookkeeping of the evaluator itself (a loop's
   // `loop` object, rebuilt each iteration and freed with it) is paid for by the step it belongs to.
   class Pause {
    public:
-    Pause() : saved_(current_) { current_ = nullptr; }
-    ~Pause() { current_ = saved_; }
+    Pause() : saved_(slot()) { slot() = nullptr; }
+    ~Pause() { slot() = saved_; }
     Pause(const Pause&) = delete;
     Pause& operator=(const Pause&) = delete;
 
@@ -69,7 +69,9 @@ class Meter {
 
  private:
   static constexpr uint64_t kCheckEvery = 4096;
-  static thread_local Meter* current_;
+  // This thread's meter. A function rather than a thread_local member: GCC's UBSan reports accesses to a
+  // thread_local static member from another translation unit as stores to a null pointer.
+  static Meter*& slot();
   [[noreturn]] void over_bytes() const;
   void check();
   Budget budget_;

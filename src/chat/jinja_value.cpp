@@ -29,17 +29,20 @@ void release_later(void* p, void (*destroy)(void*)) {
   draining = false;
 }
 
-thread_local Meter* Meter::current_ = nullptr;
+Meter*& Meter::slot() {
+  thread_local Meter* current = nullptr;
+  return current;
+}
 
 Meter::Meter(const Budget& b)
-    : budget_(b), saved_(current_), start_(std::chrono::steady_clock::now()), next_check_(kCheckEvery) {
+    : budget_(b), saved_(slot()), start_(std::chrono::steady_clock::now()), next_check_(kCheckEvery) {
   if (budget_.cancel && budget_.cancel->load(std::memory_order_relaxed))
     fail("chat template render was cancelled");  // before installing: no destructor runs after a throw
-  current_ = this;
+  slot() = this;
 }
 
 Meter::~Meter() {
-  current_ = saved_;
+  slot() = saved_;
 }
 
 double Meter::seconds() const {
