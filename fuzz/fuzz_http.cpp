@@ -7,6 +7,7 @@
 // body), the body limit small (64 KiB), the context 64 tokens, so no input holds the server for long.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -58,7 +59,17 @@ int dial(int port) {
   a.sin_family = AF_INET;
   a.sin_port = htons((uint16_t)port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
+  int rc = connect(fd, (sockaddr*)&a, sizeof a);
+  if (rc != 0 && errno == EINTR) {  // libFuzzer's timer signal: the connection goes on; wait for it
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
+    }
+    rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
+    if (err) errno = err;
+  }
+  if (rc != 0) {
     std::fprintf(stderr, "fuzz_http: cannot connect to the server: %s\n", std::strerror(errno));
     std::abort();
   }
@@ -72,6 +83,7 @@ std::string exchange(int port, const uint8_t* data, size_t size) {
   const int fd = dial(port);
   for (size_t off = 0; off < size;) {
     const ssize_t n = send(fd, data + off, size - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the server closed first (an error reply): fine
     off += (size_t)n;
   }
@@ -81,6 +93,7 @@ std::string exchange(int port, const uint8_t* data, size_t size) {
   for (;;) {
     const ssize_t n = read(fd, buf, sizeof buf);
     if (n == 0) break;
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         std::fprintf(stderr, "fuzz_http: the server kept a half-closed connection open for 5 s\n");
