@@ -42,7 +42,7 @@ inline void transpose8(__m256* v) {
 }
 
 // Packs rows [0, nr) of w (row stride rb bytes; rows nr..15 as zeros) x columns [kc, kc + kn) into
-// p[k][kMR]. P::load8(row, c): 8 f32 from column c; P::scalar(row, c): one (column tails).
+// p[k][kMR]. P::load(row, c): 8 f32 from column c; P::scalar(row, c): one (column tails).
 template <class P>
 inline void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p) {
   const int kv = kn / 8 * 8;
@@ -50,7 +50,7 @@ inline void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float*
     for (int k0 = 0; k0 < kv; k0 += 8) {
       __m256 v[8];
       for (int i = 0; i < 8; ++i)
-        v[i] = h + i < nr ? P::load8(w + (h + i) * rb, kc + k0) : _mm256_setzero_ps();
+        v[i] = h + i < nr ? P::load(w + (h + i) * rb, kc + k0) : _mm256_setzero_ps();
       transpose8(v);
       for (int j = 0; j < 8; ++j) _mm256_store_ps(p + (size_t)(k0 + j) * kMR + h, v[j]);
     }
