@@ -64,19 +64,9 @@ inline float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
   return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
-// The driver's Isa (matmul_driver.h): the shared tiles of matmul_tile.h on 8-float vectors, this file's
-// decode row of Q8_0 and the packed-panel prefill GEMM.
-struct Avx2 : TileIsa<simd::Avx2, 2> {  // kR = 2: 8 accumulators + 2 weight + 1 activation register of 16
-  // Prefill of at least this many tokens: the packed-panel GEMM (matmul_panel_avx2.h).
-  static constexpr int kPanelMinTokens = 16;
-  static constexpr int kPanelNR = panel::kNR;
-  static void pack_x(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp) {
-    panel::pack_x_all(x, n_tokens, cols, j0, j1, xp);
-  }
-  template <class L>
-  static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1) {
-    panel::gemm<L>(a, r0, r1);
-  }
+// The driver's Isa (matmul_driver.h): the shared tiles and panel GEMM of matmul_tile.h on 8-float vectors,
+// this file's decode row of Q8_0. kR = 2: 8 accumulators + 2 weight + 1 activation register of 16.
+struct Avx2 : TileIsa<simd::Avx2, 2, panel::KernelAvx2> {
   static float dot_row_q8(const uint8_t* w, const float* x, int64_t cols) {
     return detail::dot_row_q8(w, x, cols);
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/matmul_panel_driver.h"
 #include "backend/cpu/simd_traits.h"
 #include "core/dtype.h"
 
@@ -188,15 +189,25 @@ inline void tile_q8(const uint8_t* w, size_t rb, const float* x, int64_t cols, f
 }
 
 // The part of matmul_driver.h's Isa traits that is the same for every instruction set: loader types,
-// register tile (kR rows x kT tokens), tile and decode-row kernels. Each ISA file derives its Isa from it
-// and adds dot_row_q8 and the panel GEMM.
-template <class V, int kRows>
+// register tile (kR rows x kT tokens), tile and decode-row kernels, and the packed-panel GEMM of prefill
+// steps (panel kernel K, matmul_panel.h). Each ISA file derives its Isa from it and adds dot_row_q8.
+template <class V, int kRows, class K>
 struct TileIsa {
   using F32 = LoadF32<V>;
   using F16 = LoadF16<V>;
   using BF16 = LoadBF16<V>;
   using Q8 = LoadQ8<V>;
   static constexpr int kR = kRows, kT = 4;
+  // Prefill of at least this many tokens: the packed-panel GEMM.
+  static constexpr int kPanelMinTokens = 16;
+  static constexpr int kPanelNR = K::kNR;
+  static void pack_x(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp) {
+    panel_driver::pack_x_all<K>(x, n_tokens, cols, j0, j1, xp);
+  }
+  template <class L>
+  static void gemm(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    panel_driver::gemm<K, L>(a, r0, r1);
+  }
   template <class L, int R, int T>
   static void tile_f(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ldy,
                      const float* bias) {

@@ -81,6 +81,41 @@ struct Avx512 {
   static F fp8(const uint8_t* p) { return fp8_codes(_mm_loadu_si128((const __m128i*)p)); }
   static F fp8_mask(Mask m, const uint8_t* p) { return fp8_codes(_mm_maskz_loadu_epi8(m, p)); }
 
+  // Packed-panel GEMM (matmul_panel.h): aligned panel loads/stores, a broadcast from memory, row masks of a
+  // panel's last vector (lanes < left, all for left >= 16), and the 16 x 16 transpose of the packing.
+  static F load_aligned(const float* p) { return _mm512_load_ps(p); }
+  static void store_aligned(float* p, F v) { _mm512_store_ps(p, v); }
+  static F broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  using RowMask = __mmask16;
+  static RowMask row_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
+  static F load_rows(const float* p, RowMask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store_rows(float* p, RowMask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
+  // v[i] = row i (16 floats) -> v[j] = column j.
+  static void transpose(F* v) {
+    __m512 t[16], r[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+      r[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 4; ++j) {
+        t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+        t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+      }
+    for (int j = 0; j < 8; ++j) {
+      v[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+      v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+  }
+
   // Ternary (matmul_ternary.h): a word's 16 trits are one vector (part 0 only). Lane i tests its +1 bit (2i)
   // and its -1 bit (2i + 1) into two masks; the activations are added under the first and subtracted under
   // the second.
@@ -139,6 +174,37 @@ struct Avx2 {
     const __m128i h =
         _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7), _mm_set1_epi16((short)0xBFFF));
     return _mm256_cvtph_ps(h);
+  }
+
+  // Packed-panel GEMM (matmul_panel.h): aligned panel loads/stores, a broadcast from memory, row masks of a
+  // panel's last vector (lanes < left), and the 8 x 8 transpose of the packing.
+  static F load_aligned(const float* p) { return _mm256_load_ps(p); }
+  static void store_aligned(float* p, F v) { _mm256_store_ps(p, v); }
+  static F broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  using RowMask = __m256i;
+  static RowMask row_mask(int left) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx);
+  }
+  static F load_rows(const float* p, RowMask m) { return _mm256_maskload_ps(p, m); }
+  static void store_rows(float* p, RowMask m, F v) { _mm256_maskstore_ps(p, m, v); }
+  // v[i] = row i (8 floats) -> v[j] = column j.
+  static void transpose(F* v) {
+    __m256 t[8], s[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+      s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_permute2f128_ps(s[j], s[j + 4], 0x20);
+      v[j + 4] = _mm256_permute2f128_ps(s[j], s[j + 4], 0x31);
+    }
   }
 
   // Ternary (matmul_ternary.h): a word's 16 trits are two vectors, part 0 (trits 0..7) and part 1 (8..15).
