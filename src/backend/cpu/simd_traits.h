@@ -68,6 +68,8 @@ struct Avx512 {
   static F load_mask(Mask m, const uint16_t* p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
   static F load_bf16_mask(Mask m, const uint16_t* p) { return widen_bf16(_mm256_maskz_loadu_epi16(m, p)); }
 
+  // One f16 broadcast to the 16 lanes (vpbroadcastw from memory + vcvtph2ps).
+  static F f16_bcast(uint16_t h) { return _mm512_cvtph_ps(_mm256_set1_epi16((short)h)); }
   // 16 int8 -> 16 f32 (exact).
   static F q8_widen(const int8_t* q) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q)));
@@ -164,6 +166,8 @@ struct Avx2 {
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   }
 
+  // One f16 broadcast to the 8 lanes (vpbroadcastw from memory + vcvtph2ps).
+  static F f16_bcast(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16((short)h)); }
   // 8 int8 -> 8 f32 (exact).
   static F q8_widen(const int8_t* q) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)q)));
