@@ -36,16 +36,23 @@ struct Ternary {
     for (int64_t g = 0; g < a.cols / G; ++g) {
       const uint32_t* wg = w + g * nw;
       const float* xg = a.x + g * G;
-      typename V::F acc[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
+      // acc + the trits of part p of word wd applied to the W activations at xp
+      auto step = [&b](typename V::F acc, uint32_t wd, int p, const float* xp) {
+        return V::ternary_apply(acc, V::ternary_masks(b, wd, p), V::load(xp));
+      };
+      typename V::F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
       int64_t k = 0;
-      for (; k + kWords <= nw; k += kWords)
-        for (int v = 0; v < 4; ++v)
-          acc[v] = V::ternary_apply(acc[v], V::ternary_masks(b, wg[k + v / kParts], v % kParts),
-                                    V::load(xg + 16 * k + W * v));
-      for (; k < nw; ++k)
-        for (int p = 0; p < kParts; ++p)
-          acc[p] = V::ternary_apply(acc[p], V::ternary_masks(b, wg[k], p), V::load(xg + 16 * k + W * p));
-      const typename V::F s = V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3]));
+      for (; k + kWords <= nw; k += kWords) {  // vector v of the step: word k + v / kParts, part v % kParts
+        a0 = step(a0, wg[k], 0, xg + 16 * k);
+        a1 = step(a1, wg[k + 1 / kParts], 1 % kParts, xg + 16 * k + W);
+        a2 = step(a2, wg[k + 2 / kParts], 2 % kParts, xg + 16 * k + 2 * W);
+        a3 = step(a3, wg[k + 3 / kParts], 3 % kParts, xg + 16 * k + 3 * W);
+      }
+      for (; k < nw; ++k) {
+        a0 = step(a0, wg[k], 0, xg + 16 * k);
+        if constexpr (kParts == 2) a1 = step(a1, wg[k], 1, xg + 16 * k + W);
+      }
+      const typename V::F s = V::add(V::add(a0, a1), V::add(a2, a3));
       tot = V::fmadd(V::set1(sc[g]), s, tot);
     }
     return V::hsum(tot);
