@@ -1,10 +1,8 @@
 // The per-thread attention loop of attention() for one SIMD level, shared by attention_avx2.cpp (8-float
-// vectors) and attention_avx512.cpp (16-float vectors), each of which includes it once with its own
-// policy V (internal linkage: this header opens an anonymous namespace, as matmul_panel_avx512.h does):
-//   using R = the vector type; static constexpr int W = floats per vector;
-//   R zero(), set1(float), load(const float*), load(const uint16_t*) (F16 -> f32), fmadd(a, b, c),
-//   add(a, b), mul(a, b); void store(float*, R); float hsum(R); __m128 sum4(R, R, R, R) (the four vectors'
-//   sums).
+// vectors) and attention_avx512.cpp (16-float vectors), each of which instantiates it with its vector traits
+// V of simd_traits.h (internal linkage: this header opens an anonymous namespace), using: F, W, zero(),
+// set1(float), load(const float*), load(const uint16_t*) (F16 -> f32), fmadd(a, b, c), add(a, b),
+// mul(a, b), store(float*, F), hsum(F) and sum4(F, F, F, F) (the four vectors' sums, an __m128).
 // Prefill: query tiles of up to kAttentionTile consecutive tokens of one sequence and one head (attend_tile),
 // so that each k and v row is read once per tile (per query, attention is load-bound: ~1 load per FMA from
 // L2; the tiles cut pp512 attention from 21% to 11% of an F32 110M prefill on a Skylake-class Xeon).
@@ -33,7 +31,7 @@ inline float to_f32(uint16_t v) {
 
 template <class V, class E>
 inline float dot_row(const float* q, const E* k, int n) {
-  typename V::R a0 = V::zero(), a1 = V::zero();
+  typename V::F a0 = V::zero(), a1 = V::zero();
   int i = 0;
   for (; i + 2 * V::W <= n; i += 2 * V::W) {
     a0 = V::fmadd(V::load(q + i), V::load(k + i), a0);
@@ -49,10 +47,10 @@ inline float dot_row(const float* q, const E* k, int n) {
 // horizontal reduction (V::sum4) for the four sums instead of four.
 template <class V, class E>
 inline __m128 dot_rows4(const float* q, const E* k, int n) {
-  typename V::R a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
+  typename V::F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + V::W <= n; i += V::W) {
-    const typename V::R qv = V::load(q + i);
+    const typename V::F qv = V::load(q + i);
     a0 = V::fmadd(qv, V::load(k + i), a0);
     a1 = V::fmadd(qv, V::load(k + n + i), a1);
     a2 = V::fmadd(qv, V::load(k + 2 * n + i), a2);
@@ -74,20 +72,20 @@ inline __m128 dot_rows4(const float* q, const E* k, int n) {
 template <class V, int Q, int C, class E>
 inline void wsum_chunk(const E* vrows, int hd, int n, const float* w, size_t ld, const float* inv, int nq,
                        int d0, float* const* outs) {
-  typename V::R acc[Q][C];
+  typename V::F acc[Q][C];
   for (int i = 0; i < Q; ++i)
     for (int c = 0; c < C; ++c) acc[i][c] = V::zero();
   for (int p = 0; p < n; ++p) {
-    typename V::R v[C];
+    typename V::F v[C];
     const E* vr = vrows + (size_t)p * hd + d0;
     for (int c = 0; c < C; ++c) v[c] = V::load(vr + V::W * c);
     for (int i = 0; i < Q; ++i) {
-      const typename V::R wp = V::set1(w[i * ld + p]);
+      const typename V::F wp = V::set1(w[i * ld + p]);
       for (int c = 0; c < C; ++c) acc[i][c] = V::fmadd(wp, v[c], acc[i][c]);
     }
   }
   for (int i = 0; i < nq; ++i) {
-    const typename V::R vi = V::set1(inv[i]);
+    const typename V::F vi = V::set1(inv[i]);
     for (int c = 0; c < C; ++c) V::store(outs[i] + d0 + V::W * c, V::mul(acc[i][c], vi));
   }
 }
@@ -185,15 +183,15 @@ inline void scores_tile(const float* const* qs, const E* K, int hd, int n, float
   };
   int p = 0;
   for (; p + P <= n; p += P) {
-    typename V::R acc[P][4];
+    typename V::F acc[P][4];
     for (int j = 0; j < P; ++j)
       for (int i = 0; i < 4; ++i) acc[j][i] = V::zero();
     const E* k = K + (size_t)p * hd;
     for (int d = 0; d < dv; d += V::W) {
-      typename V::R q[4];
+      typename V::F q[4];
       for (int i = 0; i < 4; ++i) q[i] = V::load(qs[i] + d);
       for (int j = 0; j < P; ++j) {
-        const typename V::R kv = V::load(k + (size_t)j * hd + d);
+        const typename V::F kv = V::load(k + (size_t)j * hd + d);
         for (int i = 0; i < 4; ++i) acc[j][i] = V::fmadd(q[i], kv, acc[j][i]);
       }
     }
@@ -213,11 +211,11 @@ inline void scores_tile(const float* const* qs, const E* K, int hd, int n, float
     }
   }
   for (; p < n; ++p) {
-    typename V::R acc[4];
+    typename V::F acc[4];
     for (int i = 0; i < 4; ++i) acc[i] = V::zero();
     const E* k = K + (size_t)p * hd;
     for (int d = 0; d < dv; d += V::W) {
-      const typename V::R kv = V::load(k + d);
+      const typename V::F kv = V::load(k + d);
       for (int i = 0; i < 4; ++i) acc[i] = V::fmadd(V::load(qs[i] + d), kv, acc[i]);
     }
     put(p, tail(k, V::sum4(acc[0], acc[1], acc[2], acc[3])));
