@@ -4,9 +4,12 @@
 // requests, a non-streamed request whose client leaves (its generation stops), ranges, unknown and
 // unimplemented fields, and a shutdown in the middle of a stream. In process on a loopback port with the
 // bundled model, short deadlines, raw sockets.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <filesystem>
@@ -337,6 +340,56 @@ TEST_F(Hostile, TemplateRenderIsBounded) {
     EXPECT_LT(ms_since(t0), 1500) << tmpl;
   }
   EXPECT_GE(s.health_ms(), 0);
+}
+
+// `ultra serve` ends within a second of SIGTERM, exit status 0, while four renders of a template that would
+// run for hours and two streams are under way (renders are cancelled through their budget's flag).
+TEST_F(Hostile, SigtermEndsTheServerMidRender) {
+  int err_pipe[2];
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(err_pipe[1], 2);
+    const int null = ::open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    alarm(120);  // a hang ends the child (SIGALRM), which fails the test
+    execl(ULTRA_ULTRA_BIN, "ultra", "serve", "--port", "0", "-c", "256", (char*)nullptr);
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  // Its stderr says where it listens, then that it is ready.
+  std::string err;
+  char buf[512];
+  while (err.find("ready") == std::string::npos) {
+    const ssize_t n = read(err_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    err.append(buf, (size_t)n);
+  }
+  const size_t at = err.find("http://127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << err;
+  const int port = std::stoi(err.substr(at + 17));
+  const std::string tmpl =
+      "{% set ns = namespace(s='x') %}{% for i in range(10000) %}{% for j in range(10000) %}"
+      "{% set ns.s = ns.s ~ ns.s[:8] %}{% endfor %}{% endfor %}{{ ns.s | length }}";
+  std::vector<std::unique_ptr<RawConn>> busy;
+  for (int i = 0; i < 6; ++i) {
+    busy.push_back(std::make_unique<RawConn>(port));
+    const json body =
+        i < 4 ? json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                     {"chat_template", tmpl},
+                     {"max_tokens", 1}}
+              : json{{"prompt", "ROMEO:"}, {"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}};
+    busy.back()->send_all(post(i < 4 ? "/v1/chat/completions" : "/v1/completions", body.dump()));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  const double ms = ms_since(t0);
+  close(err_pipe[0]);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  EXPECT_LT(ms, 1000) << "ms from SIGTERM to exit";
 }
 
 // Special-token text inside a message is plain text unless the request allows it: a message cannot forge a
