@@ -311,6 +311,8 @@ TEST(Matmul, Q8_0Int8Vnni) {
 TEST(Matmul, Q8_0Int8VnniGemm) {
   if (!detail::cpu_has_avx512_vnni())
     GTEST_SKIP() << "this CPU has no AVX512-VNNI: the int8 GEMM is not run here";
+  if (detail::active_isa() != detail::Isa::Avx512)  // matmul() below takes the int8 path on AVX-512 only
+    GTEST_SKIP() << "ULTRA_NO_AVX512 / ULTRA_NO_SIMD chose another kernel set: the int8 GEMM is not run";
   ThreadPool pools[3] = {ThreadPool(1), ThreadPool(3), ThreadPool(8)};
   for (int64_t cols : {32, 96, 4128}) {
     for (int64_t rows : {7, 16, 33, 130}) {
