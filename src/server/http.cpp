@@ -207,37 +207,23 @@ struct Conn : std::enable_shared_from_this<Conn> {
     send(srv.h.error(status, msg));
   }
 
-  bool read_error(error_code ec) {
-    if (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow ||
-        ec == beast::error::timeout) {
-      if (ec == beast::error::timeout) {
-        close();
-      } else {
-        fail(431, fmt::format("the request head is larger than {} bytes", srv.lim.max_header_bytes));
-      }
-      return true;
-    }
-    if (ec == bhttp::error::body_limit) {
-      fail(413, fmt::format("the request body is larger than {} bytes", srv.lim.max_body));
-      return true;
-    }
+  // A failed read of a head or body: the layer's own error reply, or a quiet close when the client left.
+  void read_error(error_code ec) {
+    if (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow)
+      return fail(431, fmt::format("the request head is larger than {} bytes", srv.lim.max_header_bytes));
+    if (ec == bhttp::error::body_limit)
+      return fail(413, fmt::format("the request body is larger than {} bytes", srv.lim.max_body));
     if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() &&
-        ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
-      fail(400, fmt::format("malformed HTTP request: {}", ec.message()));
-      return true;
-    }
-    close();  // the client went away
-    return true;
+        ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message)
+      return fail(400, fmt::format("malformed HTTP request: {}", ec.message()));
+    close();  // the client went away (deadlines close the connection from the timer)
   }
 
   void on_head(error_code ec) {
     if (closed) return;
     set_waiting(false);
     disarm();
-    if (ec) {
-      read_error(ec);
-      return;
-    }
+    if (ec) return read_error(ec);
     const auto& m = parser->get();
     req = Request{};
     req.method = std::string(m.method_string());
@@ -268,10 +254,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
     bhttp::async_read(sock, buf, *parser, [self = shared_from_this()](error_code ec, size_t) {
       if (self->closed) return;
       self->disarm();
-      if (ec) {
-        self->read_error(ec);
-        return;
-      }
+      if (ec) return self->read_error(ec);
       self->dispatch();
     });
   }

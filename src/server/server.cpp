@@ -579,34 +579,37 @@ const std::string& Server::chat_template_source() const {
   return tmpl_source_;
 }
 
-// The prompt text of a chat request: `messages` through the request's own "chat_template" (as vLLM takes
+// How a chat request's messages become prompt text: through the request's own "chat_template" (as vLLM takes
 // it), else the server's; "chat_template_kwargs" are extra template variables; "add_generation_prompt"
-// (default true).
-std::string Server::render_request(const nlohmann::json& j, const nlohmann::json& messages,
-                                   const http::Request& req) const {
+// (default true). The fields are checked and the request's own template parsed once, here; the function
+// renders any messages array with them (encode_chat renders more than once).
+std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nlohmann::json& j,
+                                                                        const http::Request& req) const {
+  static const json kNoKwargs = json::object();
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
     bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-  const json& kwargs = j.contains("chat_template_kwargs") ? j["chat_template_kwargs"] : json::object();
+  const json* kwargs = j.contains("chat_template_kwargs") ? &j["chat_template_kwargs"] : &kNoKwargs;
   const bool agp = get_bool(j, "add_generation_prompt", true);
-  std::unique_ptr<ChatTemplate> own;
-  const ChatTemplate* t = tmpl_.get();
+  std::shared_ptr<const ChatTemplate> own;
   if (j.contains("chat_template")) {
     if (!j["chat_template"].is_string()) bad("chat_template", "'chat_template' must be a string");
     try {
-      own = std::make_unique<ChatTemplate>(j["chat_template"].get<std::string>(), tmpl_opts_);
+      own = std::make_shared<const ChatTemplate>(j["chat_template"].get<std::string>(), tmpl_opts_);
     } catch (const Error& e) {
       bad("chat_template", std::string("the chat template cannot be run: ") + e.what());
     }
-    t = own.get();
   }
-  try {
-    // Bounded in bytes, work and time; stopped when the client leaves or the server stops.
-    RenderBudget budget;
-    budget.cancel = req.gone.get();
-    return render_chat(t, messages, agp, kwargs, budget);
-  } catch (const Error& e) {
-    bad("messages", std::string("the chat template refused the conversation: ") + e.what());
-  }
+  // Bounded in bytes, work and time; stopped when the client leaves or the server stops.
+  RenderBudget budget;
+  budget.cancel = req.gone.get();
+  const ChatTemplate* t = own ? own.get() : tmpl_.get();
+  return [own, t, kwargs, agp, budget](const json& messages) {
+    try {
+      return render_chat(t, messages, agp, *kwargs, budget);
+    } catch (const Error& e) {
+      bad("messages", std::string("the chat template refused the conversation: ") + e.what());
+    }
+  };
 }
 
 http::Handlers Server::handlers() {
@@ -720,7 +723,7 @@ http::Reply Server::handle(http::Request& req) {
   }
   if (!j.contains("messages") || !j["messages"].is_array())
     bad("messages", "'messages' must be a list of {role, content} objects");
-  return json_reply({{"prompt", render_request(j, j["messages"], req)}});  // /apply-template
+  return json_reply({{"prompt", chat_renderer(j, req)(j["messages"])}});  // /apply-template
 }
 
 http::Reply Server::complete(http::Request& req, bool chat) {
@@ -745,9 +748,9 @@ http::Reply Server::complete(http::Request& req, bool chat) {
     // The template's own text may hold control tokens, the messages' text does not (unless allowed): a
     // message cannot forge a turn. No double BOS.
     const bool allow = get_bool(j, "allow_special_in_content", opts_.allow_special_in_content);
+    const auto render = chat_renderer(j, req);
     try {
-      job.req->prompt = encode_chat(
-          tok, j["messages"], [&](const json& m) { return render_request(j, m, req); }, allow);
+      job.req->prompt = encode_chat(tok, j["messages"], render, allow);
     } catch (const Error& e) {
       bad("messages", e.what());
     }

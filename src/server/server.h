@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -61,8 +62,8 @@ class Server {
   http::Handlers handlers();
   http::Reply handle(http::Request& req);
   http::Reply complete(http::Request& req, bool chat);
-  std::string render_request(const nlohmann::json& j, const nlohmann::json& messages,
-                             const http::Request& req) const;
+  std::function<std::string(const nlohmann::json&)> chat_renderer(const nlohmann::json& j,
+                                                                  const http::Request& req) const;
   ServerOptions opts_;
   std::unique_ptr<http::Server> http_;
   std::shared_ptr<Scheduler> sched_;
