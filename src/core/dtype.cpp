@@ -44,6 +44,32 @@ std::optional<TypeTraits> type_traits(GgmlType t) {
       return TypeTraits{"Q6_K", 256, 210};
     case GgmlType::Q8_K:
       return TypeTraits{"Q8_K", 256, 292};
+    case GgmlType::IQ2_XXS:
+      return TypeTraits{"IQ2_XXS", 256, 66};
+    case GgmlType::IQ2_XS:
+      return TypeTraits{"IQ2_XS", 256, 74};
+    case GgmlType::IQ3_XXS:
+      return TypeTraits{"IQ3_XXS", 256, 98};
+    case GgmlType::IQ1_S:
+      return TypeTraits{"IQ1_S", 256, 50};
+    case GgmlType::IQ4_NL:
+      return TypeTraits{"IQ4_NL", 32, 18};
+    case GgmlType::IQ3_S:
+      return TypeTraits{"IQ3_S", 256, 110};
+    case GgmlType::IQ2_S:
+      return TypeTraits{"IQ2_S", 256, 82};
+    case GgmlType::IQ4_XS:
+      return TypeTraits{"IQ4_XS", 256, 136};
+    case GgmlType::IQ1_M:
+      return TypeTraits{"IQ1_M", 256, 56};
+    case GgmlType::MXFP4:
+      return TypeTraits{"MXFP4", 32, 17};
+    case GgmlType::NVFP4:
+      return TypeTraits{"NVFP4", 64, 36};
+    case GgmlType::Q1_0:
+      return TypeTraits{"Q1_0", 128, 18};
+    case GgmlType::Q2_0:
+      return TypeTraits{"Q2_0", 64, 18};
     case GgmlType::TQ1_0:
       return TypeTraits{"TQ1_0", 256, 54};
     case GgmlType::TQ2_0:

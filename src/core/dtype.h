@@ -27,14 +27,27 @@ enum class GgmlType : uint32_t {
   Q5_K = 13,
   Q6_K = 14,
   Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
   I8 = 24,
   I16 = 25,
   I32 = 26,
   I64 = 27,
   F64 = 28,
+  IQ1_M = 29,
   BF16 = 30,
   TQ1_0 = 34,  // llama.cpp ternary, 256 per block: 5 trits per byte + f16 scale (54 bytes)
   TQ2_0 = 35,  // llama.cpp ternary, 256 per block: 2 bits per trit + f16 scale (66 bytes)
+  MXFP4 = 39,  // 32 per block: E8M0 exponent + 16 bytes of E2M1 codes (gpt-oss)
+  NVFP4 = 40,  // 64 per block: 4 UE4M3 scales + 32 bytes of E2M1 codes
+  Q1_0 = 41,   // 128 per block: f16 scale + 1 bit per weight
+  Q2_0 = 42,   // 64 per block: f16 scale + 2 bits per weight
   // ultra's own ids ("UT" 0x5554 in the high half): one byte per element (core/fp8.h), and 16 trits per u32
   // (core/ternary.h); both with a separate F32 tensor "<name>.scale" (docs/QUANTIZATION.md).
   F8_E4M3 = 0x55540001u,
@@ -69,7 +82,9 @@ struct TypeTraits {
   uint32_t block_bytes;  // bytes per block
 };
 
-// Traits of every type the GGUF reader knows the size of; nullopt for ids it does not know.
+// Traits of every type the GGUF reader knows the size of (every ggml_type of the llama.cpp release we build
+// against); nullopt for ids it does not know. Knowing a type's size does not mean ultra computes with it:
+// core/quants.h and the loaders say which types run.
 std::optional<TypeTraits> type_traits(GgmlType t);
 std::string_view type_name(GgmlType t);
 
