@@ -12,6 +12,7 @@
 #include "backend/cpu/ops.h"
 #include "core/dtype.h"
 #include "core/fp8.h"
+#include "core/quants.h"
 #include "core/ternary.h"
 #include "core/views.h"
 
@@ -28,7 +29,9 @@ inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-// The exact value of W[r, c] (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY; NaN for other types).
+// The exact value of W[r, c] (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, decoded here; the block types of
+// core/quants.h through its dequantize(), which tests/test_quants.cpp holds bit for bit against ggml; NaN for
+// other types).
 inline double weight_value(const WeightView& w, int64_t r, int64_t c) {
   const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
   switch (w.type) {
@@ -47,8 +50,56 @@ inline double weight_value(const WeightView& w, int64_t r, int64_t c) {
     case GgmlType::TERNARY:
       return ternary_trit(((const uint32_t*)row)[c / kTernaryPerWord], (int)(c % kTernaryPerWord)) *
              (double)w.scale[r * w.scale_row_stride + c / w.scale_group];
-    default:
-      return NAN;
+    default: {
+      if (!is_block_quant(w.type)) return NAN;
+      const auto tt = type_traits(w.type);
+      float v[kQK_K];
+      dequantize(w.type, row + c / tt->block_elems * tt->block_bytes, tt->block_elems, v);
+      return v[c % tt->block_elems];
+    }
+  }
+}
+
+// The f16 scale fields (byte offsets) of a block type of core/quants.h.
+inline std::vector<size_t> block_f16_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return {0, 2};
+    case GgmlType::Q2_K:
+      return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case GgmlType::Q3_K:
+      return {offsetof(BlockQ3_K, d)};
+    case GgmlType::Q6_K:
+      return {offsetof(BlockQ6_K, d)};
+    case GgmlType::MXFP4:
+      return {};
+    default:  // Q4_0, Q5_0, IQ4_NL, IQ4_XS
+      return {0};
+  }
+}
+
+// Blocks of a block type (core/quants.h's is_block_weight_type) with every code byte random and finite
+// scales of magnitude 2^-9 .. 2^-3 (MXFP4: exponents 2^-7 .. 2^-2), either sign for d (dmin / m positive).
+inline void random_blocks(GgmlType t, int64_t n_blocks, std::mt19937& rng, uint8_t* out) {
+  const auto tt = type_traits(t);
+  for (size_t i = 0; i < n_blocks * tt->block_bytes; ++i) out[i] = (uint8_t)rng();
+  const auto fields = block_f16_fields(t);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    uint8_t* blk = out + b * tt->block_bytes;
+    if (t == GgmlType::MXFP4) {
+      blk[0] = (uint8_t)(120 + rng() % 6);
+      continue;
+    }
+    for (size_t k = 0; k < fields.size(); ++k) {
+      float v = std::ldexp(mant(rng), -(int)(3 + rng() % 7));
+      if (k == 0 && rng() % 2) v = -v;
+      const uint16_t h = fp32_to_fp16(v);
+      std::memcpy(blk + fields[k], &h, 2);
+    }
   }
 }
 
@@ -83,8 +134,16 @@ inline Weights make_weights(GgmlType type, int64_t rows, int64_t cols, uint32_t 
     case GgmlType::TERNARY:
       rb = cols / kTernaryPerWord * 4;
       break;
-    default:
-      return {};
+    default: {
+      if (!is_block_weight_type(type)) return {};
+      const auto tt = type_traits(type);
+      rb = cols / tt->block_elems * tt->block_bytes;
+      Weights w;
+      w.bytes.assign(rb * rows, 0);
+      random_blocks(type, rows * cols / tt->block_elems, rng, w.bytes.data());
+      w.view = WeightView{type, w.bytes.data(), rows, cols, rb};
+      return w;
+    }
   }
   Weights w;
   w.bytes.assign(rb * rows, 0);

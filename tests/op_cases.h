@@ -188,6 +188,28 @@ inline std::vector<OpCase> op_cases() {
       add(c);
     }
 
+  // Block types (core/quants.h; random code bytes and scales): decode, the 4-token tiles and their tails,
+  // and the packed-panel GEMM (>= 16 tokens, its panels dequantised 256 columns at a time); 32-element blocks
+  // at 1, 3 and 24 blocks, super-blocks at 1, 3 and 9; row counts that are panel and chunk tails.
+  const GgmlType kBlocks32[] = {GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,
+                                GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::MXFP4};
+  const GgmlType kBlocks256[] = {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                                 GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+  for (GgmlType t : kBlocks32)
+    for (int64_t cols : {32, 96, 768})
+      for (int nt : {1, 3, 6, 17}) {
+        OpCase c{Op::Matmul, t, 37, cols, nt, {1, 3}, tol_matmul()};
+        c.bias = nt % 2;
+        add(c);
+      }
+  for (GgmlType t : kBlocks256)
+    for (int64_t cols : {256, 768, 2304})
+      for (int nt : {1, 3, 6, 17}) {
+        OpCase c{Op::Matmul, t, 37, cols, nt, {1, 3}, tol_matmul()};
+        c.bias = nt % 2;
+        add(c);
+      }
+
   // element-wise ops: lengths below, at and past the 8/16-lane vectors
   for (int64_t n : {1, 7, 32, 96, 768, 4128}) add({Op::RmsNorm, GgmlType::F32, 3, n, 1, {1}, tol_rmsnorm()});
   for (int64_t n : {1, 7, 8, 33, 2048}) add({Op::SiluMul, GgmlType::F32, 1, n, 1, {1}, tol_silu()});

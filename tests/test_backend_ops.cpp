@@ -198,6 +198,14 @@ struct MatmulData {
 void make_weights(const OpCase& c, MatmulData& d) {
   d.wt = ultra::test::make_weights(c.type, c.rows, c.cols, c.seed, c.group, c.data == Data::Q8WideScales);
   d.wv.resize(c.rows * c.cols);
+  if (is_block_weight_type(c.type)) {  // whole rows at once (weight_value decodes a block per element)
+    std::vector<float> row(c.cols);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      dequantize(c.type, d.wt.bytes.data() + r * d.wt.view.row_bytes, c.cols, row.data());
+      for (int64_t i = 0; i < c.cols; ++i) d.wv[r * c.cols + i] = row[i];
+    }
+    return;
+  }
   for (int64_t r = 0; r < c.rows; ++r)
     for (int64_t i = 0; i < c.cols; ++i) d.wv[r * c.cols + i] = weight_value(d.wt.view, r, i);
 }
@@ -565,8 +573,10 @@ TEST(BackendOpsTable, KernelSetsOfThisCpu) {
     for (const Param& p : params()) n += cases()[p.index].op == op;
     EXPECT_GT(n, 0) << "an op without cases or kernel sets: " << (int)op;
   }
-  for (GgmlType t :
-       {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY}) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::F8_E4M3,
+                     GgmlType::TERNARY, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                     GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                     GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
     int n = 0;
     for (const OpCase& c : cases()) n += c.op == Op::Matmul && c.type == t;
     EXPECT_GT(n, 0) << "no matmul case for " << type_name(t);

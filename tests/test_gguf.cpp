@@ -678,6 +678,11 @@ TEST(Gguf, RejectsBadTensorInfos) {
                "byte size of shape [4611686018427387904] of type F32 overflows");
   expect_error(one({33}, GgmlType::Q8_0, 0, 64),
                "row length ne[0] = 33 is not a multiple of the Q8_0 block size 32");
+  expect_error(one({384, 2}, GgmlType::Q4_K, 0, 2 * 144 * 2),
+               "row length ne[0] = 384 is not a multiple of the Q4_K block size 256");
+  const std::vector<uint8_t> iq4nl = one({64, 2}, GgmlType::IQ4_NL, 0, 4 * 18);  // id 20: known, 18 B / 32
+  EXPECT_NO_THROW(Reader::parse(iq4nl.data(), iq4nl.size(), "iq4nl.gguf"));
+  expect_error(one({256, 2}, GgmlType::Q6_K, 0, 2 * 210 - 1), "lies outside the file");
   expect_error(one({4}, GgmlType::F32, 8, 32),
                "tensor 'blk.0.w' offset 8 is not a multiple of the alignment 32");
   expect_error(one({4, 2}, GgmlType::F32, 0, 31),

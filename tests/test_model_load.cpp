@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "tmp_dir.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
+#include "ultra/context.h"
 #include "ultra/model.h"
 
 using namespace ultra;
@@ -159,6 +161,64 @@ TEST_F(ModelLoad, UnusedTensors) {
     w.write(p.string());
   }
   expect_error([&] { load_model(p.string()); }, "1 tensor is not used by the model: 'blk.0.extra.weight'");
+  fs::remove(p);
+}
+
+// The base file with one matrix replaced by blocks of another type (same shape).
+void retype(const fs::path& src, const fs::path& dst, const std::string& name, GgmlType type,
+            const std::vector<uint8_t>& blocks) {
+  const gguf::Reader r = gguf::Reader::open(src.string());
+  gguf::Writer w;
+  for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+  for (const auto& t : r.tensors()) {
+    if (t.name == name)
+      w.add_tensor(t.name, type, t.ne, blocks.data(), blocks.size());
+    else
+      w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+  }
+  w.write(dst.string());
+}
+
+// Block-quantized weights: a valid Q4_0 / IQ4_NL / MXFP4 matrix loads and gives finite logits; a block scale
+// that is not finite is refused naming the tensor, block and row; a type the CPU does not compute with is
+// refused naming it and the supported ones.
+TEST_F(ModelLoad, BlockQuantizedWeights) {
+  const auto p = tmp("blocks.gguf");
+  const std::string name = "blk.0.attn_q.weight";  // [64, 64]: 2 blocks of 32 per row
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4}) {
+    SCOPED_TRACE(std::string(type_name(t)));
+    const auto tt = type_traits(t);
+    std::vector<uint8_t> blocks(64 * 2 * tt->block_bytes);
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = (uint8_t)(i * 37 + 11);
+    for (size_t b = 0; b < 128; ++b) {  // a small finite scale in each block
+      uint8_t* blk = blocks.data() + b * tt->block_bytes;
+      if (t == GgmlType::MXFP4) {
+        blk[0] = 120;
+      } else {
+        blk[0] = 0x00;
+        blk[1] = 0x20;  // f16 0x2000 = 2^-7
+      }
+    }
+    retype(base_, p, name, t, blocks);
+    const Model m = Model::load(p.string());
+    Context ctx(m, {.n_ctx = 16});
+    const int32_t toks[] = {1, 5, 9};
+    Batch b(8);
+    b.add_sequence(toks, 0, 0, Output::logits);
+    ctx.step(b);
+    const auto logits = ctx.logits(2);
+    ASSERT_EQ((int)logits.size(), m.info().n_vocab);
+    for (size_t i = 0; i < logits.size(); ++i) ASSERT_TRUE(std::isfinite(logits[i])) << i;
+    if (t == GgmlType::MXFP4) continue;
+    blocks[5 * tt->block_bytes + 1] = 0x7e;  // block 5 (row 2): f16 NaN
+    retype(base_, p, name, t, blocks);
+    expect_error([&] { load_model(p.string()); }, "tensor '" + name + "' (" + std::string(tt->name) +
+                                                      "): block 5 (row 2) has a scale that is not finite");
+  }
+  std::vector<uint8_t> q8_1(64 * 2 * 36, 0);
+  retype(base_, p, name, GgmlType::Q8_1, q8_1);
+  expect_error([&] { load_model(p.string()); },
+               "tensor '" + name + "' has type Q8_1 (9), supported: F32, F16");
   fs::remove(p);
 }
 

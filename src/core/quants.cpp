@@ -18,6 +18,10 @@ bool finite_f16(uint16_t h) {
 
 }  // namespace
 
+bool is_block_weight_type(GgmlType t) {
+  return is_block_quant(t) && t != GgmlType::Q8_0 && t != GgmlType::Q8_1 && t != GgmlType::Q8_K;
+}
+
 bool is_block_quant(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0:

@@ -106,6 +106,24 @@ static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(Bloc
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136 && sizeof(BlockMXFP4) == 17);
 
+// Elements per block of each block struct (the kernels' templates take the struct).
+template <class B>
+inline constexpr int kBlockElems = kQK_K;
+template <>
+inline constexpr int kBlockElems<BlockQ4_0> = kQK4;
+template <>
+inline constexpr int kBlockElems<BlockQ4_1> = kQK4;
+template <>
+inline constexpr int kBlockElems<BlockQ5_0> = kQK4;
+template <>
+inline constexpr int kBlockElems<BlockQ5_1> = kQK4;
+template <>
+inline constexpr int kBlockElems<BlockQ8_1> = kQK4;
+template <>
+inline constexpr int kBlockElems<BlockIQ4_NL> = kQK4;
+template <>
+inline constexpr int kBlockElems<BlockMXFP4> = kQK4;
+
 // The 16 levels of IQ4_NL / IQ4_XS, and of MXFP4 (E2M1 values doubled).
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
@@ -287,6 +305,10 @@ static inline void dequant_block(const BlockMXFP4& b, float* y) {
     y[j + 16] = kFp4Values[b.qs[j] >> 4] * d;
   }
 }
+
+// Whether t is a weight type the CPU matmul runs from this header: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K,
+// IQ4_NL, IQ4_XS, MXFP4 (not the activation types Q8_1 / Q8_K, nor Q8_0, which has kernels of its own).
+bool is_block_weight_type(GgmlType t);
 
 // Whether t is one of the block types of this header (or Q8_0); dequantize() handles exactly these.
 bool is_block_quant(GgmlType t);

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/quants.h"
 #include "io/gguf.h"
 #include "model/loader_util.h"
 #include "model/lowbit_weights.h"
@@ -27,6 +28,11 @@ std::string unused_tensors_message(std::vector<std::string> names) {
 }
 
 namespace {
+
+constexpr const char* kSupportedWeightTypes =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, "
+    "F8_E4M3, "
+    "TERNARY, TQ1_0, TQ2_0";
 
 struct GgufLoader {
   ModelData& m;
@@ -55,11 +61,19 @@ struct GgufLoader {
     if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_string(t.ne),
            cols, rows);
+    if (is_block_weight_type(t.type) || t.type == GgmlType::Q8_0) {
+      // A block scale that is not finite would turn every output it touches into NaN: refused here, once.
+      const auto tt = type_traits(t.type);
+      if (const int64_t b = first_nonfinite_block(t.type, t.data, (int64_t)(t.n_bytes / tt->block_bytes));
+          b >= 0)
+        fail("{}: tensor '{}' ({}): block {} (row {}) has a scale that is not finite", r.path(), name,
+             type_name(t.type), b, b / (cols / tt->block_elems));
+      return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
+    }
     switch (t.type) {
       case GgmlType::F32:
       case GgmlType::F16:
       case GgmlType::BF16:
-      case GgmlType::Q8_0:
         return m.add_matrix(t.type, t.data, rows, cols, t.n_bytes);
       case GgmlType::F8_E4M3:
       case GgmlType::TERNARY:
@@ -72,8 +86,8 @@ struct GgufLoader {
         return prepare_lowbit(m, w, fmt::format("{}: tensor '{}'", r.path(), name));
       }
       default:
-        fail("{}: tensor '{}' has type {}, supported: F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, TQ1_0, TQ2_0",
-             r.path(), name, type_name(t.type));
+        fail("{}: tensor '{}' has type {} ({}), supported: {}", r.path(), name, type_name(t.type),
+             (uint32_t)t.type, kSupportedWeightTypes);
     }
   }
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/views.h"
 
 namespace ultra {
@@ -66,6 +67,28 @@ using MatmulRangeFn = void (*)(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Packs token tiles [j0, j1) of x [n_tokens, cols] into xp (MatmulArgs::xp's layout).
 using MatmulPackXFn = void (*)(const float* x, int n_tokens, int64_t cols, int j0, int j1, float* xp);
 
+// The block-quantized types of core/quants.h that matmul runs besides Q8_0, as indices of
+// MatmulKernels::blocks; block_kind() maps a GgmlType to one (-1: not one of them).
+enum BlockKind : int {
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kIQ4_NL,
+  kIQ4_XS,
+  kMXFP4,
+  kBlockKinds
+};
+int block_kind(GgmlType t);
+struct BlockKernelTable {
+  MatmulRangeFn fn[kBlockKinds];
+};
+
 struct MatmulKernels {
   MatmulRangeFn f32, f16, bf16, q8_0;
   MatmulRangeFn fp8, ternary;  // F8_E4M3 (matmul_fp8*.cpp), TERNARY (matmul_ternary*.cpp)
@@ -75,6 +98,8 @@ struct MatmulKernels {
   MatmulPackXFn pack_x = nullptr;
   int panel_nr = 0;
   int panel_min_tokens = 0;
+  // Block types (matmul_blocks.h: f32 activations, each block dequantised exactly), by BlockKind.
+  BlockKernelTable blocks = {};
 };
 
 // The F8_E4M3 and TERNARY range kernels of each SIMD level (matmul_fp8_avx2.cpp, ...).

@@ -30,6 +30,7 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
 #include "core/fp8.h"
+#include "core/quants.h"
 #include "core/ternary.h"
 
 namespace ultra::cpu {
@@ -69,9 +70,31 @@ inline double weight_at(const WeightView& w, int64_t r, int64_t c) {
   }
 }
 
+// Block types (detail::block_kind): each block dequantised exactly (core/quants.h) into a stack buffer, its
+// values then accumulated in double like weight_at's.
+void ref_rows_blocks(const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
+                     int64_t r0, int64_t r1) {
+  const auto tt = type_traits(w.type);
+  const int64_t qk = tt->block_elems, nb = w.cols / qk;
+  float v[kQK_K];
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
+      double s = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        dequantize(w.type, row + b * tt->block_bytes, qk, v);
+        for (int64_t i = 0; i < qk; ++i) s += (double)v[i] * (double)x[t * w.cols + b * qk + i];
+      }
+      if (bias) s += bias[r];
+      y[t * w.rows + r] = (float)s;
+    }
+  }
+}
+
 // matmul_ref's arithmetic (double accumulation) for rows [r0, r1) of every token.
 void ref_rows(const WeightView& w, const float* x, int n_tokens, float* y, const float* bias, int64_t r0,
               int64_t r1) {
+  if (detail::block_kind(w.type) >= 0) return ref_rows_blocks(w, x, n_tokens, y, bias, r0, r1);
   for (int t = 0; t < n_tokens; ++t) {
     for (int64_t r = r0; r < r1; ++r) {
       double s = 0;
@@ -96,14 +119,54 @@ const MatmulKernels* g_override = nullptr;
 
 namespace detail {
 
+int block_kind(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0:
+      return kQ4_0;
+    case GgmlType::Q4_1:
+      return kQ4_1;
+    case GgmlType::Q5_0:
+      return kQ5_0;
+    case GgmlType::Q5_1:
+      return kQ5_1;
+    case GgmlType::Q2_K:
+      return kQ2_K;
+    case GgmlType::Q3_K:
+      return kQ3_K;
+    case GgmlType::Q4_K:
+      return kQ4_K;
+    case GgmlType::Q5_K:
+      return kQ5_K;
+    case GgmlType::Q6_K:
+      return kQ6_K;
+    case GgmlType::IQ4_NL:
+      return kIQ4_NL;
+    case GgmlType::IQ4_XS:
+      return kIQ4_XS;
+    case GgmlType::MXFP4:
+      return kMXFP4;
+    default:
+      return -1;
+  }
+}
+
 const MatmulKernels& matmul_kernels_scalar() {
-  static const MatmulKernels k{range_scalar<GgmlType::F32>,
-                               range_scalar<GgmlType::F16>,
-                               range_scalar<GgmlType::BF16>,
-                               range_scalar<GgmlType::Q8_0>,
-                               range_scalar<GgmlType::F8_E4M3>,
-                               range_scalar<GgmlType::TERNARY>,
-                               "scalar"};
+  static const MatmulKernels k{
+      range_scalar<GgmlType::F32>,
+      range_scalar<GgmlType::F16>,
+      range_scalar<GgmlType::BF16>,
+      range_scalar<GgmlType::Q8_0>,
+      range_scalar<GgmlType::F8_E4M3>,
+      range_scalar<GgmlType::TERNARY>,
+      "scalar",
+      nullptr,
+      0,
+      0,
+      BlockKernelTable{
+          range_scalar<GgmlType::Q4_0>, range_scalar<GgmlType::Q4_1>, range_scalar<GgmlType::Q5_0>,
+          range_scalar<GgmlType::Q5_1>, range_scalar<GgmlType::Q2_K>, range_scalar<GgmlType::Q3_K>,
+          range_scalar<GgmlType::Q4_K>, range_scalar<GgmlType::Q5_K>, range_scalar<GgmlType::Q6_K>,
+          range_scalar<GgmlType::IQ4_NL>, range_scalar<GgmlType::IQ4_XS>, range_scalar<GgmlType::MXFP4>}};
   return k;
 }
 
@@ -178,7 +241,7 @@ const MatmulKernels& active_kernels() {
 // Whether a step of n_tokens through w takes the kernels' packed-panel GEMM (matmul_driver.h's range_f).
 bool takes_panel(const MatmulKernels& k, const WeightView& w, int n_tokens) {
   const bool type_ok = w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16 ||
-                       w.type == GgmlType::Q8_0;
+                       w.type == GgmlType::Q8_0 || detail::block_kind(w.type) >= 0;
   return type_ok && k.pack_x && k.panel_min_tokens > 0 && n_tokens >= k.panel_min_tokens &&
          detail::panel_gemm_enabled();
 }
@@ -296,8 +359,11 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     case GgmlType::TERNARY:
       ctx.fn = k.ternary;
       break;
-    default:
-      unsupported("matmul", w.type);
+    default: {
+      const int bk = detail::block_kind(w.type);
+      if (bk < 0 || !k.blocks.fn[bk]) unsupported("matmul", w.type);
+      ctx.fn = k.blocks.fn[bk];
+    }
   }
   // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);

@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/matmul_blocks.h"
 #include "backend/cpu/matmul_driver.h"
 #include "backend/cpu/matmul_panel_avx512.h"
 #include "backend/cpu/matmul_tile.h"
@@ -18,7 +19,8 @@ namespace ultra::cpu::detail {
 // kR = 4: 16 accumulators + 4 weight + 1 activation register of 32.
 const MatmulKernels& matmul_kernels_avx512() {
   using Isa = TileIsa<simd::Avx512, 4, panel::KernelAvx512>;
-  static constexpr MatmulKernels k = driver::kernels<Isa>("avx512", matmul_fp8_avx512, matmul_ternary_avx512);
+  static constexpr MatmulKernels k = driver::kernels<Isa>("avx512", matmul_fp8_avx512, matmul_ternary_avx512,
+                                                          block_kernels<simd::Avx512, panel::KernelAvx512>());
   return k;
 }
 

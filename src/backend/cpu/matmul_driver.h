@@ -99,7 +99,8 @@ void range_f(const MatmulArgs& a, int64_t r0, int64_t r1) {
 }
 
 template <class Isa>
-constexpr MatmulKernels kernels(const char* name, MatmulRangeFn fp8, MatmulRangeFn ternary) {
+constexpr MatmulKernels kernels(const char* name, MatmulRangeFn fp8, MatmulRangeFn ternary,
+                                BlockKernelTable blocks) {
   return MatmulKernels{range_f<Isa, typename Isa::F32>,
                        range_f<Isa, typename Isa::F16>,
                        range_f<Isa, typename Isa::BF16>,
@@ -109,7 +110,8 @@ constexpr MatmulKernels kernels(const char* name, MatmulRangeFn fp8, MatmulRange
                        name,
                        Isa::pack_x,
                        Isa::kPanelNR,
-                       Isa::kPanelMinTokens};
+                       Isa::kPanelMinTokens,
+                       blocks};
 }
 
 // The driver of the scaled types (F8_E4M3, TERNARY: matmul_fp8_*.cpp, matmul_ternary_*.cpp), the same walk

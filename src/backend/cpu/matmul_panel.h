@@ -108,9 +108,13 @@ inline void micro(const float* p, int kn, const float* x, float* y, int64_t ldy,
 template <class V, int NR, class X>
 struct Kernel {
   static constexpr int kVec = V::W, kMR = 2 * V::W, kNR = NR, kKC = panel::kKC, kMC = panel::kMC;
+  // P: a loader of matmul_tile.h, or one with its own pack_panel (matmul_blocks.h's block types).
   template <class P>
   static void pack(const uint8_t* w, size_t rb, int nr, int64_t kc, int kn, float* p) {
-    panel::pack<V, kMR, P>(w, rb, nr, kc, kn, p);
+    if constexpr (requires { P::kPackPanel; })
+      P::template pack_panel<kMR>(w, rb, nr, kc, kn, p);
+    else
+      panel::pack<V, kMR, P>(w, rb, nr, kc, kn, p);
   }
   static void pack_x(const float* x, int64_t ldx, int nt, int kn, float* xp) {
     X::pack_x(x, ldx, nt, kn, xp);

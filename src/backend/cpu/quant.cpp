@@ -9,6 +9,7 @@
 #include "backend/cpu/ops.h"
 #include "core/fp8.h"
 #include "core/lowbit.h"
+#include "core/quants.h"
 #include "core/ternary.h"
 
 namespace ultra::cpu {
@@ -69,6 +70,7 @@ void dequant_row(const WeightView& w, int64_t r, float* out) {
     case GgmlType::TQ2_0:
       return dequantize_row_tq2_0((const BlockTQ2_0*)row, n, out);
     default:
+      if (dequantize(w.type, row, n, out)) return;
       std::fprintf(stderr, "ultra: dequant_row: unsupported type %s\n",
                    std::string(type_name(w.type)).c_str());
       std::abort();
