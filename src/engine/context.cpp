@@ -25,11 +25,13 @@ Batch::Batch(int capacity) {
   pos_.resize(capacity);
   seq_.resize(capacity);
   out_.resize(capacity);
+  from_.resize(capacity);
 }
 
-int Batch::add(int32_t token, int32_t pos, int32_t seq, Output out) {
+int Batch::add(RowToken token, int32_t pos, int32_t seq, Output out) {
   if (n_ >= capacity()) fail("batch: full ({} rows)", capacity());
-  token_[n_] = token;
+  token_[n_] = token.value;
+  from_[n_] = token.from;
   pos_[n_] = pos;
   seq_[n_] = seq;
   out_[n_] = out;
@@ -160,7 +162,8 @@ struct Context::Impl {
   // One step, host side. Three records: up to two queued steps and the last one waited for, whose results
   // the accessors read.
   struct Record {
-    Buffer<int32_t> tok, pos, seq;      // [n_batch] rows (kSampled resolved, or -2 - k: fed on the device)
+    Buffer<int32_t> tok, pos, seq;      // [n_batch] rows (token ids, or what feed says)
+    Buffer<TokenFeed> feed;             // [n_batch] where each token comes from (TokenFeed::id once known)
     Buffer<int32_t> out_row;            // [n_outputs] rows with an output
     Buffer<int32_t> row_out;            // [n_batch] output index of a row, or -1
     Buffer<int32_t> row_job;            // [n_batch] sample job of a row, or -1
@@ -200,6 +203,7 @@ struct Context::Impl {
       r.tok = Buffer<int32_t>(p.n_batch);
       r.pos = Buffer<int32_t>(p.n_batch);
       r.seq = Buffer<int32_t>(p.n_batch);
+      r.feed = Buffer<TokenFeed>(p.n_batch);
       r.out_row = Buffer<int32_t>(p.n_outputs);
       r.row_out = Buffer<int32_t>(p.n_batch);
       r.row_job = Buffer<int32_t>(p.n_batch);
@@ -234,7 +238,8 @@ struct Context::Impl {
   // The engine's own per-context memory: each sequence's tokens, the step records and the per-sequence
   // arrays.
   static size_t engine_bytes(const ContextParams& p) {
-    const size_t rec_bytes = 7 * (size_t)p.n_batch * sizeof(int32_t) + (size_t)p.n_outputs * sizeof(int32_t) +
+    const size_t rec_bytes = 7 * (size_t)p.n_batch * sizeof(int32_t) + (size_t)p.n_batch * sizeof(TokenFeed) +
+                             (size_t)p.n_outputs * sizeof(int32_t) +
                              (size_t)p.n_outputs * (sizeof(SampleJob) + sizeof(SampleResult)) +
                              (size_t)p.n_outputs * SamplingParams::kMaxProbs * sizeof(TokenLogprob);
     return Sequences::token_bytes(p.n_slots, p.n_ctx) + kRecords * rec_bytes +
@@ -256,18 +261,19 @@ struct Context::Impl {
     for (int s = 0; s < p.n_slots; ++s) next_pos[s] = seqs.len(s);
     int n_out = 0;
     for (int i = 0; i < n; ++i) {
-      const int32_t s = b.seq(i), t = b.token(i), ps = b.pos(i);
+      const int32_t s = b.seq(i), ps = b.pos(i);
+      const RowToken t = b.token(i);
       const Output o = b.output(i);
       if (s < 0 || s >= p.n_slots) fail("step: row {}: sequence {} is out of range [0, {})", i, s, p.n_slots);
-      if (t == Batch::kSampled) {
+      if (t.from == TokenFrom::sampled) {
         if (feed[s] == kNone)
           fail("step: row {}: token kSampled, but the last step sampled no token for sequence {}", i, s);
-      } else if (t <= -2) {
-        const int src = -2 - t;
+      } else if (t.from == TokenFrom::followed) {
+        const int src = t.value;
         if (!source)
           fail("step: row {}: token Batch::follow({}), but the context follows no other (Context::follow)", i,
                src);
-        if (src >= source->p.n_slots)
+        if (src < 0 || src >= source->p.n_slots)
           fail("step: row {}: Batch::follow({}): the followed context has {} sequences", i, src,
                source->p.n_slots);
         if (ps > source->seqs.len(src))
@@ -280,8 +286,10 @@ struct Context::Impl {
               "step: row {}: Batch::follow({}) at position {}: the followed sequence's last step sampled no "
               "token for it",
               i, src, ps);
-      } else if (t >= m.hp.n_vocab) {
-        fail("step: row {}: token id {} is out of range [0, {})", i, t, m.hp.n_vocab);
+      } else if (t.from != TokenFrom::id) {
+        fail("step: row {}: invalid token source {}", i, (int)t.from);
+      } else if (t.value < 0 || t.value >= m.hp.n_vocab) {
+        fail("step: row {}: token id {} is out of range [0, {})", i, t.value, m.hp.n_vocab);
       }
       if (ps >= p.n_ctx)
         fail("step: row {}: position {} does not fit: the context holds {} tokens per sequence (raise n_ctx)",
@@ -315,11 +323,11 @@ struct Context::Impl {
           "step: row {}: Output::verify needs the next row of the batch to continue its sequence (the "
           "proposal)",
           i);
-    const int32_t t = b.token(i + 1);
-    if (t == Batch::kSampled)
+    const RowToken t = b.token(i + 1);
+    if (t.from == TokenFrom::sampled)
       fail("step: row {}: Output::verify: the next row's token is kSampled, not a proposal", i);
-    if (t >= 0) return;  // a given token: q is the point mass on it
-    const int src = -2 - t, ps = b.pos(i) + 1;
+    if (t.from == TokenFrom::id) return;  // a given token: q is the point mass on it
+    const int src = t.value, ps = b.pos(i) + 1;
     if (!linked_device)
       fail("step: row {}: Output::verify of a followed token needs both contexts on the same GPU", i);
     if (source->proposed[(size_t)src * kProposalRing + ps % kProposalRing] != ps)
@@ -344,29 +352,33 @@ struct Context::Impl {
     bool reads = false;
     for (int i = 0; i < n; ++i) {
       const int32_t s = b.seq(i), ps = b.pos(i);
-      int32_t t = b.token(i);
-      int32_t known = t;  // what the host's copy of the sequence gets now
+      const RowToken bt = b.token(i);
+      int32_t t = bt.value;
+      TokenFeed f = TokenFeed::id;
       r.link_seq[i] = -1;
-      if (t == Batch::kSampled) {
+      if (bt.from == TokenFrom::sampled) {
         // A queued source is the step submitted just before this one (at most one other is queued).
-        t = known = feed[s] == kKnown ? last_sampled[s] : -2 - feed_out[s];
-        if (known < 0) known = -1;
-      } else if (t <= -2) {
-        t = known = follow_token(i, -2 - t, ps);
-        if (known < 0) {
-          known = -1;
-          reads = true;
+        if (feed[s] == kKnown) {
+          t = last_sampled[s];
+        } else {
+          t = feed_out[s];
+          f = TokenFeed::prev_output;
         }
-        r.link_seq[i] = -2 - b.token(i);
+      } else if (bt.from == TokenFrom::followed) {
+        f = follow_token(i, bt.value, ps, t);
+        if (f != TokenFeed::id) reads = true;
+        r.link_seq[i] = bt.value;
       }
+      const int32_t known = f == TokenFeed::id ? t : -1;  // what the host's copy of the sequence gets now
       r.tok[i] = t;
+      r.feed[i] = f;
       r.pos[i] = ps;
       r.seq[i] = s;
       seqs.tokens(s)[ps] = known;  // the penalty windows of this step's sample rows read these (CPU)
       last_row[s] = i;
       r.row_out[i] = r.row_job[i] = -1;
       // The token at ps is given now (any row): a proposal kept for it stays only when it was fed as drawn.
-      if (b.token(i) != Batch::kSampled && proposed[(size_t)s * kProposalRing + ps % kProposalRing] == ps)
+      if (bt.from != TokenFrom::sampled && proposed[(size_t)s * kProposalRing + ps % kProposalRing] == ps)
         proposed[(size_t)s * kProposalRing + ps % kProposalRing] = -1;
       if (b.output(i) == Output::none) continue;
       r.row_out[i] = n_out;
@@ -386,9 +398,9 @@ struct Context::Impl {
         }
         if (o == Output::verify && !greedy) {
           job.kind = o;
-          const int32_t t1 = b.token(i + 1);
-          if (t1 <= -2) {
-            const int src = -2 - t1;
+          const RowToken t1 = b.token(i + 1);
+          if (t1.from == TokenFrom::followed) {
+            const int src = t1.value;
             if (!source->proposed_point[(size_t)src * kProposalRing + (ps + 1) % kProposalRing]) {
               job.q_src = src;
               reads = true;  // the source's ring: it must not submit before this step is waited for
@@ -406,6 +418,7 @@ struct Context::Impl {
     StepRows rows;
     rows.n = n;
     rows.token = r.tok.data();
+    rows.feed = r.feed.data();
     rows.pos = r.pos.data();
     rows.seq = r.seq.data();
     rows.n_out = n_out;
@@ -445,9 +458,10 @@ struct Context::Impl {
   void finish(int ri) {
     Record& r = rec[ri];
     for (int i = 0; i < r.n; ++i) {
-      if (r.tok[i] >= 0) continue;
+      if (r.feed[i] == TokenFeed::id) continue;
       r.tok[i] = seqs.tokens(r.seq[i])[r.pos[i]] =
           r.link_seq[i] >= 0 ? followed(r.link_seq[i], r.pos[i]) : last_sampled[r.seq[i]];
+      r.feed[i] = TokenFeed::id;
     }
     for (int i = 0; i < r.n; ++i) {
       const int s = r.seq[i];
@@ -463,11 +477,11 @@ struct Context::Impl {
     if (pos < S.seqs.len(src)) return S.seqs.tokens(src)[pos];
     return pos == S.seqs.len(src) && S.feed[src] == kKnown ? S.last_sampled[src] : -1;
   }
-  // What submit() stages for row i's Batch::follow(src) at pos: the token when the host knows it, else the
-  // backend's reference to the source's device state.
-  int32_t follow_token(int i, int src, int pos) const {
-    const int32_t v = followed(src, pos);
-    if (v >= 0) return v;
+  // What submit() stages for row i's Batch::follow(src) at pos: the token id when the host knows it, else the
+  // backend's reference to the source's device state; value gets the id, slot or output index.
+  TokenFeed follow_token(int i, int src, int pos, int32_t& value) const {
+    value = followed(src, pos);
+    if (value >= 0) return TokenFeed::id;
     if (!linked_device)
       fail(
           "step: row {}: Batch::follow({}): the followed token is still on the device in a queued step of "
@@ -475,13 +489,17 @@ struct Context::Impl {
           "followed context, and the backends cannot share it (wait() for the followed context first)",
           i, src);
     const Impl& S = *source;
-    if (pos < S.seqs.len(src)) return Backend::kLinkedLog - src;
+    if (pos < S.seqs.len(src)) {
+      value = src;
+      return TokenFeed::linked_seq;
+    }
     if (S.feed_rec[src] != (S.next_rec + kRecords - 1) % kRecords)
       fail(
           "step: row {}: Batch::follow({}): the followed token comes from a queued step that is not the "
           "followed context's last",
           i, src);
-    return Backend::kLinkedOut - S.feed_out[src];
+    value = S.feed_out[src];
+    return TokenFeed::linked_output;
   }
 
   void wait() {
@@ -490,7 +508,7 @@ struct Context::Impl {
     Record& r = rec[ri];
     if (r.reads_source)  // the host must be able to learn the followed tokens: check before the step ends
       for (int i = 0; i < r.n; ++i)
-        if (r.tok[i] < 0 && r.link_seq[i] >= 0 && followed(r.link_seq[i], r.pos[i]) < 0)
+        if (r.feed[i] != TokenFeed::id && r.link_seq[i] >= 0 && followed(r.link_seq[i], r.pos[i]) < 0)
           fail(
               "wait: row {} follows a token of a step of the followed context that has not been waited for "
               "(wait() for the followed context first)",
@@ -602,15 +620,24 @@ class DeferredBackend final : public Backend {
     --n_;
     for (int i = 0; i < q.rows.n; ++i) {
       const int32_t t = q.rows.token[i];
-      if (t <= Backend::kLinkedOut)
-        tok_[i] = link_->prev_[Backend::kLinkedOut - t];
-      else if (t <= Backend::kLinkedLog)
-        tok_[i] = link_src_.host_tokens[(size_t)(Backend::kLinkedLog - t) * link_src_.n_ctx + q.rows.pos[i]];
-      else
-        tok_[i] = t <= -2 ? prev_[-2 - t] : t;
+      switch (q.rows.feed ? q.rows.feed[i] : TokenFeed::id) {
+        case TokenFeed::id:
+          tok_[i] = t;
+          break;
+        case TokenFeed::prev_output:
+          tok_[i] = prev_[t];
+          break;
+        case TokenFeed::linked_seq:
+          tok_[i] = link_src_.host_tokens[(size_t)t * link_src_.n_ctx + q.rows.pos[i]];
+          break;
+        case TokenFeed::linked_output:
+          tok_[i] = link_->prev_[t];
+          break;
+      }
       if (tok_[i] < 0) fail("deferred backend: row {}: a fed token is not known yet", i);
     }
     q.rows.token = tok_.data();
+    q.rows.feed = nullptr;
     inner_->step(q.rows, q.jobs, q.n_jobs, q.results, q.top, stats);
     std::fill(prev_.begin(), prev_.end(), -1);
     for (int j = 0; j < q.n_jobs; ++j) prev_[q.jobs[j].out] = q.results[j].token;
