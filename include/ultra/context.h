@@ -12,12 +12,14 @@
 // length. crop(seq, n) forgets everything from position n on in O(1) (the cache is written in place and
 // never moved).
 //
-// Rows. A row is (token, position, sequence, output). The rows of one sequence in a batch must continue
-// it: positions seq_len, seq_len + 1, ... in batch order. Output::logits makes the row's logits available
-// through logits(row); Output::sample also draws a token from them with the sequence's sampler (penalties
-// over the sequence's tokens up to and including the row's own token), inside the step, on the backend
-// that ran it. step() checks every field of the batch before it touches any memory and throws
-// ultra::Error naming the row and field; then nothing has changed.
+// Rows. A row is (token, position, sequence, output). Its token is an id, or a RowToken saying where the step
+// takes it from: Batch::kSampled (the sequence's last sampled token) or Batch::follow(s) (a followed
+// context's token; see "Linked contexts"). The rows of one sequence in a batch must continue it: positions
+// seq_len, seq_len + 1, ... in batch order. Output::logits makes the row's logits available through
+// logits(row); Output::sample also draws a token from them with the sequence's sampler (penalties over the
+// sequence's tokens up to and including the row's own token), inside the step, on the backend that ran it.
+// step() checks every field of the batch before it touches any memory and throws ultra::Error naming the
+// row and field; then nothing has changed.
 //
 // Sampling state is derived, not accumulated: the penalty window is the sequence's own tokens and the
 // random numbers are keyed by (seed, position) (see sampling.h). snapshot()/restore() are therefore
