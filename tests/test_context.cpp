@@ -212,15 +212,21 @@ TEST(Context, MalformedBatchesAreRejectedAndWriteNothing) {
   Batch b(16);
   for (Context* c : {&ctx, &clean}) prefill(*c, b, 0, hist);
 
+  struct Row {
+    RowToken token;
+    int32_t pos, seq, out;
+  };
   struct Case {
     const char* name;
-    std::vector<std::array<int32_t, 4>> rows;  // token, pos, seq, output
+    std::vector<Row> rows;
     const char* needle;
   };
-  const int32_t kS = Batch::kSampled;
+  const RowToken kS = Batch::kSampled;
   const std::vector<Case> cases = {
       {"empty", {}, "empty"},
-      {"token negative: Batch::follow(5) without a source", {{-7, 5, 0, 0}}, "follows no other"},
+      {"Batch::follow(5) without a source", {{Batch::follow(5), 5, 0, 0}}, "follows no other"},
+      {"token negative", {{-7, 5, 0, 0}}, "token id -7 is out of range"},
+      {"token source", {{RowToken((TokenFrom)9, 1), 5, 0, 0}}, "invalid token source 9"},
       {"token too large", {{V, 5, 0, 0}}, "token id 320 is out of range"},
       {"kSampled without a sample", {{kS, 5, 0, 0}}, "kSampled"},
       {"seq negative", {{1, 5, -1, 0}}, "sequence -1 is out of range"},
@@ -234,13 +240,12 @@ TEST(Context, MalformedBatchesAreRejectedAndWriteNothing) {
        {{1, 5, 0, 1}, {2, 6, 0, 1}, {3, 0, 1, 2}},
        "more than the context's 2 output rows"},
       {"output kind", {{1, 5, 0, 7}}, "invalid output kind 7"},
-      {"too many rows", std::vector<std::array<int32_t, 4>>(9, {1, 0, 1, 0}),
-       "more than the context's n_batch"},
+      {"too many rows", std::vector<Row>(9, Row{1, 0, 1, 0}), "more than the context's n_batch"},
       {"bad row after good rows", {{1, 5, 0, 1}, {2, 0, 1, 2}, {3, 6, 0, 0}, {V + 5, 1, 1, 0}}, "row 3"},
   };
   for (const Case& c : cases) {
     b.clear();
-    for (const auto& r : c.rows) b.add(r[0], r[1], r[2], (Output)r[3]);
+    for (const Row& r : c.rows) b.add(r.token, r.pos, r.seq, (Output)r.out);
     try {
       ctx.step(b);
       ADD_FAILURE() << c.name << ": no error";
@@ -537,6 +542,9 @@ TEST(Context, FollowedTokensAndTheirRules) {
     b.clear();
     b.add(Batch::follow(3), 7, 1);
     EXPECT_THROW(dst.submit(b), Error);  // src has one sequence
+    b.clear();
+    b.add(Batch::follow(-1), 7, 1);
+    EXPECT_THROW(dst.submit(b), Error);  // no sequence -1 (not the token last sampled for sequence 1)
     dst.follow(nullptr);
     b.clear();
     b.add(Batch::follow(0), 7, 1);

@@ -12,12 +12,14 @@
 // length. crop(seq, n) forgets everything from position n on in O(1) (the cache is written in place and
 // never moved).
 //
-// Rows. A row is (token, position, sequence, output). The rows of one sequence in a batch must continue
-// it: positions seq_len, seq_len + 1, ... in batch order. Output::logits makes the row's logits available
-// through logits(row); Output::sample also draws a token from them with the sequence's sampler (penalties
-// over the sequence's tokens up to and including the row's own token), inside the step, on the backend
-// that ran it. step() checks every field of the batch before it touches any memory and throws
-// ultra::Error naming the row and field; then nothing has changed.
+// Rows. A row is (token, position, sequence, output). Its token is an id, or a RowToken saying where the step
+// takes it from: Batch::kSampled (the sequence's last sampled token) or Batch::follow(s) (a followed
+// context's token; see "Linked contexts"). The rows of one sequence in a batch must continue it: positions
+// seq_len, seq_len + 1, ... in batch order. Output::logits makes the row's logits available through
+// logits(row); Output::sample also draws a token from them with the sequence's sampler (penalties over the
+// sequence's tokens up to and including the row's own token), inside the step, on the backend that ran it.
+// step() checks every field of the batch before it touches any memory and throws ultra::Error naming the
+// row and field; then nothing has changed.
 //
 // Sampling state is derived, not accumulated: the penalty window is the sequence's own tokens and the
 // random numbers are keyed by (seed, position) (see sampling.h). snapshot()/restore() are therefore
@@ -108,23 +110,40 @@ enum class Output : uint8_t {
             // distribution
 };
 
+// Where a row's token comes from.
+enum class TokenFrom : uint8_t {
+  id,        // the token id given (RowToken::value)
+  sampled,   // the token last sampled for the row's sequence (Batch::kSampled)
+  followed,  // a token of sequence RowToken::value of the context this one follows (Batch::follow)
+};
+
+// A row's token: a token id, or where the step takes it from. A plain id converts to it, so add(id, ...)
+// reads as before; any id (negative ones too) is an id, checked against the vocabulary by step().
+struct RowToken {
+  TokenFrom from = TokenFrom::id;
+  int32_t value = 0;  // id: the token id; followed: the followed sequence; sampled: unused (0)
+  constexpr RowToken(int32_t id) : value(id) {}  // NOLINT(google-explicit-constructor): a token id
+  constexpr RowToken(TokenFrom from_, int32_t value_) : from(from_), value(value_) {}
+  friend constexpr bool operator==(const RowToken&, const RowToken&) = default;
+};
+
 // The rows of one step. Allocates once (its capacity); add() and clear() allocate nothing.
 class Batch {
  public:
   // As a token: "the token last sampled for this sequence" (by the most recent step that included it, if
   // that step sampled it). It lets a caller queue the next decode step without reading the last result
   // first (a GPU backend feeds it on the device).
-  static constexpr int32_t kSampled = -1;
+  static constexpr RowToken kSampled{TokenFrom::sampled, 0};
   // As a token: "the token at this row's position in sequence src_seq of the context this one follows"
   // (Context::follow), where the position just past that sequence's end stands for the token its last
   // step sampled for it. A draft context's proposals go into the target's verification step this way;
   // on a GPU the target reads them from the draft's device memory, so the host waits for neither.
-  static constexpr int32_t follow(int32_t src_seq) { return -2 - src_seq; }
+  static constexpr RowToken follow(int32_t src_seq) { return {TokenFrom::followed, src_seq}; }
 
   explicit Batch(int capacity);
 
   // Appends a row and returns its index. Throws ultra::Error when the batch is full.
-  int add(int32_t token, int32_t pos, int32_t seq, Output out = Output::none);
+  int add(RowToken token, int32_t pos, int32_t seq, Output out = Output::none);
   // Appends tokens at positions pos0, pos0 + 1, ... of seq; `last` is the output of the last row.
   void add_sequence(std::span<const int32_t> tokens, int32_t pos0, int32_t seq, Output last = Output::none);
   void clear() { n_ = 0; }
@@ -132,7 +151,7 @@ class Batch {
   int size() const { return n_; }
   int capacity() const { return (int)token_.size(); }
   bool empty() const { return n_ == 0; }
-  int32_t token(int row) const { return token_[row]; }
+  RowToken token(int row) const { return {from_[row], token_[row]}; }
   int32_t pos(int row) const { return pos_[row]; }
   int32_t seq(int row) const { return seq_[row]; }
   Output output(int row) const { return out_[row]; }
@@ -140,6 +159,7 @@ class Batch {
  private:
   std::vector<int32_t> token_, pos_, seq_;
   std::vector<Output> out_;
+  std::vector<TokenFrom> from_;
   int n_ = 0;
 };
 

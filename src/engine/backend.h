@@ -50,10 +50,10 @@ class Backend {
 
   // Queued steps (Context::submit). An asynchronous backend returns from submit() once the step is
   // enqueued and writes its results into results/top (which stay valid until then) in complete(), which
-  // finishes the oldest submitted step; at most two are outstanding. In the rows of a submitted step, a
-  // token -2 - k (k >= 0) stands for the token sampled for output k of the step submitted just before it,
-  // still outstanding: the backend resolves it on the device. A synchronous backend runs the whole step in
-  // submit() (it never sees such tokens).
+  // finishes the oldest submitted step; at most two are outstanding. A row of a submitted step fed
+  // TokenFeed::prev_output (rows.feed) takes the token sampled for output token[i] of the step submitted just
+  // before it, still outstanding: the backend resolves it on the device. A synchronous backend runs the whole
+  // step in submit() (it never sees such rows: its rows.feed is null or all TokenFeed::id).
   virtual bool asynchronous() const { return false; }
   virtual void submit(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
                       TokenLogprob* top, StepStats& stats) {
@@ -62,14 +62,13 @@ class Backend {
   virtual void complete(StepStats& /*stats*/) {}
 
   // Linked contexts (Context::follow): this backend may take a row's token from another backend's state
-  // without a host round trip. A submitted step's token kLinkedLog - s stands for the token at the row's
-  // position of slot s in the source's device copy of its sequences (written by a step the source has
-  // submitted); kLinkedOut - k for output k of the source's last submitted step. The step waits on the
-  // device for the source's last submitted step. link() returns false when the backend cannot do this
-  // (the engine then needs the tokens on the host). host_tokens: the source context's host copy of its
-  // sequences, [n_slots, n_ctx] (a backend that resolves on the host reads it when the step runs).
-  static constexpr int32_t kLinkedLog = -(1 << 24);
-  static constexpr int32_t kLinkedOut = -(1 << 25);
+  // without a host round trip. A row of a submitted step fed TokenFeed::linked_seq takes the token at its
+  // position of slot token[i] in the source's device copy of its sequences (written by a step the source has
+  // submitted); one fed TokenFeed::linked_output the token of output token[i] of the source's last submitted
+  // step. The step waits on the device for the source's last submitted step. link() returns false when the
+  // backend cannot do this (the engine then needs the tokens on the host). host_tokens: the source context's
+  // host copy of its sequences, [n_slots, n_ctx] (a backend that resolves on the host reads it when the step
+  // runs).
   struct LinkSource {
     Backend* backend = nullptr;
     const int32_t* host_tokens = nullptr;

@@ -11,10 +11,11 @@ namespace ultra::testing {
 void poison_kv_past_length(Context& ctx, int seq);
 
 // Makes the context's backend asynchronous in the way a GPU backend is, on any backend: submit() only
-// records a step, which runs when the engine completes it, with each token -2 - k (fed "on the device")
-// replaced by output k of the step before. It exercises the engine's queue and token feed without a GPU.
-// The host's penalty windows of such a step still hold -1 where a fed token goes (a GPU backend reads its
-// own copy), so penalties differ from a synchronous run: test with penalties off.
+// records a step, which runs when the engine completes it, with each token fed "on the device" (TokenFeed,
+// model/token_feed.h) resolved on the host: output k of the step before, or the followed context's state. It
+// exercises the engine's queue and token feed without a GPU. The host's penalty windows of such a step still
+// hold -1 where a fed token goes (a GPU backend reads its own copy), so penalties differ from a synchronous
+// run: test with penalties off.
 void defer_steps(Context& ctx);
 
 }  // namespace ultra::testing

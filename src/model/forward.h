@@ -11,13 +11,17 @@
 #include "core/views.h"
 #include "model/hparams.h"
 #include "model/model.h"
+#include "model/token_feed.h"
 
 namespace ultra {
 
 // The rows of one step, in the memory of the backend that runs it.
 struct StepRows {
-  int n = 0;                         // rows
-  const int32_t* token = nullptr;    // [n] token ids
+  int n = 0;                       // rows
+  const int32_t* token = nullptr;  // [n] token ids (or what feed[i] says)
+  // [n] Backend::submit only (host memory): where each token comes from; null: every token is an id. The
+  // backend resolves the others to ids before forward(), which reads ids only.
+  const TokenFeed* feed = nullptr;
   const int32_t* pos = nullptr;      // [n] position of each token in its sequence
   const int32_t* seq = nullptr;      // [n] sequence (KV slot) of each token
   int n_out = 0;                     // rows whose logits are computed

@@ -11,20 +11,25 @@ namespace {
 
 // log[seq[t] * n_ctx + pos[t]] = token[t] for the real rows (seq >= 0) of a step.
 __global__ void token_log_write_kernel(int32_t* log, int n_ctx, int n_slots, int32_t* token,
-                                       const int32_t* pos, const int32_t* seq, const int32_t* prev,
-                                       const LinkedTokens* link, int n) {
+                                       const TokenFeed* feed, const int32_t* pos, const int32_t* seq,
+                                       const int32_t* prev, const LinkedTokens* link, int n) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= n) return;
   const int s = seq[t], p = pos[t];
   if (s < 0 || s >= n_slots || p < 0 || p >= n_ctx) return;
   int32_t tok = token[t];
-  if (tok <= kLinkedOut) {
-    token[t] = tok = link->out[kLinkedOut - tok];
-  } else if (tok <= kLinkedLog) {
-    const int src = kLinkedLog - tok;
-    token[t] = tok = src < link->n_slots && p < link->n_ctx ? link->log[(int64_t)src * link->n_ctx + p] : 0;
-  } else if (tok <= -2) {
-    token[t] = tok = prev[-2 - tok];
+  switch (feed[t]) {
+    case TokenFeed::id:
+      break;
+    case TokenFeed::prev_output:
+      token[t] = tok = prev[tok];
+      break;
+    case TokenFeed::linked_seq:
+      token[t] = tok = tok < link->n_slots && p < link->n_ctx ? link->log[(int64_t)tok * link->n_ctx + p] : 0;
+      break;
+    case TokenFeed::linked_output:
+      token[t] = tok = link->out[tok];
+      break;
   }
   log[(int64_t)s * n_ctx + p] = tok;
 }
@@ -45,12 +50,12 @@ cudaError_t copy_kernel(void* dst, const void* src, size_t bytes, cudaStream_t s
   return cudaGetLastError();
 }
 
-cudaError_t token_log_write(int32_t* log, int n_ctx, int n_slots, int32_t* token, const int32_t* pos,
-                            const int32_t* seq, const int32_t* prev, const LinkedTokens* link, int n,
-                            cudaStream_t stream) {
+cudaError_t token_log_write(int32_t* log, int n_ctx, int n_slots, int32_t* token, const TokenFeed* feed,
+                            const int32_t* pos, const int32_t* seq, const int32_t* prev,
+                            const LinkedTokens* link, int n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  token_log_write_kernel<<<(n + 127) / 128, 128, 0, stream>>>(log, n_ctx, n_slots, token, pos, seq, prev,
-                                                              link, n);
+  token_log_write_kernel<<<(n + 127) / 128, 128, 0, stream>>>(log, n_ctx, n_slots, token, feed, pos, seq,
+                                                              prev, link, n);
   return cudaGetLastError();
 }
 

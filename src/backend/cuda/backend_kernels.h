@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "model/token_feed.h"
+
 namespace ultra::cuda {
 
 // Another backend's state a step may read its tokens from (Backend::link), in device memory; null
@@ -14,17 +16,17 @@ struct LinkedTokens {
   const int32_t* out = nullptr;  // the tokens its last submitted step sampled, by output
   int32_t n_ctx = 0, n_slots = 0;
 };
-constexpr int32_t kLinkedLog = -(1 << 24);  // as Backend::kLinkedLog
-constexpr int32_t kLinkedOut = -(1 << 25);  // as Backend::kLinkedOut
 
 // Resolves the tokens the device feeds and writes the tokens of a step into the device copy of the
-// sequences' tokens, which the sampler's penalty windows read. A token -2 - k (k >= 0) becomes prev[k], the
-// token the previous step sampled for its output k; kLinkedLog - s becomes link->log[s, pos[t]] and
-// kLinkedOut - k link->out[k] (written back into token[t], before the embedding reads it); then
-// log[seq[t], pos[t]] = token[t]. Rows with seq < 0 (padding) are skipped.
+// sequences' tokens, which the sampler's penalty windows read. By feed[t] (model/forward.h TokenFeed), a
+// token k fed prev_output becomes prev[k], the token the previous step sampled for its output k; s fed
+// linked_seq becomes link->log[s, pos[t]] and k fed linked_output link->out[k] (written back into token[t],
+// before the embedding reads it); then log[seq[t], pos[t]] = token[t]. Rows with seq < 0 (padding) are
+// skipped.
 cudaError_t token_log_write(int32_t* log,  // [n_slots, n_ctx]
                             int n_ctx, int n_slots,
                             int32_t* token,            // [n]
+                            const TokenFeed* feed,     // [n]
                             const int32_t* pos,        // [n]
                             const int32_t* seq,        // [n]
                             const int32_t* prev,       // [outputs of the previous step]

@@ -259,6 +259,7 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
     return at;
   };
   lay_.tok = put(nb * 4);
+  lay_.feed = put(nb * sizeof(TokenFeed));
   lay_.pos = put(nb * 4);
   lay_.seq = put(nb * 4);
   lay_.out_row = put((size_t)n_out_cap_ * 4);
@@ -563,11 +564,12 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
     check(cudaMemcpyAsync(d_in_, h_in, lay_.in_bytes, cudaMemcpyHostToDevice, stream_), "input upload");
   prof_end();
   int32_t* tok = reinterpret_cast<int32_t*>(d_in_ + lay_.tok);
+  const TokenFeed* feed = reinterpret_cast<const TokenFeed*>(d_in_ + lay_.feed);
   const int32_t* pos = reinterpret_cast<const int32_t*>(d_in_ + lay_.pos);
   const int32_t* seq = reinterpret_cast<const int32_t*>(d_in_ + lay_.seq);
   prof_begin("token log");
   // The previous step's sampled tokens are still in d_out_: this step's sampler writes it later.
-  check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, pos, seq,
+  check(cuda::token_log_write(token_log_, p_.n_ctx, p_.n_slots, tok, feed, pos, seq,
                               reinterpret_cast<const int32_t*>(d_out_ + lay_.token), d_link_, n, stream_),
         "token log");
   prof_end();
@@ -646,6 +648,7 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
 
   // Stage the rows (padding rows: sequence -1) and one sampler row per output.
   int32_t* tok = reinterpret_cast<int32_t*>(h_in + lay_.tok);
+  TokenFeed* feed = reinterpret_cast<TokenFeed*>(h_in + lay_.feed);
   int32_t* pos = reinterpret_cast<int32_t*>(h_in + lay_.pos);
   int32_t* seq = reinterpret_cast<int32_t*>(h_in + lay_.seq);
   int32_t* out_row = reinterpret_cast<int32_t*>(h_in + lay_.out_row);
@@ -653,6 +656,7 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
   for (int i = 0; i < n_eff; ++i) {
     const bool real = i < n;
     tok[i] = real ? rows.token[i] : 0;
+    feed[i] = real && rows.feed ? rows.feed[i] : TokenFeed::id;
     pos[i] = real ? rows.pos[i] : 0;
     seq[i] = real ? rows.seq[i] : -1;
   }
@@ -696,8 +700,8 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
   std::fill(logits_ready_.begin(), logits_ready_.end(), 0);
 
   // Tokens read from the linked backend: this stream waits (on the device) for its last submitted step.
-  for (int i = 0; i < n; ++i) {
-    if (rows.token[i] > Backend::kLinkedLog) continue;
+  for (int i = 0; i < n && rows.feed; ++i) {
+    if (rows.feed[i] != TokenFeed::linked_seq && rows.feed[i] != TokenFeed::linked_output) continue;
     if (!link_) fail("CUDA backend: row {} reads a linked backend's token, but none is linked", i);
     if (link_->n_submitted_ > 0)
       check(cudaStreamWaitEvent(stream_, link_->done_ev_[(link_->n_submitted_ - 1) % kInFlight], 0),

@@ -12,7 +12,8 @@
 // Steps are asynchronous (Backend::submit / complete): two can be outstanding, each with its own pinned
 // input and result blocks (and its own set of graphs, whose IO kernels name them), so the host stages and
 // launches step k + 1 while step k runs. A token the previous step sampled is fed on the device: the first
-// kernel of a step replaces each token -2 - k by output k of the previous step's results.
+// kernel of a step replaces the token of each row fed TokenFeed::prev_output by output token[i] of the
+// previous step's results.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -185,7 +186,7 @@ class CudaBackend final : public Backend, private ForwardOps {
 
   // Step inputs and results: one pinned host block and its device mirror each, same layout.
   struct Layout {
-    size_t tok, pos, seq, out_row, srow, in_bytes;                    // inputs
+    size_t tok, feed, pos, seq, out_row, srow, in_bytes;              // inputs
     size_t token, logprob, top_token, top_logprob, error, out_bytes;  // results
   } lay_{};
   std::array<uint8_t*, kInFlight> h_in_{};  // by submission parity

@@ -1,0 +1,86 @@
+// ultra::Context's insides, shared by the files that implement them:
+//   context.cpp          creation, submit / wait, and the public calls
+//   batch_check.cpp      validation of a batch before anything is written
+//   linked_contexts.cpp  Context::follow: rows that take their tokens from another context
+//   step_queue.h         the records of queued steps and what Batch::kSampled stands for
+//   proposal_ring.h      which positions the backend's kept proposals are for
+//   testing.cpp          the test-only hooks of engine/testing.h
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "engine/backend.h"
+#include "engine/model_impl.h"
+#include "engine/proposal_ring.h"
+#include "engine/step_queue.h"
+#include "kv/sequences.h"
+#include "ultra/context.h"
+
+namespace ultra {
+
+struct Context::Impl {
+  Model model;
+  const ModelData& m;
+  std::vector<std::string> warnings;  // before p: resolve() fills it
+  ContextParams p;
+  int n_sample;
+  std::unique_ptr<Backend> be;
+
+  Sequences seqs;          // lengths, tokens, sampler settings (kv/sequences.h)
+  LastSampled sampled;     // what Batch::kSampled stands for, per sequence
+  ProposalRing proposals;  // Output::propose rows' kept distributions
+  StepQueue queue;         // the steps handed to the backend
+  // Linked contexts (Context::follow).
+  Impl* source = nullptr;      // the context this one follows
+  Impl* follower = nullptr;    // the context that follows this one
+  bool linked_device = false;  // the backend reads the source's device state (Backend::link)
+  int queued_reads = 0;        // queued steps that read the source's device state
+  Buffer<int32_t> next_pos;    // [n_slots] validation: the position the next row of a sequence must have
+  Buffer<int32_t> last_row;    // [n_slots] scratch of submit(): the last row of each sequence in the step
+  StepStats stats;
+
+  Impl(const Model& model_, const ContextParams& params);
+  ~Impl() { unlink(); }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // The engine's own per-context memory: each sequence's tokens, the step records and the per-sequence
+  // arrays.
+  static size_t engine_bytes(const ContextParams& p);
+
+  // --- batch_check.cpp ---
+  // Checks every row before anything is written; throws naming the row and the field.
+  void validate(const Batch& b);
+  // Output::propose / verify row i (see "Speculative outputs" in context.h).
+  void check_speculative(const Batch& b, int i) const;
+
+  // --- context.cpp ---
+  void submit(const Batch& b);
+  // The host's side of the step in record ri that has run: the tokens the device fed into the sequences'
+  // copies, then what kSampled stands for.
+  void finish(int ri);
+  void wait();
+
+  // --- linked_contexts.cpp ---
+  void link(Impl& s);    // follow s (both checked idle and linkable)
+  void unlink_source();  // ends this context's link to the context it follows
+  void unlink();         // ends both links of this context (as follower and as source)
+  // Row i's Batch::follow(src) at position pos, and row i's Output::verify of it (validation).
+  void check_follow(int i, int src, int pos) const;
+  void check_followed_proposal(int i, int src, int pos) const;
+  // Throws while a queued step of the follower reads this context's state (before this one submits).
+  void check_no_reader() const;
+  // A Batch::follow token, now: the source's token at pos of its sequence src, or the one its last step
+  // sampled for pos (one past the end); -1 while only the device knows it.
+  int32_t followed(int src, int pos) const;
+  // What submit() stages for row i's Batch::follow(src) at pos: the token id when the host knows it, else
+  // the backend's reference to the source's device state; value gets the id, slot or output index.
+  TokenFeed follow_token(int i, int src, int pos, int32_t& value) const;
+  // Before the step in r ends: throws unless the host can learn every token it read from the source.
+  void check_followed_known(const StepRecord& r) const;
+};
+
+}  // namespace ultra
