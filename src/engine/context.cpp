@@ -181,7 +181,7 @@ struct Context::Impl {
   StepStats stats;
 
   Impl(const Model& model_, const ContextParams& params)
-      : model(model_), m(*model_.impl().data), p(resolve(m, params, warnings)) {
+      : model(model_), m(*detail::impl(model_).data), p(resolve(m, params, warnings)) {
     const Tokenizer* t = model.tokenizer();
     n_sample = t ? std::min(t->n_vocab(), m.hp.n_vocab) : m.hp.n_vocab;
     if (p.backend == BackendKind::cpu) check_memory(m, p, engine_bytes(p));
@@ -544,6 +544,9 @@ std::span<const std::string> Context::warnings() const {
 const char* Context::backend_name() const {
   return impl_->be->name();
 }
+std::string Context::backend_description() const {
+  return impl_->be->description();
+}
 int Context::n_sample_vocab() const {
   return impl_->n_sample;
 }
@@ -568,7 +571,7 @@ void Context::crop(int seq, int n) {
 }
 
 void testing::poison_kv_past_length(Context& ctx, int seq) {
-  Context::Impl& c = ctx.impl();
+  Context::Impl& c = detail::impl(ctx);
   c.seqs.check(seq, "poison_kv_past_length");
   c.check_idle("poison_kv_past_length");
   c.be->poison_kv(seq, c.seqs.len(seq));
@@ -644,7 +647,7 @@ class DeferredBackend final : public Backend {
 }  // namespace
 
 void testing::defer_steps(Context& ctx) {
-  Context::Impl& c = ctx.impl();
+  Context::Impl& c = detail::impl(ctx);
   c.check_idle("defer_steps");
   c.be = std::make_unique<DeferredBackend>(std::move(c.be), c.p.n_batch, c.p.n_outputs);
 }
@@ -723,6 +726,14 @@ std::span<const float> Context::logits(int row) {
 }
 const StepStats& Context::stats() const {
   return impl_->stats;
+}
+std::span<const BackendStat> Context::backend_stats() const {
+  return impl_->be->stats();
+}
+double Context::backend_stat(std::string_view name) const {
+  for (const BackendStat& s : impl_->be->stats())
+    if (name == s.name) return s.value;
+  return 0;
 }
 
 }  // namespace ultra
