@@ -96,8 +96,8 @@ const char* const kChatml =
 TEST(ChatSpecial, ForgedTurnStaysTextWithChatml) {
   for (const char* vocab : kChatmlVocabs) {
     const Tokenizer tok = load_tok(vocab);
-    const int32_t im_start = tok.impl().t.find_token("<|im_start|>");
-    const int32_t im_end = tok.impl().t.find_token("<|im_end|>");
+    const int32_t im_start = detail::impl(tok).t.find_token("<|im_start|>");
+    const int32_t im_end = detail::impl(tok).t.find_token("<|im_end|>");
     ASSERT_GE(im_start, 0);
     ASSERT_TRUE(tok.is_special(im_start) && tok.is_special(im_end));
     const ChatTemplate qwen(slurp(kRoot / "tests/fixtures/templates/Qwen-Qwen2.5-7B-Instruct.jinja"),
@@ -133,7 +133,7 @@ TEST(ChatSpecial, ForgedTurnStaysTextWithChatml) {
 
 TEST(ChatSpecial, BundledModelTemplate) {
   const Tokenizer tok = load_tok("models/target.gguf");
-  const int32_t eot = tok.impl().t.find_token("<|endoftext|>");
+  const int32_t eot = detail::impl(tok).t.find_token("<|endoftext|>");
   ASSERT_GE(eot, 0);
   ASSERT_TRUE(tok.is_special(eot));
   const ChatTemplate t(slurp(kRoot / "models/chat_template.jinja"), options_of(tok));
@@ -190,7 +190,7 @@ TEST(ChatSpecial, RoleAndKeysAreNotIsolatedSoRefused) {
 
 TEST(ChatSpecial, RepeatedAndReorderedContentsAreIsolated) {
   const Tokenizer tok = load_tok(kChatmlVocabs[0]);
-  const int32_t im_end = tok.impl().t.find_token("<|im_end|>");
+  const int32_t im_end = detail::impl(tok).t.find_token("<|im_end|>");
   // Prints the last message first, and every content twice (once in a quote).
   const ChatTemplate t(
       "<|im_start|>last: {{ messages[-1].content }}<|im_end|>\n{% for m in messages %}<|im_start|>{{ m.role "
@@ -207,7 +207,7 @@ TEST(ChatSpecial, RepeatedAndReorderedContentsAreIsolated) {
 
 TEST(ChatSpecial, ContentParts) {
   const Tokenizer tok = load_tok(kChatmlVocabs[0]);
-  const int32_t im_end = tok.impl().t.find_token("<|im_end|>");
+  const int32_t im_end = detail::impl(tok).t.find_token("<|im_end|>");
   const ChatTemplate t(slurp(kRoot / "tests/fixtures/templates/Qwen3.5-4B.jinja"), options_of(tok));
   const json msgs = json::array({{{"role", "user"},
                                   {"content", json::array({{{"type", "text"}, {"text", "one <|im_end|>"}},
@@ -283,7 +283,7 @@ TEST(ChatSpecial, OrdinaryConversationsTokenizeAsBefore) {
   int n_checked = 0, n_isolated = 0;
   for (const std::string& vocab : vocabs) {
     const Tokenizer tok = load_tok(vocab);
-    const tok::Tokenizer& tt = tok.impl().t;
+    const tok::Tokenizer& tt = detail::impl(tok).t;
     // A control token's text to write into a message: the first one of the vocabulary.
     std::string special;
     for (int32_t id = 0; id < tok.n_vocab() && special.empty(); ++id)
@@ -327,7 +327,7 @@ TEST(ChatSpecial, OrdinaryConversationsTokenizeAsBefore) {
 // contents alone are isolated; arguments holding special text are refused, not parsed.
 TEST(ChatSpecial, ToolCallArguments) {
   const Tokenizer tok = load_tok(kChatmlVocabs[0]);
-  const int32_t im_end = tok.impl().t.find_token("<|im_end|>");
+  const int32_t im_end = detail::impl(tok).t.find_token("<|im_end|>");
   const ChatTemplate t(slurp(kRoot / "tests/fixtures/templates/Qwen-Qwen2.5-7B-Instruct.jinja"),
                        options_of(tok));
   auto conv = [](const std::string& arg, const std::string& result) {
@@ -357,7 +357,7 @@ TEST(ChatSpecial, ToolCallArguments) {
 // Much whitespace around a content that a template trims: found without trying every pair of ends.
 TEST(ChatSpecial, TrimmedWhitespaceIsCheap) {
   const Tokenizer tok = load_tok(kChatmlVocabs[0]);
-  const int32_t im_end = tok.impl().t.find_token("<|im_end|>");
+  const int32_t im_end = detail::impl(tok).t.find_token("<|im_end|>");
   const ChatTemplate t(
       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n"
       "{% endfor %}",
@@ -450,7 +450,7 @@ TEST(ChatSpecial, RealTemplates) {
     const std::string special = std::string(vocab).find("phi-3") != std::string::npos    ? "<|end|>"
                                 : std::string(vocab).find("target") != std::string::npos ? "<|endoftext|>"
                                                                                          : "<|im_end|>";
-    ASSERT_TRUE(tok.is_special(tok.impl().t.find_token(special))) << special;
+    ASSERT_TRUE(tok.is_special(detail::impl(tok).t.find_token(special))) << special;
     for (const auto& [name, entry] : r["templates"].items()) {
       SCOPED_TRACE(std::string(vocab) + " " + name);
       ChatTemplateOptions o = options_of(tok);

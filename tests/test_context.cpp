@@ -289,7 +289,7 @@ TEST(Context, NonFiniteLogitsAreAnError) {
   const Model m = Model::load(kFixture.string());
   Context ctx(m, {.n_ctx = 16, .n_threads = 1});
   // Poison the final norm of this loaded model (test-only access to its weights).
-  float* norm = const_cast<float*>(m.impl().data->output_norm);
+  float* norm = const_cast<float*>(detail::impl(m).data->output_norm);
   const float saved = norm[0];
   norm[0] = std::numeric_limits<float>::quiet_NaN();
   Batch b(4);

@@ -129,10 +129,10 @@ TEST(CudaBackend, FixturesMatchHfTransformers) {
       }
       std::printf(
           "[cuda fixture] %-17s %-4s  16-row step max-abs %.3g  1-row steps max-abs %.3g  graphs %lld\n",
-          name, c.type, prefill, decode, (long long)ctx.stats().n_graph_launches);
+          name, c.type, prefill, decode, (long long)ctx.backend_stat("graph_launches"));
       EXPECT_LT(prefill, 1e-4) << name << " " << c.type;
       EXPECT_LT(decode, 1e-4) << name << " " << c.type;
-      EXPECT_GT(ctx.stats().n_graph_launches, 0);
+      EXPECT_GT((int64_t)ctx.backend_stat("graph_launches"), 0);
       EXPECT_EQ(greedy_tokens(ctx, prompt, 32), ref[c.greedy].get<std::vector<int32_t>>())
           << name << " " << c.type;
       if (std::string(c.type) != "f32") fs::remove(path);
@@ -150,16 +150,16 @@ TEST(CudaBackend, BundledModelMatchesPyTorch) {
     const auto prompt = rep["greedy"]["prompt_ids"].get<std::vector<int32_t>>();
     const auto got = greedy_tokens(ctx, prompt, 64);
     EXPECT_EQ(got, rep["f16w"]["greedy_ids"].get<std::vector<int32_t>>());
-    EXPECT_GE(ctx.stats().n_graph_launches, 60);
+    EXPECT_GE((int64_t)ctx.backend_stat("graph_launches"), 60);
     // Host dispatch: the time of the graph launch call of each decode step (median of 64).
     Batch b(1);
     std::vector<double> us;
     for (int i = 0; i < 64; ++i) {
-      const double before = ctx.stats().launch_us;
+      const double before = ctx.backend_stat("launch_us");
       b.clear();
       b.add(Batch::kSampled, ctx.seq_len(0), 0, Output::sample);
       ctx.step(b);
-      us.push_back(ctx.stats().launch_us - before);
+      us.push_back(ctx.backend_stat("launch_us") - before);
     }
     std::sort(us.begin(), us.end());
     std::printf("[cuda bundled] host graph launch per decode step: median %.2f us, min %.2f, max %.2f\n",
@@ -609,7 +609,7 @@ TEST(CudaBackend, QueuedStepsFeedTokensOnTheDevice) {
     std::printf(
         "[cuda queued] %s: %lld graph launches, host submit %.2f us per step (mean; the graph "
         "captures of the first steps included)\n",
-        queued ? "queued one ahead" : "plain steps", (long long)st.n_graph_launches,
+        queued ? "queued one ahead" : "plain steps", (long long)ctx.backend_stat("graph_launches"),
         st.submit_us / (double)st.n_submits);
     return seqs;
   };

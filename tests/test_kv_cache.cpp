@@ -133,11 +133,11 @@ TEST(KvLayout, SizingForBothBackendsAndTheFootprint) {
   EXPECT_EQ(big.row_offset(2, 3, 255) + big.row_bytes(), big.buffer_bytes());
 
   const Model m = Model::load(kModel.string());
-  const HParams& mhp = m.impl().data->hp;
+  const HParams& mhp = detail::impl(m).data->hp;
   for (KvType t : {KvType::f32, KvType::f16}) {
     Context ctx(m, {.n_ctx = 96, .n_slots = 3, .kv_type = t});
     EXPECT_EQ(ctx.footprint().kv, kv_cache_bytes(mhp, 3, 96, t, KvMemory::host));
-    EXPECT_EQ(plan_cpu_backend(*m.impl().data, ctx.params()).kv, ctx.footprint().kv);
+    EXPECT_EQ(plan_cpu_backend(*detail::impl(m).data, ctx.params()).kv, ctx.footprint().kv);
   }
 }
 

@@ -16,7 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
+#include "run_ultra.h"
 #include "ultra/perplexity.h"
 
 using namespace ultra;
@@ -298,34 +298,22 @@ fs::path temp_file(const std::string& name, const std::string& content) {
   return p;
 }
 
-// Calls cmd_perplexity in-process (its errors arrive as ultra::Error, as main() receives them).
+// Runs `ultra perplexity args...`; its standard output. main()'s error line arrives through error_of.
 std::string cli(std::vector<std::string> args) {
   args.insert(args.begin(), "perplexity");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  int rc = -1;
-  try {
-    rc = cli::cmd_perplexity((int)argv.size(), argv.data());
-  } catch (...) {
-    testing::internal::GetCapturedStdout();
-    testing::internal::GetCapturedStderr();
-    throw;
-  }
-  std::string out = testing::internal::GetCapturedStdout();
-  const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(rc, 0) << err;
-  return out;
+  const test::UltraRun r = test::run_ultra(args);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return r.out;
 }
 
-std::string error_of(const std::vector<std::string>& args) {
-  try {
-    cli(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+// The error `ultra perplexity args...` ends with ("error: ..." on standard error, exit status 1).
+std::string error_of(std::vector<std::string> args) {
+  args.insert(args.begin(), "perplexity");
+  const test::UltraRun r = test::run_ultra(args);
+  if (r.status == 0) return "(no error)";
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  return r.err;
 }
 
 TEST(PerplexityCli, IdsFileJson) {

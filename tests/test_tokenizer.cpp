@@ -19,9 +19,9 @@
 
 #include "../fuzz/fuzz_harness.h"
 #include "alloc_counter.h"
-#include "cli/commands.h"
 #include "core/error.h"
 #include "io/gguf.h"
+#include "run_ultra.h"
 #include "tmp_dir.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -1357,14 +1357,11 @@ TEST(HfFixture, MatchesHfTokenizers) {
 
 namespace {
 
-std::string run_tokenize(std::vector<std::string> args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  const int rc = ultra::cli::cmd_tokenize((int)argv.size(), argv.data());
-  std::string out = testing::internal::GetCapturedStdout();
-  EXPECT_EQ(rc, 0);
-  return out;
+// Runs `ultra tokenize ...` (args[0] is "tokenize"); its standard output.
+std::string run_tokenize(const std::vector<std::string>& args) {
+  const ultra::test::UltraRun r = ultra::test::run_ultra(args);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return r.out;
 }
 
 }  // namespace
@@ -1382,10 +1379,9 @@ TEST(Cli, TokenizePrintsIdsAndPieces) {
   const std::string spm = (fixture_dir() / "ggml-vocab-llama-spm.gguf").string();
   const std::string plain = run_tokenize({"tokenize", "-m", spm, "--ids", "Hello"});
   EXPECT_EQ(run_tokenize({"tokenize", "-m", spm, "--ids", "--add-special", "Hello"}), "1 " + plain);
-  std::vector<std::string> none = {"tokenize", "-m", model};
-  std::vector<char*> argv;
-  for (auto& a : none) argv.push_back(a.data());
-  EXPECT_THROW(ultra::cli::cmd_tokenize((int)argv.size(), argv.data()), Error);
+  const ultra::test::UltraRun none = ultra::test::run_ultra({"tokenize", "-m", model});  // no text
+  EXPECT_EQ(none.status, 1) << none.err;
+  EXPECT_NE(none.err.find("error: "), std::string::npos) << none.err;
 }
 
 // ---------------------------------------------------------------------------------------------------------

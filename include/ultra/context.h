@@ -62,6 +62,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ultra/model.h"
@@ -84,9 +85,9 @@ struct ContextParams {
   // MemAvailable). The footprint is computed first and a context that does not fit is refused with one line
   // naming the sizes, before anything is allocated.
   size_t mem_limit = 0;
-  // GPU backend: record an event before and after every replayed step, so that StepStats::gpu_idle_us
-  // gets the GPU's idle time between consecutive replays (host work between steps); about 1 us of host
-  // time per step. `ultra bench` turns it on.
+  // GPU backend: record an event before and after every replayed step, so that the backend statistic
+  // gpu_idle_us (backend_stats()) gets the GPU's idle time between consecutive replays (host work between
+  // steps); about 1 us of host time per step. `ultra bench` turns it on.
   bool gpu_timing = false;
   // GPU backend: progress of the weight upload when it takes more than a second (bytes done, bytes in all):
   // called at most every 100 ms, and once more when done (done == total). The CLI prints a progress line.
@@ -169,25 +170,30 @@ struct SeqSnapshot {
   SamplingParams sampling;
 };
 
-// Time spent inside step(), cumulative since the context was created.
+// Time spent inside step(), cumulative since the context was created. What only one backend counts (the
+// CUDA backend's graph launches) is asked of the backend: Context::backend_stats().
 struct StepStats {
   double forward_ms = 0;  // the forward pass (embedding to logits); on a GPU backend the whole step
   double sample_ms = 0;   // sampling (CPU backend; on a GPU it runs inside the step and is not split out)
   int64_t n_steps = 0;
   int64_t n_rows = 0;
   int64_t n_sampled = 0;
-  // GPU backend: steps replayed as a captured graph, and the host time spent launching them (the
-  // per-token dispatch cost).
-  int64_t n_graph_launches = 0;
-  double launch_us = 0;
-  // With ContextParams::gpu_timing: the GPU's idle time between the end of a replayed step and the start of
-  // the next one, summed over n_gpu_gaps consecutive pairs.
-  double gpu_idle_us = 0;
-  int64_t n_gpu_gaps = 0;
   // Host time inside submit() (validation, staging and the launch; on the CPU the whole step) over n_submits
   // calls: the host's dispatch cost per step when steps are queued ahead.
   double submit_us = 0;
   int64_t n_submits = 0;
+};
+
+// One statistic a backend keeps about its own work, cumulative since the context was created. The CPU
+// backend keeps none. The CUDA backend's (docs/CUDA.md):
+//   graph_launches  steps replayed as a captured graph
+//   launch_us       host time spent launching them, in microseconds (the per-token dispatch cost)
+//   gpu_idle_us     with ContextParams::gpu_timing: the GPU's idle time between the end of a replayed step
+//                   and the start of the next one, in microseconds, summed over gpu_gaps consecutive pairs
+//   gpu_gaps
+struct BackendStat {
+  const char* name;  // static storage
+  double value;
 };
 
 class Context {
@@ -201,7 +207,9 @@ class Context {
   const Model& model() const;
   const ContextParams& params() const;  // defaults resolved
   Footprint footprint() const;
-  const char* backend_name() const;
+  const char* backend_name() const;  // "CPU" or "CUDA"
+  // What runs the steps, for a person: e.g. "CPU (avx512 kernels; Q8_0 with int8 activations)".
+  std::string backend_description() const;
   // Ids at or above this are never sampled (the tokenizer's size when it is smaller than the embeddings).
   int n_sample_vocab() const;
   // What creating the context adjusted or wants the user to know (threads capped to the CPUs available, a
@@ -244,12 +252,16 @@ class Context {
   std::span<const float> logits(int row);
 
   const StepStats& stats() const;
+  // The backend's own statistics (see BackendStat), their values now (valid until the next call);
+  // backend_stat(name) is one of them by name, 0 when the backend keeps none of that name.
+  std::span<const BackendStat> backend_stats() const;
+  double backend_stat(std::string_view name) const;
 
-  struct Impl;  // internal (src/engine); tests reach it through src/engine/testing.h
-  Impl& impl() { return *impl_; }
+  struct Impl;  // opaque: defined in src/engine
 
  private:
   std::unique_ptr<Impl> impl_;
+  friend struct detail::Access;
 };
 
 }  // namespace ultra

@@ -40,4 +40,10 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path,
 // llama.cpp's quantize falls back. Same output-path rules and return value as convert_hf_to_gguf.
 int quantize_model(const std::string& in_path, const std::string& out_path, const ConvertOptions& opt);
 
+// For programs: installs handlers for SIGINT, SIGTERM and SIGHUP that remove the temporary file of a
+// conversion in progress (up to a model's size) and then end the process as the signal would have (the
+// exit status still names the signal). Once; later calls do nothing; a signal ignored when the program
+// started stays ignored. Without it an exception still removes the file, a signal does not.
+void remove_partial_output_on_signals();
+
 }  // namespace ultra

@@ -19,6 +19,10 @@
 
 namespace ultra {
 
+namespace detail {
+struct Access;  // the library's own code reaches the state behind the handles through it (src/engine)
+}  // namespace detail
+
 // Text <-> token ids, exactly as HF tokenizers and llama.cpp (byte-level BPE and SentencePiece).
 class Tokenizer {
  public:
@@ -33,6 +37,22 @@ class Tokenizer {
   // The bytes of one token (control tokens: their text).
   std::string_view token_to_piece(int32_t id) const;
 
+  // A byte range [begin, end) of a text.
+  struct Span {
+    size_t begin = 0, end = 0;
+  };
+  // Like encode(text, add_special, /*parse_special=*/true), except that a control or unknown token whose
+  // text overlaps one of `literal` is not recognised: there the text is ordinary text (user-defined added
+  // tokens are still recognised everywhere). For a prompt whose user-supplied parts must not become control
+  // tokens while the template's own text around them does (a rendered chat). When no control token's text
+  // overlaps `literal` the ids equal encode(text, add_special, true). literal: ascending, disjoint, non-empty
+  // spans within text; anything else throws ultra::Error.
+  std::vector<int32_t> encode_with_literal(std::string_view text, std::span<const Span> literal,
+                                           bool add_special) const;
+  // The first control or unknown token whose text occurs in text (leftmost, then longest): its id, or -1
+  // when there is none; *at (when given): its byte offset.
+  int32_t find_special(std::string_view text, size_t* at = nullptr) const;
+
   int32_t n_vocab() const;
   int32_t bos() const;  // -1 if none
   int32_t eos() const;  // -1 if none
@@ -40,14 +60,14 @@ class Tokenizer {
   bool is_special(int32_t id) const;  // control or unknown
   bool is_eog(int32_t id) const;      // end of generation: eos, eot, eom, and end-of-turn tokens by text
 
-  struct Impl;
-  const Impl& impl() const { return *impl_; }
+  struct Impl;  // opaque: defined in src/engine
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
   friend class Model;
   friend class TextStream;
+  friend struct detail::Access;
 };
 
 // Streams generated text token by token, emitting only complete UTF-8 sequences (an incomplete tail waits
@@ -87,11 +107,20 @@ struct ModelInfo {
   double n_params = 0;
 };
 
+struct LoadParams {
+  // true: the weights are used in place from a read-only memory map of the file(s) (zero copy, shared with
+  // the page cache). false (`--no-mmap`): the files are read into anonymous memory aligned to 2 MiB and
+  // advised for transparent huge pages: a slower load and memory the page cache cannot share, but fewer TLB
+  // misses when the weights are streamed (faster CPU decode, docs/BENCHMARKS.md). ULTRA_NO_MMAP=1 in the
+  // environment makes every load read into memory.
+  bool mmap = true;
+};
+
 class Model {
  public:
   // A GGUF file or an HF model directory (config.json + model.safetensors or a sharded index).
   // Throws ultra::Error naming the file and the problem.
-  static Model load(const std::string& path);
+  static Model load(const std::string& path, const LoadParams& params = {});
 
   const ModelInfo& info() const;
   // The model's own tokenizer (GGUF tokenizer.ggml.* keys, or tokenizer.json beside an HF checkpoint), or
@@ -103,15 +132,16 @@ class Model {
   std::span<const int32_t> eog_ids() const;
   bool is_eog(int32_t id) const;
   // The chat template (Jinja source) the model ships: GGUF tokenizer.chat_template, or
-  // tokenizer_config.json's chat_template; "" when it has none. src/chat/chat_template.h runs it.
+  // tokenizer_config.json's chat_template; "" when it has none. `ultra chat` and `ultra serve` run it with
+  // their own Jinja interpreter (src/chat, not part of this API).
   const std::string& chat_template() const;
 
-  struct Impl;
-  const Impl& impl() const { return *impl_; }
+  struct Impl;  // opaque: defined in src/engine
 
  private:
   explicit Model(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
+  friend struct detail::Access;
 };
 
 }  // namespace ultra

@@ -92,7 +92,7 @@ int cmd_bench(int argc, char** argv) {
     return app.exit(e);
   }
   mf.resolve_model();
-  const Model model = Model::load(mf.model);
+  const Model model = Model::load(mf.model, mf.load_params());
   for (std::vector<int>* v : {&n_prompts, &n_gens, &threads_list, &batches, &depths, &parallels})
     if (v->empty()) fail("a list flag of ultra bench was given no value");
   // The devices to run on: --device's, or one per -ngl value.
@@ -139,7 +139,10 @@ int cmd_bench(int argc, char** argv) {
                    /*flush=*/true);
     rows.push_back(std::move(r));
   };
-  StepStats st_all;         // summed over the contexts
+  struct {
+    int64_t n_graph_launches = 0, n_gpu_gaps = 0;
+    double launch_us = 0, gpu_idle_us = 0;
+  } st_all;                 // the backend statistics (Context::backend_stats()) summed over the contexts
   double tg_submit_us = 0;  // host time in submit() over the timed decode steps
   int64_t tg_submits = 0;
   std::string backend;  // of the last context (the JSON's top-level field)
@@ -229,11 +232,10 @@ int cmd_bench(int argc, char** argv) {
             }
           }
         }
-        const StepStats& st = ctx.stats();
-        st_all.n_graph_launches += st.n_graph_launches;
-        st_all.launch_us += st.launch_us;
-        st_all.n_gpu_gaps += st.n_gpu_gaps;
-        st_all.gpu_idle_us += st.gpu_idle_us;
+        st_all.n_graph_launches += (int64_t)ctx.backend_stat("graph_launches");
+        st_all.launch_us += ctx.backend_stat("launch_us");
+        st_all.n_gpu_gaps += (int64_t)ctx.backend_stat("gpu_gaps");
+        st_all.gpu_idle_us += ctx.backend_stat("gpu_idle_us");
       }
     }
   }

@@ -154,7 +154,7 @@ int cmd_chat(int argc, char** argv) {
   std::string template_label;
   const std::string own_source = own_template ? chat_template_from_arg(template_file, &template_label) : "";
 
-  const Model model = Model::load(mf.model);
+  const Model model = Model::load(mf.model, mf.load_params());
   const Tokenizer* tok = model.tokenizer();
   if (!tok) fail("{}: this model has no tokenizer, which a chat needs", model.info().path);
   std::optional<ChatTemplate> tmpl;

@@ -5,7 +5,6 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/tmp_cleanup.h"
 #include "ultra/convert.h"
 
 namespace ultra::cli {
@@ -26,7 +25,7 @@ int cmd_convert(int argc, char** argv) {
   }
   if (out.empty()) fail("-o: the output path is empty");
   // SIGINT/SIGTERM/SIGHUP while the output is written remove its temporary file (then end the process).
-  io::install_tmp_cleanup_on_signals();
+  remove_partial_output_on_signals();
   ConvertOptions opt = convert_options(type);
   const auto t0 = std::chrono::steady_clock::now();
   const int n = convert_hf_to_gguf(in, out, opt);

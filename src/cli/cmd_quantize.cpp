@@ -6,7 +6,6 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/tmp_cleanup.h"
 #include "ultra/convert.h"
 
 namespace ultra::cli {
@@ -31,7 +30,7 @@ int cmd_quantize(int argc, char** argv) {
   }
   if (out.empty()) fail("OUT: the output path is empty");
   // SIGINT/SIGTERM/SIGHUP while the output is written remove its temporary file (then end the process).
-  io::install_tmp_cleanup_on_signals();
+  remove_partial_output_on_signals();
   ConvertOptions opt = convert_options(type);
   opt.keep_embeddings = keep_embeddings;
   opt.ternary_per_row = per_row;

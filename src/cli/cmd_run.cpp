@@ -7,7 +7,6 @@
 #include <optional>
 #include <random>
 
-#include "backend/cpu/ops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "ultra/generate.h"
@@ -119,7 +118,7 @@ int cmd_run(int argc, char** argv) {
   }
 
   const auto t_load = std::chrono::steady_clock::now();
-  const Model model = Model::load(F.model.model);
+  const Model model = Model::load(F.model.model, F.model.load_params());
   const Tokenizer* tokenizer = model.tokenizer();
   const ModelInfo& info = model.info();
   std::vector<int32_t> prompt;
@@ -147,7 +146,7 @@ int cmd_run(int argc, char** argv) {
   std::optional<Model> draft_model;
   std::optional<Context> draft;
   if (!F.model_draft.empty()) {
-    draft_model.emplace(Model::load(F.model_draft));
+    draft_model.emplace(Model::load(F.model_draft, F.model.load_params()));
     check_draft_compatible(model, *draft_model);
     ContextParams dp = F.model.context_params();
     dp.n_ctx = ctx.params().n_ctx;
@@ -163,11 +162,7 @@ int cmd_run(int argc, char** argv) {
     fmt::print(stderr, "memory: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
                human_bytes(fp.weights), human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots,
                F.model.kv_type_name(), human_bytes(fp.scratch));
-    if (ctx.backend_name() == std::string_view("CPU"))
-      fmt::print(stderr, "backend: CPU ({} kernels{}), threads: {}\n", cpu::kernel_isa(),
-                 cpu::q8_int8_activations() ? "; Q8_0 with int8 activations" : "", ctx.params().n_threads);
-    else
-      fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_name(), ctx.params().n_threads);
+    fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_description(), ctx.params().n_threads);
     if (draft) {
       const ModelInfo& di = draft_model->info();
       fmt::print(stderr, "draft: {} ({}, {} layers, dim {}), weights {}, KV cache {}\n", di.path, di.arch,

@@ -116,7 +116,7 @@ int cmd_serve(int argc, char** argv) {
 
   int rc = 0;
   try {
-    Model model = Model::load(mf.model);
+    Model model = Model::load(mf.model, mf.load_params());
     ContextParams cp = mf.context_params();
     cp.n_slots = parallel;
     auto s = std::make_shared<server::Scheduler>(model, cp, queue);

@@ -12,7 +12,6 @@
 #include <random>
 
 #include "chat/builtin_templates.h"
-#include "core/mmap.h"
 
 namespace ultra::cli {
 
@@ -32,7 +31,6 @@ std::string bundled_model_path(const char* name) {
 }
 
 void ModelFlags::resolve_model() {
-  if (no_mmap) set_read_into_memory(true);
   if (model_opt && model_opt->count() > 0 && model.empty()) fail("-m: the model path is empty");
   if (!model.empty()) return;
   model = bundled_model_path();

@@ -30,13 +30,13 @@ struct ModelFlags {
   std::string mem_limit;  // "" : the memory available; else bytes with an optional K/M/G/T suffix
   CLI::Option* model_opt = nullptr;
   std::string kv_type;   // "" : the device's default
-  bool no_mmap = false;  // --no-mmap: the model read into huge-page memory (core/mmap.h)
+  bool no_mmap = false;  // --no-mmap: the model read into huge-page memory (LoadParams::mmap)
 
   // -m is optional: without it the bundled model (models/target.gguf) is used, see resolve_model().
   void add(CLI::App& app);
   // Fills `model` with the bundled default when -m was not given; throws ultra::Error if it is missing.
-  // Applies --no-mmap (set_read_into_memory) for the models loaded after it.
   void resolve_model();
+  LoadParams load_params() const { return {.mmap = !no_mmap}; }  // --no-mmap
   ContextParams context_params() const;
   std::string kv_type_name() const;  // the KV type in use
 };

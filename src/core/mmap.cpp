@@ -20,6 +20,7 @@ namespace ultra {
 namespace {
 
 std::atomic<bool> g_read_into_memory{false};
+thread_local int t_read_into_memory = 0;  // ReadIntoMemoryScope(true)s alive on this thread
 
 }  // namespace
 
@@ -27,8 +28,16 @@ void set_read_into_memory(bool on) {
   g_read_into_memory = on;
 }
 
+ReadIntoMemoryScope::ReadIntoMemoryScope(bool on) : on_(on) {
+  t_read_into_memory += on_;
+}
+
+ReadIntoMemoryScope::~ReadIntoMemoryScope() {
+  t_read_into_memory -= on_;
+}
+
 bool read_into_memory() {
-  if (g_read_into_memory) return true;
+  if (g_read_into_memory || t_read_into_memory > 0) return true;
   const char* e = std::getenv("ULTRA_NO_MMAP");
   return e && *e && std::strcmp(e, "0") != 0;
 }

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 
 #include "model/forward.h"
 #include "sampling/sampler.h"
@@ -39,6 +41,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual const char* name() const = 0;
+  // Context::backend_description(): the name and what a person may want to know about how it runs.
+  virtual std::string description() const { return name(); }
   virtual Footprint footprint() const = 0;
 
   // Runs the forward over rows (host arrays, valid for the call), leaving the logits of the output rows
@@ -60,6 +64,9 @@ class Backend {
     step(rows, jobs, n_jobs, results, top, stats);
   }
   virtual void complete(StepStats& /*stats*/) {}
+  // Context::backend_stats(): the statistics this backend keeps of its own (include/ultra/context.h lists
+  // the CUDA backend's); valid until the next call.
+  virtual std::span<const BackendStat> stats() const { return {}; }
 
   // Linked contexts (Context::follow): this backend may take a row's token from another backend's state
   // without a host round trip. A row of a submitted step fed TokenFeed::linked_seq takes the token at its

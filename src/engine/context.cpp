@@ -100,7 +100,7 @@ void check_memory(const ModelData& m, const ContextParams& p, size_t engine_byte
 }  // namespace
 
 Context::Impl::Impl(const Model& model_, const ContextParams& params)
-    : model(model_), m(*model_.impl().data), p(resolve(m, params, warnings)) {
+    : model(model_), m(*detail::impl(model_).data), p(resolve(m, params, warnings)) {
   const Tokenizer* t = model.tokenizer();
   n_sample = t ? std::min(t->n_vocab(), m.hp.n_vocab) : m.hp.n_vocab;
   if (p.backend == BackendKind::cpu) check_memory(m, p, engine_bytes(p));
@@ -271,6 +271,9 @@ std::span<const std::string> Context::warnings() const {
 const char* Context::backend_name() const {
   return impl_->be->name();
 }
+std::string Context::backend_description() const {
+  return impl_->be->description();
+}
 int Context::n_sample_vocab() const {
   return impl_->n_sample;
 }
@@ -354,6 +357,14 @@ std::span<const float> Context::logits(int row) {
 }
 const StepStats& Context::stats() const {
   return impl_->stats;
+}
+std::span<const BackendStat> Context::backend_stats() const {
+  return impl_->be->stats();
+}
+double Context::backend_stat(std::string_view name) const {
+  for (const BackendStat& s : impl_->be->stats())
+    if (name == s.name) return s.value;
+  return 0;
 }
 
 }  // namespace ultra

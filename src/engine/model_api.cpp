@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/mmap.h"
 #include "engine/model_impl.h"
 #include "io/gguf.h"
 
@@ -23,6 +24,17 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 }
 std::string_view Tokenizer::token_to_piece(int32_t id) const {
   return impl_->t.token_to_piece(id);
+}
+std::vector<int32_t> Tokenizer::encode_with_literal(std::string_view text, std::span<const Span> literal,
+                                                    bool add_special) const {
+  std::vector<tok::Tokenizer::Span> spans(literal.size());
+  for (size_t i = 0; i < literal.size(); ++i) spans[i] = {literal[i].begin, literal[i].end};
+  std::vector<int32_t> out;
+  impl_->t.encode_with_literal(text, spans, out, add_special);
+  return out;
+}
+int32_t Tokenizer::find_special(std::string_view text, size_t* at) const {
+  return impl_->t.find_special(text, at);
 }
 int32_t Tokenizer::n_vocab() const {
   return impl_->t.n_vocab();
@@ -51,7 +63,7 @@ struct TextStream::Impl {
 };
 
 TextStream::TextStream(const Tokenizer& tok, bool skip_special)
-    : impl_(std::make_unique<Impl>(Impl{tok::Detokenizer(tok.impl().t, {skip_special, true}), {}})) {
+    : impl_(std::make_unique<Impl>(Impl{tok::Detokenizer(detail::impl(tok).t, {skip_special, true}), {}})) {
   impl_->buf.resize(impl_->d.max_bytes_per_push() + 16);
 }
 TextStream::~TextStream() = default;
@@ -101,7 +113,8 @@ std::optional<tok::Tokenizer> load_own_tokenizer(const ModelData& m) {
 
 }  // namespace
 
-Model Model::load(const std::string& path) {
+Model Model::load(const std::string& path, const LoadParams& params) {
+  const ReadIntoMemoryScope scope(!params.mmap);  // every file this load maps (the tokenizer's too)
   auto im = std::make_shared<Impl>();
   im->data = load_model(path);
   const ModelData& m = *im->data;
@@ -135,7 +148,7 @@ Model Model::load(const std::string& path) {
   add(hp.eos_id);
   for (int32_t id : hp.eos_ids) add(id);
   if (im->tokenizer) {
-    const tok::Tokenizer& t = im->tokenizer->impl().t;
+    const tok::Tokenizer& t = detail::impl(*im->tokenizer).t;
     for (int32_t id : t.eog_ids()) add(id);
   }
   std::sort(im->eog.begin(), im->eog.end());
@@ -158,7 +171,7 @@ bool Model::is_eog(int32_t id) const {
 
 const std::string& Model::chat_template() const {
   static const std::string none;
-  return impl_->tokenizer ? impl_->tokenizer->impl().t.vocab().chat_template : none;
+  return impl_->tokenizer ? detail::impl(*impl_->tokenizer).t.vocab().chat_template : none;
 }
 
 }  // namespace ultra

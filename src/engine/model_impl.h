@@ -1,10 +1,12 @@
-// The state behind the public Model and Tokenizer handles (include/ultra/model.h).
+// The state behind the public Model and Tokenizer handles (include/ultra/model.h); detail::impl(model) and
+// detail::impl(tokenizer) (engine/access.h) reach it.
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "engine/access.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "ultra/model.h"

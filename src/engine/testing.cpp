@@ -5,12 +5,13 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "engine/access.h"
 #include "engine/context_impl.h"
 
 namespace ultra {
 
 void testing::poison_kv_past_length(Context& ctx, int seq) {
-  Context::Impl& c = ctx.impl();
+  Context::Impl& c = detail::impl(ctx);
   c.seqs.check(seq, "poison_kv_past_length");
   c.queue.check_idle("poison_kv_past_length");
   c.be->poison_kv(seq, c.seqs.len(seq));
@@ -24,6 +25,8 @@ class DeferredBackend final : public Backend {
   DeferredBackend(std::unique_ptr<Backend> inner, int n_batch, int n_outputs)
       : inner_(std::move(inner)), tok_(n_batch), prev_(n_outputs, -1) {}
   const char* name() const override { return inner_->name(); }
+  std::string description() const override { return inner_->description(); }
+  std::span<const BackendStat> stats() const override { return inner_->stats(); }
   Footprint footprint() const override { return inner_->footprint(); }
   void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
             StepStats& stats) override {
@@ -95,7 +98,7 @@ class DeferredBackend final : public Backend {
 }  // namespace
 
 void testing::defer_steps(Context& ctx) {
-  Context::Impl& c = ctx.impl();
+  Context::Impl& c = detail::impl(ctx);
   c.queue.check_idle("defer_steps");
   c.be = std::make_unique<DeferredBackend>(std::move(c.be), c.p.n_batch, c.p.n_outputs);
 }

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "ultra/convert.h"
+
 namespace ultra::io {
 
 namespace {
@@ -78,3 +80,11 @@ void install_tmp_cleanup_on_signals() {
 }
 
 }  // namespace ultra::io
+
+namespace ultra {
+
+void remove_partial_output_on_signals() {
+  io::install_tmp_cleanup_on_signals();
+}
+
+}  // namespace ultra

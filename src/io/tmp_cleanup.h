@@ -3,10 +3,11 @@
 // gguf::Writer writes under a hidden temporary name and renames it at the end; an exception removes it,
 // but SIGINT / SIGTERM / SIGHUP would end the process with the file (up to a model's size) left behind. A
 // writer registers its temporary path here while it exists; a program that installs the handlers
-// (install_tmp_cleanup_on_signals(), as `ultra convert` and `ultra quantize` do) gets every registered
-// path unlinked from the handler, which then restores the default action and re-raises the signal, so the
-// exit status still says which signal ended the process. Only async-signal-safe calls run in the handler
-// (unlink, sigaction, raise); the paths live in a fixed table of slots. SIGKILL cannot be caught.
+// (install_tmp_cleanup_on_signals(), or the public remove_partial_output_on_signals(), as `ultra convert` and
+// `ultra quantize` do) gets every registered path unlinked from the handler, which then restores the default
+// action and re-raises the signal, so the exit status still says which signal ended the process. Only
+// async-signal-safe calls run in the handler (unlink, sigaction, raise); the paths live in a fixed table of
+// slots. SIGKILL cannot be caught.
 #pragma once
 
 #include <signal.h>

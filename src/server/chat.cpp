@@ -7,7 +7,6 @@
 #include <unordered_set>
 
 #include "core/error.h"
-#include "engine/model_impl.h"
 
 namespace ultra::server {
 
@@ -52,7 +51,7 @@ std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const std::string&
 namespace {
 
 using json = nlohmann::json;
-using Span = tok::Tokenizer::Span;
+using Span = Tokenizer::Span;
 
 // Which strings of the messages become placeholders (see encode_chat in chat.h).
 enum class Cover { All, Contents, None };
@@ -79,8 +78,7 @@ struct Substitution {
   json messages;
   std::vector<std::string> values;
 
-  Substitution(const tok::Tokenizer& t, const json& in, Cover cover, const std::string& nonce)
-      : messages(in) {
+  Substitution(const Tokenizer& t, const json& in, Cover cover, const std::string& nonce) : messages(in) {
     std::unordered_map<std::string, size_t> index;
     auto check = [&](const std::string& s, const std::string& where) {
       size_t at = 0;
@@ -267,12 +265,11 @@ std::vector<int32_t> encode_chat(const Tokenizer& tok, const nlohmann::json& mes
                                  bool allow_special_in_content) {
   const std::string real = render(messages);
   if (allow_special_in_content) return encode_chat_prompt(tok, real);
-  const tok::Tokenizer& t = tok.impl().t;
   for (const Cover cover : {Cover::All, Cover::Contents}) {
     std::string nonce = make_nonce();
     for (int tries = 0; tries < 4 && real.find(nonce) != std::string::npos; ++tries) nonce = make_nonce();
     if (real.find(nonce) != std::string::npos) break;
-    const Substitution sub(t, messages, cover, nonce);  // throws for special text left uncovered
+    const Substitution sub(tok, messages, cover, nonce);  // throws for special text left uncovered
     std::string templ;
     try {
       templ = render(sub.messages);
@@ -285,12 +282,10 @@ std::vector<int32_t> encode_chat(const Tokenizer& tok, const nlohmann::json& mes
     const std::string_view bos = tok.bos() >= 0 ? tok.token_to_piece(tok.bos()) : std::string_view();
     const bool has_bos = tok.bos() >= 0 && tok.add_bos() && std::string_view(real).starts_with(bos) &&
                          (spans->empty() || spans->front().begin >= bos.size());
-    std::vector<int32_t> out;
-    t.encode_with_literal(real, *spans, out, /*add_special=*/!has_bos);
-    return out;
+    return tok.encode_with_literal(real, *spans, /*add_special=*/!has_bos);
   }
   // The template transforms the strings: nothing can be kept apart, so nothing may hold special text.
-  (void)Substitution(t, messages, Cover::None, "");
+  (void)Substitution(tok, messages, Cover::None, "");
   return encode_chat_prompt(tok, real);
 }
 

@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -91,6 +93,11 @@ CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int 
 
 void CpuBackend::poison_kv(int seq, int from) {
   kv_.poison(seq, from);
+}
+
+std::string CpuBackend::description() const {
+  return fmt::format("CPU ({} kernels{})", cpu::kernel_isa(),
+                     cpu::q8_int8_activations() ? "; Q8_0 with int8 activations" : "");
 }
 
 Footprint CpuBackend::footprint() const {

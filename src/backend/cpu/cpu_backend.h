@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -21,6 +22,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   CpuBackend(const ModelData& model, const ContextParams& params, int n_sample);
 
   const char* name() const override { return "CPU"; }
+  std::string description() const override;  // "CPU (<isa> kernels[; Q8_0 with int8 activations])"
   Footprint footprint() const override;
   void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
             StepStats& stats) override;

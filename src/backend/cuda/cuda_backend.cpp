@@ -720,8 +720,8 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
     const auto tl = std::chrono::steady_clock::now();
     check(cudaGraphLaunch(graph, stream_), "graph launch");
     last_launch_us_ = ms_since(tl) * 1e3;
-    ++stats.n_graph_launches;
-    stats.launch_us += last_launch_us_;
+    ++n_graph_launches_;
+    launch_us_ += last_launch_us_;
     if (p_.gpu_timing) check(cudaEventRecord(gap_ev_[index % 3][1], stream_), "timing event");
   } else {
     enqueue(n_eff, n_out_eff, bi >= 0 || n_jobs > 0, *plan, h_in, h_out);
@@ -758,6 +758,13 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
   ++n_submitted_;
 }
 
+std::span<const BackendStat> CudaBackend::stats() const {
+  stats_view_ = {BackendStat{"graph_launches", (double)n_graph_launches_},
+                 BackendStat{"launch_us", launch_us_}, BackendStat{"gpu_idle_us", gpu_idle_us_},
+                 BackendStat{"gpu_gaps", (double)n_gpu_gaps_}};
+  return stats_view_;
+}
+
 void CudaBackend::complete(StepStats& stats) {
   if (n_out_q_ == 0) fail("CUDA backend: no step is outstanding");
   const Outstanding o = out_q_[(n_submitted_ - n_out_q_) % kInFlight];
@@ -773,8 +780,8 @@ void CudaBackend::complete(StepStats& stats) {
     if (gap_prev_ == o.index - 1) {  // from the end of the previous replay to the start of this one
       float ms = 0;
       if (cudaEventElapsedTime(&ms, gap_ev_[(o.index - 1) % 3][1], gap_ev_[o.index % 3][0]) == cudaSuccess) {
-        stats.gpu_idle_us += 1e3 * ms;
-        ++stats.n_gpu_gaps;
+        gpu_idle_us_ += 1e3 * ms;
+        ++n_gpu_gaps_;
       }
     }
     gap_prev_ = o.index;

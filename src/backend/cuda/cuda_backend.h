@@ -73,6 +73,7 @@ class CudaBackend final : public Backend, private ForwardOps {
   void submit(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
               TokenLogprob* top, StepStats& stats) override;
   void complete(StepStats& stats) override;
+  std::span<const BackendStat> stats() const override;  // graph_launches, launch_us, gpu_idle_us, gpu_gaps
   const float* logits(int k) override;
   void poison_kv(int seq, int from) override;
   // Another CUDA backend on this device: its token log and last results, read by this one's steps after a
@@ -239,6 +240,12 @@ class CudaBackend final : public Backend, private ForwardOps {
   std::array<int, kBuckets.size() + 1> graph_nodes_{};
   double last_launch_us_ = 0;
   size_t scratch_bytes_ = 0;
+  // The backend statistics (Context::backend_stats()), cumulative: replayed steps and the host time of
+  // their launches; with gpu_timing, the GPU's idle time between consecutive replays over n_gpu_gaps_.
+  int64_t n_graph_launches_ = 0;
+  double launch_us_ = 0, gpu_idle_us_ = 0;
+  int64_t n_gpu_gaps_ = 0;
+  mutable std::array<BackendStat, 4> stats_view_{};
 };
 
 }  // namespace ultra
