@@ -6,15 +6,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "tokenizer/encode_stream.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
+#include "tokenizer_vocabs.h"
 
 using namespace ultra;
 using namespace ultra::tok;
@@ -24,9 +24,7 @@ namespace {
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // The tokenizers to check: the fixtures in tests/fixtures/vocab and tests/fixtures/hf_tokenizer, and
@@ -171,40 +169,16 @@ namespace {
 // Byte-level BPE over all 256 bytes, a few merges, the given split rules, and tokens that strip the
 // whitespace around them.
 Tokenizer synthetic(std::vector<SplitRule> rules, bool escape = false) {
-  Vocab v;
-  v.source = "test";
-  v.kind = ModelKind::Bpe;
-  v.byte_level = true;
-  auto map = [](const std::string& raw) {
-    std::string s;
-    for (unsigned char c : raw) s += utf8::byte_to_unicode(c);
-    return s;
-  };
-  for (int b = 0; b < 256; ++b) v.tokens.emplace_back(utf8::byte_to_unicode((uint8_t)b));
-  for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{{"t", "h"},
-                                                                             {"th", "e"},
-                                                                             {" ", "t"},
-                                                                             {" t", "h"},
-                                                                             {" th", "e"},
-                                                                             {"e", "r"},
-                                                                             {"1", "2"},
-                                                                             {"\n", "\n"}}) {
-    v.merges.emplace_back(map(l), map(r));
-    v.tokens.push_back(map(l + r));
-  }
+  Vocab v = test::byte_level_vocab(
+      {{"t", "h"}, {"th", "e"}, {" ", "t"}, {" t", "h"}, {" th", "e"}, {"e", "r"}, {"1", "2"}, {"\n", "\n"}});
   v.types.assign(v.tokens.size(), TokenType::Normal);
   v.attrs.assign(v.tokens.size(), 0);
-  auto add = [&](const std::string& t, TokenType type, uint8_t attr) {
-    v.tokens.push_back(t);
-    v.types.push_back(type);
-    v.attrs.push_back(attr);
-  };
-  add("<ab>", TokenType::UserDefined, 0);
-  add("<ab>c", TokenType::UserDefined, 0);
-  add("<ctl>", TokenType::Control, kAttrLstrip | kAttrRstrip);
-  add("<l>", TokenType::Control, kAttrLstrip);
-  add("<r>", TokenType::UserDefined, kAttrRstrip);
-  add("<a long control token>", TokenType::Control, 0);
+  test::add_token(v, "<ab>", TokenType::UserDefined, 0);
+  test::add_token(v, "<ab>c", TokenType::UserDefined, 0);
+  test::add_token(v, "<ctl>", TokenType::Control, kAttrLstrip | kAttrRstrip);
+  test::add_token(v, "<l>", TokenType::Control, kAttrLstrip);
+  test::add_token(v, "<r>", TokenType::UserDefined, kAttrRstrip);
+  test::add_token(v, "<a long control token>", TokenType::Control, 0);
   v.splits = std::move(rules);
   if (escape) {
     v.escape_spaces = true;
