@@ -20,6 +20,7 @@ struct EncodeStream::State {
   std::string in;
   size_t in_off = 0;  // offset of in[0] in the whole text
   size_t searched = 0;
+  size_t lead_ws = 0;    // in[0, lead_ws) is whitespace (held back for a token that may strip it)
   bool skip_ws = false;  // after a token that strips the whitespace on its right
 
   // The raw fragment being encoded, normalised: norm[0, done) is encoded already (what is kept of it is the
@@ -42,6 +43,7 @@ struct EncodeStream::State {
     in.erase(0, k);
     in_off += k;
     searched -= std::min(searched, k);
+    lead_ws -= std::min(lead_ws, k);
   }
 
   // Splits the input into special tokens and raw fragments as far as it is decided (all of it when final).
@@ -77,13 +79,17 @@ struct EncodeStream::State {
       }
       searched = std::max(searched, limit);
       size_t safe = limit;
-      // Whitespace that a token starting after it would strip waits for that token to be decided.
-      if (!final && t.special.any_lstrip())
-        while (safe > 0 && is_space(in[safe - 1])) --safe;
+      // Whitespace that a token starting after it would strip waits for that token to be decided (the
+      // whitespace run already known at the front is not scanned again).
+      if (!final && t.special.any_lstrip()) {
+        while (safe > lead_ws && is_space(in[safe - 1])) --safe;
+        if (safe == lead_ws) safe = 0;
+      }
       if (safe > 0) {
         frag_append(std::string_view(in).substr(0, safe), out);
         consume(safe);
       }
+      lead_ws = limit - safe;
       if (final) frag_close(out);
       break;
     }
