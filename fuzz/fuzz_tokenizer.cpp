@@ -1,7 +1,8 @@
 // libFuzzer target: encodes arbitrary bytes with the fixture vocabularies (tests/fixtures/vocab) and checks
 // the invariants: no crash or sanitizer report, ids in range, the same ids on a second (cached) encode,
-// decode(encode(x)) == x where the vocabulary is lossless for x, and the streaming detokenizer writes only
-// valid UTF-8 that equals the lossy (U+FFFD) form of decode().
+// decode(encode(x)) == x where the vocabulary is lossless for x, the streaming detokenizer writes only
+// valid UTF-8 that equals the lossy (U+FFFD) form of decode(), and EncodeStream fed the text in pieces
+// (sizes 1-16 and a cut threshold of 1-64 bytes, drawn from the text's own bytes) gives the ids of encode().
 //
 // Input: byte 0 picks the vocabulary (low bits) and the flags (0x40 add_special, 0x80 parse_special); the
 // rest is the text.
@@ -14,6 +15,7 @@
 //   ninja -C build-fuzz-tok fuzz_tokenizer
 //   ./build-fuzz-tok/fuzz_tokenizer -max_total_time=300 -max_len=4096 corpus_dir
 #include "../src/tokenizer/bpe.cpp"
+#include "../src/tokenizer/encode_stream.cpp"
 #include "../src/tokenizer/pretokenizer.cpp"
 #include "../src/tokenizer/spm.cpp"
 #include "../src/tokenizer/tokenizer.cpp"
@@ -96,6 +98,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         has_added || t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown;
   }
   check(tok.encode(text, add_special, parse_special) == ids, "second encode (word cache) gives the same ids");
+
+  uint32_t x = 2166136261u;  // FNV-1a of the text: the piece sizes and cut threshold
+  for (const uint8_t c : text) x = (x ^ c) * 16777619u;
+  ultra::tok::EncodeStream es(tok, add_special, parse_special, 1 + x % 64);
+  std::vector<int32_t> pieces_ids;
+  for (size_t pos = 0; pos < text.size();) {
+    x = x * 1664525u + 1013904223u;
+    const size_t k = std::min(text.size() - pos, (size_t)(1 + (x >> 28)));
+    es.feed(text.substr(pos, k), pieces_ids);
+    pos += k;
+  }
+  es.finish(pieces_ids);
+  check(pieces_ids == ids, "EncodeStream in pieces == encode");
 
   const std::string back = tok.decode(ids);
   if (!has_added && lossless_bytes(tok, text)) check(back == text, "decode(encode(x)) == x");

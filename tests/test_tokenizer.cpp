@@ -26,9 +26,12 @@
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
+#include "tokenizer_vocabs.h"
 
 using namespace ultra;
 using namespace ultra::tok;
+using ultra::test::add_token;
+using ultra::test::byte_level_vocab;
 namespace fs = std::filesystem;
 
 namespace {
@@ -373,27 +376,6 @@ std::string stream(const Tokenizer& tok, const std::vector<int32_t>& ids, size_t
   }
   EXPECT_EQ(d.pending(), 0u);
   return out;
-}
-
-// A byte-level BPE vocabulary: the 256 byte characters, then the merged tokens of `merges` (raw bytes).
-Vocab byte_level_vocab(const std::vector<std::pair<std::string, std::string>>& raw_merges) {
-  Vocab v;
-  v.source = "test";
-  v.kind = ModelKind::Bpe;
-  v.byte_level = true;
-  auto map = [](const std::string& raw) {
-    std::string s;
-    for (unsigned char c : raw) s += utf8::byte_to_unicode(c);
-    return s;
-  };
-  for (int b = 0; b < 256; ++b) v.tokens.emplace_back(utf8::byte_to_unicode((uint8_t)b));
-  std::set<std::string> have(v.tokens.begin(), v.tokens.end());
-  for (const auto& [l, r] : raw_merges) {
-    v.merges.emplace_back(map(l), map(r));
-    const std::string m = map(l + r);
-    if (have.insert(m).second) v.tokens.push_back(m);
-  }
-  return v;
 }
 
 }  // namespace
@@ -795,15 +777,9 @@ TEST(Special, UserDefinedAlwaysMatchedLeftmostLongestWithStrip) {
   v.splits.push_back(SplitRule{kGpt2Pattern, SplitBehavior::Isolated, false});
   v.types.assign(v.tokens.size(), TokenType::Normal);
   v.attrs.assign(v.tokens.size(), 0);
-  auto add = [&](const std::string& t, TokenType type, uint8_t attr) {
-    v.tokens.push_back(t);
-    v.types.push_back(type);
-    v.attrs.push_back(attr);
-    return (int32_t)v.tokens.size() - 1;
-  };
-  const int32_t ab = add("<ab>", TokenType::UserDefined, 0);
-  const int32_t abc = add("<ab>c", TokenType::UserDefined, 0);
-  const int32_t ctl = add("<ctl>", TokenType::Control, kAttrLstrip | kAttrRstrip);
+  const int32_t ab = add_token(v, "<ab>", TokenType::UserDefined, 0);
+  const int32_t abc = add_token(v, "<ab>c", TokenType::UserDefined, 0);
+  const int32_t ctl = add_token(v, "<ctl>", TokenType::Control, kAttrLstrip | kAttrRstrip);
   Tokenizer tok(std::move(v));
   EXPECT_EQ(tok.encode("<ab>"), (std::vector<int32_t>{ab}));
   EXPECT_EQ(tok.encode("x<ab>cd"), (std::vector<int32_t>{'x', abc, 'd'}));

@@ -70,6 +70,26 @@ class Tokenizer {
   friend struct detail::Access;
 };
 
+// Encodes a text that arrives in pieces (a file read in chunks) to exactly the ids of Tokenizer::encode of
+// the whole text, holding back only the input that what follows could still change: about 64 KiB, more only
+// while one pre-token (or, for SentencePiece, a run with no place to cut) is longer.
+class EncodeStream {
+ public:
+  EncodeStream(const Tokenizer& tok, bool add_special, bool parse_special);
+  ~EncodeStream();
+  EncodeStream(EncodeStream&&) noexcept;
+  EncodeStream& operator=(EncodeStream&&) noexcept;
+
+  // Appends to out the ids that the text so far determines.
+  void feed(std::string_view text, std::vector<int32_t>& out);
+  // End of the text: appends the remaining ids (and EOS when asked). Call once, last.
+  void finish(std::vector<int32_t>& out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Streams generated text token by token, emitting only complete UTF-8 sequences (an incomplete tail waits
 // for the next token; ill-formed bytes become U+FFFD). Allocates nothing after construction.
 class TextStream {

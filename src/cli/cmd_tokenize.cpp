@@ -91,26 +91,41 @@ int cmd_tokenize(int argc, char** argv) {
   }
   const bool has_text = app.count("text") > 0;
   if (has_text == !file.empty()) fail("give the text either as an argument or with -f FILE (exactly one)");
-  if (!file.empty()) text = read_text_file(file, "input text file");
 
   const Tokenizer tok = Tokenizer::load(model);
-  const std::vector<int32_t> ids = tok.encode(text, add_special, !no_parse_special);
-  // The listing (about 20 bytes per id) is written in chunks of about 64 KiB as it is formatted, never held
-  // whole: the memory is the text and its ids.
+  // The text is read in chunks and encoded as it comes (EncodeStream: the ids of the whole text), and the
+  // listing (about 20 bytes per id) is written in chunks of about 64 KiB as it is formatted: the memory is
+  // the tokenizer and a few chunks, whatever the size of the text.
   constexpr size_t kChunk = 1 << 16;
   std::string out;
   out.reserve(kChunk + 256);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids_only)
-      fmt::format_to(std::back_inserter(out), "{}{}", i ? " " : "", ids[i]);
-    else
-      fmt::format_to(std::back_inserter(out), "{:>7} -> '{}'\n", ids[i],
-                     printable(tok.token_to_piece(ids[i])));
-    if (out.size() >= kChunk) {
-      write_stdout(out);
-      out.clear();
+  std::vector<int32_t> ids;
+  size_t n_ids = 0;
+  const auto list = [&] {
+    for (const int32_t id : ids) {
+      if (ids_only)
+        fmt::format_to(std::back_inserter(out), "{}{}", n_ids ? " " : "", id);
+      else
+        fmt::format_to(std::back_inserter(out), "{:>7} -> '{}'\n", id, printable(tok.token_to_piece(id)));
+      ++n_ids;
+      if (out.size() >= kChunk) {
+        write_stdout(out);
+        out.clear();
+      }
     }
+    ids.clear();
+  };
+  EncodeStream enc(tok, add_special, !no_parse_special);
+  if (file.empty()) {
+    enc.feed(text, ids);
+  } else {
+    read_text_chunks(file, "input text file", [&](std::string_view chunk) {
+      enc.feed(chunk, ids);
+      list();
+    });
   }
+  enc.finish(ids);
+  list();
   if (ids_only) out += '\n';
   write_stdout(out, /*flush=*/true);
   return 0;

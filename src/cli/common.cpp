@@ -195,20 +195,14 @@ void flush_stdout() {
   if (std::fflush(stdout) != 0 || std::ferror(stdout)) fail_stdout();
 }
 
-std::string read_text_file(const std::string& path, const char* what) {
+namespace {
+
+// Opens a text input ("-": standard input), refusing what is not a regular file; *size: its size when known.
+std::unique_ptr<std::FILE, int (*)(std::FILE*)> open_text_input(const std::string& path, const char* what,
+                                                                uintmax_t* size) {
   namespace fs = std::filesystem;
-  // Read straight into the result (a stringstream would hold the text twice at its peak).
-  std::string text;
-  auto read_all = [&text](std::FILE* f) {
-    char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-    return !std::ferror(f);
-  };
-  if (path == "-") {
-    if (!read_all(stdin)) fail("standard input: read error: {}", std::strerror(errno));
-    return text;
-  }
+  *size = 0;
+  if (path == "-") return {stdin, [](std::FILE*) { return 0; }};
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec) fail("{}: cannot open {}: {}", path, what, ec.message());
@@ -219,8 +213,34 @@ std::string read_text_file(const std::string& path, const char* what) {
                               : "not a regular file");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) fail("{}: cannot open {}: {}", path, what, std::strerror(errno));
-  if (const uintmax_t n = fs::file_size(path, ec); !ec) text.reserve(n);
-  if (!read_all(f.get())) fail("{}: read error: {}", path, std::strerror(errno));
+  if (const uintmax_t n = fs::file_size(path, ec); !ec) *size = n;
+  return f;
+}
+
+// Passes the input to fn in chunks of at most 64 KiB as they are read.
+void read_chunks(std::FILE* f, const std::string& path, const std::function<void(std::string_view)>& fn) {
+  std::vector<char> buf(1 << 16);
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) fn(std::string_view(buf.data(), n));
+  if (std::ferror(f)) fail("{}: read error: {}", path == "-" ? "standard input" : path, std::strerror(errno));
+}
+
+}  // namespace
+
+void read_text_chunks(const std::string& path, const char* what,
+                      const std::function<void(std::string_view)>& fn) {
+  uintmax_t size = 0;
+  const auto f = open_text_input(path, what, &size);
+  read_chunks(f.get(), path, fn);
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+  // Read straight into the result (a stringstream would hold the text twice at its peak).
+  std::string text;
+  uintmax_t size = 0;
+  const auto f = open_text_input(path, what, &size);
+  text.reserve(size);
+  read_chunks(f.get(), path, [&text](std::string_view c) { text.append(c); });
   return text;
 }
 

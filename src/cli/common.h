@@ -5,8 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ultra/context.h"
@@ -87,6 +89,9 @@ std::string human_bytes(double bytes);
 // The whole content of a text input ("-": standard input). Anything but a regular file (a directory, a
 // FIFO that would block, a device) is refused before it is opened: "<path>: <what> is a directory, ...".
 std::string read_text_file(const std::string& path, const char* what);
+// The same input, read in chunks of at most 64 KiB, each passed to fn as it is read.
+void read_text_chunks(const std::string& path, const char* what,
+                      const std::function<void(std::string_view)>& fn);
 
 // --chat-template's value (chat and serve): the content of a file, or else the source of the built-in
 // template of that name (src/chat/builtin_templates.h, llama.cpp's names); an existing path wins. label, when

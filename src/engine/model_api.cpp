@@ -1,5 +1,5 @@
-// ultra::Model, ultra::Tokenizer and ultra::TextStream: the public handles over the loaded model
-// (model/model.h) and the tokenizer (tokenizer/tokenizer.h).
+// ultra::Model, ultra::Tokenizer, ultra::TextStream and ultra::EncodeStream: the public handles over the
+// loaded model (model/model.h) and the tokenizer (tokenizer/tokenizer.h, tokenizer/encode_stream.h).
 #include <algorithm>
 #include <filesystem>
 
@@ -7,6 +7,7 @@
 #include "core/mmap.h"
 #include "engine/model_impl.h"
 #include "io/gguf.h"
+#include "tokenizer/encode_stream.h"
 
 namespace ultra {
 
@@ -78,6 +79,25 @@ std::string_view TextStream::flush() {
 }
 void TextStream::reset() {
   impl_->d.reset();
+}
+
+// ---- EncodeStream ----
+
+struct EncodeStream::Impl {
+  tok::EncodeStream e;
+};
+
+EncodeStream::EncodeStream(const Tokenizer& tok, bool add_special, bool parse_special)
+    : impl_(std::make_unique<Impl>(Impl{tok::EncodeStream(tok.impl().t, add_special, parse_special)})) {}
+EncodeStream::~EncodeStream() = default;
+EncodeStream::EncodeStream(EncodeStream&&) noexcept = default;
+EncodeStream& EncodeStream::operator=(EncodeStream&&) noexcept = default;
+
+void EncodeStream::feed(std::string_view text, std::vector<int32_t>& out) {
+  impl_->e.feed(text, out);
+}
+void EncodeStream::finish(std::vector<int32_t>& out) {
+  impl_->e.finish(out);
 }
 
 // ---- Model ----

@@ -3,9 +3,11 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace ultra::tok {
 
@@ -139,8 +141,23 @@ struct PreTokenizer::Rule {
   bool jit = false;
   SplitBehavior behavior = SplitBehavior::Isolated;
   bool invert = false;
+  // A copy of code JIT-compiled for hard partial matching, made at the first streaming split (most
+  // tokenizers never stream; pcre2_jit_compile must not run on a code that other threads match with).
+  mutable std::once_flag partial_once;
+  mutable pcre2_code* partial = nullptr;
+  mutable bool partial_jit = false;
   ~Rule() {
     if (code) pcre2_code_free(code);
+    if (partial) pcre2_code_free(partial);
+  }
+  // The code for hard partial matching (JIT-compiled when possible).
+  const pcre2_code* partial_code() const {
+    std::call_once(partial_once, [this] {
+      partial = pcre2_code_copy(code);
+      if (!partial) throw Error("pre-tokenizer: out of memory copying a regex");
+      partial_jit = pcre2_jit_compile(partial, PCRE2_JIT_PARTIAL_HARD) == 0;
+    });
+    return partial;
   }
 };
 
@@ -160,6 +177,11 @@ PreTokenizer::PreTokenizer(const std::vector<SplitRule>& rules) {
     rule->jit = pcre2_jit_compile(rule->code, PCRE2_JIT_COMPLETE) == 0;
     rule->behavior = r.behavior;
     rule->invert = r.invert;
+    if (rules_.empty()) {
+      uint32_t chars = 0;  // the longest lookbehind in characters
+      pcre2_pattern_info(rule->code, PCRE2_INFO_MAXLOOKBEHIND, &chars);
+      lookbehind_bytes_ = 4 * ((size_t)chars + 1);
+    }
     rules_.push_back(std::move(rule));
   }
 }
@@ -195,10 +217,28 @@ MatchScratch& match_scratch() {
 
 }  // namespace
 
-void PreTokenizer::apply(const Rule& r, std::string_view piece, std::vector<std::string_view>& out) const {
+size_t PreTokenizer::apply(const Rule& r, std::string_view piece, size_t start, bool final,
+                           std::vector<std::string_view>& out) const {
   MatchScratch& s = match_scratch();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
-  const size_t n = piece.size();
+  size_t n = piece.size();
+  const pcre2_code* code = r.code;
+  bool jit = r.jit;
+  uint32_t options = 0;
+  if (!final) {
+    code = r.partial_code();
+    jit = r.partial_jit;
+    options = PCRE2_PARTIAL_HARD;
+    // An incomplete UTF-8 character at the end would count as invalid (no match) rather than as the end
+    // of the subject: leave it out; it is matched once its last bytes have come.
+    for (size_t k = 1; k <= 3 && k <= n; ++k) {
+      const auto c = static_cast<unsigned char>(piece[n - k]);
+      if ((c & 0xC0) == 0x80) continue;
+      if (c >= 0xC0 && utf8::classify(reinterpret_cast<const unsigned char*>(piece.data()) + n - k, k) == 0)
+        n -= k;
+      break;
+    }
+  }
 
   // Segments covering the piece: (begin, end, is_match), built on the fly and folded by the behaviour.
   // Folding state as in HF tokenizers' NormalizedString::split.
@@ -256,11 +296,11 @@ void PreTokenizer::apply(const Rule& r, std::string_view piece, std::vector<std:
     prev_match = is_match;
   };
 
-  size_t pos = 0, prev_end = 0;
+  size_t pos = start, prev_end = start;
   while (pos <= n) {
-    int rc = r.jit ? pcre2_jit_match(r.code, subject, n, pos, 0, s.md, s.mctx)
-                   : pcre2_match(r.code, subject, n, pos, 0, s.md, s.mctx);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
+    int rc = jit ? pcre2_jit_match(code, subject, n, pos, options, s.md, s.mctx)
+                 : pcre2_match(code, subject, n, pos, options, s.md, s.mctx);
+    if (rc == PCRE2_ERROR_NOMATCH || rc == PCRE2_ERROR_PARTIAL) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
@@ -279,32 +319,36 @@ void PreTokenizer::apply(const Rule& r, std::string_view piece, std::vector<std:
     push(mb, me, true);
     prev_end = pos = me;
   }
+  if (!final) return have_last ? last.b : prev_end;  // the rest may change with more text
   if (prev_end < n) push(prev_end, n, false);
   if (have_last) emit(last.b, last.e);
+  return n;
 }
 
-void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& out) const {
-  if (text.empty()) return;
+size_t PreTokenizer::split_from(std::string_view text, size_t start, bool final,
+                                std::vector<std::string_view>& out) const {
+  if (start >= text.size()) return text.size();
   if (rules_.empty()) {
-    out.push_back(text);
-    return;
+    if (!final) return start;  // one piece: the whole text
+    out.push_back(text.substr(start));
+    return text.size();
   }
-  if (rules_.size() == 1) {
-    apply(*rules_[0], text, out);
-    return;
-  }
+  if (rules_.size() == 1) return apply(*rules_[0], text, start, final, out);
+  // The first rule's pieces that are certain are final pieces of split(T): the later rules split each of
+  // them whole.
   MatchScratch& s = match_scratch();
   std::vector<std::string_view> cur = std::move(s.a), next = std::move(s.b);
   cur.clear();
-  cur.push_back(text);
-  for (size_t i = 0; i < rules_.size(); ++i) {
+  const size_t end = apply(*rules_[0], text, start, final, cur);
+  for (size_t i = 1; i < rules_.size(); ++i) {
     next.clear();
     std::vector<std::string_view>& dst = i + 1 == rules_.size() ? out : next;
-    for (auto piece : cur) apply(*rules_[i], piece, dst);
+    for (auto piece : cur) apply(*rules_[i], piece, 0, /*final=*/true, dst);
     std::swap(cur, next);
   }
   s.a = std::move(cur);
   s.b = std::move(next);
+  return end;
 }
 
 }  // namespace ultra::tok

@@ -42,12 +42,32 @@ class PreTokenizer {
   bool empty() const { return rules_.empty(); }
 
   // Appends the non-empty pieces of text, in order, as views into text. Thread-safe.
-  void split(std::string_view text, std::vector<std::string_view>& out) const;
+  void split(std::string_view text, std::vector<std::string_view>& out) const {
+    split_from(text, 0, /*final=*/true, out);
+  }
+
+  // Streaming: text is a prefix of a longer text T (known only up to text.size() unless final), of which
+  // [0, start) has been split already, ending at a piece boundary; text[0, start) is kept only as the
+  // context that lookbehinds (and \b, ^) may see, so keep at least lookbehind_bytes() of it (or all of it
+  // from T's start). Appends the pieces of split(T) that begin at or after start and are certain from the
+  // bytes seen, and returns where they end (a piece boundary of split(T), from which the next call starts).
+  // final: text is the whole of T; all its pieces are appended and text.size() is returned. Not final: the
+  // first rule matches with PCRE2's hard partial matching, so a match or gap that could change with more
+  // text (a match that reached the end, an incomplete UTF-8 character at the end) is left for later.
+  size_t split_from(std::string_view text, size_t start, bool final,
+                    std::vector<std::string_view>& out) const;
+  // Bytes of context before `start` that split_from needs (a bound on the first rule's lookbehind, at least
+  // one character so that ^ and \A cannot match at start).
+  size_t lookbehind_bytes() const { return lookbehind_bytes_; }
 
  private:
   struct Rule;
   std::vector<std::unique_ptr<Rule>> rules_;
-  void apply(const Rule& r, std::string_view piece, std::vector<std::string_view>& out) const;
+  size_t lookbehind_bytes_ = 4;
+  // Applies one rule to subject[start, end) (subject[0, start): context); final: as split_from. Returns
+  // where the appended pieces end.
+  size_t apply(const Rule& r, std::string_view subject, size_t start, bool final,
+               std::vector<std::string_view>& out) const;
 };
 
 }  // namespace ultra::tok

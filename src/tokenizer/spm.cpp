@@ -13,6 +13,31 @@ SpmModel::SpmModel(const Vocab& v, const TokenIndex& index) : index_(index), sco
     const char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
     byte_id_[b] = index.find(std::string_view(buf, 6));
   }
+  for (const std::string& t : v.tokens) {
+    max_len_ = std::max(max_len_, t.size());
+    for (size_t k = 0; k + 1 < t.size(); ++k) inner_[(unsigned char)t[k]] = true;
+  }
+}
+
+bool SpmModel::straddled(std::string_view text, size_t from, size_t p) const {
+  for (size_t a = p - std::min(p - from, max_len_ - 1); a < p; ++a)
+    for (size_t b = p + 1; b <= text.size() && b - a <= max_len_; ++b)
+      if (index_.find(text.substr(a, b - a)) >= 0) return true;
+  return false;
+}
+
+size_t SpmModel::cut(std::string_view text, size_t from, size_t to) const {
+  if (text.size() < from + max_len_) return 0;
+  to = std::min(to, text.size() - (max_len_ - 1));
+  int full_checks = 64;
+  for (size_t p = to; p > from && full_checks > 0; --p) {
+    const auto c = (unsigned char)text[p - 1];
+    if (c >= 0x80 || (index_.find(text.substr(p - 1, 1)) < 0 && byte_id_[c] < 0)) continue;
+    if (!inner_[c]) return p;
+    --full_checks;
+    if (!straddled(text, from, p)) return p;
+  }
+  return 0;
 }
 
 namespace {

@@ -15,7 +15,8 @@
 //
 // Decoding: token_to_piece() is the exact byte string of a token (byte-level mapping undone, U+2581 ->
 // space, <0xNN> -> that byte; control tokens give their text), so decode(encode(x)) == x for lossless
-// vocabularies. Detokenizer streams text, emitting only complete UTF-8 sequences.
+// vocabularies. Detokenizer streams text, emitting only complete UTF-8 sequences; EncodeStream
+// (encode_stream.h) encodes a text that arrives in pieces.
 #pragma once
 
 #include <cstdint>
@@ -104,6 +105,7 @@ class Tokenizer {
  private:
   std::shared_ptr<const Impl> impl_;
   friend class Detokenizer;
+  friend class EncodeStream;
 };
 
 // Incremental detokenizer for streaming: push() one token at a time; only complete UTF-8 sequences are
