@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/mmap.h"
+#include "engine/access.h"
 #include "engine/model_impl.h"
 #include "io/gguf.h"
 #include "tokenizer/encode_stream.h"
@@ -88,7 +89,7 @@ struct EncodeStream::Impl {
 };
 
 EncodeStream::EncodeStream(const Tokenizer& tok, bool add_special, bool parse_special)
-    : impl_(std::make_unique<Impl>(Impl{tok::EncodeStream(tok.impl().t, add_special, parse_special)})) {}
+    : impl_(std::make_unique<Impl>(Impl{tok::EncodeStream(detail::impl(tok).t, add_special, parse_special)})) {}
 EncodeStream::~EncodeStream() = default;
 EncodeStream::EncodeStream(EncodeStream&&) noexcept = default;
 EncodeStream& EncodeStream::operator=(EncodeStream&&) noexcept = default;
