@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ultra vs llama.cpp on the CPU, side by side in one script, same GGUF files and thread count.
 
-For each weight type (f32, f16, q8_0) it makes a random-weight ~110M-parameter Llama GGUF (dim 768,
+For each weight type (f32, f16, q8_0; q4_k_m, q6_k, iq4_xs and llama.cpp's other mixes: llama-quantize of the
+f16 file) it makes a random-weight ~110M-parameter Llama GGUF (dim 768,
 12 layers, 12 heads, ffn 2048, vocab 32000, tied embeddings) with tools/make_bench_gguf.py (the low-bit
 types fp8, ternary, tq2_0, tq1_0: `ultra quantize` of the f16 file; llama.cpp cannot load fp8 and ternary,
 so their peer columns are empty), then runs `ultra bench` (prefill of P tokens, then G single-token decode
@@ -98,17 +99,25 @@ def main():
 
     rows = []
     lowbit = ("fp8", "ternary", "tq2_0", "tq1_0")
+    # GGUF block types and llama.cpp's mixes, quantised from the f16 file by llama.cpp's own llama-quantize
+    # (built from the same bundle as the peer), so both engines read the very same blocks.
+    llama_types = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
+                   "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs")
     stem = "llama110m-tied" if args.arch == "llama" else f"{args.arch}-110m"
     gen = [sys.executable, "tools/make_bench_gguf.py", "--arch", args.arch, "--tie-embeddings"]
     print(f"model: {args.arch} ({stem}-TYPE.gguf in {args.dir})", flush=True)
     for t in args.types.split(","):
         path = os.path.join(args.dir, f"{stem}-{t}.gguf")
         if not os.path.exists(path):
-            if t in lowbit:
+            if t in lowbit or t in llama_types:
                 f16 = os.path.join(args.dir, f"{stem}-f16.gguf")
                 if not os.path.exists(f16):
                     run(gen + ["--type", "f16", "-o", f16])
-                run([ultra, "quantize", f16, path, "--type", t])
+                if t in lowbit:
+                    run([ultra, "quantize", f16, path, "--type", t])
+                else:
+                    quantize = llama_binary(args.llama_dir, "llama-quantize")
+                    run([quantize, f16, path, t.upper()])
             else:
                 run(gen + ["--type", t, "-o", path])
         def ultra_bench(binary, reps=args.reps):

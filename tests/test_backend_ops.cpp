@@ -63,7 +63,8 @@ const char* kset_name(Kset k) {
 bool has_kernel(const OpCase& c, Kset k) {
   switch (c.op) {
     case Op::Matmul:
-      return k != Kset::Vnni || c.type == GgmlType::Q8_0;
+      return k != Kset::Vnni || c.type == GgmlType::Q8_0 ||
+             (c.tokens == 1 && detail::kquant_int8_vnni(c.type) != nullptr);
     case Op::Attention:
       return k != Kset::Vnni;
     case Op::RmsNorm:
@@ -303,7 +304,10 @@ int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bo
           d.wt.bytes.data(), d.wt.view.row_bytes, c.rows, cols, nullptr, 1, ref8.data() + t * c.rows, b};
       a.xq = xq.data();
       a.xd = xd.data();
-      detail::matmul_q8_int8_ref(a, 0, c.rows);
+      if (c.type == GgmlType::Q8_0)
+        detail::matmul_q8_int8_ref(a, 0, c.rows);
+      else
+        detail::matmul_kquant_int8_ref(c.type, a, 0, c.rows);
       for (int64_t i = 0; i < cols; ++i) xdq[t * cols + i] = xq[i] * xd[i / 32];
     }
     mag8 = dot_magnitudes(d, xdq.data(), c.tokens, b);

@@ -62,6 +62,9 @@ struct MatmulArgs {
   // quantize_x_q8_*(), x[c] ~ xq[c] * xd[c / 32]; prefill, x packed by pack_x_q8_vnni (xd unused)
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
+  // Q4_K / Q6_K / IQ4_XS decode with int8 activations: the sums of xq over each 16 and each 32 columns
+  const float* xs16 = nullptr;
+  const float* xs32 = nullptr;
 };
 using MatmulRangeFn = void (*)(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Packs token tiles [j0, j1) of x [n_tokens, cols] into xp (MatmulArgs::xp's layout).
@@ -143,6 +146,18 @@ void matmul_q8_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 constexpr int kQ8NT = 6;
 constexpr int64_t kQ8TileBlockBytes = 8 * kQ8NT * 4 + kQ8NT * 8;  // x quads, then d_x and corrections
 void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, uint8_t* xp);
+// Decode (n_tokens == 1) of Q4_K, Q6_K and IQ4_XS with int8 activations (matmul_kquant_vnni.cpp), on while
+// q8_int8_enabled(): x quantised as for Q8_0 (a.xq, a.xd) with the sums of xq per 16 and 32 columns
+// (a.xs16, a.xs32: x_sums_q8). Each output is the f32-rounded value of matmul.cpp's reference, the exact
+// weights times xq * xd summed in double.
+void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+// The kernel of a block type above (nullptr for the others); its scalar reference.
+MatmulRangeFn kquant_int8_vnni(GgmlType t);
+void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1);
+// xs16[k] = sum of xq[16 k .. 16 k + 15], xs32[k] = sum of xq[32 k .. 32 k + 31] (cols % 32 == 0).
+void x_sums_q8(const int8_t* xq, int64_t cols, float* xs16, float* xs32);
 void matmul_q8_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Tests: force q8_int8_enabled() on (1, where the CPU has AVX512-VNNI) or off (0); -1: the environment;
 // 2: on with the scalar reference kernels on any CPU (q8_int8_reference(): matmul() then quantises each

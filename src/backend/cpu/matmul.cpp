@@ -195,6 +195,47 @@ void matmul_q8_int8_ref(const MatmulArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
+MatmulRangeFn kquant_int8_vnni(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K:
+      return matmul_q4k_int8_vnni;
+    case GgmlType::Q6_K:
+      return matmul_q6k_int8_vnni;
+    case GgmlType::IQ4_XS:
+      return matmul_iq4xs_int8_vnni;
+    default:
+      return nullptr;
+  }
+}
+
+void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1) {
+  const auto tt = type_traits(t);
+  const int64_t qk = tt->block_elems, nb = a.cols / qk;
+  float v[kQK_K];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = a.w + r * a.row_bytes;
+    double s = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      dequantize(t, row + b * tt->block_bytes, qk, v);
+      for (int64_t i = 0; i < qk; ++i) {
+        const int64_t c = b * qk + i;
+        s += (double)v[i] * ((double)a.xq[c] * a.xd[c / kQ8_0Block]);
+      }
+    }
+    if (a.bias) s += a.bias[r];
+    a.y[r] = (float)s;
+  }
+}
+
+void x_sums_q8(const int8_t* xq, int64_t cols, float* xs16, float* xs32) {
+  for (int64_t k = 0; k < cols / 16; ++k) {
+    int s = 0;
+    for (int i = 0; i < 16; ++i) s += xq[16 * k + i];
+    xs16[k] = (float)s;
+    if (k % 2) xs32[k / 2] = xs16[k - 1] + xs16[k];
+  }
+}
+
 const MatmulKernels& matmul_kernels() {
   static const MatmulKernels& k = []() -> const MatmulKernels& {
     switch (active_isa()) {
@@ -257,6 +298,10 @@ size_t packed_x_floats(const MatmulKernels& k, const WeightView& w, int n_tokens
 bool takes_q8_int8(const WeightView& w) {
   return w.type == GgmlType::Q8_0 && !g_override && detail::q8_int8_enabled();
 }
+// Whether a decode step through w takes an int8-activation k-quant kernel (same conditions; one token).
+bool takes_kquant_int8(const WeightView& w, int n_tokens) {
+  return n_tokens == 1 && detail::kquant_int8_vnni(w.type) && !g_override && detail::q8_int8_enabled();
+}
 
 // Its quantised x in the scratch: cols int8 from a 64-byte boundary, then the cols / 32 f32 scales from the
 // next one.
@@ -270,6 +315,13 @@ size_t q8_int8_floats(const WeightView& w, int n_tokens) {
   const size_t prefill = (size_t)(tiles * (w.cols / kQ8_0Block) * detail::kQ8TileBlockBytes + 64) / 4;
   return std::max(decode, prefill);
 }
+// The k-quant decode's: Q8_0's decode scratch, then the sums per 16 and per 32 columns, each from a 64-byte
+// boundary.
+size_t kquant_int8_floats(const WeightView& w) {
+  return (size_t)(round64(w.cols) + round64(w.cols / kQ8_0Block * 4) + round64(w.cols / 16 * 4) +
+                  round64(w.cols / 32 * 4) + 64) /
+         4;
+}
 
 }  // namespace
 
@@ -278,6 +330,7 @@ size_t q8_int8_floats(const WeightView& w, int n_tokens) {
 size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int) {
   const MatmulKernels& k = active_kernels();
   const size_t panel = takes_panel(k, w, n_tokens) ? packed_x_floats(k, w, n_tokens) : 0;
+  if (takes_kquant_int8(w, n_tokens)) return std::max(panel, kquant_int8_floats(w));
   return takes_q8_int8(w) ? std::max(panel, q8_int8_floats(w, n_tokens)) : panel;
 }
 
@@ -367,6 +420,22 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   }
   // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  if (scratch && takes_kquant_int8(w, n_tokens)) {
+    // Decode of Q4_K / Q6_K / IQ4_XS with int8 activations: x quantised and summed once, here.
+    int8_t* xq = (int8_t*)scratch64;
+    float* xd = (float*)(xq + round64(w.cols));
+    float* xs16 = (float*)((uint8_t*)xd + round64(w.cols / kQ8_0Block * 4));
+    float* xs32 = (float*)((uint8_t*)xs16 + round64(w.cols / 16 * 4));
+    const bool ref = detail::q8_int8_reference();
+    (ref ? detail::quantize_x_q8_ref : detail::quantize_x_q8_vnni)(x, w.cols, xq, xd);
+    detail::x_sums_q8(xq, w.cols, xs16, xs32);
+    ctx.a.xq = xq;
+    ctx.a.xd = xd;
+    ctx.a.xs16 = xs16;
+    ctx.a.xs32 = xs32;
+    if (ref) return detail::matmul_kquant_int8_ref(w.type, ctx.a, 0, w.rows);
+    ctx.fn = detail::kquant_int8_vnni(w.type);
+  }
   const bool q8_int8 = scratch && takes_q8_int8(w);
   if (q8_int8 && detail::q8_int8_reference()) {
     // Tests: the scalar int8 kernels, token by token, on this thread (the decode scratch serves each token).
