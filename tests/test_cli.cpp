@@ -209,8 +209,8 @@ TEST(Cli, QuantizeThenRun) {
     ASSERT_EQ(o.code, 0) << o.err;
     EXPECT_EQ(json::parse(o.out)["generated_ids"].size(), 8u);
   }
-  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " --type q4_k",
-               "unknown output type 'q4_k'");
+  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " --type q4_q",
+               "unknown output type 'q4_q'");
   expect_error("quantize " + tmp.file("missing.gguf") + " " + tmp.file("x.gguf") + " --type fp8",
                "no such file or directory");
   expect_error("quantize " + target + " " + target + " --type fp8", "refusing to overwrite");

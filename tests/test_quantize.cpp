@@ -162,12 +162,12 @@ TEST(Quantize, FromHfDirectory) {
 TEST(Quantize, ClearErrors) {
   test::TmpDir dir("ultra_quantize");
   ConvertOptions opt;
-  opt.out_type = "q4_k";
+  opt.out_type = "q4_q";
   try {
     quantize_model(kTarget, dir.file("x.gguf"), opt);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown output type 'q4_k'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unknown output type 'q4_q'"), std::string::npos) << e.what();
   }
   opt.out_type = "fp8";
   try {

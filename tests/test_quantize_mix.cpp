@@ -1,0 +1,330 @@
+// `ultra quantize` in llama.cpp's mixes (io/quant_mix.h) with importance weights (io/imatrix.h):
+//   - the bundled target (rows of 384: most tensors take llama.cpp's fallbacks) in Q4_K_M gets, tensor for
+//     tensor, the types llama-quantize chose for the same file (recorded below);
+//   - importance matrices in llama.cpp's GGUF and legacy formats read as llama-quantize reads them, and bad
+//     ones refused with a message;
+//   - when llama.cpp's own llama-quantize is built (bench/llamacpp_build.py's native build), a synthetic
+//     model with rows multiple of 256 in every mix, without and with an imatrix: the same type for every
+//     tensor and the same bytes for every block.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/dtype.h"
+#include "io/gguf.h"
+#include "io/imatrix.h"
+#include "io/quant_mix.h"
+#include "tmp_dir.h"
+#include "ultra/convert.h"
+#include "ultra/error.h"
+
+using namespace ultra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = ULTRA_SOURCE_DIR;
+const std::string kTarget = (kRoot / "models" / "target.gguf").string();
+
+std::string quantize(const std::string& in, const std::string& out, const std::string& type,
+                     const std::string& imatrix = "") {
+  ConvertOptions opt;
+  opt.out_type = type;
+  opt.imatrix = imatrix;
+  opt.threads = 2;
+  quantize_model(in, out, opt);
+  return out;
+}
+
+std::map<std::string, GgmlType> tensor_types(const std::string& path) {
+  std::map<std::string, GgmlType> m;
+  const auto r = gguf::Reader::open(path);
+  for (const auto& t : r.tensors()) m[t.name] = t.type;
+  return m;
+}
+
+TEST(QuantizeMix, TargetQ4KMTypesEqualLlamaQuantizes) {
+  test::TmpDir dir("ultra_qmix");
+  const std::string out = quantize(kTarget, dir.file("q4km.gguf"), "q4_k_m");
+  // llama-quantize models/target.gguf OUT q4_k_m: attn_v in use_more_bits layers Q6_K -> Q8_0 (384 columns),
+  // the others Q4_K -> Q5_0; ffn_down (1024 columns) Q6_K / Q4_K; token_embd (tied) Q6_K -> Q8_0.
+  const char* attn_v[8] = {"Q8_0", "Q5_0", "Q5_0", "Q8_0", "Q5_0", "Q5_0", "Q8_0", "Q8_0"};
+  const char* ffn_down[8] = {"Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q6_K"};
+  std::map<std::string, std::string> want = {{"token_embd.weight", "Q8_0"}, {"output_norm.weight", "F32"}};
+  for (int il = 0; il < 8; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    for (const char* n : {"attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"})
+      want[b + n + ".weight"] = "Q5_0";
+    want[b + "attn_norm.weight"] = want[b + "ffn_norm.weight"] = "F32";
+    want[b + "attn_v.weight"] = attn_v[il];
+    want[b + "ffn_down.weight"] = ffn_down[il];
+  }
+  const auto got = tensor_types(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, type] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_EQ(type_name(got.at(name)), type) << name;
+  }
+  const auto r = gguf::Reader::open(out);
+  EXPECT_EQ(r.get_uint("general.file_type"), 15u);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  EXPECT_EQ(r.get_string("tokenizer.ggml.model"),
+            gguf::Reader::open(kTarget).get_string("tokenizer.ggml.model"));
+}
+
+TEST(QuantizeMix, MixNamesAndErrors) {
+  EXPECT_STREQ(find_quant_mix("Q4_K_M")->name, "q4_k_m");
+  EXPECT_STREQ(find_quant_mix("q4_k")->name, "q4_k_m");  // llama-quantize's alias
+  EXPECT_EQ(find_quant_mix("q4_k_x"), nullptr);
+  test::TmpDir dir("ultra_qmix");
+  try {
+    quantize(kTarget, dir.file("x.gguf"), "q4_q");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q4_k_m"), std::string::npos) << e.what();  // lists the mixes
+  }
+  EXPECT_THROW(quantize(kTarget, dir.file("x.gguf"), "q8_0", kTarget), Error);  // imatrix for a plain type
+  EXPECT_THROW(quantize(kTarget, dir.file("x.gguf"), "q4_k_m", dir.file("none.imatrix")), Error);
+  EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+}
+
+// An imatrix GGUF as llama-imatrix writes it: per matrix "<name>.in_sum2" [cols, 1] and "<name>.counts" [1].
+struct ImatrixFile {
+  std::map<std::string, std::vector<float>> sums;
+  std::map<std::string, float> counts;
+  void write(const std::string& path) const {
+    gguf::Writer w;
+    w.set_string("general.type", "imatrix");
+    w.set_array_string("imatrix.datasets", {"synthetic.txt"});
+    w.set_u32("imatrix.chunk_count", 10);
+    w.set_u32("imatrix.chunk_size", 512);
+    for (const auto& [name, s] : sums) {
+      w.add_tensor(name + ".in_sum2", GgmlType::F32, {s.size(), 1}, s.data(), 4 * s.size());
+      w.add_tensor(name + ".counts", GgmlType::F32, {1, 1}, &counts.at(name), 4);
+    }
+    w.write(path);
+  }
+};
+
+// Importance sums for every matrix of a file but token_embd: positive, varying per column.
+ImatrixFile imatrix_for(const std::string& model) {
+  ImatrixFile im;
+  uint32_t s = 12345;
+  const auto r = gguf::Reader::open(model);
+  for (const auto& t : r.tensors()) {
+    if (t.ne.size() != 2 || t.ne[1] == 1 || t.name == "token_embd.weight") continue;
+    std::vector<float> v(t.ne[0]);
+    for (float& x : v) {
+      s = s * 1664525u + 1013904223u;
+      x = 5120.0f * (0.05f + (float)(s >> 8) / (1 << 24) * (s % 7 == 0 ? 20.0f : 1.0f));
+    }
+    im.sums[t.name] = v;
+    im.counts[t.name] = 5120.0f;
+  }
+  return im;
+}
+
+TEST(QuantizeMix, ImatrixFormatsReadAsLlamaQuantizeReadsThem) {
+  test::TmpDir dir("ultra_qmix");
+  ImatrixFile f;
+  f.sums["a.weight"] = {2.0f, 4.0f, 9.0f};
+  f.counts["a.weight"] = 2.0f;
+  f.sums["b.weight"] = {3.0f, 5.0f};
+  f.counts["b.weight"] = 0.0f;  // never called: weights 1
+  f.write(dir.file("m.imatrix"));
+  const Imatrix im = load_imatrix(dir.file("m.imatrix"));
+  EXPECT_EQ(im.weights.at("a.weight"), (std::vector<float>{1.0f, 2.0f, 4.5f}));
+  EXPECT_EQ(im.weights.at("b.weight"), (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_EQ(im.chunk_count, 10);
+  ASSERT_EQ(im.datasets.size(), 1u);
+  EXPECT_EQ(im.datasets[0], "synthetic.txt");
+
+  // legacy .dat: n_entries, then name length, name, ncall, n_values, values; trailer chunk count + dataset
+  auto dat = [&](const std::string& path, bool truncate) {
+    std::ofstream o(path, std::ios::binary);
+    auto i32 = [&](int32_t v) { o.write(reinterpret_cast<const char*>(&v), 4); };
+    i32(1);
+    i32(8);
+    o.write("c.weight", 8);
+    i32(4);  // ncall
+    i32(2);
+    const float v[2] = {8.0f, 2.0f};
+    o.write(reinterpret_cast<const char*>(v), truncate ? 4 : 8);
+    if (!truncate) {
+      i32(7);
+      i32(3);
+      o.write("wik", 3);
+    }
+  };
+  dat(dir.file("m.dat"), false);
+  const Imatrix legacy = load_imatrix(dir.file("m.dat"));
+  EXPECT_EQ(legacy.weights.at("c.weight"), (std::vector<float>{2.0f, 0.5f}));
+  EXPECT_EQ(legacy.chunk_count, 7);
+  EXPECT_EQ(legacy.datasets, std::vector<std::string>{"wik"});
+
+  auto expect_error = [](const std::string& path, const std::string& part) {
+    try {
+      load_imatrix(path);
+      ADD_FAILURE() << path << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  dat(dir.file("trunc.dat"), true);
+  expect_error(dir.file("trunc.dat"), "truncated");
+  expect_error(dir.file("missing.dat"), "cannot open");
+  {
+    gguf::Writer w;  // sums without counts
+    const float s[2] = {1, 2};
+    w.add_tensor("x.weight.in_sum2", GgmlType::F32, {2, 1}, s, 8);
+    w.write(dir.file("nocounts.imatrix"));
+  }
+  expect_error(dir.file("nocounts.imatrix"), "no .counts");
+  ImatrixFile bad;
+  bad.sums["a.weight"] = {1.0f, NAN};
+  bad.counts["a.weight"] = 1.0f;
+  bad.write(dir.file("nan.imatrix"));
+  expect_error(dir.file("nan.imatrix"), "non-finite");
+}
+
+TEST(QuantizeMix, ImportanceWeightsChangeTheBlocksAndAreChecked) {
+  test::TmpDir dir("ultra_qmix");
+  imatrix_for(kTarget).write(dir.file("t.imatrix"));
+  const std::string plain = quantize(kTarget, dir.file("plain.gguf"), "q4_k_m");
+  const std::string weighted = quantize(kTarget, dir.file("w.gguf"), "q4_k_m", dir.file("t.imatrix"));
+  const auto a = gguf::Reader::open(plain), b = gguf::Reader::open(weighted);
+  const auto* ta = a.find_tensor("blk.0.ffn_down.weight");
+  const auto* tb = b.find_tensor("blk.0.ffn_down.weight");
+  ASSERT_TRUE(ta && tb);
+  ASSERT_EQ(ta->n_bytes, tb->n_bytes);
+  EXPECT_NE(std::memcmp(ta->data, tb->data, ta->n_bytes), 0);
+  // an entry whose length is not the tensor's row length
+  ImatrixFile wrong = imatrix_for(kTarget);
+  wrong.sums["blk.3.attn_q.weight"].resize(100);
+  wrong.write(dir.file("wrong.imatrix"));
+  try {
+    quantize(kTarget, dir.file("x.gguf"), "q4_k_m", dir.file("wrong.imatrix"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blk.3.attn_q.weight"), std::string::npos) << e.what();
+  }
+}
+
+// ---- against llama.cpp's llama-quantize ----
+
+std::string llama_quantize_bin() {
+  const char* home = std::getenv("HOME");
+  const fs::path p =
+      fs::path(home ? home : "/root") / ".cache/ultra/llama.cpp-native/build/bin/llama-quantize";
+  return fs::exists(p) ? p.string() : "";
+}
+
+// The target's metadata (tokenizer included) with wider synthetic weights: dim 256, 4 heads of 64, 1 KV
+// head (GQA 4), FFN 768, an untied output; F16 values with occasional outliers.
+std::string wide_model(const test::TmpDir& dir) {
+  const auto r = gguf::Reader::open(kTarget);
+  const uint32_t dim = 256, ffn = 768, n_head = 4, n_kv = 1, hd = 64, n_layer = 8;
+  const uint64_t n_vocab = r.find_tensor("token_embd.weight")->ne[1];
+  static std::vector<std::vector<uint8_t>> store;  // tensor data until write()
+  store.clear();
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  gguf::Writer out;
+  for (const auto& [k, v] : r.metadata()) out.set_value(k, v);
+  out.set_u32("llama.embedding_length", dim);
+  out.set_u32("llama.feed_forward_length", ffn);
+  out.set_u32("llama.attention.head_count", n_head);
+  out.set_u32("llama.attention.head_count_kv", n_kv);
+  out.set_u32("llama.rope.dimension_count", hd);
+  out.set_u32("llama.block_count", n_layer);
+  out.set_u32("general.file_type", 1);
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> shapes = {
+      {"token_embd.weight", dim, n_vocab}, {"output_norm.weight", dim, 0}, {"output.weight", dim, n_vocab}};
+  for (uint32_t il = 0; il < n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    shapes.insert(shapes.end(), {{b + "attn_norm.weight", dim, 0},
+                                 {b + "attn_q.weight", dim, n_head * hd},
+                                 {b + "attn_k.weight", dim, n_kv * hd},
+                                 {b + "attn_v.weight", dim, n_kv * hd},
+                                 {b + "attn_output.weight", n_head * hd, dim},
+                                 {b + "ffn_norm.weight", dim, 0},
+                                 {b + "ffn_gate.weight", dim, ffn},
+                                 {b + "ffn_up.weight", dim, ffn},
+                                 {b + "ffn_down.weight", ffn, dim}});
+  }
+  for (const auto& [name, cols, rows] : shapes) {
+    std::vector<uint8_t> b(rows == 0 ? 4 * cols : 2 * cols * rows);
+    if (rows == 0) {
+      for (uint64_t i = 0; i < cols; ++i) {
+        const float one = 1.0f;
+        std::memcpy(b.data() + 4 * i, &one, 4);
+      }
+    }
+    for (uint64_t i = 0; rows && i < cols * rows; ++i) {
+      double u = 0;
+      for (int k = 0; k < 4; ++k) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        u += (double)(s >> 11) / 9007199254740992.0;
+      }
+      const float x = (float)((u - 2.0) * 0.05 * ((s >> 7) % 97 == 0 ? 12.0 : 1.0));
+      const uint16_t h = fp32_to_fp16(x);
+      std::memcpy(b.data() + 2 * i, &h, 2);
+    }
+    store.push_back(std::move(b));
+    if (rows == 0)
+      out.add_tensor(name, GgmlType::F32, {cols}, store.back().data(), store.back().size());
+    else
+      out.add_tensor(name, GgmlType::F16, {cols, rows}, store.back().data(), store.back().size());
+  }
+  const std::string path = dir.file("wide.gguf");
+  out.write(path);
+  return path;
+}
+
+TEST(QuantizeMix, EveryMixEqualsLlamaQuantizeByteForByte) {
+  const std::string bin = llama_quantize_bin();
+  if (bin.empty())
+    GTEST_SKIP() << "llama-quantize is not built (bench/llamacpp_build.py): comparison skipped";
+  test::TmpDir dir("ultra_qmix");
+  const std::string model = wide_model(dir);
+  imatrix_for(model).write(dir.file("wide.imatrix"));
+  for (const bool with_imatrix : {false, true}) {
+    for (const char* mix : {"q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s",
+                            "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs"}) {
+      SCOPED_TRACE(std::string(mix) + (with_imatrix ? " imatrix" : ""));
+      const std::string theirs = dir.file(std::string("ll-") + mix + ".gguf");
+      const std::string cmd = bin + (with_imatrix ? " --imatrix " + dir.file("wide.imatrix") : "") + " " +
+                              model + " " + theirs + " " + mix + " 2 > " + dir.file("ll.log") + " 2>&1";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      const std::string ours = quantize(model, dir.file(std::string("ul-") + mix + ".gguf"), mix,
+                                        with_imatrix ? dir.file("wide.imatrix") : "");
+      const auto a = gguf::Reader::open(ours), b = gguf::Reader::open(theirs);
+      ASSERT_EQ(a.tensors().size(), b.tensors().size());
+      std::map<std::string, std::pair<int64_t, int64_t>> per_type;  // type -> (identical blocks, blocks)
+      for (const auto& tb : b.tensors()) {
+        const auto* ta = a.find_tensor(tb.name);
+        ASSERT_NE(ta, nullptr) << tb.name;
+        ASSERT_EQ(type_name(ta->type), type_name(tb.type)) << tb.name;
+        ASSERT_EQ(ta->n_bytes, tb.n_bytes) << tb.name;
+        const auto tt = *type_traits(tb.type);
+        auto& [same, total] = per_type[std::string(type_name(tb.type))];
+        for (uint64_t o = 0; o < tb.n_bytes; o += tt.block_bytes) {
+          ++total;
+          same += std::memcmp(ta->data + o, tb.data + o, tt.block_bytes) == 0;
+        }
+      }
+      std::string summary;
+      for (const auto& [type, c] : per_type) {
+        summary += " " + type + " " + std::to_string(c.first) + "/" + std::to_string(c.second);
+        EXPECT_EQ(c.first, c.second) << type << " blocks differ from llama-quantize's";
+      }
+      std::printf("[llama-quantize] %-7s%s:%s\n", mix, with_imatrix ? " imatrix" : "", summary.c_str());
+    }
+  }
+}
+
+}  // namespace
