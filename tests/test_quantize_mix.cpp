@@ -215,6 +215,35 @@ TEST(QuantizeMix, ImportanceWeightsChangeTheBlocksAndAreChecked) {
   }
 }
 
+TEST(QuantizeMix, NonFiniteWeightsAreRefused) {
+  test::TmpDir dir("ultra_qmix");
+  const auto r = gguf::Reader::open(kTarget);
+  gguf::Writer w;
+  for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+  std::vector<uint8_t> bad;
+  for (const auto& t : r.tensors()) {
+    if (t.name == "blk.2.ffn_down.weight") {
+      ASSERT_EQ(t.type, GgmlType::F16);
+      bad.assign(t.data, t.data + t.n_bytes);
+      const uint16_t nan = 0x7e00;
+      std::memcpy(bad.data() + 2 * (5 * t.ne[0] + 7), &nan, 2);  // row 5
+      w.add_tensor(t.name, t.type, t.ne, bad.data(), bad.size());
+    } else {
+      w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+    }
+  }
+  w.write(dir.file("nan.gguf"));
+  try {
+    quantize(dir.file("nan.gguf"), dir.file("x.gguf"), "q4_k_m");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'blk.2.ffn_down.weight': row 5 holds a non-finite value"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+}
+
 // ---- against llama.cpp's llama-quantize ----
 
 std::string llama_quantize_bin() {
@@ -285,6 +314,42 @@ std::string wide_model(const test::TmpDir& dir) {
   return path;
 }
 
+const char* const kAllMixes[] = {"q4_0",   "q4_1",   "q5_0",   "q5_1",   "q2_k", "q3_k_s", "q3_k_m", "q3_k_l",
+                                 "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs"};
+
+// llama-quantize and ultra quantize `model` to `mix`: the same tensors, types and bytes, block for block.
+void expect_same_as_llama_quantize(const std::string& bin, const test::TmpDir& dir, const std::string& model,
+                                   const std::string& mix, const std::string& imatrix) {
+  SCOPED_TRACE(mix + (imatrix.empty() ? "" : " imatrix"));
+  const std::string theirs = dir.file("ll-" + mix + ".gguf");
+  const std::string cmd = bin + (imatrix.empty() ? "" : " --imatrix " + imatrix) + " " + model + " " +
+                          theirs + " " + mix + " 2 > " + dir.file("ll.log") + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string ours = quantize(model, dir.file("ul-" + mix + ".gguf"), mix, imatrix);
+  const auto a = gguf::Reader::open(ours), b = gguf::Reader::open(theirs);
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  std::map<std::string, std::pair<int64_t, int64_t>> per_type;  // type -> (identical blocks, blocks)
+  for (const auto& tb : b.tensors()) {
+    const auto* ta = a.find_tensor(tb.name);
+    ASSERT_NE(ta, nullptr) << tb.name;
+    ASSERT_EQ(type_name(ta->type), type_name(tb.type)) << tb.name;
+    ASSERT_EQ(ta->n_bytes, tb.n_bytes) << tb.name;
+    const auto tt = *type_traits(tb.type);
+    auto& [same, total] = per_type[std::string(type_name(tb.type))];
+    for (uint64_t o = 0; o < tb.n_bytes; o += tt.block_bytes) {
+      ++total;
+      same += std::memcmp(ta->data + o, tb.data + o, tt.block_bytes) == 0;
+    }
+  }
+  std::string summary;
+  for (const auto& [type, c] : per_type) {
+    summary += " " + type + " " + std::to_string(c.first) + "/" + std::to_string(c.second);
+    EXPECT_EQ(c.first, c.second) << type << " blocks differ from llama-quantize's";
+  }
+  std::printf("[llama-quantize] %s %-7s%s:%s\n", fs::path(model).stem().c_str(), mix.c_str(),
+              imatrix.empty() ? "" : " imatrix", summary.c_str());
+}
+
 TEST(QuantizeMix, EveryMixEqualsLlamaQuantizeByteForByte) {
   const std::string bin = llama_quantize_bin();
   if (bin.empty())
@@ -292,39 +357,19 @@ TEST(QuantizeMix, EveryMixEqualsLlamaQuantizeByteForByte) {
   test::TmpDir dir("ultra_qmix");
   const std::string model = wide_model(dir);
   imatrix_for(model).write(dir.file("wide.imatrix"));
-  for (const bool with_imatrix : {false, true}) {
-    for (const char* mix : {"q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s",
-                            "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs"}) {
-      SCOPED_TRACE(std::string(mix) + (with_imatrix ? " imatrix" : ""));
-      const std::string theirs = dir.file(std::string("ll-") + mix + ".gguf");
-      const std::string cmd = bin + (with_imatrix ? " --imatrix " + dir.file("wide.imatrix") : "") + " " +
-                              model + " " + theirs + " " + mix + " 2 > " + dir.file("ll.log") + " 2>&1";
-      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-      const std::string ours = quantize(model, dir.file(std::string("ul-") + mix + ".gguf"), mix,
-                                        with_imatrix ? dir.file("wide.imatrix") : "");
-      const auto a = gguf::Reader::open(ours), b = gguf::Reader::open(theirs);
-      ASSERT_EQ(a.tensors().size(), b.tensors().size());
-      std::map<std::string, std::pair<int64_t, int64_t>> per_type;  // type -> (identical blocks, blocks)
-      for (const auto& tb : b.tensors()) {
-        const auto* ta = a.find_tensor(tb.name);
-        ASSERT_NE(ta, nullptr) << tb.name;
-        ASSERT_EQ(type_name(ta->type), type_name(tb.type)) << tb.name;
-        ASSERT_EQ(ta->n_bytes, tb.n_bytes) << tb.name;
-        const auto tt = *type_traits(tb.type);
-        auto& [same, total] = per_type[std::string(type_name(tb.type))];
-        for (uint64_t o = 0; o < tb.n_bytes; o += tt.block_bytes) {
-          ++total;
-          same += std::memcmp(ta->data + o, tb.data + o, tt.block_bytes) == 0;
-        }
-      }
-      std::string summary;
-      for (const auto& [type, c] : per_type) {
-        summary += " " + type + " " + std::to_string(c.first) + "/" + std::to_string(c.second);
-        EXPECT_EQ(c.first, c.second) << type << " blocks differ from llama-quantize's";
-      }
-      std::printf("[llama-quantize] %-7s%s:%s\n", mix, with_imatrix ? " imatrix" : "", summary.c_str());
-    }
+  for (const char* mix : kAllMixes) {
+    expect_same_as_llama_quantize(bin, dir, model, mix, "");
+    expect_same_as_llama_quantize(bin, dir, model, mix, dir.file("wide.imatrix"));
   }
+}
+
+// The bundled target: rows of 384 and 1024, so the legacy fallbacks (Q5_0, Q5_1, Q4_0, Q8_0, IQ4_NL) too.
+TEST(QuantizeMix, TargetEveryMixEqualsLlamaQuantizeByteForByte) {
+  const std::string bin = llama_quantize_bin();
+  if (bin.empty())
+    GTEST_SKIP() << "llama-quantize is not built (bench/llamacpp_build.py): comparison skipped";
+  test::TmpDir dir("ultra_qmix");
+  for (const char* mix : kAllMixes) expect_same_as_llama_quantize(bin, dir, kTarget, mix, "");
 }
 
 }  // namespace

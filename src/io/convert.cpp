@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -82,6 +83,12 @@ struct RowOrder {
   }
 };
 
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
 // The type a matrix of `cols` columns is written in when `t` cannot hold its rows (llama.cpp's quantize
 // falls back the same way); t itself when it can.
 GgmlType fallback_type(GgmlType t, int64_t cols) {
@@ -148,64 +155,75 @@ struct Emitter {
       default:
         if (!can_quantize_blocks(t)) fail("{}: unsupported output type {}", name, type_name(t));
     }
-    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
-                  [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
-                    const size_t rb = row_bytes(*type_traits(t), w.cols);
-                    const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
-                    // rows [r0, r1) into dst
-                    auto rows = [&](int64_t r0, int64_t r1) {
-                      std::vector<float> row(w.cols);
-                      for (int64_t r = r0; r < r1; ++r) {
-                        row_f32(w, row_src(r), row.data());
-                        uint8_t* d = dst + rb * r;
-                        switch (t) {
-                          case GgmlType::F32:
-                            std::memcpy(d, row.data(), rb);
-                            break;
-                          case GgmlType::F16:
-                            for (int64_t c = 0; c < w.cols; ++c) {
-                              const uint16_t h = fp32_to_fp16(row[c]);
-                              std::memcpy(d + 2 * c, &h, 2);
-                            }
-                            break;
-                          case GgmlType::BF16:
-                            for (int64_t c = 0; c < w.cols; ++c) {
-                              const uint16_t h = fp32_to_bf16(row[c]);
-                              std::memcpy(d + 2 * c, &h, 2);
-                            }
-                            break;
-                          case GgmlType::Q8_0:
-                            cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
-                            break;
-                          case GgmlType::F8_E4M3:
-                            quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
-                            break;
-                          case GgmlType::TERNARY:
-                            quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
-                                                 reinterpret_cast<uint32_t*>(d));
-                            break;
-                          case GgmlType::TQ1_0:
-                            quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
-                            break;
-                          case GgmlType::TQ2_0:
-                            quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
-                            break;
-                          default:  // checked above
-                            quantize_row(t, row.data(), w.cols, d, imatrix);
-                        }
-                      }
-                    };
-                    if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
-                      pool->parallel([&](int ith, int nth) {
-                        int64_t r0, r1;
-                        ThreadPool::split(w.rows, ith, nth, r0, r1);
-                        rows(r0, r1);
-                      });
-                    } else {
-                      rows(0, w.rows);
-                    }
-                    done(name);
-                  });
+    wr.add_tensor(
+        name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
+        [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
+          const size_t rb = row_bytes(*type_traits(t), w.cols);
+          const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
+          // rows [r0, r1) into dst
+          std::atomic<int64_t> bad_row{-1};  // a row with a NaN / Inf value (block types)
+          auto rows = [&](int64_t r0, int64_t r1) {
+            std::vector<float> row(w.cols);
+            for (int64_t r = r0; r < r1; ++r) {
+              row_f32(w, row_src(r), row.data());
+              uint8_t* d = dst + rb * r;
+              switch (t) {
+                case GgmlType::F32:
+                  std::memcpy(d, row.data(), rb);
+                  break;
+                case GgmlType::F16:
+                  for (int64_t c = 0; c < w.cols; ++c) {
+                    const uint16_t h = fp32_to_fp16(row[c]);
+                    std::memcpy(d + 2 * c, &h, 2);
+                  }
+                  break;
+                case GgmlType::BF16:
+                  for (int64_t c = 0; c < w.cols; ++c) {
+                    const uint16_t h = fp32_to_bf16(row[c]);
+                    std::memcpy(d + 2 * c, &h, 2);
+                  }
+                  break;
+                case GgmlType::Q8_0:
+                  cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
+                  break;
+                case GgmlType::F8_E4M3:
+                  quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
+                  break;
+                case GgmlType::TERNARY:
+                  quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
+                                       reinterpret_cast<uint32_t*>(d));
+                  break;
+                case GgmlType::TQ1_0:
+                  quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
+                  break;
+                case GgmlType::TQ2_0:
+                  quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
+                  break;
+                default:  // checked above
+                  // (no throw on a pool thread: a non-finite row is reported after the rows)
+                  if (!all_finite(row.data(), w.cols)) {
+                    int64_t none = -1;
+                    bad_row.compare_exchange_strong(none, r);
+                    continue;
+                  }
+                  quantize_row(t, row.data(), w.cols, d, imatrix);
+              }
+            }
+          };
+          if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
+            pool->parallel([&](int ith, int nth) {
+              int64_t r0, r1;
+              ThreadPool::split(w.rows, ith, nth, r0, r1);
+              rows(r0, r1);
+            });
+          } else {
+            rows(0, w.rows);
+          }
+          if (bad_row.load() >= 0)
+            fail("tensor '{}': row {} holds a non-finite value (NaN or Inf); refusing to quantize it", name,
+                 bad_row.load());
+          done(name);
+        });
     if (has_scale_tensor(t)) {
       const std::string sn = scale_tensor_name(name);
       ++count;
