@@ -40,19 +40,28 @@ inline void store_f16(uint16_t* dst, float v) {
   *dst = fp32_to_fp16(v);
 }
 
+// The value of largest magnitude of x[n] (the first of equal magnitudes, 0 when all are 0); *amax gets
+// its magnitude.
+inline float max_by_magnitude(const float* x, int n, float* amax) {
+  float max = 0;
+  *amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > *amax) {
+      *amax = ax;
+      max = x[i];
+    }
+  }
+  return max;
+}
+
 // ---- scale searches ----
 
 // Signed codes L[n] in 0 .. 2 nmax - 1 (value l - nmax) with a scale: returns the scale. Weights: qw, or
 // x^2 without them (rmse_type 1, the only one used here).
 float make_qx_quants(int n, int nmax, const float* x, int8_t* L, const float* qw) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
+  float amax;
+  const float max = max_by_magnitude(x, n, &amax);
   if (amax < kGroupMaxEps) {
     std::memset(L, 0, n);
     return 0.f;
@@ -92,14 +101,8 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L, const float* qw
 // Q3_K's search without importance weights: codes L[n] in 0 .. 2 nmax - 1 as make_qx_quants, refined by
 // moving single codes while that improves (sum w x l)^2 / sum w l^2 (w = x^2).
 float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
+  float amax;
+  const float max = max_by_magnitude(x, n, &amax);
   if (amax < kGroupMaxEps) {
     std::memset(L, 0, n);
     return 0.f;
@@ -324,33 +327,17 @@ inline float sum_sq(const float* x, int64_t n) {
 
 // ---- legacy 32-element types ----
 
-void q4_0_plain(const float* x, BlockQ4_0& y) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < 32; ++j)
-    if (amax < std::fabs(x[j])) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  const float d = max / -8;
+// Q4_0 / Q5_0 without weights (nmax 8 / 16): d = max / -nmax (max: the value of largest magnitude), codes
+// x / d + nmax rounded half up, at most 2 nmax - 1.
+template <class B>
+void qx_0_plain(const float* x, B& y, int nmax, uint8_t* L) {
+  float amax;
+  const float max = max_by_magnitude(x, 32, &amax);
+  const float d = max / -nmax;
   const float id = d ? 1.0f / d : 0.0f;
   store_f16(&y.d, d);
-  uint8_t L[32];
-  for (int j = 0; j < 32; ++j) L[j] = (uint8_t)std::min(15, (int)(int8_t)(x[j] * id + 8.5f));
-  pack_nibbles32(L, y.qs);
-}
-void q5_0_plain(const float* x, BlockQ5_0& y) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < 32; ++j)
-    if (amax < std::fabs(x[j])) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  const float d = max / -16;
-  const float id = d ? 1.0f / d : 0.0f;
-  store_f16(&y.d, d);
-  uint8_t L[32];
-  for (int j = 0; j < 32; ++j) L[j] = (uint8_t)std::min(31, (int)(int8_t)(x[j] * id + 16.5f));
-  pack_q5(L, y.qs, y.qh);
+  const float offset = nmax + 0.5f;  // 8.5f / 16.5f, exact
+  for (int j = 0; j < 32; ++j) L[j] = (uint8_t)std::min(2 * nmax - 1, (int)(int8_t)(x[j] * id + offset));
 }
 // Q4_1 / Q5_1 without weights: d = (max - min) / nmax, m = min. (Q5_1's codes are not clamped: ggml's.)
 template <class B>
@@ -685,14 +672,8 @@ void iq4_block(int sbs, const float* x, uint16_t* dh, uint8_t* q4, uint16_t* sca
       for (int j = 0; j < 32; ++j) weight[j] = qw[32 * ib + j] * std::sqrt(sigma2 + xb[j] * xb[j]);
     else
       for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
-    float amax = 0, max = 0;
-    for (int j = 0; j < 32; ++j) {
-      const float ax = std::fabs(xb[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = xb[j];
-      }
-    }
+    float amax;
+    const float max = max_by_magnitude(xb, 32, &amax);
     if (amax < kGroupMaxEps) {
       scales[ib] = 0;
       continue;
@@ -759,35 +740,13 @@ void iq4_block(int sbs, const float* x, uint16_t* dh, uint8_t* q4, uint16_t* sca
 }  // namespace
 
 bool can_quantize_blocks(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q5_0:
-    case GgmlType::Q5_1:
-    case GgmlType::Q2_K:
-    case GgmlType::Q3_K:
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-    case GgmlType::Q6_K:
-    case GgmlType::Q8_K:
-    case GgmlType::IQ4_NL:
-    case GgmlType::IQ4_XS:
-      return true;
-    default:
-      return false;
-  }
+  return is_block_quant(t) && t != GgmlType::Q8_0 && t != GgmlType::Q8_1 && t != GgmlType::MXFP4;
 }
 
 void quantize_row_q8_K(const float* x, int64_t n, BlockQ8_K* y) {
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
-    float max = 0, amax = 0;
-    for (int j = 0; j < kQK_K; ++j) {
-      const float ax = std::fabs(x[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = x[j];
-      }
-    }
+    float amax;
+    const float max = max_by_magnitude(x, kQK_K, &amax);
     if (!amax) {
       y[i].d = 0;
       std::memset(y[i].qs, 0, kQK_K);
@@ -821,9 +780,13 @@ void quantize_row(GgmlType t, const float* x, int64_t n, void* dst, const float*
         const float* xb = x + 32 * i;
         uint8_t L[32];
         if (t == GgmlType::Q4_0) {
-          q4_0_plain(xb, static_cast<BlockQ4_0*>(dst)[i]);
+          auto& y = static_cast<BlockQ4_0*>(dst)[i];
+          qx_0_plain(xb, y, 8, L);
+          pack_nibbles32(L, y.qs);
         } else if (t == GgmlType::Q5_0) {
-          q5_0_plain(xb, static_cast<BlockQ5_0*>(dst)[i]);
+          auto& y = static_cast<BlockQ5_0*>(dst)[i];
+          qx_0_plain(xb, y, 16, L);
+          pack_q5(L, y.qs, y.qh);
         } else if (t == GgmlType::Q4_1) {
           auto& y = static_cast<BlockQ4_1*>(dst)[i];
           qx_1_plain(xb, y, 15, L);

@@ -83,6 +83,23 @@ struct RowOrder {
   }
 };
 
+// The types convert / quantize write row by row without core/quantize_blocks (and read as input).
+bool is_plain_convert_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::Q8_0:
+    case GgmlType::F8_E4M3:
+    case GgmlType::TERNARY:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool all_finite(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i])) return false;
@@ -142,19 +159,8 @@ struct Emitter {
       return *scales;
     };
     ++count;
-    switch (t) {  // the types the producer below writes
-      case GgmlType::F32:
-      case GgmlType::F16:
-      case GgmlType::BF16:
-      case GgmlType::Q8_0:
-      case GgmlType::F8_E4M3:
-      case GgmlType::TERNARY:
-      case GgmlType::TQ1_0:
-      case GgmlType::TQ2_0:
-        break;
-      default:
-        if (!can_quantize_blocks(t)) fail("{}: unsupported output type {}", name, type_name(t));
-    }
+    if (!is_plain_convert_type(t) && !can_quantize_blocks(t))
+      fail("{}: unsupported output type {}", name, type_name(t));
     wr.add_tensor(
         name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
         [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
@@ -441,22 +447,11 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
       continue;
     }
     const WeightView w = gguf_matrix_view(r, ti, nullptr);
-    switch (w.type) {
-      case GgmlType::F32:
-      case GgmlType::F16:
-      case GgmlType::BF16:
-      case GgmlType::Q8_0:
-      case GgmlType::F8_E4M3:
-      case GgmlType::TERNARY:
-      case GgmlType::TQ1_0:
-      case GgmlType::TQ2_0:
-        break;
-      default:
-        fail(
-            "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
-            "TQ1_0, TQ2_0)",
-            in_path, ti.name, type_name(w.type));
-    }
+    if (!is_plain_convert_type(w.type))
+      fail(
+          "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
+          "TQ1_0, TQ2_0)",
+          in_path, ti.name, type_name(w.type));
     E.matrix(ti.name, w, t, same);
   }
   wr.write(out_path);
