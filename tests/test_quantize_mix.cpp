@@ -5,7 +5,8 @@
 //     ones refused with a message;
 //   - when llama.cpp's own llama-quantize is built (bench/llamacpp_build.py's native build), a synthetic
 //     model with rows multiple of 256 in every mix, without and with an imatrix: the same type for every
-//     tensor and the same bytes for every block.
+//     tensor and the same bytes for every block; without it, the hashes of llama-quantize's files, recorded
+//     here, against ours.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -314,6 +315,24 @@ std::string wide_model(const test::TmpDir& dir) {
   return path;
 }
 
+// FNV-1a over every tensor's name, type id and bytes, in name order: a file's content, whatever its tensor
+// order and metadata.
+uint64_t tensors_hash(const gguf::Reader& r) {
+  std::map<std::string, const gguf::TensorInfo*> by_name;
+  for (const auto& t : r.tensors()) by_name[t.name] = &t;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  for (const auto& [name, t] : by_name) {
+    mix(name.data(), name.size());
+    const uint32_t id = (uint32_t)t->type;
+    mix(&id, 4);
+    mix(t->data, t->n_bytes);
+  }
+  return h;
+}
+
 const char* const kAllMixes[] = {"q4_0",   "q4_1",   "q5_0",   "q5_1",   "q2_k", "q3_k_s", "q3_k_m", "q3_k_l",
                                  "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs"};
 
@@ -346,8 +365,8 @@ void expect_same_as_llama_quantize(const std::string& bin, const test::TmpDir& d
     summary += " " + type + " " + std::to_string(c.first) + "/" + std::to_string(c.second);
     EXPECT_EQ(c.first, c.second) << type << " blocks differ from llama-quantize's";
   }
-  std::printf("[llama-quantize] %s %-7s%s:%s\n", fs::path(model).stem().c_str(), mix.c_str(),
-              imatrix.empty() ? "" : " imatrix", summary.c_str());
+  std::printf("[llama-quantize] %s %-7s%s:%s (hash 0x%016llx)\n", fs::path(model).stem().c_str(), mix.c_str(),
+              imatrix.empty() ? "" : " imatrix", summary.c_str(), (unsigned long long)tensors_hash(b));
 }
 
 TEST(QuantizeMix, EveryMixEqualsLlamaQuantizeByteForByte) {
@@ -370,6 +389,55 @@ TEST(QuantizeMix, TargetEveryMixEqualsLlamaQuantizeByteForByte) {
     GTEST_SKIP() << "llama-quantize is not built (bench/llamacpp_build.py): comparison skipped";
   test::TmpDir dir("ultra_qmix");
   for (const char* mix : kAllMixes) expect_same_as_llama_quantize(bin, dir, kTarget, mix, "");
+}
+
+// The same comparison without llama.cpp: the hashes (tensors_hash) of the files llama-quantize wrote above
+// (every mix of the synthetic model, plain and with the imatrix; the target in five mixes), recorded from its
+// output (the synthetic model and imatrix are deterministic), against ultra's files.
+TEST(QuantizeMix, EveryMixHashesAsLlamaQuantizesFiles) {
+  struct Want {
+    bool target;  // the bundled target, else the synthetic wide model
+    const char* mix;
+    bool imatrix;
+    uint64_t hash;
+  };
+  const Want want[] = {
+      {false, "q4_0", false, 0x5b1e3ec616a0c706ull},   {false, "q4_0", true, 0xe1be37fdbbbb9e7aull},
+      {false, "q4_1", false, 0x76ec100fea99505bull},   {false, "q4_1", true, 0xbd576c1311509a1dull},
+      {false, "q5_0", false, 0xcd728f421d664576ull},   {false, "q5_0", true, 0xd0403e406b8d5825ull},
+      {false, "q5_1", false, 0xa046c60d9721401eull},   {false, "q5_1", true, 0x4295c144f113c337ull},
+      {false, "q2_k", false, 0x860f0374a5bd56feull},   {false, "q2_k", true, 0xb45750a0550f302cull},
+      {false, "q3_k_s", false, 0x5dbfac684f8704abull}, {false, "q3_k_s", true, 0xd0e6da043b78321full},
+      {false, "q3_k_m", false, 0x252413c92f0ea59dull}, {false, "q3_k_m", true, 0xb0a28f266c404998ull},
+      {false, "q3_k_l", false, 0x9488e7cfbc21cdc7ull}, {false, "q3_k_l", true, 0xc90af4d17b5f6275ull},
+      {false, "q4_k_s", false, 0x3a85ea364c472b59ull}, {false, "q4_k_s", true, 0xe99e2a7df4b96fe4ull},
+      {false, "q4_k_m", false, 0xbc4b5e31607b3ff3ull}, {false, "q4_k_m", true, 0x846d52520acdbc89ull},
+      {false, "q5_k_s", false, 0xb9a58aa170e1ffdbull}, {false, "q5_k_s", true, 0x51ec75d2ac916371ull},
+      {false, "q5_k_m", false, 0x8e455ea75e81d8a0ull}, {false, "q5_k_m", true, 0x02c239e866cff611ull},
+      {false, "q6_k", false, 0x0e82bee851b627aaull},   {false, "q6_k", true, 0x16037571b8683c24ull},
+      {false, "iq4_nl", false, 0xbd0ed57fd36e2852ull}, {false, "iq4_nl", true, 0x03d53117b3170092ull},
+      {false, "iq4_xs", false, 0x2ff356258f21ac8aull}, {false, "iq4_xs", true, 0x84ccf60928806485ull},
+      {true, "q4_0", false, 0x3555c22819a6c162ull},    {true, "q4_1", false, 0x04daa3cbffe4fbf9ull},
+      {true, "q3_k_m", false, 0x155802f4b6674dbeull},  {true, "q3_k_l", false, 0xa6243d6bb5055277ull},
+      {true, "q6_k", false, 0x78eb2e116c3e8b9cull},    {true, "iq4_nl", false, 0x7386ed5d887a7b76ull},
+      {true, "iq4_xs", false, 0x78101cf4ed5436cbull},
+  };
+  test::TmpDir dir("ultra_qmix");
+  const std::string wide = wide_model(dir);
+  imatrix_for(wide).write(dir.file("wide.imatrix"));
+#if defined(__SANITIZE_ADDRESS__)
+  const size_t step = 8;  // ~15x slower under AddressSanitizer: a sample of the files
+#else
+  const size_t step = 1;
+#endif
+  for (size_t i = 0; i < std::size(want); i += step) {
+    const Want& w = want[i];
+    SCOPED_TRACE(std::string(w.target ? "target " : "wide ") + w.mix + (w.imatrix ? " imatrix" : ""));
+    const std::string out = quantize(w.target ? kTarget : wide, dir.file("x.gguf"), w.mix,
+                                     w.imatrix ? dir.file("wide.imatrix") : "");
+    EXPECT_EQ(tensors_hash(gguf::Reader::open(out)), w.hash);
+    fs::remove(out);
+  }
 }
 
 }  // namespace
