@@ -92,6 +92,17 @@ TEST(QuantizeMix, MixNamesAndErrors) {
   EXPECT_THROW(quantize(kTarget, dir.file("x.gguf"), "q8_0", kTarget), Error);  // imatrix for a plain type
   EXPECT_THROW(quantize(kTarget, dir.file("x.gguf"), "q4_k_m", dir.file("none.imatrix")), Error);
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+  // a file already in a mix: its block-quantized tensors are not requantized (llama-quantize's default)
+  const std::string q = quantize(kTarget, dir.file("q.gguf"), "q4_k_m");
+  try {
+    quantize(q, dir.file("x.gguf"), "q6_k");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has type Q5_0; the mixes quantize F32, F16, BF16 or Q8_0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
 }
 
 // An imatrix GGUF as llama-imatrix writes it: per matrix "<name>.in_sum2" [cols, 1] and "<name>.counts" [1].

@@ -519,6 +519,18 @@ int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, c
     if (ti.ne.size() > 2 && ti.n_elements != ti.ne[0] * ti.ne[1])
       fail("{}: tensor '{}' has shape [{}]: ultra quantize converts 2-D matrices only", in_path, ti.name,
            shape);
+    switch (ti.type) {
+      case GgmlType::F32:
+      case GgmlType::F16:
+      case GgmlType::BF16:
+      case GgmlType::Q8_0:
+        break;
+      default:
+        fail(
+            "{}: tensor '{}' has type {}; the mixes quantize F32, F16, BF16 or Q8_0 weights (quantize the "
+            "unquantized file: requantizing loses accuracy, and llama-quantize refuses it too by default)",
+            in_path, ti.name, type_name(ti.type));
+    }
     if (!ch.warning.empty() && opt.warn) opt.warn(fmt::format("{}: {}", ti.name, ch.warning));
     const float* qw = nullptr;
     if (auto it = im.weights.find(ti.name); it != im.weights.end()) {
@@ -533,16 +545,6 @@ int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, c
       opt.warn(fmt::format("{}: no importance weights in {}; quantized without them", ti.name, opt.imatrix));
     }
     const WeightView w = gguf_matrix_view(r, ti, nullptr);
-    switch (w.type) {
-      case GgmlType::F32:
-      case GgmlType::F16:
-      case GgmlType::BF16:
-      case GgmlType::Q8_0:
-        break;
-      default:
-        fail("{}: tensor '{}' has type {}; ultra quantize reads F32, F16, BF16 or Q8_0 weights", in_path,
-             ti.name, type_name(w.type));
-    }
     const double mib_out = (double)w.rows * row_bytes(*type_traits(ch.type), w.cols) / (1 << 20);
     lines[ti.name] =
         fmt::format("{:<32} [{}] {} -> {}{}, {:.3f} MiB -> {:.3f} MiB", ti.name, shape, type_name(ti.type),
