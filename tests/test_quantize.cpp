@@ -153,7 +153,7 @@ TEST(Quantize, TernaryFileIsSmallAndOptionsApply) {
 TEST(Quantize, FromHfDirectory) {
   test::TmpDir dir("ultra_quantize");
   const std::string hf = (kRoot / "tests" / "fixtures" / "hf" / "llama_gqa").string();
-  for (const char* type : {"fp8", "ternary"}) {
+  for (const char* type : {"fp8", "ternary", "q4_k_m"}) {  // q4_k_m: through a temporary F32 GGUF
     const std::string out = dir.file(std::string("hf-") + type + ".gguf");
     ConvertOptions opt;
     opt.out_type = type;
@@ -163,6 +163,8 @@ TEST(Quantize, FromHfDirectory) {
     const auto toks = testing_util::greedy_tokens(ctx, {1, 2, 3}, 4);
     EXPECT_EQ(toks.size(), 4u);
   }
+  for (const auto& e : fs::directory_iterator(dir.path()))  // no temporary F32 file left
+    EXPECT_FALSE(e.path().string().ends_with("-tmp.gguf")) << e.path();
 }
 
 TEST(Quantize, ClearErrors) {

@@ -40,7 +40,8 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path,
                        const ConvertOptions& opt = {});
 
 // `ultra quantize`: a GGUF file or an HF directory -> GGUF with every 2-D weight matrix in opt.out_type
-// (token_embd / output kept with keep_embeddings). For llama.cpp's mixes (q4_k_m, ...: GGUF input only) the
+// (token_embd / output kept with keep_embeddings). For llama.cpp's mixes (q4_k_m, ...; an HF directory goes
+// through a temporary F32 GGUF beside the output, as convert_hf_to_gguf.py then llama-quantize) the
 // tensor types are the ones llama-quantize chooses for the same file, the blocks are the bytes its
 // quantizers write (core/quantize_blocks.h), and progress reports a line per tensor (name, shape, input
 // type -> output type, sizes). From GGUF, the metadata (tokenizer included) and the

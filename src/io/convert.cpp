@@ -576,12 +576,24 @@ int quantize_model(const std::string& in_path, const std::string& out_path, cons
   if (!opt.imatrix.empty() && !std::filesystem::is_regular_file(opt.imatrix, ec))
     fail("{}: the imatrix file does not exist or is not a regular file", opt.imatrix);
   if (std::filesystem::is_directory(in_path, ec)) {
-    if (mix)
-      fail(
-          "{}: type {} quantizes GGUF files; convert the HF directory first (ultra convert {} "
-          "model-f16.gguf)",
-          in_path, mix->name, in_path);
-    return convert_hf_to_gguf(in_path, out_path, opt);
+    if (!mix) return convert_hf_to_gguf(in_path, out_path, opt);
+    // llama.cpp's route: the HF weights to an F32 GGUF (lossless: a temporary file beside the output,
+    // removed afterwards), that file to the mix
+    gguf::check_output_path(out_path);
+    check_not_an_input(out_path, files_in(in_path));
+    const std::string tmp = out_path + ".f32-tmp.gguf";
+    struct Remove {
+      std::string path;
+      ~Remove() {
+        std::error_code e;
+        std::filesystem::remove(path, e);
+      }
+    } remove_tmp{tmp};
+    ConvertOptions f32 = opt;
+    f32.out_type = "f32";
+    f32.progress = nullptr;
+    convert_hf_to_gguf(in_path, tmp, f32);
+    return quantize_gguf_mix(tmp, out_path, *mix, opt);
   }
   if (!std::filesystem::exists(in_path, ec)) fail("{}: no such file or directory", in_path);
   return mix ? quantize_gguf_mix(in_path, out_path, *mix, opt) : quantize_gguf(in_path, out_path, opt);
