@@ -27,7 +27,8 @@ struct ConvertOptions {
   std::string imatrix;
   // Threads converting the rows of a matrix (mixes only); 0: one per hardware thread.
   int threads = 0;
-  // Called with (tensors done, tensors total, name) as conversion proceeds (progress output).
+  // Called with (tensors done, tensors total, name) as conversion proceeds (progress output); for the mixes
+  // of quantize_model, instead of the name a line: name, shape, input type -> output type, sizes.
   std::function<void(int, int, const std::string&)> progress;
   // Called with warnings (e.g. no tokenizer found); may be empty.
   std::function<void(const std::string&)> warn;
