@@ -209,8 +209,19 @@ TEST(Cli, QuantizeThenRun) {
     ASSERT_EQ(o.code, 0) << o.err;
     EXPECT_EQ(json::parse(o.out)["generated_ids"].size(), 8u);
   }
-  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " --type q4_k",
-               "unknown output type 'q4_k'");
+  {  // a llama.cpp mix: a line per tensor with its types and sizes
+    const std::string out = tmp.file("q-q4_k_m.gguf");
+    const Out q = ultra("quantize " + target + " " + out + " --type q4_k_m -t 2");
+    ASSERT_EQ(q.code, 0) << q.err;
+    EXPECT_NE(q.err.find("blk.0.ffn_down.weight"), std::string::npos) << q.err;
+    EXPECT_NE(q.err.find("[1024 x 384] F16 -> Q6_K"), std::string::npos) << q.err;
+    EXPECT_NE(q.err.find("wrote " + out), std::string::npos) << q.err;
+  }
+  expect_error(
+      "quantize " + target + " " + tmp.file("x.gguf") + " --type q4_k_m --imatrix " + tmp.file("none.dat"),
+      "none.dat: the imatrix file does not exist");
+  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " --type q4_q",
+               "unknown output type 'q4_q'");
   expect_error("quantize " + tmp.file("missing.gguf") + " " + tmp.file("x.gguf") + " --type fp8",
                "no such file or directory");
   expect_error("quantize " + target + " " + target + " --type fp8", "refusing to overwrite");

@@ -164,17 +164,18 @@ std::vector<float> our_logits(const std::string& model_path, const std::vector<i
 }
 
 // Files written by `ultra quantize` in llama.cpp's types (TQ2_0, TQ1_0 with their Q8_0 fallback for rows of
-// 384, and Q8_0) load in llama.cpp and decode to our greedy tokens, up to a near tie: llama.cpp's CPU dot
-// products quantise the activations (Q8_0 / Q8_K) where ours keep them in f32, so a pair of logits within a
-// hundredth can order differently (measured: Q8_0 diverges at token 46 of 64 on a gap of 0.0004,
-// TQ2_0 and TQ1_0 at token 63 on 0.0104). The test asks for at least 32 equal tokens, and at the first
+// 384, Q8_0, and the mixes Q4_K_M, Q6_K, Q4_0, IQ4_XS) load in llama.cpp and decode to our greedy tokens, up
+// to a near tie: llama.cpp's CPU dot products quantise the activations (Q8_0 / Q8_K) where ours keep them in
+// f32, so a pair of logits within a hundredth can order differently (measured: Q8_0 diverged at token 46 of
+// 64 on a gap of 0.0004, TQ2_0 and TQ1_0 at token 63 on 0.0104, Q6_K at token 46 on 0.0036; Q4_K_M, Q4_0
+// and IQ4_XS gave 64 of 64). The test asks for at least 32 equal tokens, and at the first
 // difference (if any) for llama.cpp's token to be within 0.05 of our best logit (logits here are ~8-10).
 TEST(LlamaCppPeer, QuantizedFilesGreedyTokensEqualUpToNearTies) {
   if (!have_node_llama_cpp())
     GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
   const std::vector<int32_t> prompt = {814, 26};
   test::TmpDir dir("ultra_peer");
-  for (const char* type : {"tq2_0", "tq1_0", "q8_0"}) {
+  for (const char* type : {"tq2_0", "tq1_0", "q8_0", "q4_k_m", "q6_k", "q4_0", "iq4_xs"}) {
     SCOPED_TRACE(type);
     const std::string out = dir.file(std::string("target-") + type + ".gguf");
     ConvertOptions opt;

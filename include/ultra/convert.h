@@ -21,7 +21,14 @@ struct ConvertOptions {
   bool keep_embeddings = false;
   // ternary: one scale per output row instead of one per tensor.
   bool ternary_per_row = false;
-  // Called with (tensors done, tensors total, name) as conversion proceeds (progress output).
+  // quantize_model in one of llama.cpp's mixes (out_type "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s",
+  // "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs"; GGUF input):
+  // llama.cpp's importance matrix file (GGUF or legacy .dat), or empty for none.
+  std::string imatrix;
+  // Threads converting the rows of a matrix (mixes only); 0: one per hardware thread.
+  int threads = 0;
+  // Called with (tensors done, tensors total, name) as conversion proceeds (progress output); for the mixes
+  // of quantize_model, instead of the name a line: name, shape, input type -> output type, sizes.
   std::function<void(int, int, const std::string&)> progress;
   // Called with warnings (e.g. no tokenizer found); may be empty.
   std::function<void(const std::string&)> warn;
@@ -34,7 +41,11 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path,
                        const ConvertOptions& opt = {});
 
 // `ultra quantize`: a GGUF file or an HF directory -> GGUF with every 2-D weight matrix in opt.out_type
-// (token_embd / output kept with keep_embeddings). From GGUF, the metadata (tokenizer included) and the
+// (token_embd / output kept with keep_embeddings). For llama.cpp's mixes (q4_k_m, ...; an HF directory goes
+// through a temporary F32 GGUF beside the output, as convert_hf_to_gguf.py then llama-quantize) the
+// tensor types are the ones llama-quantize chooses for the same file, the blocks are the bytes its
+// quantizers write (core/quantize_blocks.h), and progress reports a line per tensor (name, shape, input
+// type -> output type, sizes). From GGUF, the metadata (tokenizer included) and the
 // 1-D tensors are copied as they are. A matrix whose row length the type cannot hold (TQ1_0 / TQ2_0: a
 // multiple of 256; ternary: 16) is written as Q8_0 (F16 when not a multiple of 32) with a warning, as
 // llama.cpp's quantize falls back. Same output-path rules and return value as convert_hf_to_gguf.

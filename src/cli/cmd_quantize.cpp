@@ -1,4 +1,5 @@
-// ultra quantize IN OUT --type fp8|ternary|tq2_0|tq1_0|q8_0 [--keep-embeddings] [--ternary-per-row]
+// ultra quantize IN OUT --type q4_k_m|q6_k|iq4_xs|...|fp8|ternary|tq2_0|tq1_0|q8_0 [--imatrix FILE]
+//   [--keep-embeddings] [--ternary-per-row] [--threads N]
 #include <fmt/format.h>
 
 #include <chrono>
@@ -13,14 +14,21 @@ namespace ultra::cli {
 int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Quantize the weight matrices of a GGUF file or an HF model directory to a GGUF file",
                "ultra quantize"};
-  std::string in, out, type;
+  std::string in, out, type, imatrix;
   bool keep_embeddings = false, per_row = false;
+  int threads = 0;
   app.add_option("IN", in, "GGUF file or HF model directory")->required();
   app.add_option("OUT", out, "output GGUF path")->required();
   app.add_option("--type", type,
-                 "fp8 (E4M3, a scale per row), ternary (BitNet b1.58), tq2_0, tq1_0 (llama.cpp's ternary), "
-                 "q8_0; also f16, bf16, f32")
+                 "llama.cpp's mixes (GGUF input; the tensor types llama-quantize chooses): q4_0, q4_1, q5_0, "
+                 "q5_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs; "
+                 "or every matrix in one type: fp8 (E4M3, a scale per row), ternary (BitNet b1.58), tq2_0, "
+                 "tq1_0 (llama.cpp's ternary), q8_0, f16, bf16, f32")
       ->required();
+  app.add_option("--imatrix", imatrix,
+                 "llama.cpp importance matrix (llama-imatrix's GGUF, or a legacy .dat) for the mixes");
+  app.add_option("--threads,-t", threads, "threads quantizing a matrix's rows (mixes; default: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--keep-embeddings", keep_embeddings, "leave token_embd and output in their input type");
   app.add_flag("--ternary-per-row", per_row, "ternary: one scale per output row instead of one per tensor");
   try {
@@ -34,6 +42,12 @@ int cmd_quantize(int argc, char** argv) {
   ConvertOptions opt = convert_options(type);
   opt.keep_embeddings = keep_embeddings;
   opt.ternary_per_row = per_row;
+  opt.imatrix = imatrix;
+  opt.threads = threads;
+  // a line per tensor, as llama-quantize prints them
+  opt.progress = [](int done, int total, const std::string& what) {
+    fmt::print(stderr, "[{:4}/{:4}] {}\n", done, total, what);
+  };
   const auto t0 = std::chrono::steady_clock::now();
   const int n = quantize_model(in, out, opt);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,7 +14,11 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/lowbit.h"
+#include "core/quantize_blocks.h"
+#include "core/thread_pool.h"
 #include "io/gguf.h"
+#include "io/imatrix.h"
+#include "io/quant_mix.h"
 #include "io/safetensors.h"
 #include "model/lowbit_weights.h"
 #include "model/model.h"
@@ -78,6 +83,29 @@ struct RowOrder {
   }
 };
 
+// The types convert / quantize write row by row without core/quantize_blocks (and read as input).
+bool is_plain_convert_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::Q8_0:
+    case GgmlType::F8_E4M3:
+    case GgmlType::TERNARY:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
 // The type a matrix of `cols` columns is written in when `t` cannot hold its rows (llama.cpp's quantize
 // falls back the same way); t itself when it can.
 GgmlType fallback_type(GgmlType t, int64_t cols) {
@@ -93,12 +121,16 @@ struct Emitter {
   std::function<void(const std::string&)> done;
   std::function<void(const std::string&)> warn;
   bool ternary_per_row = false;
+  ThreadPool* pool = nullptr;  // when set, the rows of a matrix are converted on its threads
   int count = 0;
 
   // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
-  // F8_E4M3 and TERNARY add their F32 scale tensor "<base>.scale" (core/views.h).
+  // F8_E4M3 and TERNARY add their F32 scale tensor "<base>.scale" (core/views.h). imatrix: nullptr or
+  // [cols] importance weights for the block types of core/quantize_blocks.h (kept alive by the caller until
+  // the writer is done).
   template <class RowMap>
-  void matrix(const std::string& name, const WeightView& w, GgmlType t, RowMap row_src) {
+  void matrix(const std::string& name, const WeightView& w, GgmlType t, RowMap row_src,
+              const float* imatrix = nullptr) {
     if (const GgmlType f = fallback_type(t, w.cols); f != t) {
       if (warn)
         warn(fmt::format("{}: {} columns are not a multiple of {}; written as {} instead of {}", name, w.cols,
@@ -127,52 +159,77 @@ struct Emitter {
       return *scales;
     };
     ++count;
-    wr.add_tensor(name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
-                  [this, name, w, t, row_src, get_scales, per_tensor](uint8_t* dst) {
-                    const size_t rb = row_bytes(*type_traits(t), w.cols);
-                    std::vector<float> row(w.cols);
-                    const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
-                    for (int64_t r = 0; r < w.rows; ++r) {
-                      row_f32(w, row_src(r), row.data());
-                      uint8_t* d = dst + rb * r;
-                      switch (t) {
-                        case GgmlType::F32:
-                          std::memcpy(d, row.data(), rb);
-                          break;
-                        case GgmlType::F16:
-                          for (int64_t c = 0; c < w.cols; ++c) {
-                            const uint16_t h = fp32_to_fp16(row[c]);
-                            std::memcpy(d + 2 * c, &h, 2);
-                          }
-                          break;
-                        case GgmlType::BF16:
-                          for (int64_t c = 0; c < w.cols; ++c) {
-                            const uint16_t h = fp32_to_bf16(row[c]);
-                            std::memcpy(d + 2 * c, &h, 2);
-                          }
-                          break;
-                        case GgmlType::Q8_0:
-                          cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
-                          break;
-                        case GgmlType::F8_E4M3:
-                          quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
-                          break;
-                        case GgmlType::TERNARY:
-                          quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
-                                               reinterpret_cast<uint32_t*>(d));
-                          break;
-                        case GgmlType::TQ1_0:
-                          quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
-                          break;
-                        case GgmlType::TQ2_0:
-                          quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
-                          break;
-                        default:
-                          fail("unsupported output type {}", type_name(t));
-                      }
-                    }
-                    done(name);
-                  });
+    if (!is_plain_convert_type(t) && !can_quantize_blocks(t))
+      fail("{}: unsupported output type {}", name, type_name(t));
+    wr.add_tensor(
+        name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
+        [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
+          const size_t rb = row_bytes(*type_traits(t), w.cols);
+          const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
+          // rows [r0, r1) into dst
+          std::atomic<int64_t> bad_row{-1};  // a row with a NaN / Inf value (block types)
+          auto rows = [&](int64_t r0, int64_t r1) {
+            std::vector<float> row(w.cols);
+            for (int64_t r = r0; r < r1; ++r) {
+              row_f32(w, row_src(r), row.data());
+              uint8_t* d = dst + rb * r;
+              switch (t) {
+                case GgmlType::F32:
+                  std::memcpy(d, row.data(), rb);
+                  break;
+                case GgmlType::F16:
+                  for (int64_t c = 0; c < w.cols; ++c) {
+                    const uint16_t h = fp32_to_fp16(row[c]);
+                    std::memcpy(d + 2 * c, &h, 2);
+                  }
+                  break;
+                case GgmlType::BF16:
+                  for (int64_t c = 0; c < w.cols; ++c) {
+                    const uint16_t h = fp32_to_bf16(row[c]);
+                    std::memcpy(d + 2 * c, &h, 2);
+                  }
+                  break;
+                case GgmlType::Q8_0:
+                  cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
+                  break;
+                case GgmlType::F8_E4M3:
+                  quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
+                  break;
+                case GgmlType::TERNARY:
+                  quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
+                                       reinterpret_cast<uint32_t*>(d));
+                  break;
+                case GgmlType::TQ1_0:
+                  quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
+                  break;
+                case GgmlType::TQ2_0:
+                  quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
+                  break;
+                default:  // checked above
+                  // (no throw on a pool thread: a non-finite row is reported after the rows)
+                  if (!all_finite(row.data(), w.cols)) {
+                    int64_t none = -1;
+                    bad_row.compare_exchange_strong(none, r);
+                    continue;
+                  }
+                  quantize_row(t, row.data(), w.cols, d, imatrix);
+              }
+            }
+          };
+          if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
+            pool->parallel([&](int ith, int nth) {
+              int64_t r0, r1;
+              ThreadPool::split(w.rows, ith, nth, r0, r1);
+              rows(r0, r1);
+            });
+          } else {
+            rows(0, w.rows);
+          }
+          if (bad_row.load() >= 0)
+            fail("tensor '{}': row {} holds a non-finite value (NaN or Inf); refusing to quantize it", name,
+                 bad_row.load());
+          done(name);
+        });
     if (has_scale_tensor(t)) {
       const std::string sn = scale_tensor_name(name);
       ++count;
@@ -390,24 +447,113 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
       continue;
     }
     const WeightView w = gguf_matrix_view(r, ti, nullptr);
-    switch (w.type) {
+    if (!is_plain_convert_type(w.type))
+      fail(
+          "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
+          "TQ1_0, TQ2_0)",
+          in_path, ti.name, type_name(w.type));
+    E.matrix(ti.name, w, t, same);
+  }
+  wr.write(out_path);
+  return written;
+}
+
+// An integer hyperparameter of the model's metadata (the first element of a per-layer array), or 0.
+int hparam(const gguf::Reader& r, const std::string& key) {
+  const gguf::Value* v = r.find(key);
+  if (!v) return 0;
+  if (v->arr) return v->arr->empty() ? 0 : (int)v->arr->int_at(0);
+  return (int)v->as_int();
+}
+
+// GGUF -> GGUF in one of llama.cpp's mixes (io/quant_mix.h), with optional importance weights.
+int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, const QuantMix& mix,
+                      const ConvertOptions& opt) {
+  gguf::check_output_path(out_path);
+  check_not_an_input(out_path, {in_path, opt.imatrix});
+  const gguf::Reader r = gguf::Reader::open(in_path);
+  Imatrix im;
+  if (!opt.imatrix.empty()) im = load_imatrix(opt.imatrix);
+
+  MixModel mm;
+  mm.arch = r.get_string_opt("general.architecture").value_or("");
+  const std::string a = mm.arch + ".";
+  mm.n_layer = hparam(r, a + "block_count");
+  mm.n_head = hparam(r, a + "attention.head_count");
+  mm.n_head_kv = hparam(r, a + "attention.head_count_kv");
+  if (!r.find(a + "attention.head_count_kv")) mm.n_head_kv = mm.n_head;
+  mm.n_expert = hparam(r, a + "expert_count");
+  mm.has_imatrix = !opt.imatrix.empty();
+
+  std::vector<MixTensor> mts;
+  for (const auto& ti : r.tensors()) mts.push_back({ti.name, ti.ne, ti.type});
+  const std::vector<MixChoice> choice = choose_tensor_types(mix, mm, mts);
+
+  gguf::Writer wr;
+  for (const auto& [key, v] : r.metadata())
+    if (key != "general.alignment") wr.set_value(key, v);
+  wr.set_u32("general.quantization_version", 2);
+  wr.set_u32("general.file_type", mix.ftype);
+
+  ThreadPool pool(opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency()));
+  int written = 0;
+  std::unordered_map<std::string, std::string> lines;  // tensor -> its progress line
+  Emitter E{wr, {}, opt.warn, false, &pool};
+  E.done = [&](const std::string& name) {
+    ++written;
+    if (opt.progress) opt.progress(written, E.count, lines[name]);
+  };
+  size_t used_imatrix = 0;
+  for (size_t i = 0; i < r.tensors().size(); ++i) {
+    const gguf::TensorInfo& ti = r.tensors()[i];
+    const MixChoice& ch = choice[i];
+    std::string shape;
+    for (uint64_t d : ti.ne) shape += (shape.empty() ? "" : " x ") + std::to_string(d);
+    const double mib_in = (double)ti.n_bytes / (1 << 20);
+    const bool kept = opt.keep_embeddings && (ti.name == "token_embd.weight" || ti.name == "output.weight");
+    if (!ch.quantize || ch.type == ti.type || kept) {
+      lines[ti.name] = fmt::format("{:<32} [{}] {}, {:.3f} MiB", ti.name, shape, type_name(ti.type), mib_in);
+      E.copy(ti);
+      continue;
+    }
+    if (ti.ne.size() > 2 && ti.n_elements != ti.ne[0] * ti.ne[1])
+      fail("{}: tensor '{}' has shape [{}]: ultra quantize converts 2-D matrices only", in_path, ti.name,
+           shape);
+    switch (ti.type) {
       case GgmlType::F32:
       case GgmlType::F16:
       case GgmlType::BF16:
       case GgmlType::Q8_0:
-      case GgmlType::F8_E4M3:
-      case GgmlType::TERNARY:
-      case GgmlType::TQ1_0:
-      case GgmlType::TQ2_0:
         break;
       default:
         fail(
-            "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
-            "TQ1_0, TQ2_0)",
-            in_path, ti.name, type_name(w.type));
+            "{}: tensor '{}' has type {}; the mixes quantize F32, F16, BF16 or Q8_0 weights (quantize the "
+            "unquantized file: requantizing loses accuracy, and llama-quantize refuses it too by default)",
+            in_path, ti.name, type_name(ti.type));
     }
-    E.matrix(ti.name, w, t, same);
+    if (!ch.warning.empty() && opt.warn) opt.warn(fmt::format("{}: {}", ti.name, ch.warning));
+    const float* qw = nullptr;
+    if (auto it = im.weights.find(ti.name); it != im.weights.end()) {
+      if (it->second.size() == ti.ne[0]) {
+        qw = it->second.data();
+        ++used_imatrix;
+      } else if (ti.name != "token_embd.weight" && ti.name != "per_layer_token_embd.weight") {
+        fail("{}: the imatrix has {} values for '{}', whose rows have {}", opt.imatrix, it->second.size(),
+             ti.name, ti.ne[0]);
+      }
+    } else if (!opt.imatrix.empty() && opt.warn) {
+      opt.warn(fmt::format("{}: no importance weights in {}; quantized without them", ti.name, opt.imatrix));
+    }
+    const WeightView w = gguf_matrix_view(r, ti, nullptr);
+    const double mib_out = (double)w.rows * row_bytes(*type_traits(ch.type), w.cols) / (1 << 20);
+    lines[ti.name] =
+        fmt::format("{:<32} [{}] {} -> {}{}, {:.3f} MiB -> {:.3f} MiB", ti.name, shape, type_name(ti.type),
+                    type_name(ch.type), qw ? " (imatrix)" : "", mib_in, mib_out);
+    E.matrix(
+        ti.name, w, ch.type, [](int64_t row) { return row; }, qw);
   }
+  if (!opt.imatrix.empty() && used_imatrix == 0)
+    fail("{}: none of its {} entries names a tensor of {}", opt.imatrix, im.weights.size(), in_path);
   wr.write(out_path);
   return written;
 }
@@ -415,11 +561,42 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
 }  // namespace
 
 int quantize_model(const std::string& in_path, const std::string& out_path, const ConvertOptions& opt) {
-  parse_out_type(opt.out_type);  // an unknown type fails before any work
+  const QuantMix* mix = find_quant_mix(opt.out_type);
+  if (!mix) {
+    // an unknown type fails before any work
+    try {
+      parse_out_type(opt.out_type);
+    } catch (const Error&) {
+      fail("unknown output type '{}' (choose {}, or q8_0, fp8, ternary, tq1_0, tq2_0, f16, bf16, f32)",
+           opt.out_type, quant_mix_names());
+    }
+    if (!opt.imatrix.empty()) fail("--imatrix applies to the block types ({}) only", quant_mix_names());
+  }
   std::error_code ec;
-  if (std::filesystem::is_directory(in_path, ec)) return convert_hf_to_gguf(in_path, out_path, opt);
+  if (!opt.imatrix.empty() && !std::filesystem::is_regular_file(opt.imatrix, ec))
+    fail("{}: the imatrix file does not exist or is not a regular file", opt.imatrix);
+  if (std::filesystem::is_directory(in_path, ec)) {
+    if (!mix) return convert_hf_to_gguf(in_path, out_path, opt);
+    // llama.cpp's route: the HF weights to an F32 GGUF (lossless: a temporary file beside the output,
+    // removed afterwards), that file to the mix
+    gguf::check_output_path(out_path);
+    check_not_an_input(out_path, files_in(in_path));
+    const std::string tmp = out_path + ".f32-tmp.gguf";
+    struct Remove {
+      std::string path;
+      ~Remove() {
+        std::error_code e;
+        std::filesystem::remove(path, e);
+      }
+    } remove_tmp{tmp};
+    ConvertOptions f32 = opt;
+    f32.out_type = "f32";
+    f32.progress = nullptr;
+    convert_hf_to_gguf(in_path, tmp, f32);
+    return quantize_gguf_mix(tmp, out_path, *mix, opt);
+  }
   if (!std::filesystem::exists(in_path, ec)) fail("{}: no such file or directory", in_path);
-  return quantize_gguf(in_path, out_path, opt);
+  return mix ? quantize_gguf_mix(in_path, out_path, *mix, opt) : quantize_gguf(in_path, out_path, opt);
 }
 
 }  // namespace ultra
