@@ -5,6 +5,8 @@
 // and Q8_0 elsewhere (llama.cpp's fallback); an HF directory as input; clear errors.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 #include "core/error.h"
 #include "greedy_util.h"
 #include "io/gguf.h"
+#include "run_ultra.h"
 #include "tmp_dir.h"
 #include "ultra/convert.h"
 #include "ultra/perplexity.h"
@@ -127,6 +130,36 @@ TEST(Quantize, EveryTypeLoadsGeneratesAndKeepsPerplexity) {
     }
     std::printf("[ quantize ] %-8s ppl %.3f (F16 %.3f), file %.2f MiB\n", c.type.c_str(), p, base,
                 (double)fs::file_size(out) / (1 << 20));
+  }
+}
+
+// The files ultra writes for llama.cpp's mixes are byte for byte llama-quantize's (test_quantize_mix); on
+// them `ultra perplexity` (llama-perplexity's mode: -c 256, the first 6 windows of the held-out text, second
+// halves scored) must equal what llama.cpp's llama-perplexity printed for the same file within 0.5%.
+// llama.cpp's figures, from the native build of the bundle (de3ff815): llama-perplexity -m FILE -f
+// tests/fixtures/bundled/val.txt -c 256 --chunks 6. ultra's were 29.3400, 29.2233, 29.2067, 29.0913 when
+// recorded (the exact path, which the tests pin: tests/pin_exact_numerics.cpp; llama.cpp quantises the
+// activations to int8).
+TEST(Quantize, MixesGiveLlamaCppsPerplexity) {
+  test::TmpDir dir("ultra_quantize_ppl");
+  const std::string val = (kRoot / "tests" / "fixtures" / "bundled" / "val.txt").string();
+  struct Case {
+    const char* type;
+    double llama_ppl;
+  };
+  for (const Case& c :
+       {Case{"q4_k_m", 29.3264}, Case{"q6_k", 29.2343}, Case{"q4_0", 29.2010}, Case{"iq4_xs", 29.0884}}) {
+    SCOPED_TRACE(c.type);
+    const std::string out = quantize(dir, kTarget, c.type);
+    const auto r = test::run_ultra({"perplexity", "-m", out, "-f", val, "-c", "256", "--chunks",
+                                    kSanitized ? "1" : "6", "-t", "2", "--json"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    const double p = nlohmann::json::parse(r.out).at("ppl").get<double>();
+    ASSERT_TRUE(std::isfinite(p));
+    if (!kSanitized)
+      EXPECT_LE(std::fabs(p / c.llama_ppl - 1), 0.005) << "ultra " << p << ", llama.cpp " << c.llama_ppl;
+    std::printf("[ quantize ] %-7s ultra perplexity %.4f, llama-perplexity %.4f (%+.3f%%)\n", c.type, p,
+                c.llama_ppl, 100 * (p / c.llama_ppl - 1));
   }
 }
 

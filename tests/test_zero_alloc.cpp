@@ -129,6 +129,37 @@ TEST(ZeroAlloc, DecodeLoopGgufQ8F16Kv) {
   fs::remove(out);
 }
 
+// llama.cpp's mixes of the bundled target (ultra quantize): Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0 matrices) and
+// IQ4_XS (IQ4_XS, IQ4_NL), through the exact kernels and, on AVX512-VNNI CPUs, the int8-activation decode
+// of Q4_K / Q6_K / IQ4_XS (x quantised and summed into the matmul scratch).
+TEST(ZeroAlloc, DecodeLoopGgufKQuantMixes) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  const fs::path target = fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf";
+  for (const char* mix : {"q4_k_m", "iq4_xs"}) {
+    const fs::path out = fs::temp_directory_path() /
+                         ("ultra_zero_alloc_" + std::string(mix) + "_" + std::to_string(getpid()) + ".gguf");
+    ConvertOptions opt;
+    opt.out_type = mix;
+    quantize_model(target.string(), out.string(), opt);
+    for (int int8 : {0, 1}) {
+      cpu::detail::set_q8_int8_override(int8);
+      if (int8 && !cpu::detail::q8_int8_enabled()) {
+        std::printf("[zero-alloc] %s with int8 activations: skipped (no AVX512-VNNI here)\n", mix);
+        continue;
+      }
+      const long n = allocations_during_decode(out.string(), KvType::f32, 2);
+      std::printf(
+          "[zero-alloc] GGUF %s (%s activations), f32 KV, 2 threads: %ld allocations in 64 decode steps\n",
+          mix, int8 ? "int8" : "f32", n);
+      EXPECT_EQ(n, 0);
+    }
+    cpu::detail::set_q8_int8_override(-1);
+    fs::remove(out);
+  }
+}
+
 TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
 #if !ULTRA_COUNT_ALLOCS
   GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
