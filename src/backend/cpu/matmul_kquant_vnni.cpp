@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cpu/cpu_internal.h"
 #include "core/quants.h"
@@ -44,24 +45,33 @@ inline void prefetch_block(const void* b, int bytes) {
   for (int l = 0; l < (bytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
 }
 
+// The 8 scales and 8 mins of a Q4_K / Q5_K block's 12 scale bytes as floats (q4k_scale_min for all j at
+// once: the low 6 bits of bytes 0..7, then 4 bits of bytes 8..11 with the top 2 bits of bytes 0..7).
+inline void q4k_scales_mins(const uint8_t* q, __m256* sc, __m256* mn) {
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);  // mins 4..7
+  const uint32_t m03 = u[1] & k1;                         // mins 0..3
+  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);         // scales 4..7
+  u[0] &= k1;                                             // scales 0..3
+  u[2] = m03;
+  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)u)));
+  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(u + 2))));
+}
+
 float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ4_K));
-    const float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
-    alignas(32) float sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) {
-      uint8_t s, m;
-      q4k_scale_min(j, b[i].scales, &s, &m);
-      sc[j] = s;
-      mn[j] = m;
-    }
+    __m256 sc, mn;
+    q4k_scales_mins(b[i].scales, &sc, &mn);
     const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);
     alignas(32) float f[8];  // d * sc_j * xd_j
-    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_load_ps(sc)), xdv));
+    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), sc), xdv));
     // sum_j dmin * m_j * xd_j * sum(xq over sub-block j)
-    mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_load_ps(mn)),
+    mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].dmin)), mn),
                            _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32 + 8 * i)), mins);
     const int8_t* x = xq + 256 * i;
     for (int g = 0; g < 4; ++g) {
@@ -79,12 +89,20 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd,
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ6_K));
-    const float d = _cvtsh_ss(b[i].d);
-    alignas(32) float f[16];  // d * sc_c * xd of the sub-block's 32-column x block
-    for (int c = 0; c < 16; ++c) f[c] = d * b[i].scales[c] * xd[8 * i + c / 2];
+    // f_c = d * sc_c * xd of the sub-block's 32-column x block, sub-blocks 0..7 in fv[0], 8..15 in fv[1]
+    const __m128i sc8 = _mm_loadu_si128((const __m128i*)b[i].scales);
+    const __m256 dv = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+    const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);  // xd of x blocks 8 i .. 8 i + 7
+    const __m256i pair_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+                  pair_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    const __m256 fv[2] = {
+        _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))),
+                      _mm256_permutevar8x32_ps(xdv, pair_lo)),
+        _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8)))),
+                      _mm256_permutevar8x32_ps(xdv, pair_hi))};
     // the codes' constant: 32 * sum_c f_c * sum(xq over sub-block c)
-    offs = _mm256_fmadd_ps(_mm256_load_ps(f), _mm256_loadu_ps(xs16 + 16 * i), offs);
-    offs = _mm256_fmadd_ps(_mm256_load_ps(f + 8), _mm256_loadu_ps(xs16 + 16 * i + 8), offs);
+    offs = _mm256_fmadd_ps(fv[0], _mm256_loadu_ps(xs16 + 16 * i), offs);
+    offs = _mm256_fmadd_ps(fv[1], _mm256_loadu_ps(xs16 + 16 * i + 8), offs);
     const int8_t* x = xq + 256 * i;
     for (int h = 0; h < 2; ++h) {
       const __m256i a = _mm256_loadu_si256((const __m256i*)(b[i].ql + 64 * h));
@@ -99,13 +117,14 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd,
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4))};
       for (int k = 0; k < 4; ++k) {  // 32 elements: sub-blocks 8h + 2k (lanes 0..3) and 8h + 2k + 1 (4..7)
-        const int c0 = 8 * h + 2 * k;
-        const __m256 fv = _mm256_set_m128(_mm_set1_ps(f[c0 + 1]), _mm_set1_ps(f[c0]));
+        const __m256i sel =
+            _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+        const __m256 f = _mm256_permutevar8x32_ps(fv[h], sel);
         const __m256 s = fsum(dot32(q[k], x + 128 * h + 32 * k));
         if (k % 2)
-          acc1 = _mm256_fmadd_ps(s, fv, acc1);
+          acc1 = _mm256_fmadd_ps(s, f, acc1);
         else
-          acc0 = _mm256_fmadd_ps(s, fv, acc0);
+          acc0 = _mm256_fmadd_ps(s, f, acc0);
       }
     }
   }
@@ -117,16 +136,21 @@ float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float*
   for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
   const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
   const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i pair_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i m4x = _mm256_set1_epi32(0xF), m2x = _mm256_set1_epi32(3);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockIQ4_XS));
-    const float d = _cvtsh_ss(b[i].d);
-    alignas(32) float f[8];
-    for (int s = 0; s < 8; ++s) {
-      const int ls =
-          ((b[i].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((b[i].scales_h >> (2 * s)) & 3) << 4);
-      f[s] = d * (float)(ls - 32) * xd[8 * i + s];
-    }
+    // ls_s = 4 bits of scales_l (nibble s) | 2 bits of scales_h (bits 2s, 2s + 1) << 4, all 8 at once
+    uint32_t sl;
+    std::memcpy(&sl, b[i].scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), nib_shift), m4x);
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[i].scales_h), pair_shift), m2x);
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    alignas(32) float f[8];  // d * (ls_s - 32) * xd_s
+    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), _mm256_cvtepi32_ps(ls)),
+                                     _mm256_loadu_ps(xd + 8 * i)));
     offs = _mm256_fmadd_ps(_mm256_load_ps(f), _mm256_loadu_ps(xs32 + 8 * i), offs);
     const int8_t* x = xq + 256 * i;
     for (int s = 0; s < 8; ++s) {
