@@ -28,9 +28,7 @@ void set_read_into_memory(bool on) {
 }
 
 bool read_into_memory() {
-  if (g_read_into_memory) return true;
-  const char* e = std::getenv("ULTRA_NO_MMAP");
-  return e && *e && std::strcmp(e, "0") != 0;
+  return g_read_into_memory;
 }
 
 MappedFile::MappedFile(const std::string& path, const char* what) : path_(path) {

@@ -1,5 +1,5 @@
 // Read-only memory map of a whole file. Model weights are used in place from the map (zero copy).
-// Or, when asked (set_read_into_memory(true): `--no-mmap`, or ULTRA_NO_MMAP=1 in the environment), the file
+// Or, when asked (set_read_into_memory(true), the commands' `--no-mmap`), the file
 // is read into anonymous memory aligned to 2 MiB and advised for transparent huge pages (MADV_HUGEPAGE): the
 // kernel rarely backs a file mapping with huge pages, and with 4 KiB pages every 4 KiB of weights streamed
 // in a decode step costs a TLB miss (F16 decode 6-9% faster on a Skylake-class Xeon, docs/BENCHMARKS.md).
@@ -16,7 +16,7 @@ namespace ultra {
 
 // Process-wide, for the MappedFiles constructed after the call (set it before loading a model).
 void set_read_into_memory(bool on);
-bool read_into_memory();  // the setting, or ULTRA_NO_MMAP=1 in the environment
+bool read_into_memory();
 
 class MappedFile {
  public:
