@@ -422,8 +422,8 @@ __global__ void __launch_bounds__(kCThreads) attn_combine_kernel(AttnArgs a) {
   __shared__ __align__(16) float red[kCThreads / 32][kMaxHd];
   __shared__ float wmax[kCThreads / 32];
   __shared__ float inv_s;
-  // The output projection follows: it may launch once the split kernel is done, not earlier (measured on the
-  // H200, a projection launched during the split kernel slowed the 1B decode step by ~4-7 us per layer).
+  // The output projection follows: it may launch once the split kernel is done, not earlier (a projection
+  // launched during the split kernel slowed the decode step: docs/CUDA.md, "Attention launch").
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.y, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

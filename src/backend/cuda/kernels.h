@@ -52,7 +52,7 @@ bool programmatic_launch();
 // Which kernels use it when it is on: 1 = the sampler, the split-K gemv and attention (unless
 // tuning::set_attention_pdl(false)); 2 (the default) = also every row and elementwise op (embed, rmsnorm,
 // silu_mul, add, gather_rows, convert_f32), RoPE, the KV write, rope_kv_write, the column-split gemv
-// (gemv_silu included) and the weight-streaming gemv, so that a decode step's chain of kernels overlaps each
+// and the weight-streaming gemv, so that a decode step's chain of kernels overlaps each
 // launch with the kernel before. Every one of these kernels waits before it reads activations and before it
 // writes, and reads activations through L2 after the wait.
 void set_programmatic_launch_level(int level);
@@ -164,7 +164,7 @@ enum class GemvPath {
 //    shared memory; x staged once per block in three BF16 parts (m16n8k16 BF16 MMAs on the raw weights);
 //    programmatic dependent launch (see set_programmatic_launch). Deterministic like the other.
 // Q8_0 / F8_E4M3 / TERNARY weights (device layout, gemv_lowbit.h) go to gemv_lowbit (SIMT, weights
-// dequantised in registers; path is ignored). gemv_silu, gemv_rmsnorm and gemv_swiglu do not take them
+// dequantised in registers; path is ignored). gemv_rmsnorm and gemv_swiglu do not take them
 // (cudaErrorInvalidValue / cudaErrorNotSupported, nothing launched: the caller runs the unfused ops).
 cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  const float* x,       // [n, cols]
@@ -172,19 +172,6 @@ cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  float* y,           // [n, rows]
                  const float* bias,  // [rows] or null
                  bool accumulate, cudaStream_t stream, GemvPath path = GemvPath::automatic);
-
-// y = W . (silu(gate) * up) (+= y with accumulate): the down projection with the SwiGLU product formed as
-// x is read (no separate silu_mul launch). Column-split tensor-core kernel only: needs 1 <= n <=
-// kGemvSiluMaxRows, cols % 8 == 0, 16-byte aligned rows, gate and up, else cudaErrorInvalidValue (the
-// caller then runs silu_mul + gemv). Same accuracy as gemv; equal to silu_mul + gemv to f32 rounding of
-// the products (silu evaluated as silu_mul does).
-constexpr int kGemvSiluMaxRows = 4;
-cudaError_t gemv_silu(const WeightView& w,  // [rows, cols]
-                      const float* gate,    // [n, cols]
-                      const float* up,      // [n, cols]
-                      int n,
-                      float* y,  // [n, rows]
-                      bool accumulate, cudaStream_t stream);
 
 // One row through the weight-streaming kernel (F16 / BF16 weights) with the op before the projection fused
 // into how it forms x (gemv_stream.h): cudaErrorNotSupported, with nothing launched, where that kernel does
@@ -327,10 +314,10 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
 // Paths (a pass reads the row's logits once):
 //  * greedy: the row is split into up to 64 segments of <= 8192 tokens (one 256-thread block each; fewer
 //    when many rows share one wave of blocks): argmax candidates, top-n and a log-sum-exp partial per
-//    segment; one block per row merges them. 17.6 us for one row of V = 128256 on an H200.
+//    segment; one block per row merges them (timings: docs/CUDA.md, "Greedy merge in the sampler").
 //  * 1 <= top_k <= 1024 (top_k < n_sample): the same segments keep their top_k candidates (radix select
 //    in shared memory, at most 16384 candidates per row in all); the merge compacts them to the top_k and
-//    everything else is O(top_k) in shared memory. 24.8 us for one row.
+//    everything else is O(top_k) in shared memory.
 //  * all tokens (top_k <= 0, >= n_sample, or > 1024), one block of 1024 threads per row, on one SM: a
 //    pass for the max and top-n, a counting pass of
 //    the min-p survivors (exact test, with the logit prefilter l >= l_max + T log(min_p) - margin); if at
