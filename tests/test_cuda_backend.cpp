@@ -371,6 +371,31 @@ TEST(CudaTuning, ReadsTheEnvironment) {
   EXPECT_EQ(t.lowbit_tc_blocks, 264);
 }
 
+// The environment's attention settings go into that backend's attention plans only: a backend made under
+// ULTRA_CUDA_ATTENTION_PDL=0 / ULTRA_CUDA_ATTN_CHUNK / ULTRA_CUDA_ATTENTION=rows leaves the process-wide
+// values (those plan_attention takes without a tuning) as they were.
+TEST(CudaTuning, AttentionSettingsStayInTheBackend) {
+  const Model m = Model::load(kBundled.string());
+  const cuda::AttentionTuning before = cuda::process_attention_tuning();
+  setenv("ULTRA_CUDA_ATTENTION_PDL", "0", 1);
+  setenv("ULTRA_CUDA_ATTN_CHUNK", "256", 1);
+  setenv("ULTRA_CUDA_ATTENTION", "rows", 1);
+  {
+    Context cu(m, gpu(128));
+    Batch b(8);
+    for (int i = 0; i < 8; ++i) b.add(1 + i, i, 0, i == 7 ? Output::logits : Output::none);
+    cu.step(b);
+    EXPECT_TRUE(std::isfinite(cu.logits(0)[0]));
+  }
+  unsetenv("ULTRA_CUDA_ATTENTION_PDL");
+  unsetenv("ULTRA_CUDA_ATTN_CHUNK");
+  unsetenv("ULTRA_CUDA_ATTENTION");
+  const cuda::AttentionTuning after = cuda::process_attention_tuning();
+  EXPECT_EQ(after.pdl, before.pdl);
+  EXPECT_EQ(after.min_chunk, before.min_chunk);
+  EXPECT_EQ(after.tiled, before.tiled);
+}
+
 // The decode step's launch modes and fusions compute the same function: every kernel launched the ordinary
 // way with RoPE and the KV write as separate kernels, against programmatic launch of every kernel (attention
 // included) with them fused, and against the default fusions (29: the one-row rmsnorms, silu_mul and the LM

@@ -43,21 +43,27 @@ std::string mib(size_t b) {
   return fmt::format("{:.1f} MiB", b / 1048576.0);
 }
 
-// The settings that are process-wide switches of the kernels (tuning.h), applied where the environment set
-// them; they stay set after this backend.
+// The settings that are process-wide switches of the kernels (tuning.h: launch mode, gemv choice), applied
+// where the environment set them; they stay set after this backend.
 void apply_process_tuning(const cuda::CudaTuning& t) {
-  if (t.attention_rows) cuda::tuning::set_attention_tiled(1);
   if (t.pdl >= 0) {
     cuda::set_programmatic_launch(t.pdl > 0);
     if (t.pdl > 0) cuda::set_programmatic_launch_level(t.pdl);
   }
-  if (t.attention_pdl >= 0) cuda::tuning::set_attention_pdl(t.attention_pdl != 0);
   if (t.gemv_set) cuda::tuning::set_gemv_tuning(t.gemv);
   if (t.gemv_l2 >= 0) cuda::tuning::set_gemv_l2_all(t.gemv_l2 != 0);
   if (t.gemv_l1 >= 0) cuda::tuning::set_gemv_l1_all(t.gemv_l1 != 0);
-  if (t.attn_min_chunk >= 0) cuda::tuning::set_attention_min_chunk(t.attn_min_chunk);
-  if (t.attn_combine_pdl >= 0) cuda::tuning::set_attention_combine_pdl(t.attn_combine_pdl != 0);
-  if (t.attn_trigger >= 0) cuda::tuning::set_attention_trigger(t.attn_trigger);
+}
+
+// This backend's attention plans' tuning: the process-wide values (tuning.h) where the environment set none.
+cuda::AttentionTuning attention_tuning(const cuda::CudaTuning& t) {
+  cuda::AttentionTuning a = cuda::process_attention_tuning();
+  if (t.attention_rows) a.tiled = 1;
+  if (t.attention_pdl >= 0) a.pdl = t.attention_pdl != 0;
+  if (t.attn_min_chunk >= 0) a.min_chunk = cuda::attention_min_chunk(t.attn_min_chunk);
+  if (t.attn_combine_pdl >= 0) a.combine_pdl = t.attn_combine_pdl != 0;
+  if (t.attn_trigger >= 0) a.trigger = t.attn_trigger;
+  return a;
 }
 
 }  // namespace
@@ -124,11 +130,12 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
     fmt::print(stderr,
                "ULTRA_CUDA_SKIP={}: these ops are left out of every step (timing only; results are wrong)\n",
                tune_.skip_list);
-  eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_);
+  const cuda::AttentionTuning attn = attention_tuning(tune_);
+  eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_, 0, attn);
   size_t attn_ws = eager_plan_.workspace_bytes;
   for (size_t i = 0; i < kBuckets.size(); ++i) {
     if (kBuckets[i] > n_rows_cap_) continue;
-    bucket_plans_[i] = cuda::plan_attention(dev_, proto, hp.n_heads, kBuckets[i]);
+    bucket_plans_[i] = cuda::plan_attention(dev_, proto, hp.n_heads, kBuckets[i], 0, attn);
     attn_ws = std::max(attn_ws, bucket_plans_[i].workspace_bytes);
   }
   check(cuda::plan_sampler(dev_, n_out_cap_, hp.n_vocab, max_hist_, &sampler_plan_),

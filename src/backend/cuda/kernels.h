@@ -261,6 +261,18 @@ class CudaMatmul {
 // the output's relative error is about u (on the H200 with the test's random data: max |err| / max |ref|
 // 0.24-2.05u per case, <= 2.22u for any single row and head), against ~1e-6 for the per-row kernel.
 constexpr int kAttentionTiledMinRows = 33;
+// The attention launch's tuning, fixed in its plan (the backend fills it from its CudaTuning; the
+// overload of plan_attention without it takes the process-wide values of tuning.h's set_attention_*).
+struct AttentionTuning {
+  int tiled = 0;       // 0 automatic (the tiled kernel for n >= kAttentionTiledMinRows), 1 always the
+                       // per-row kernel, 2 the tiled kernel for any n the plan allows
+  int min_chunk = 64;  // the fewest positions one split takes (a multiple of 64)
+  int max_stages = 0;  // K/V tiles in flight per block (0: as many as kStageBudget holds, up to 4)
+  int trigger = 2;     // where the split kernel lets the next launch: 0 start, 1 after its tiles, 2 exit
+  bool pdl = true;     // both attention kernels (and the tiled one) with programmatic launch
+  bool combine_pdl = false;  // the merge kernel with programmatic launch even when pdl is off
+  int stage = 0;             // timing only (wrong results unless 0): 1 the split kernel alone, 2 the merge
+};
 struct AttentionPlan {
   int n_heads = 0;
   int max_rows = 0;
@@ -268,12 +280,19 @@ struct AttentionPlan {
   size_t workspace_bytes = 0;     // for max_rows rows
   bool tiled = false;             // the tiled kernel supports this cache and head_dim (its limits are set)
   int tiled_fallback_blocks = 0;  // fallback blocks per (kv head, head chunk) of the tiled kernel
+  AttentionTuning tuning;         // as planned (n_splits follows its max_stages)
 };
 // n_splits from the SM count, the rows and max_ctx (one wave of blocks for max_rows rows: 3 per SM for
 // head_dim 128 F16; each split at least one 64-position tile of a full context, at most 256 splits);
 // force_splits > 0 overrides it. Also sets the tiled kernel's shared-memory limit (call before capture).
 AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
-                             int force_splits = 0);
+                             int force_splits, const AttentionTuning& tuning);
+AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
+                             int force_splits = 0);  // the process-wide tuning (process_attention_tuning)
+// The values tuning.h's set_attention_* last set (their defaults: AttentionTuning's).
+AttentionTuning process_attention_tuning();
+// AttentionTuning::min_chunk for a wish of `positions`: rounded up to a multiple of 64, at least 64.
+int attention_min_chunk(int positions);
 // Whether attention(plan, ...) with n rows takes the tiled kernel (given q and out 16-byte aligned).
 bool attention_tiled(const AttentionPlan& plan, int n);
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,

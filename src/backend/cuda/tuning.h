@@ -34,30 +34,26 @@ const char* gemv_config_name(int config);
 // 0 both, 1 the first only (attention: the split kernel; sampler: the per-segment pass), 2 the second only.
 void set_attention_stage(int stage);
 void set_sampler_stage(int stage);
-extern int g_attention_stage, g_sampler_stage;
-// Attention: at most this many K/V tiles in flight per block (0: automatic); the plan sizes its split count
-// from the resulting blocks per SM, so call it before plan_attention.
+extern int g_sampler_stage;
+// Attention: the process-wide AttentionTuning (kernels.h) that plan_attention without one copies into the
+// plans made after the call (a plan keeps the values it was made with; CudaBackend passes its own).
+// At most this many K/V tiles in flight per block (0: automatic); the plan sizes its split count from the
+// resulting blocks per SM.
 void set_attention_stages(int stages);
-extern int g_attention_stages;
-// Attention: launch its two kernels with programmatic dependent launch (the default).
+// Both attention kernels with programmatic dependent launch (the default).
 void set_attention_pdl(bool on);
-extern bool g_attention_pdl;
-// Attention: launch the merge kernel (attn_combine) with programmatic dependent launch; it lets the next
-// kernel launch once its wait has returned (the split kernel is done), not at its start.
+// The merge kernel (attn_combine) with programmatic dependent launch; it lets the next kernel launch once its
+// wait has returned (the split kernel is done), not at its start.
 void set_attention_combine_pdl(bool on);
-extern bool g_attention_combine_pdl;
 // Where the split kernel lets the next kernel launch (programmatic launch): 0 at its start, 1 once its blocks
 // have read their K / V tiles, 2 (the default) at their exit.
 void set_attention_trigger(int where);
-extern int g_attention_trigger;
-// Attention: the fewest positions one split takes (rounded up to 64; default 64, docs/CUDA.md): rows up to
-// this length run as one split per (row, kv head) with no merge kernel work.
+// The fewest positions one split takes (rounded up to 64; default 64, docs/CUDA.md): rows up to this length
+// run as one split per (row, kv head) with no merge kernel work.
 void set_attention_min_chunk(int positions);
-extern int g_attention_min_chunk;
 // Attention path: 0 automatic (attention_tiled), 1 always the per-row kernel, 2 the tiled kernel for any n
 // when the plan allows it (plan.tiled).
 void set_attention_tiled(int mode);
-extern int g_attention_tiled;
 
 // Prefill matmuls (CudaMatmul, n > 8) of F8_E4M3 weights with a scale per row or tensor: 0 as the
 // environment says (kernel_tuning().fp8_gemm, ULTRA_CUDA_FP8_GEMM=1: cuBLASLt's FP8 GEMM with x quantised per
@@ -71,7 +67,8 @@ namespace ultra::cuda {
 
 // Every ULTRA_CUDA_* setting. A field at -1 ("unset") keeps the process-wide default.
 struct CudaTuning {
-  // ---- the backend's (its constructor applies the process-wide ones to the switches above) ----
+  // ---- the backend's: the attention fields go into its AttentionPlans (kernels.h AttentionTuning), pdl and
+  // the gemv fields to the process-wide switches above ----
   bool attention_rows = false;  // ULTRA_CUDA_ATTENTION=rows: prefill on the per-row attention kernel
   int pdl = -1;            // ULTRA_CUDA_PDL: programmatic launch 0 off, 1 the old subset, 2 all; -1 unset
   int attention_pdl = -1;  // ULTRA_CUDA_ATTENTION_PDL: 0 / 1 the attention kernels with it; -1 unset
@@ -83,9 +80,9 @@ struct CudaTuning {
   tuning::GemvTuning gemv;    // kernel (ULTRA_CUDA_GEMV), trigger (_TRIGGER), smem_budget (_SMEM)
   int gemv_l2 = -1;           // ULTRA_CUDA_GEMV_L2: tuning::set_gemv_l2_all; -1 unset
   int gemv_l1 = -1;           // ULTRA_CUDA_GEMV_L1: tuning::set_gemv_l1_all; -1 unset
-  int attn_min_chunk = -1;    // ULTRA_CUDA_ATTN_CHUNK: tuning::set_attention_min_chunk; -1 unset
-  int attn_combine_pdl = -1;  // ULTRA_CUDA_ATTN_COMBINE_PDL: tuning::set_attention_combine_pdl; -1 unset
-  int attn_trigger = -1;      // ULTRA_CUDA_ATTN_TRIGGER: tuning::set_attention_trigger; -1 unset
+  int attn_min_chunk = -1;    // ULTRA_CUDA_ATTN_CHUNK: AttentionTuning::min_chunk; -1 unset
+  int attn_combine_pdl = -1;  // ULTRA_CUDA_ATTN_COMBINE_PDL: AttentionTuning::combine_pdl; -1 unset
+  int attn_trigger = -1;      // ULTRA_CUDA_ATTN_TRIGGER: AttentionTuning::trigger; -1 unset
   // ULTRA_CUDA_SKIP=op,op,...: those ops left out of every step (timing experiments only: results are wrong).
   enum : unsigned {
     kSkipRmsnorm = 1,
