@@ -10,7 +10,7 @@
 //   prefill    causal attention of one prefill chunk (rows at positions 0..n-1 of one sequence, n = 512 and
 //              2048, F16 cache, head_dim 128) for the Llama-2-7B shape (32 heads, 32 kv heads) and the
 //              Llama-3-8B shape (32 / 8): the per-row kernel against the tiled one
-//              (tuning::set_attention_tiled 1 / 2), time and TFLOP/s counting 4 * n^2 / 2 * heads * head_dim
+//              (AttentionTuning::tiled 1 / 2), time and TFLOP/s counting 4 * n^2 / 2 * heads * head_dim
 //              flops (QK^T and PV over the causal half), and the largest difference between the two outputs
 //              relative to their largest value (the tiled kernel rounds Q and P to F16: ~1e-3 expected).
 //   sampler    V = 128256: greedy, top_k = 40 (+ top_p 0.95, min_p 0.05) and top_k = 0 top_p = 0.9,
@@ -340,7 +340,7 @@ void bench_attention(cudaStream_t st, double ceiling) {
       fill(k, ce * 2, 11, 0x3bff3bffu);  // f16 values below 1
       fill(v, ce * 2, 12, 0x3bff3bffu);
       KvLayerView kv{GgmlType::F16, k, v, n_slots, n_kv, ctx, hd};
-      const AttentionPlan plan = plan_attention(g_dev, kv, n_heads, rows);
+      AttentionPlan plan = plan_attention(g_dev, kv, n_heads, rows);  // its tuning varied below (--sweep)
       uint8_t* ws = dalloc<uint8_t>(plan.workspace_bytes + 256);
       float* q = dalloc<float>((size_t)rows * n_heads * hd);
       float* o = dalloc<float>((size_t)rows * n_heads * hd);
@@ -363,17 +363,19 @@ void bench_attention(cudaStream_t st, double ceiling) {
       out("  %-50s %6d %4d %6d %8.2f %6.0f  %5.1f%%", "", ctx, rows, plan.n_splits, ms * 1e3, gbs,
           100.0 * gbs / ceiling);
       if (g_sweep) {
-        tuning::set_attention_pdl(true);
+        const AttentionTuning planned = plan.tuning;
+        plan.tuning.pdl = true;
         out("  | PDL %8.2f", time_graph(st, 32, body) * 1e3);
-        tuning::set_attention_pdl(false);
+        plan.tuning.pdl = false;
         for (int stage : {1, 2}) {
-          tuning::set_attention_stage(stage);
+          plan.tuning.stage = stage;
           out("  | %s %7.2f", stage == 1 ? "split-kernel" : "combine", time_graph(st, 32, body) * 1e3);
         }
-        tuning::set_attention_stage(0);
+        plan.tuning = planned;
         {  // one K/V tile in flight per block, more blocks per SM (the plan follows)
-          tuning::set_attention_stages(1);
-          const AttentionPlan p1 = plan_attention(g_dev, kv, n_heads, rows);
+          AttentionTuning one = planned;
+          one.max_stages = 1;
+          const AttentionPlan p1 = plan_attention(g_dev, kv, n_heads, rows, 0, one);
           uint8_t* ws1 = dalloc<uint8_t>(p1.workspace_bytes + 256);
           const double ms1 = time_graph(st, 32, [&](int i) {
             const int gi = i % groups;
@@ -381,7 +383,6 @@ void bench_attention(cudaStream_t st, double ceiling) {
           });
           out("  | 1 stage (%d splits) %7.2f", p1.n_splits, ms1 * 1e3);
           CK(cudaFree(ws1));
-          tuning::set_attention_stages(0);
         }
         for (int fs : {rows * 8 * 4 <= 1024 ? 128 : 16, rows * 8 * 4 <= 1024 ? 256 : 32}) {
           if (fs > ctx / 64) continue;
@@ -435,17 +436,16 @@ void bench_prefill(cudaStream_t st) {
       int32_t* dseq = dalloc<int32_t>(n);
       CK(cudaMemcpy(dpos, pos.data(), n * 4, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(dseq, seq.data(), n * 4, cudaMemcpyHostToDevice));
-      const AttentionPlan plan = plan_attention(g_dev, kv, n_heads, n);
+      AttentionPlan plan = plan_attention(g_dev, kv, n_heads, n);
       uint8_t* ws = dalloc<uint8_t>(plan.workspace_bytes + 256);
       const double flops = 4.0 * n * (double)n / 2 * n_heads * hd;
       double ms[2];
       float* outs[2] = {o1, o2};
       for (int m = 0; m < 2; ++m) {
-        tuning::set_attention_tiled(m + 1);
+        plan.tuning.tiled = m + 1;
         ms[m] = time_graph(st, 4,
                            [&](int) { CK(attention(plan, kv, q, n, dpos, dseq, 0.088f, outs[m], ws, st)); });
       }
-      tuning::set_attention_tiled(0);
       CK(cudaStreamSynchronize(st));
       std::vector<float> h1(qn), h2(qn);
       CK(cudaMemcpy(h1.data(), o1, qn * 4, cudaMemcpyDeviceToHost));

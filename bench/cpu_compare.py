@@ -24,13 +24,14 @@ The peer (--peer):
 
     python3 bench/cpu_compare.py [--arch llama|qwen3|gemma3] [--threads 2] [--prompt 512] [--gen 128] [--reps 3] [--build build]
                                  [--peer native|node] [--llama-dir DIR] [--baseline OTHER_ULTRA_BINARY]
-                                 [--no-peer] [--env K=V ...]
+                                 [--no-peer] [--no-mmap] [--env K=V ...]
 --arch picks the generator's preset (tools/make_bench_gguf.py --arch: llama, the default, writes
 llama110m-tied-TYPE.gguf; qwen3 and gemma3 ~110M shapes with q/k norms, head_dim 128 and GQA write
 ARCH-110m-TYPE.gguf), e.g. python3 bench/cpu_compare.py --arch gemma3 --types f16,q8_0.
 --baseline runs a second ultra binary (e.g. one built from an earlier commit) on the same files,
 alternating with this build's, and prints this build / baseline: the before-and-after check of a change.
---env K=V sets an environment variable for ultra's runs only (A/B switches such as ULTRA_CPU_PANEL=0).
+--env K=V sets an environment variable for ultra's runs only (A/B switches such as ULTRA_CPU_PANEL=0);
+--no-mmap passes ultra's --no-mmap (the model read into huge-page memory).
 Needs: a built tree (cmake --build build); `cd bench && npm ci` (the bundle, or the node peer); for the
 native peer cmake, a C++ compiler and git.
 """
@@ -77,6 +78,7 @@ def main():
     ap.add_argument("--llama-dir", default=DEFAULT_LLAMA_DIR)
     ap.add_argument("--llama-variant", choices=["native", "noamx"], default="native")
     ap.add_argument("--env", action="append", default=[], help="K=V for ultra's runs")
+    ap.add_argument("--no-mmap", action="store_true", help="ultra bench --no-mmap")
     args = ap.parse_args()
     uenv = dict(os.environ)
     for kv in args.env:
@@ -122,7 +124,8 @@ def main():
                 run(gen + ["--type", t, "-o", path])
         def ultra_bench(binary, reps=args.reps):
             u = json.loads(run([binary, "bench", "-m", path, "-p", str(args.prompt), "-n", str(args.gen), "-r",
-                                str(reps), "-t", str(args.threads), "--json"], env=uenv))
+                                str(reps), "-t", str(args.threads), "--json"] + (["--no-mmap"] if args.no_mmap else []),
+                           env=uenv))
             res = {r["test"]: r for r in u["results"]}
             return u, res[f"pp{args.prompt}"]["tps_mean"], res[f"tg{args.gen}"]["tps_mean"]
 

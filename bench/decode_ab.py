@@ -4,10 +4,9 @@
 For each shape (random weights made with transformers, as bench/cuda_compare.py does) and each variant,
 `ultra bench --device cuda -p 0 -n G -d D --parallel 1 -r R --json` under the variant's environment:
   old        ULTRA_CUDA_PDL=1 ULTRA_CUDA_FUSE=0: programmatic launch for the sampler and split-K gemv only,
-             RoPE + KV write and silu + down projection as separate kernels (the step before these changes)
+             RoPE + KV write as separate kernels (the step before these changes)
   pdl        ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=0: every kernel but attention with programmatic launch
   pdl+rkv    ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=1: RoPE and the KV write in one kernel (the default)
-  +silu      ULTRA_CUDA_PDL=2 ULTRA_CUDA_FUSE=3: silu_mul fused into the down projection as well
   +attn      pdl+rkv plus attention with programmatic launch (ULTRA_CUDA_ATTENTION_PDL=1)
   default    the defaults
   colsplit   every gemv through the column-split kernel (ULTRA_CUDA_GEMV=1); splitk: the split-K one (2)
@@ -18,15 +17,13 @@ For each shape (random weights made with transformers, as bench/cuda_compare.py 
              (ULTRA_CUDA_ATTN_COMBINE_PDL=1); attn-trigN: the split kernel lets the next kernel launch at its
              start (0) or after its tiles (1) instead of at exit (ULTRA_CUDA_ATTN_TRIGGER)
   stream     every one-row gemv through the weight-streaming kernel (ULTRA_CUDA_GEMV=3), x and its slots in
-             the default 192 KB, 96 KB or 48 KB of shared memory (ULTRA_CUDA_GEMV_SMEM); no-stream: the
-             automatic choice without it (ULTRA_CUDA_GEMV_STREAM=0; the default takes it for one row)
+             the default 192 KB, 96 KB or 48 KB of shared memory (ULTRA_CUDA_GEMV_SMEM)
   norm-only, swiglu-only, head-only: one of those fusions each (ULTRA_CUDA_FUSE=5, 9, 17)
   no-prologue the rmsnorms, silu_mul and the LM head's gather as their own kernels (ULTRA_CUDA_FUSE=1; the
              default fuses them into the x of the streaming gemv after them)
-  io-copy    the step's input upload and result download as copy nodes in its graph (ULTRA_CUDA_STEP_IO=copy;
-             the default does them with kernels over the bus: a graph of kernel nodes only)
-  no-queue   each decode step waited for before the next is submitted (ULTRA_BENCH_QUEUE=0; the default
-             queues one step ahead, the next token fed on the device)
+(Removed after their measurements, docs/CUDA.md "Tuning switches": silu_mul fused into the column-split
+down projection, ULTRA_CUDA_FUSE bit 2; the automatic choice without the streaming kernel,
+ULTRA_CUDA_GEMV_STREAM=0; step IO by copy nodes, ULTRA_CUDA_STEP_IO=copy; unqueued steps, ULTRA_BENCH_QUEUE=0.)
 Variants run round-robin, `--rounds` times, so drift of the machine hits all of them alike. Prints tok/s
 (best and mean over rounds), % of the read roofline (bytes per token over the read bandwidth measured in
 the same run), the host's time per step (the graph launch call, and all of submit()) and the GPU's idle
@@ -49,7 +46,6 @@ VARIANTS = [
     ("old", {"ULTRA_CUDA_PDL": "1", "ULTRA_CUDA_FUSE": "0", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
     ("pdl", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "0", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
     ("pdl+rkv", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "1", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
-    ("+silu", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "3", "ULTRA_CUDA_ATTENTION_PDL": "0"}),
     ("+attn", {"ULTRA_CUDA_PDL": "2", "ULTRA_CUDA_FUSE": "1", "ULTRA_CUDA_ATTENTION_PDL": "1"}),
     ("default", {}),
     ("colsplit", {"ULTRA_CUDA_GEMV": "1"}),
@@ -67,15 +63,12 @@ VARIANTS = [
     ("attn-trig0", {"ULTRA_CUDA_ATTN_TRIGGER": "0"}),
     ("attn-trig1", {"ULTRA_CUDA_ATTN_TRIGGER": "1"}),
     ("stream", {"ULTRA_CUDA_GEMV": "3"}),
-    ("no-stream", {"ULTRA_CUDA_GEMV_STREAM": "0"}),
     ("no-prologue", {"ULTRA_CUDA_FUSE": "1"}),
     ("norm-only", {"ULTRA_CUDA_FUSE": "5"}),
     ("swiglu-only", {"ULTRA_CUDA_FUSE": "9"}),
     ("head-only", {"ULTRA_CUDA_FUSE": "17"}),
     ("stream-96K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "98304"}),
     ("stream-48K", {"ULTRA_CUDA_GEMV": "3", "ULTRA_CUDA_GEMV_SMEM": "49152"}),
-    ("io-copy", {"ULTRA_CUDA_STEP_IO": "copy"}),
-    ("no-queue", {"ULTRA_BENCH_QUEUE": "0"}),
 ]
 
 

@@ -194,6 +194,51 @@ TEST(Matmul, PrefillTokenSplitMatchesOneThread) {
   }
 }
 
+// ---- the CPU backend's tuning (tuning.h): its one reader of the environment ----
+
+// Each variable lands in its field: the on-by-default switches go off only for a value starting with '0',
+// the off-by-default ones on for any other non-empty value. The process's own values are put back.
+TEST(Tuning, ReadsTheEnvironment) {
+  const char* names[] = {"ULTRA_NO_SIMD", "ULTRA_NO_AVX512", "ULTRA_Q8_INT8", "ULTRA_CPU_PANEL"};
+  std::vector<std::pair<std::string, bool>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.emplace_back(v ? v : "", v != nullptr);
+  }
+  auto put = [&](const char* no_simd, const char* no_avx512, const char* q8, const char* panel) {
+    const char* values[] = {no_simd, no_avx512, q8, panel};
+    for (int i = 0; i < 4; ++i)
+      if (values[i])
+        setenv(names[i], values[i], 1);
+      else
+        unsetenv(names[i]);
+    return read_cpu_tuning();
+  };
+  const CpuTuning unset = put(nullptr, nullptr, nullptr, nullptr);
+  EXPECT_FALSE(unset.no_simd);
+  EXPECT_FALSE(unset.no_avx512);
+  EXPECT_TRUE(unset.q8_int8);
+  EXPECT_TRUE(unset.panel_gemm);
+  const CpuTuning off = put("1", "yes", "0", "0");
+  EXPECT_TRUE(off.no_simd);
+  EXPECT_TRUE(off.no_avx512);
+  EXPECT_FALSE(off.q8_int8);
+  EXPECT_FALSE(off.panel_gemm);
+  const CpuTuning zero = put("0", "", "", "1");
+  EXPECT_FALSE(zero.no_simd);
+  EXPECT_FALSE(zero.no_avx512);
+  EXPECT_TRUE(zero.q8_int8);
+  EXPECT_TRUE(zero.panel_gemm);
+  for (int i = 0; i < 4; ++i)
+    if (saved[i].second)
+      setenv(names[i], saved[i].first.c_str(), 1);
+    else
+      unsetenv(names[i]);
+  // the kernel set follows the process's first reading
+  if (cpu_tuning().no_simd) EXPECT_EQ(cpu::kernel_isa(), std::string("scalar"));
+  if (cpu_tuning().no_avx512) EXPECT_NE(cpu::kernel_isa(), std::string("avx512"));
+}
+
 // ---- Q8_0 with int8 activations (the default on AVX512-VNNI CPUs; ULTRA_Q8_INT8=0 turns it off) ----
 
 // The environment's wish: on when unset or empty, off only for a value starting with '0'. (The test

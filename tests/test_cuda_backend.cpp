@@ -320,24 +320,97 @@ TEST(CudaBackend, MixedBatchMatchesCpu) {
   }
 }
 
+// The CUDA backend's one reader of the environment (tuning.h): each ULTRA_CUDA_* variable lands in its
+// field, and with none set every field keeps its default (the process-wide switches untouched).
+TEST(CudaTuning, ReadsTheEnvironment) {
+  const char* vars[][2] = {{"ULTRA_CUDA_ATTENTION", "rows"},      {"ULTRA_CUDA_PDL", "1"},
+                           {"ULTRA_CUDA_ATTENTION_PDL", "0"},     {"ULTRA_CUDA_FUSE", "5"},
+                           {"ULTRA_CUDA_GEMV_SMEM", "49152"},     {"ULTRA_CUDA_GEMV_L1", "1"},
+                           {"ULTRA_CUDA_ATTN_CHUNK", "256"},      {"ULTRA_CUDA_ATTN_TRIGGER", "0"},
+                           {"ULTRA_CUDA_SKIP", "rope,lm_head"},   {"ULTRA_CUDA_PROFILE", "1"},
+                           {"ULTRA_CUDA_FP8_GEMM", "1"},          {"ULTRA_CUDA_LB_TILE", "24"},
+                           {"ULTRA_CUDA_LOWBIT_TC", "0"},         {"ULTRA_CUDA_LOWBIT_BULK", "2"},
+                           {"ULTRA_CUDA_LOWBIT_TC_BLOCKS", "264"}};
+  for (auto& v : vars) unsetenv(v[0]);
+  const cuda::CudaTuning d = cuda::read_cuda_tuning();
+  EXPECT_FALSE(d.attention_rows);
+  EXPECT_EQ(d.pdl, -1);
+  EXPECT_EQ(d.attention_pdl, -1);
+  EXPECT_EQ(d.fuse, 29);
+  EXPECT_FALSE(d.gemv_set);
+  EXPECT_EQ(d.gemv_l1, -1);
+  EXPECT_EQ(d.attn_min_chunk, -1);
+  EXPECT_EQ(d.attn_trigger, -1);
+  EXPECT_EQ(d.skip, 0u);
+  EXPECT_FALSE(d.profile);
+  EXPECT_FALSE(d.fp8_gemm);
+  EXPECT_EQ(d.lb_tile, 0);
+  EXPECT_TRUE(d.lowbit_tc);
+  EXPECT_EQ(d.lowbit_bulk, -1);
+  EXPECT_EQ(d.lowbit_tc_blocks, 132);
+  for (auto& v : vars) setenv(v[0], v[1], 1);
+  const cuda::CudaTuning t = cuda::read_cuda_tuning();
+  for (auto& v : vars) unsetenv(v[0]);
+  EXPECT_TRUE(t.attention_rows);
+  EXPECT_EQ(t.pdl, 1);
+  EXPECT_EQ(t.attention_pdl, 0);
+  EXPECT_EQ(t.fuse, 5);
+  EXPECT_TRUE(t.gemv_set);
+  EXPECT_EQ(t.gemv.smem_budget, 49152);
+  EXPECT_EQ(t.gemv.kernel, 0);
+  EXPECT_EQ(t.gemv_l1, 1);
+  EXPECT_EQ(t.attn_min_chunk, 256);
+  EXPECT_EQ(t.attn_trigger, 0);
+  EXPECT_EQ(t.skip, cuda::CudaTuning::kSkipRope | cuda::CudaTuning::kSkipLmHead);
+  EXPECT_EQ(t.skip_list, "rope,lm_head");
+  EXPECT_TRUE(t.profile);
+  EXPECT_TRUE(t.fp8_gemm);
+  EXPECT_EQ(t.lb_tile, 24);
+  EXPECT_FALSE(t.lowbit_tc);
+  EXPECT_EQ(t.lowbit_bulk, 2);
+  EXPECT_EQ(t.lowbit_tc_blocks, 264);
+}
+
+// The environment's attention settings go into that backend's attention plans only: a backend made under
+// ULTRA_CUDA_ATTENTION_PDL=0 / ULTRA_CUDA_ATTN_CHUNK / ULTRA_CUDA_ATTENTION=rows leaves the process-wide
+// values (those plan_attention takes without a tuning) as they were.
+TEST(CudaTuning, AttentionSettingsStayInTheBackend) {
+  const Model m = Model::load(kBundled.string());
+  const cuda::AttentionTuning before = cuda::process_attention_tuning();
+  setenv("ULTRA_CUDA_ATTENTION_PDL", "0", 1);
+  setenv("ULTRA_CUDA_ATTN_CHUNK", "256", 1);
+  setenv("ULTRA_CUDA_ATTENTION", "rows", 1);
+  {
+    Context cu(m, gpu(128));
+    Batch b(8);
+    for (int i = 0; i < 8; ++i) b.add(1 + i, i, 0, i == 7 ? Output::logits : Output::none);
+    cu.step(b);
+    EXPECT_TRUE(std::isfinite(cu.logits(0)[0]));
+  }
+  unsetenv("ULTRA_CUDA_ATTENTION_PDL");
+  unsetenv("ULTRA_CUDA_ATTN_CHUNK");
+  unsetenv("ULTRA_CUDA_ATTENTION");
+  const cuda::AttentionTuning after = cuda::process_attention_tuning();
+  EXPECT_EQ(after.pdl, before.pdl);
+  EXPECT_EQ(after.min_chunk, before.min_chunk);
+  EXPECT_EQ(after.tiled, before.tiled);
+}
+
 // The decode step's launch modes and fusions compute the same function: every kernel launched the ordinary
-// way with RoPE / KV write and silu / down projection as separate kernels, against programmatic launch of
-// every kernel (attention included) with the fused kernels. The kernels are deterministic and the fused
-// ones do the same arithmetic, so the logits of 1-, 2- and 4-row graph steps are bit-identical; a kernel that
-// read an activation before the previous kernel finished would show as a difference. The silu fusion extends
-// the column-split gemv, so that pair runs without the weight-streaming kernel (ULTRA_CUDA_GEMV_STREAM=0)
-// that one-row steps take by default; with it, the default fusions (29) put the one-row rmsnorms, silu_mul
-// and the LM head's gather into the streaming gemv's x.
+// way with RoPE and the KV write as separate kernels, against programmatic launch of every kernel (attention
+// included) with them fused, and against the default fusions (29: the one-row rmsnorms, silu_mul and the LM
+// head's gather into the weight-streaming gemv's x). The kernels are deterministic and the fused ones do the
+// same arithmetic, so the logits of 1-, 2- and 4-row graph steps are bit-identical; a kernel that read an
+// activation before the previous kernel finished would show as a difference.
 TEST(CudaBackend, LaunchModesAndFusionsAgree) {
   const Model m = Model::load(kBundled.string());
   std::mt19937 rng(11);
   std::vector<int32_t> prompt(40);
   for (int32_t& x : prompt) x = (int32_t)(rng() % (uint32_t)m.tokenizer()->n_vocab());
-  auto run = [&](const char* pdl, const char* attn_pdl, const char* fuse, const char* stream) {
+  auto run = [&](const char* pdl, const char* attn_pdl, const char* fuse) {
     setenv("ULTRA_CUDA_PDL", pdl, 1);
     setenv("ULTRA_CUDA_ATTENTION_PDL", attn_pdl, 1);
     setenv("ULTRA_CUDA_FUSE", fuse, 1);
-    setenv("ULTRA_CUDA_GEMV_STREAM", stream, 1);
     Context cu(m, gpu(256, 64, 8, KvType::f16, 4));
     Batch b(64);
     std::vector<float> all;
@@ -359,27 +432,24 @@ TEST(CudaBackend, LaunchModesAndFusionsAgree) {
     }
     return all;
   };
-  const std::vector<float> plain = run("0", "0", "0", "1");
-  const std::vector<float> fused_default = run("2", "1", "29", "1");
-  const std::vector<float> plain_ns = run("0", "0", "0", "0");
-  const std::vector<float> fused = run("2", "1", "3", "0");
+  const std::vector<float> plain = run("0", "0", "0");
+  const std::vector<float> fused_default = run("2", "1", "29");
+  const std::vector<float> fused = run("2", "1", "1");
   unsetenv("ULTRA_CUDA_PDL");
   unsetenv("ULTRA_CUDA_ATTENTION_PDL");
   unsetenv("ULTRA_CUDA_FUSE");
-  unsetenv("ULTRA_CUDA_GEMV_STREAM");
   // the process-wide switches the runs set, back to their defaults
   cuda::set_programmatic_launch(true);
   cuda::set_programmatic_launch_level(2);
   cuda::tuning::set_attention_pdl(true);
-  cuda::tuning::set_gemv_tuning({});
   ASSERT_EQ(plain.size(), fused.size());
-  ASSERT_EQ(plain.size(), plain_ns.size());
+  ASSERT_EQ(plain.size(), fused_default.size());
   size_t diff = 0, diff2 = 0;
   for (size_t i = 0; i < plain.size(); ++i) {
-    diff += std::memcmp(&plain_ns[i], &fused[i], 4) != 0;
+    diff += std::memcmp(&plain[i], &fused[i], 4) != 0;
     diff2 += std::memcmp(&plain[i], &fused_default[i], 4) != 0;
   }
-  std::printf("[cuda launch modes] %zu logits: %zu / %zu differ (all PDL + fused silu / default)\n",
+  std::printf("[cuda launch modes] %zu logits: %zu / %zu differ (all PDL + fused RoPE / default)\n",
               plain.size(), diff, diff2);
   EXPECT_EQ(diff, 0u);
   EXPECT_EQ(diff2, 0u);

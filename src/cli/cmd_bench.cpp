@@ -106,9 +106,6 @@ int cmd_bench(int argc, char** argv) {
   const int n_vocab = model.info().n_vocab;
   std::vector<int32_t> ids(std::max({max_prompt, max_depth, 1}));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);
-  // ULTRA_BENCH_QUEUE=0: each decode step is waited for before the next one is submitted (A/B of the queue).
-  const char* qe = std::getenv("ULTRA_BENCH_QUEUE");
-  const bool queue = !(qe && std::strcmp(qe, "0") == 0);
 
   struct Row {
     std::string test, backend;
@@ -194,7 +191,7 @@ int cmd_bench(int argc, char** argv) {
             for (int s = 0; s < parallel; ++s)
               batch.add(i == 0 ? (1 + s) % n_vocab : Batch::kSampled, depth + i, s, Output::sample);
             ctx.submit(batch);
-            if (ctx.n_queued() == (queue ? 2 : 1)) ctx.wait();
+            if (ctx.n_queued() == 2) ctx.wait();
           }
           while (ctx.n_queued() > 0) ctx.wait();
           const double ms = ms_since(t0);
@@ -267,10 +264,10 @@ int cmd_bench(int argc, char** argv) {
   if (st_all.n_graph_launches > 0)
     write_stdout(fmt::format(
         "\n{}: {} steps replayed as graphs; host time per decode step {:.2f} us (submit: staging and the "
-        "graph launch call, {:.2f} us of it), {}; GPU idle between steps {:.2f} us (mean of {} gaps)\n",
+        "graph launch call, {:.2f} us of it), each step queued one ahead; GPU idle between steps {:.2f} us "
+        "(mean of {} gaps)\n",
         backend, st_all.n_graph_launches, tg_submits ? tg_submit_us / (double)tg_submits : 0.0,
         st_all.launch_us / (double)st_all.n_graph_launches,
-        queue ? "each step queued one ahead" : "each step waited for before the next (ULTRA_BENCH_QUEUE=0)",
         st_all.n_gpu_gaps ? st_all.gpu_idle_us / (double)st_all.n_gpu_gaps : 0.0, st_all.n_gpu_gaps));
   return 0;
 }

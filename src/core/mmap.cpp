@@ -37,9 +37,7 @@ ReadIntoMemoryScope::~ReadIntoMemoryScope() {
 }
 
 bool read_into_memory() {
-  if (g_read_into_memory || t_read_into_memory > 0) return true;
-  const char* e = std::getenv("ULTRA_NO_MMAP");
-  return e && *e && std::strcmp(e, "0") != 0;
+  return g_read_into_memory || t_read_into_memory > 0;
 }
 
 MappedFile::MappedFile(const std::string& path, const char* what) : path_(path) {

@@ -1,6 +1,6 @@
 // Read-only memory map of a whole file. Model weights are used in place from the map (zero copy).
 // Or, when asked (LoadParams::mmap = false, i.e. `--no-mmap`, through ReadIntoMemoryScope;
-// set_read_into_memory (true); or ULTRA_NO_MMAP=1 in the environment), the file is read into anonymous memory
+// or set_read_into_memory(true)), the file is read into anonymous memory
 // aligned to 2 MiB and advised for transparent huge pages (MADV_HUGEPAGE): the kernel rarely backs a file
 // mapping with huge pages, and with 4 KiB pages every 4 KiB of weights streamed in a decode step costs a TLB
 // miss (F16 decode 6-9% faster on a Skylake-class Xeon, docs/BENCHMARKS.md). The price: a slower load, and
@@ -17,7 +17,7 @@ namespace ultra {
 
 // Process-wide, for the MappedFiles constructed after the call (set it before loading a model).
 void set_read_into_memory(bool on);
-// The setting, or a ReadIntoMemoryScope(true) alive on this thread, or ULTRA_NO_MMAP=1 in the environment.
+// The setting, or a ReadIntoMemoryScope(true) alive on this thread.
 bool read_into_memory();
 
 // For its lifetime, the MappedFiles this thread constructs are read into memory when `on` (Model::load

@@ -502,53 +502,6 @@ void test_gemv(GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool ac
   report(ok_err(e, 1e-5), "gemv", shape, e, 1e-5);
 }
 
-// gemv_silu: y = W . (silu(gate) * up) against float64, and bit-identical to silu_mul + gemv.
-void test_gemv_silu(GgmlType t, int64_t rows, int64_t cols, int n, bool acc) {
-  std::vector<double> wd;
-  auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
-  auto g = randn((size_t)n * cols), u = randn((size_t)n * cols), y0 = randn((size_t)n * rows);
-  for (auto& x : g) x *= 3.0f;
-  Dev<uint8_t> dw(wb.size());
-  Dev<float> dg(g.size()), du(u.size()), dy(y0.size()), dy2(y0.size()), dh(g.size());
-  dw.up(wb), dg.up(g), du.up(u);
-  if (acc)
-    dy.up(y0), dy2.up(y0);
-  else
-    dy.poison(), dy2.poison();
-  WeightView w{t, dw.p, rows, cols, (size_t)cols * tsize(t)};
-  const std::string shape =
-      fmt("%s rows=%lld cols=%lld n=%d%s", tname(t), (long long)rows, (long long)cols, n, acc ? " acc" : "");
-  const cudaError_t e0 = gemv_silu(w, dg.p, du.p, n, dy.p, acc, 0);
-  if (e0 != cudaSuccess) {
-    report(false, "gemv_silu", shape, NAN, 0, cudaGetErrorString(e0));
-    return;
-  }
-  CK(silu_mul(dg.p, du.p, (int64_t)n * cols, dh.p, 0));
-  {  // against the column-split kernel, which gemv_silu extends (one row would take the streaming kernel)
-    tuning::GemvTuning t;
-    t.kernel = 1;
-    tuning::set_gemv_tuning(t);
-    CK(gemv(w, dh.p, n, dy2.p, nullptr, acc, 0, GemvPath::tensor_core));
-    tuning::set_gemv_tuning({});
-  }
-  CK(cudaDeviceSynchronize());
-  std::vector<double> ref((size_t)n * rows);
-  for (int tk = 0; tk < n; ++tk)
-    for (int64_t r = 0; r < rows; ++r) {
-      double sum = acc ? y0[(size_t)tk * rows + r] : 0.0;
-      for (int64_t c = 0; c < cols; ++c) {
-        const double gv = g[(size_t)tk * cols + c];
-        sum += wd[r * cols + c] * (gv / (1.0 + std::exp(-gv)) * u[(size_t)tk * cols + c]);
-      }
-      ref[(size_t)tk * rows + r] = sum;
-    }
-  const auto got = dy.down();
-  const double e = rel_err(got, ref);
-  const bool same = got == dy2.down();
-  report(ok_err(e, 1e-5) && same, "gemv_silu", shape + " (== silu_mul + gemv bit-exact)", e, 1e-5,
-         same ? "" : "differs from silu_mul + gemv");
-}
-
 // The one-row ops fused into the streaming gemv's x (gemv_rmsnorm, gemv_swiglu) against float64 and
 // bit-identical to the ops one by one (gather_rows + rmsnorm + gemv; silu_mul + gemv), which is what lets
 // the decode step use them with unchanged results. `row`: the gathered row of a 3-row x (-1: a zero row,
@@ -1582,13 +1535,6 @@ int main(int argc, char** argv) {
         test_rope_kv(t, 9, 12, 4, 80, il);
         test_rope_kv(t, 4, 8, 8, 64, il);
       }
-  if (enabled("gemv_silu"))
-    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
-      test_gemv_silu(t, 4096, 1024, 1, true);
-      test_gemv_silu(t, 257, 3000, 3, false);
-      test_gemv_silu(t, 100, 136, 4, true);
-    }
-
   if (enabled("gemv_fused"))
     for (GgmlType t : {GgmlType::F16, GgmlType::BF16}) {
       // Llama-3 8B's and 1B's qkv / gate_up / down / LM head widths, odd sizes (the rmsnorm replay with
@@ -1633,12 +1579,14 @@ int main(int argc, char** argv) {
     test_gemv(GgmlType::F16, 4096, 4096, 1, false, true, GemvPath::tensor_core);
     // the automatic choice for tall BF16 matrices: the split-K kernel (ring 8 for n <= 4; no L2 prefetch
     // for 9 <= n <= 16 on >= 65536 rows)
-    // (one row goes to the weight-streaming kernel unless no_stream asks for the choice before it)
+    // (one row goes to the weight-streaming kernel: its split-K ring-8 configuration chosen explicitly)
+    test_gemv(GgmlType::BF16, 8192 + 37, 1024, 4, false, true, GemvPath::automatic);
     {
       tuning::GemvTuning t;
-      t.no_stream = true;
+      t.kernel = 2;
+      t.config = 1;
       tuning::set_gemv_tuning(t);
-      for (int n : {1, 4}) test_gemv(GgmlType::BF16, 8192 + 37, 1024, n, n == 1, n == 4, GemvPath::automatic);
+      test_gemv(GgmlType::BF16, 8192 + 37, 1024, 1, true, false, GemvPath::automatic);
       tuning::set_gemv_tuning({});
     }
     test_gemv(GgmlType::BF16, 65536 + 5, 256, 12, true, true, GemvPath::automatic);

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cpu/tuning.h"
 #include "core/dtype.h"
 #include "core/views.h"
 
@@ -125,11 +126,9 @@ bool cpu_has_avx512();
 bool cpu_has_avx512_vnni();
 // Q8_0 with int8 activations (llama.cpp's numerics: x quantised per 32-block to int8 with an f32 scale,
 // integer dot products per block), decode and prefill: the default on CPUs with AVX512-VNNI while the
-// kernels run AVX-512; ULTRA_Q8_INT8=0 turns it off (read once). Off, or without VNNI, Q8_0 multiplies f32
-// activations exactly (what the tests pin: tests/pin_exact_numerics.cpp).
+// kernels run AVX-512; ULTRA_Q8_INT8=0 turns it off (cpu_tuning()). Off, or without VNNI, Q8_0 multiplies
+// f32 activations exactly (what the tests pin: tests/pin_exact_numerics.cpp). q8_int8_wanted: tuning.h.
 bool q8_int8_enabled();
-// The environment's wish (ULTRA_Q8_INT8's value, nullptr when unset): on unless it starts with '0'.
-bool q8_int8_wanted(const char* env);
 // x [cols] (cols % 32 == 0) -> xq [cols] int8, xd [cols / 32]: per 32-block d = max |x| / 127, q = x / d
 // rounded to nearest even (d = 0 and q = 0 for an all-zero block). quantize_x_q8_ref is the scalar
 // reference, the other the AVX-512 one (cpu_has_avx512_vnni() must hold); the two give identical bytes.
@@ -166,7 +165,7 @@ void set_q8_int8_override(int on);
 bool q8_int8_reference();
 
 // Whether prefill steps may take an ISA's packed-panel GEMM (matmul_driver.h): true unless the environment
-// has ULTRA_CPU_PANEL=0 (A/B measurements; read once).
+// has ULTRA_CPU_PANEL=0 (A/B measurements; cpu_tuning()).
 bool panel_gemm_enabled();
 // Tests/benchmarks: make matmul() use k (nullptr: back to matmul_kernels()). Not thread-safe w.r.t. running
 // matmuls; call between them.

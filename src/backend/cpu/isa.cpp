@@ -2,9 +2,9 @@
 #include <cpuid.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/tuning.h"
 
 namespace ultra::cpu::detail {
 
@@ -45,11 +45,6 @@ Features detect() {
 const Features& features() {
   static const Features f = detect();
   return f;
-}
-
-bool env_set(const char* name) {
-  const char* e = std::getenv(name);
-  return e && *e && *e != '0';
 }
 
 }  // namespace
@@ -94,14 +89,9 @@ namespace {
 int g_q8_int8_override = -1;
 }
 
-bool q8_int8_wanted(const char* env) {
-  return !env || !*env || *env != '0';
-}
-
 bool q8_int8_enabled() {
-  static const bool env = q8_int8_wanted(std::getenv("ULTRA_Q8_INT8"));
   if (g_q8_int8_override == 2) return true;
-  const bool want = g_q8_int8_override >= 0 ? g_q8_int8_override == 1 : env;
+  const bool want = g_q8_int8_override >= 0 ? g_q8_int8_override == 1 : cpu_tuning().q8_int8;
   return want && active_isa() == Isa::Avx512 && cpu_has_avx512_vnni();
 }
 
@@ -115,8 +105,8 @@ void set_q8_int8_override(int on) {
 
 Isa active_isa() {
   static const Isa isa = [] {
-    if (env_set("ULTRA_NO_SIMD") || !cpu_supports(Isa::Avx2)) return Isa::Scalar;
-    if (env_set("ULTRA_NO_AVX512") || !cpu_supports(Isa::Avx512)) return Isa::Avx2;
+    if (cpu_tuning().no_simd || !cpu_supports(Isa::Avx2)) return Isa::Scalar;
+    if (cpu_tuning().no_avx512 || !cpu_supports(Isa::Avx512)) return Isa::Avx2;
     return Isa::Avx512;
   }();
   return isa;

@@ -252,11 +252,7 @@ const MatmulKernels& matmul_kernels() {
 }
 
 bool panel_gemm_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("ULTRA_CPU_PANEL");
-    return !(e && e[0] == '0');
-  }();
-  return on;
+  return cpu_tuning().panel_gemm;
 }
 
 void set_matmul_kernels_override(const MatmulKernels* k) {

@@ -18,9 +18,9 @@
 // else the partial (m, l, unnormalised out) goes to the workspace and attn_combine merges the splits.
 // Steps of many rows (prefill chunks) go to the tiled kernel of attention_prefill.cu instead when the plan
 // allows it (attention_tiled).
-// Both kernels are launched with programmatic dependent launch (tuning::set_attention_pdl). The split kernel
+// Both kernels are launched with programmatic dependent launch (AttentionTuning::pdl). The split kernel
 // reads pos / seq and starts the copies of K / V tiles that this step cannot have written before its
-// griddepcontrol.wait; it lets the next kernel launch only at its exit (tuning::set_attention_trigger), and
+// griddepcontrol.wait; it lets the next kernel launch only at its exit (AttentionTuning::trigger), and
 // attn_combine only after its wait: a projection launched while the split kernel still ran made the decode
 // step slower (measured on the H200, docs/CUDA.md), as did the split kernel launched during the QKV
 // projection (RoPE + KV write, the kernel in between, therefore triggers after its wait).
@@ -31,30 +31,31 @@
 
 namespace ultra::cuda {
 
+namespace {
+AttentionTuning g_attention;  // the process-wide values tuning.h's set_attention_* set
+}  // namespace
+
 namespace tuning {
-int g_attention_stage = 0, g_attention_stages = 0, g_attention_tiled = 0, g_attention_min_chunk = 64;
-bool g_attention_pdl = true, g_attention_combine_pdl = false;
-int g_attention_trigger = 2;
 void set_attention_combine_pdl(bool on) {
-  g_attention_combine_pdl = on;
+  g_attention.combine_pdl = on;
 }
 void set_attention_trigger(int where) {
-  g_attention_trigger = where;
+  g_attention.trigger = where;
 }
 void set_attention_tiled(int mode) {
-  g_attention_tiled = mode;
+  g_attention.tiled = mode;
 }
 void set_attention_pdl(bool on) {
-  g_attention_pdl = on;
+  g_attention.pdl = on;
 }
 void set_attention_stage(int stage) {
-  g_attention_stage = stage;
+  g_attention.stage = stage;
 }
 void set_attention_min_chunk(int positions) {
-  g_attention_min_chunk = positions < 64 ? 64 : (positions + 63) / 64 * 64;
+  g_attention.min_chunk = attention_min_chunk(positions);
 }
 void set_attention_stages(int stages) {
-  g_attention_stages = stages;
+  g_attention.max_stages = stages;
 }
 }  // namespace tuning
 
@@ -422,8 +423,8 @@ __global__ void __launch_bounds__(kCThreads) attn_combine_kernel(AttnArgs a) {
   __shared__ __align__(16) float red[kCThreads / 32][kMaxHd];
   __shared__ float wmax[kCThreads / 32];
   __shared__ float inv_s;
-  // The output projection follows: it may launch once the split kernel is done, not earlier (measured on the
-  // H200, a projection launched during the split kernel slowed the 1B decode step by ~4-7 us per layer).
+  // The output projection follows: it may launch once the split kernel is done, not earlier (a projection
+  // launched during the split kernel slowed the decode step: docs/CUDA.md, "Attention launch").
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.y, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -494,37 +495,52 @@ size_t round_up(size_t v, size_t to) {
   return (v + to - 1) / to * to;
 }
 
-int stages_for(uint32_t row_bytes) {
+// K/V tiles in flight per block: as many as kStageBudget holds (at most kMaxStages), or max_stages (> 0).
+int stages_for(uint32_t row_bytes, int max_stages) {
   int st = (int)(kStageBudget / (2 * (size_t)kTile * row_bytes));
-  if (tuning::g_attention_stages > 0 && tuning::g_attention_stages < st) st = tuning::g_attention_stages;
+  if (max_stages > 0 && max_stages < st) st = max_stages;
   return st < 1 ? 1 : st > kMaxStages ? kMaxStages : st;
 }
 
 // Blocks of the split kernel one SM holds (shared memory bound; registers allow 4-6 for 128 threads).
-int blocks_per_sm(const DeviceInfo& dev, int hd, uint32_t row_bytes) {
-  const size_t smem = AttnLayout(hd, stages_for(row_bytes), row_bytes).total + 1024;  // + per-block reserve
+int blocks_per_sm(const DeviceInfo& dev, int hd, uint32_t row_bytes, int max_stages) {
+  const size_t smem = AttnLayout(hd, stages_for(row_bytes, max_stages), row_bytes).total + 1024;  // + reserve
   const size_t sm_total = dev.smem_optin_bytes ? dev.smem_optin_bytes + 1024 : 228 << 10;
   const int b = (int)(sm_total / smem);
   return b < 1 ? 1 : b > 4 ? 4 : b;
 }
 
 template <GgmlType KT, int HEADS>
-cudaError_t launch_attn(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  // The limit once, for the largest head_dim of this cache type.
+cudaError_t launch_attn(const AttnArgs& a, dim3 grid, size_t smem, bool pdl, cudaStream_t stream) {
+  // The limit once, for the largest head_dim of this cache type and the most stages.
   static const cudaError_t attr = [] {
     const uint32_t rb = kMaxHd * (KT == GgmlType::F32 ? 4 : 2);
     return cudaFuncSetAttribute(attn_kernel<KT, HEADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)AttnLayout(kMaxHd, stages_for(rb), rb).total);
+                                (int)AttnLayout(kMaxHd, stages_for(rb, 0), rb).total);
   }();
   if (attr != cudaSuccess) return attr;
-  return launch_ex(attn_kernel<KT, HEADS>, grid, dim3(kThreads), smem, stream, 1, tuning::g_attention_pdl, a);
+  return launch_ex(attn_kernel<KT, HEADS>, grid, dim3(kThreads), smem, stream, 1, pdl, a);
 }
 
 }  // namespace
 
+int attention_min_chunk(int positions) {
+  return positions < 64 ? 64 : (positions + 63) / 64 * 64;
+}
+
+AttentionTuning process_attention_tuning() {
+  return g_attention;
+}
+
 AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
                              int force_splits) {
+  return plan_attention(dev, kv, n_heads, max_rows, force_splits, process_attention_tuning());
+}
+
+AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
+                             int force_splits, const AttentionTuning& tuning) {
   AttentionPlan p;
+  p.tuning = tuning;
   p.n_heads = n_heads;
   p.max_rows = max_rows;
   if (n_heads <= 0 || max_rows <= 0 || kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0) return p;
@@ -536,7 +552,8 @@ AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n
     // tile of a full context.
     const int64_t per_split = (int64_t)max_rows * kv.n_kv_heads * head_chunks;
     const uint32_t rb = (uint32_t)kv.head_dim * (kv.type == GgmlType::F32 ? 4 : 2);
-    const int64_t slots = (int64_t)blocks_per_sm(dev, kv.head_dim, rb) * (dev.n_sms > 0 ? dev.n_sms : 132);
+    const int64_t slots =
+        (int64_t)blocks_per_sm(dev, kv.head_dim, rb, tuning.max_stages) * (dev.n_sms > 0 ? dev.n_sms : 132);
     const int64_t want = slots / per_split > 1 ? slots / per_split : 1;
     const int64_t by_ctx = kv.max_ctx / kTile > 1 ? kv.max_ctx / kTile : 1;
     splits = (int)(want < by_ctx ? want : by_ctx);
@@ -553,8 +570,8 @@ AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n
 }
 
 bool attention_tiled(const AttentionPlan& plan, int n) {
-  if (!plan.tiled || n <= 0 || tuning::g_attention_tiled == 1) return false;
-  return tuning::g_attention_tiled == 2 || n >= kAttentionTiledMinRows;
+  if (!plan.tiled || n <= 0 || plan.tuning.tiled == 1) return false;
+  return plan.tuning.tiled == 2 || n >= kAttentionTiledMinRows;
 }
 
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const float* q, int n,
@@ -578,7 +595,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   a.group = plan.n_heads / kv.n_kv_heads;
   a.head_chunks = (a.group + kHeads - 1) / kHeads;
   a.n_splits = plan.n_splits;
-  a.min_chunk = tuning::g_attention_min_chunk;
+  a.min_chunk = plan.tuning.min_chunk;
   a.pos = pos;
   a.seq = seq;
   a.scale_log2 = scale * 1.4426950408889634f;
@@ -588,34 +605,35 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   a.out = out;
   a.ws_acc = static_cast<float*>(workspace);
   a.ws_ml = a.ws_acc ? a.ws_acc + (size_t)plan.max_rows * plan.n_heads * plan.n_splits * hd : nullptr;
-  a.trigger = tuning::g_attention_trigger;
+  a.trigger = plan.tuning.trigger;
   const uint32_t eb = kv.type == GgmlType::F32 ? 4 : 2;
   a.row_bytes = (uint32_t)hd * eb;
-  a.stages = stages_for(a.row_bytes);
+  a.stages = stages_for(a.row_bytes, plan.tuning.max_stages);
   const size_t smem = AttnLayout(hd, a.stages, a.row_bytes).total;
   const dim3 grid(plan.n_splits, kv.n_kv_heads * a.head_chunks, n);
   const bool h4 = a.group <= 4;
   cudaError_t e = cudaSuccess;
-  if (tuning::g_attention_stage != 2) switch (kv.type) {
+  const bool pdl = plan.tuning.pdl;
+  if (plan.tuning.stage != 2) switch (kv.type) {
       case GgmlType::F32:
-        e = h4 ? launch_attn<GgmlType::F32, 4>(a, grid, smem, stream)
-               : launch_attn<GgmlType::F32, 8>(a, grid, smem, stream);
+        e = h4 ? launch_attn<GgmlType::F32, 4>(a, grid, smem, pdl, stream)
+               : launch_attn<GgmlType::F32, 8>(a, grid, smem, pdl, stream);
         break;
       case GgmlType::F16:
-        e = h4 ? launch_attn<GgmlType::F16, 4>(a, grid, smem, stream)
-               : launch_attn<GgmlType::F16, 8>(a, grid, smem, stream);
+        e = h4 ? launch_attn<GgmlType::F16, 4>(a, grid, smem, pdl, stream)
+               : launch_attn<GgmlType::F16, 8>(a, grid, smem, pdl, stream);
         break;
       case GgmlType::BF16:
-        e = h4 ? launch_attn<GgmlType::BF16, 4>(a, grid, smem, stream)
-               : launch_attn<GgmlType::BF16, 8>(a, grid, smem, stream);
+        e = h4 ? launch_attn<GgmlType::BF16, 4>(a, grid, smem, pdl, stream)
+               : launch_attn<GgmlType::BF16, 8>(a, grid, smem, pdl, stream);
         break;
       default:
         return cudaErrorInvalidValue;
     }
   if (e != cudaSuccess) return e;
-  if (plan.n_splits > 1 && tuning::g_attention_stage != 1) {
+  if (plan.n_splits > 1 && plan.tuning.stage != 1) {
     e = launch_ex(attn_combine_kernel, dim3(plan.n_heads, n), dim3(kCThreads), 0, stream, 1,
-                  tuning::g_attention_pdl || tuning::g_attention_combine_pdl, a);
+                  pdl || plan.tuning.combine_pdl, a);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();

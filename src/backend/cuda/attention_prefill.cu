@@ -435,9 +435,9 @@ cudaError_t set_limits(const DeviceInfo& dev) {
 }
 
 template <GgmlType KT, int HD>
-cudaError_t launch(const TArgs& a, int blocks, cudaStream_t stream) {
-  return launch_ex(tiled_attn_kernel<KT, HD>, dim3(blocks), dim3(kThreads), smem_bytes<HD>(), stream, 1,
-                   tuning::g_attention_pdl, a);
+cudaError_t launch(const TArgs& a, int blocks, bool pdl, cudaStream_t stream) {
+  return launch_ex(tiled_attn_kernel<KT, HD>, dim3(blocks), dim3(kThreads), smem_bytes<HD>(), stream, 1, pdl,
+                   a);
 }
 
 bool supported(const KvLayerView& kv) {
@@ -497,10 +497,11 @@ cudaError_t tiled_attention(const AttentionPlan& plan, const KvLayerView& kv, co
   const int64_t blocks = (int64_t)a.ys * (a.n_tiles + a.fallback);
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const bool f16 = kv.type == GgmlType::F16;
-  const cudaError_t e = kv.head_dim == 64 ? (f16 ? launch<GgmlType::F16, 64>(a, (int)blocks, stream)
-                                                 : launch<GgmlType::BF16, 64>(a, (int)blocks, stream))
-                                          : (f16 ? launch<GgmlType::F16, 128>(a, (int)blocks, stream)
-                                                 : launch<GgmlType::BF16, 128>(a, (int)blocks, stream));
+  const cudaError_t e = kv.head_dim == 64
+                            ? (f16 ? launch<GgmlType::F16, 64>(a, (int)blocks, plan.tuning.pdl, stream)
+                                   : launch<GgmlType::BF16, 64>(a, (int)blocks, plan.tuning.pdl, stream))
+                            : (f16 ? launch<GgmlType::F16, 128>(a, (int)blocks, plan.tuning.pdl, stream)
+                                   : launch<GgmlType::BF16, 128>(a, (int)blocks, plan.tuning.pdl, stream));
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

@@ -37,7 +37,7 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return r;
 }
 
-// silu(g) = g / (1 + exp(-g)), as silu_mul and gemv_silu evaluate it.
+// silu(g) = g / (1 + exp(-g)), as silu_mul and the SwiGLU prologue of the streaming gemv evaluate it.
 __device__ __forceinline__ float silu_f(float g) {
   return g / (1.0f + expf(-g));
 }

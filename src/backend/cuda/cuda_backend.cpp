@@ -16,6 +16,8 @@
 
 namespace ultra {
 
+using cuda::CudaTuning;
+
 static_assert(SamplingParams::kMaxSpeculativeTopK == cuda::kSamplerMaxTopK,
               "Output::propose / verify rows need the sampler's one-pass top_k path");
 
@@ -39,6 +41,29 @@ int64_t lowbit_bf16_elems(const WeightView& w) {
 
 std::string mib(size_t b) {
   return fmt::format("{:.1f} MiB", b / 1048576.0);
+}
+
+// The settings that are process-wide switches of the kernels (tuning.h: launch mode, gemv choice), applied
+// where the environment set them; they stay set after this backend.
+void apply_process_tuning(const cuda::CudaTuning& t) {
+  if (t.pdl >= 0) {
+    cuda::set_programmatic_launch(t.pdl > 0);
+    if (t.pdl > 0) cuda::set_programmatic_launch_level(t.pdl);
+  }
+  if (t.gemv_set) cuda::tuning::set_gemv_tuning(t.gemv);
+  if (t.gemv_l2 >= 0) cuda::tuning::set_gemv_l2_all(t.gemv_l2 != 0);
+  if (t.gemv_l1 >= 0) cuda::tuning::set_gemv_l1_all(t.gemv_l1 != 0);
+}
+
+// This backend's attention plans' tuning: the process-wide values (tuning.h) where the environment set none.
+cuda::AttentionTuning attention_tuning(const cuda::CudaTuning& t) {
+  cuda::AttentionTuning a = cuda::process_attention_tuning();
+  if (t.attention_rows) a.tiled = 1;
+  if (t.attention_pdl >= 0) a.pdl = t.attention_pdl != 0;
+  if (t.attn_min_chunk >= 0) a.min_chunk = cuda::attention_min_chunk(t.attn_min_chunk);
+  if (t.attn_combine_pdl >= 0) a.combine_pdl = t.attn_combine_pdl != 0;
+  if (t.attn_trigger >= 0) a.trigger = t.attn_trigger;
+  return a;
 }
 
 }  // namespace
@@ -78,23 +103,10 @@ void CudaBackend::check(cudaError_t e, const char* what) const {
   if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
 }
 
-CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, int n_sample)
-    : m_(model), p_(params), n_sample_(n_sample) {
+CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, int n_sample,
+                         const cuda::CudaTuning& tuning)
+    : m_(model), p_(params), n_sample_(n_sample), tune_(tuning) {
   const HParams& hp = m_.hp;
-  // The architectures whose ops have no CUDA kernels yet (forward.h): refused before touching the device.
-  switch (hp.arch) {
-    case Arch::Llama:
-    case Arch::Mistral:
-    case Arch::Qwen2:
-      break;
-    case Arch::Qwen3:  // its per-head q/k RMSNorm is the rmsnorm op over [n * heads] rows of head_dim
-      break;
-    case Arch::Gemma2:  // soft-capped attention and logits, sliding-window layers, GeGLU, post-norms
-    case Arch::Gemma3:  // q/k RMSNorm, sliding-window layers with their own RoPE base, GeGLU, post-norms
-      break;
-    case Arch::Phi3:  // fused qkv / gate_up tensors (views of them), LongRoPE with its attention factor
-      break;
-  }
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
     fail("CUDA backend: no CUDA device is available (use the CPU backend)");
@@ -113,78 +125,17 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   const KvLayout kv_shape = kv_layout(hp, p_.n_slots, p_.n_ctx, p_.kv_type);
   kv_bytes_ = kv_cache_bytes(kv_shape, KvMemory::device);
   const KvLayerView proto = kv_shape.view(nullptr, nullptr);
-  // ULTRA_CUDA_ATTENTION=rows keeps prefill chunks on the per-row attention kernel (A/B measurements of the
-  // tiled one; process-wide, like the tuning switches it sets).
-  if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION"); e && std::strcmp(e, "rows") == 0)
-    cuda::tuning::set_attention_tiled(1);
-  // A/B switches of the decode step's launch mode and fusions (process-wide where they set kernels.h
-  // switches): ULTRA_CUDA_PDL=0 launches every kernel the ordinary way, 1 only the kernels that used
-  // programmatic launch before the row and elementwise ops did (sampler, split-K gemv), 2 (default) all;
-  // ULTRA_CUDA_ATTENTION_PDL=0 takes the attention kernels out (in by default); ULTRA_CUDA_FUSE is a mask of
-  // the fusions: 1 RoPE and the KV write in one kernel (default), 2 silu_mul into the down projection's
-  // column-split gemv (off by default: measured slower), and for one-row steps into the x of the
-  // weight-streaming gemv after them: 4 the rmsnorms before qkv and gate_up, 8 silu_mul, 16 the LM head's
-  // row gather and rmsnorm (on by default: 29); 0 none.
-  if (const char* e = std::getenv("ULTRA_CUDA_PDL"); e && *e) {
-    const int level = std::atoi(e);
-    cuda::set_programmatic_launch(level > 0);
-    if (level > 0) cuda::set_programmatic_launch_level(level);
-  }
-  if (const char* e = std::getenv("ULTRA_CUDA_ATTENTION_PDL"); e && *e)
-    cuda::tuning::set_attention_pdl(*e != '0');
-  if (const char* e = std::getenv("ULTRA_CUDA_FUSE"); e && *e) fuse_ = std::atoi(e);
-  // A step's input upload and result download are kernels that read / write the pinned host blocks over
-  // the bus, so that a step's graph holds kernel nodes only: its launch call costs the host 2.4-3.7 us
-  // against 6-9 us with the two copy nodes (measured on an H200, bench/decode_ab.py io-copy), and decode is
-  // 1% (1B shape) to 7% (bundled model) faster. ULTRA_CUDA_STEP_IO=copy: copy nodes (A/B).
-  if (const char* e = std::getenv("ULTRA_CUDA_STEP_IO"); e && *e) io_kernels_ = std::strcmp(e, "copy") != 0;
-  // ULTRA_CUDA_GEMV=1|2|3: every gemv through the column-split (1), split-K (2) or, for one row, the
-  // weight-streaming (3; ULTRA_CUDA_GEMV_SMEM=bytes of its shared memory) kernel instead of the automatic
-  // choice (ULTRA_CUDA_GEMV_STREAM=0: that choice without the streaming kernel, which it takes for one row);
-  // ULTRA_CUDA_GEMV_TRIGGER=2: gemv kernels let the next kernel launch only once their
-  // weight loads are all issued (1: at their start).
-  {
-    cuda::tuning::GemvTuning t;
-    const char* k = std::getenv("ULTRA_CUDA_GEMV");
-    const char* tr = std::getenv("ULTRA_CUDA_GEMV_TRIGGER");
-    if (k && *k) t.kernel = std::atoi(k);
-    if (tr && *tr) t.trigger = std::atoi(tr);
-    const char* sm = std::getenv("ULTRA_CUDA_GEMV_SMEM");
-    const char* st = std::getenv("ULTRA_CUDA_GEMV_STREAM");
-    if (sm && *sm) t.smem_budget = std::atoi(sm);
-    if (st && *st) t.no_stream = *st == '0';
-    // any of them set: all of them (process-wide), so that one context's choice does not outlive it
-    if ((k && *k) || (tr && *tr) || (sm && *sm) || (st && *st)) cuda::tuning::set_gemv_tuning(t);
-    if (const char* e = std::getenv("ULTRA_CUDA_GEMV_L2"); e && *e) cuda::tuning::set_gemv_l2_all(*e != '0');
-    if (const char* e = std::getenv("ULTRA_CUDA_GEMV_L1"); e && *e) cuda::tuning::set_gemv_l1_all(*e != '0');
-  }
-  // ULTRA_CUDA_ATTN_CHUNK=N: the fewest positions one attention split takes
-  // (tuning::set_attention_min_chunk).
-  if (const char* e = std::getenv("ULTRA_CUDA_ATTN_CHUNK"); e && *e)
-    cuda::tuning::set_attention_min_chunk(std::atoi(e));
-  // ULTRA_CUDA_ATTN_COMBINE_PDL=0|1: the attention merge kernel with programmatic launch
-  // (tuning::set_attention_combine_pdl); ULTRA_CUDA_ATTN_TRIGGER=0|1|2: tuning::set_attention_trigger.
-  if (const char* e = std::getenv("ULTRA_CUDA_ATTN_COMBINE_PDL"); e && *e)
-    cuda::tuning::set_attention_combine_pdl(*e != '0');
-  if (const char* e = std::getenv("ULTRA_CUDA_ATTN_TRIGGER"); e && *e)
-    cuda::tuning::set_attention_trigger(std::atoi(e));
-  // Timing experiments only (wrong results): ULTRA_CUDA_SKIP=op,op,... leaves those ops out of every step,
-  // so that the step time's change measures an op's cost inside the replayed graph. Ops: rmsnorm, rope
-  // (RoPE and the KV write), attention, silu, qkv, o, gate_up, down, lm_head.
-  if (const char* e = std::getenv("ULTRA_CUDA_SKIP"); e && *e) {
-    const std::string list = std::string(",") + e + ",";
-    const char* names[] = {"rmsnorm", "rope", "attention", "silu", "qkv", "o", "gate_up", "down", "lm_head"};
-    for (int i = 0; i < 9; ++i)
-      if (list.find(std::string(",") + names[i] + ",") != std::string::npos) skip_ |= 1u << i;
+  apply_process_tuning(tune_);
+  if (!tune_.skip_list.empty())
     fmt::print(stderr,
                "ULTRA_CUDA_SKIP={}: these ops are left out of every step (timing only; results are wrong)\n",
-               e);
-  }
-  eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_);
+               tune_.skip_list);
+  const cuda::AttentionTuning attn = attention_tuning(tune_);
+  eager_plan_ = cuda::plan_attention(dev_, proto, hp.n_heads, n_rows_cap_, 0, attn);
   size_t attn_ws = eager_plan_.workspace_bytes;
   for (size_t i = 0; i < kBuckets.size(); ++i) {
     if (kBuckets[i] > n_rows_cap_) continue;
-    bucket_plans_[i] = cuda::plan_attention(dev_, proto, hp.n_heads, kBuckets[i]);
+    bucket_plans_[i] = cuda::plan_attention(dev_, proto, hp.n_heads, kBuckets[i], 0, attn);
     attn_ws = std::max(attn_ws, bucket_plans_[i].workspace_bytes);
   }
   check(cuda::plan_sampler(dev_, n_out_cap_, hp.n_vocab, max_hist_, &sampler_plan_),
@@ -283,7 +234,7 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   d_in_ = static_cast<uint8_t*>(mem_.alloc(lay_.in_bytes, "step inputs"));
   d_out_ = static_cast<uint8_t*>(mem_.alloc(lay_.out_bytes, "step results"));
   logits_ready_.assign(n_out_cap_, 0);
-  if (const char* e = std::getenv("ULTRA_CUDA_PROFILE"); e && *e && *e != '0') {
+  if (tune_.profile) {
     prof_.on = true;
     prof_.ev.resize(2 * kMaxOps);
     prof_.name.resize(kMaxOps);
@@ -558,10 +509,7 @@ int CudaBackend::n_graphs() const {
 void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPlan& plan, const uint8_t* h_in,
                           uint8_t* h_out) {
   prof_begin("input upload");
-  if (io_kernels_)
-    check(cuda::copy_kernel(d_in_, h_in, lay_.in_bytes, stream_), "input upload");
-  else
-    check(cudaMemcpyAsync(d_in_, h_in, lay_.in_bytes, cudaMemcpyHostToDevice, stream_), "input upload");
+  check(cuda::copy_kernel(d_in_, h_in, lay_.in_bytes, stream_), "input upload");
   prof_end();
   int32_t* tok = reinterpret_cast<int32_t*>(d_in_ + lay_.tok);
   const TokenFeed* feed = reinterpret_cast<const TokenFeed*>(d_in_ + lay_.feed);
@@ -593,11 +541,7 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
                        reinterpret_cast<const cuda::SamplerRow*>(d_in_ + lay_.srow), n_out, out, sampler_ws_,
                        stream_),
           "sampler");
-    if (io_kernels_)
-      check(cuda::copy_kernel(h_out, d_out_, lay_.out_bytes, stream_), "result download");
-    else
-      check(cudaMemcpyAsync(h_out, d_out_, lay_.out_bytes, cudaMemcpyDeviceToHost, stream_),
-            "result download");
+    check(cuda::copy_kernel(h_out, d_out_, lay_.out_bytes, stream_), "result download");
   }
 }
 
@@ -852,23 +796,23 @@ void CudaBackend::embed(const WeightView& table, const int32_t* tokens, int n, f
   prof_end();
 }
 void CudaBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) {
-  if (skip_ & kSkipRmsnorm) return;
+  if (tune_.skip & CudaTuning::kSkipRmsnorm) return;
   prof_begin("rmsnorm");
   check(cuda::rmsnorm(x, w, n_rows, dim, eps, out, stream_), "rmsnorm");
   prof_end();
 }
 void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
                          bool accumulate) {
-  if (skip_) {
+  if (tune_.skip) {
     const HParams& hp = m_.hp;
     const int64_t q = (int64_t)hp.n_heads * hp.head_dim, kv = (int64_t)hp.n_kv_heads * hp.head_dim;
-    const unsigned bit = w.rows == hp.n_vocab                                ? kSkipLmHead
-                         : (w.rows == q || w.rows == kv) && w.cols == hp.dim ? kSkipQkv
-                         : w.cols == q                                       ? kSkipO
-                         : w.rows == hp.ffn_dim                              ? kSkipGateUp
-                         : w.cols == hp.ffn_dim                              ? kSkipDown
+    const unsigned bit = w.rows == hp.n_vocab                                ? CudaTuning::kSkipLmHead
+                         : (w.rows == q || w.rows == kv) && w.cols == hp.dim ? CudaTuning::kSkipQkv
+                         : w.cols == q                                       ? CudaTuning::kSkipO
+                         : w.rows == hp.ffn_dim                              ? CudaTuning::kSkipGateUp
+                         : w.cols == hp.ffn_dim                              ? CudaTuning::kSkipDown
                                                                              : 0u;
-    if (skip_ & bit) return;
+    if (tune_.skip & bit) return;
   }
   if (prof_.recording) {  // name the matrix by its shape
     const HParams& hp = m_.hp;
@@ -889,7 +833,7 @@ const float* CudaBackend::layer_inv_freq(int il) const {
 }
 void CudaBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
                        const int32_t* pos, bool interleaved) {
-  if (skip_ & kSkipRope) return;
+  if (tune_.skip & CudaTuning::kSkipRope) return;
   prof_begin("rope");
   check(cuda::rope(q, n_heads, k, n_kv_heads, n, head_dim, pos, layer_inv_freq(il), interleaved, stream_,
                    rope_mscale_),
@@ -898,14 +842,14 @@ void CudaBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, 
 }
 void CudaBackend::kv_write(int il, const float* k, const float* v, int n, const int32_t* pos,
                            const int32_t* seq) {
-  if (skip_ & kSkipRope) return;
+  if (tune_.skip & CudaTuning::kSkipRope) return;
   prof_begin("kv_write");
   check(cuda::kv_write(kv_[il], k, v, n, pos, seq, stream_), "kv_write");
   prof_end();
 }
 void CudaBackend::attention(int il, const float* q, int n, int n_heads, const int32_t* pos,
                             const int32_t* seq, float scale, float softcap, int window, float* out) {
-  if (skip_ & kSkipAttention) return;
+  if (tune_.skip & CudaTuning::kSkipAttention) return;
   prof_begin("attention");
   check(cuda::attention(*cur_plan_, kv_[il], q, n, pos, seq, scale, out, attn_ws_, stream_, softcap, window),
         "attention");
@@ -936,7 +880,7 @@ void CudaBackend::norm_add(float* y, const float* w, int n_rows, int dim, float 
 void CudaBackend::qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) {
   const Fused& f = fused_[il];
   if (n != 1 || !f.qkv.data) return ForwardOps::qkv(il, l, x, n, q, k, v);
-  if (skip_ & kSkipQkv) return;
+  if (tune_.skip & CudaTuning::kSkipQkv) return;
   prof_begin("matmul qkv (fused)");
   check(mm_.matmul(f.qkv, x, 1, qkv1_, f.qkv_bias, false, stream_), "matmul");
   prof_end();
@@ -947,7 +891,7 @@ void CudaBackend::qkv(int il, const LayerWeights& l, const float* x, int n, floa
 void CudaBackend::gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) {
   const Fused& f = fused_[il];
   if (n != 1 || !f.gate_up.data) return ForwardOps::gate_up(il, l, x, n, gate, up);
-  if (skip_ & kSkipGateUp) return;
+  if (tune_.skip & CudaTuning::kSkipGateUp) return;
   prof_begin("matmul gate_up (fused)");
   check(mm_.matmul(f.gate_up, x, 1, gu1_, nullptr, false, stream_), "matmul");
   prof_end();
@@ -955,7 +899,7 @@ void CudaBackend::gate_up(int il, const LayerWeights& l, const float* x, int n, 
   up = gu1_ + l.w_gate.rows;
 }
 void CudaBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  if (skip_ & kSkipSilu) return;
+  if (tune_.skip & CudaTuning::kSkipSilu) return;
   prof_begin("silu_mul");
   check(cuda::silu_mul(gate, up, n, out, stream_), "silu_mul");
   prof_end();
@@ -963,8 +907,8 @@ void CudaBackend::silu_mul(const float* gate, const float* up, int64_t n, float*
 void CudaBackend::rope_kv_write(int il, float* q, int n_heads, float* k, const float* v, int n_kv_heads,
                                 int n, int head_dim, const int32_t* pos, const int32_t* seq,
                                 bool interleaved) {
-  if (skip_ & kSkipRope) return;
-  if (!(fuse_ & 1))
+  if (tune_.skip & CudaTuning::kSkipRope) return;
+  if (!(tune_.fuse & 1))
     return ForwardOps::rope_kv_write(il, q, n_heads, k, v, n_kv_heads, n, head_dim, pos, seq, interleaved);
   prof_begin("rope + kv_write");
   check(cuda::rope_kv_write(q, n_heads, k, v, kv_[il], n, pos, seq, layer_inv_freq(il), interleaved, stream_,
@@ -983,7 +927,7 @@ bool CudaBackend::fused(cudaError_t e, const char* what) {
 bool CudaBackend::norm_qkv(int il, const LayerWeights& l, const float* x, int n, float eps, float*& q,
                            float*& k, float*& v) {
   const Fused& f = fused_[il];
-  if (!(fuse_ & 4) || skip_ || n != 1 || !f.qkv.data) return false;
+  if (!(tune_.fuse & 4) || tune_.skip || n != 1 || !f.qkv.data) return false;
   prof_begin("rmsnorm + matmul qkv (fused)");
   const bool ok =
       fused(cuda::gemv_rmsnorm(f.qkv, x, nullptr, l.attn_norm, eps, qkv1_, f.qkv_bias, false, stream_),
@@ -998,7 +942,7 @@ bool CudaBackend::norm_qkv(int il, const LayerWeights& l, const float* x, int n,
 bool CudaBackend::norm_gate_up(int il, const LayerWeights& l, const float* x, int n, float eps, float*& gate,
                                float*& up) {
   const Fused& f = fused_[il];
-  if (!(fuse_ & 4) || skip_ || n != 1 || !f.gate_up.data) return false;
+  if (!(tune_.fuse & 4) || tune_.skip || n != 1 || !f.gate_up.data) return false;
   prof_begin("rmsnorm + matmul gate_up (fused)");
   const bool ok =
       fused(cuda::gemv_rmsnorm(f.gate_up, x, nullptr, l.ffn_norm, eps, gu1_, nullptr, false, stream_),
@@ -1011,7 +955,7 @@ bool CudaBackend::norm_gate_up(int il, const LayerWeights& l, const float* x, in
 }
 bool CudaBackend::norm_matmul1(const WeightView& w, const float* norm_w, const float* x, const int32_t* row,
                                float eps, float* y) {
-  if (!(fuse_ & 16) || skip_) return false;
+  if (!(tune_.fuse & 16) || tune_.skip) return false;
   prof_begin("gather + rmsnorm + matmul lm_head (fused)");
   const bool ok =
       fused(cuda::gemv_rmsnorm(w, x, row, norm_w, eps, y, nullptr, false, stream_), "gemv_rmsnorm");
@@ -1020,17 +964,13 @@ bool CudaBackend::norm_matmul1(const WeightView& w, const float* norm_w, const f
 }
 bool CudaBackend::silu_matmul(const WeightView& w, const float* gate, const float* up, int n, float* y,
                               bool accumulate) {
-  if ((fuse_ & 8) && !skip_ && n == 1) {
+  if ((tune_.fuse & 8) && !tune_.skip && n == 1) {
     prof_begin("silu_mul + matmul down (+ residual, fused)");
     const bool ok = fused(cuda::gemv_swiglu(w, gate, up, y, accumulate, stream_), "gemv_swiglu");
     prof_end();
     if (ok) return true;
   }
-  if (!(fuse_ & 2) || n > cuda::kGemvSiluMaxRows) return false;
-  prof_begin("silu + matmul down (+ residual)");
-  const bool ok = fused(cuda::gemv_silu(w, gate, up, n, y, accumulate, stream_), "gemv_silu");
-  prof_end();
-  return ok;
+  return false;
 }
 void CudaBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {
   prof_begin("gather_rows");

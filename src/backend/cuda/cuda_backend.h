@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 #include "engine/backend.h"
 #include "model/model.h"
 
@@ -62,7 +63,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   static constexpr std::array<int, 6> kBuckets = {1, 2, 4, 8, 16, 32};
   static constexpr int kPrefillSlot = (int)kBuckets.size();  // graph of a full n_batch-row prefill chunk
 
-  CudaBackend(const ModelData& model, const ContextParams& params, int n_sample);
+  // tuning: the ULTRA_CUDA_* settings (tuning.h); its process-wide parts set the kernels' switches.
+  CudaBackend(const ModelData& model, const ContextParams& params, int n_sample,
+              const cuda::CudaTuning& tuning = cuda::read_cuda_tuning());
   ~CudaBackend() override;
 
   const char* name() const override { return "CUDA"; }
@@ -166,24 +169,7 @@ class CudaBackend final : public Backend, private ForwardOps {
   cuda::AttentionPlan eager_plan_;
   std::array<cuda::AttentionPlan, kBuckets.size()> bucket_plans_;
   const cuda::AttentionPlan* cur_plan_ = nullptr;
-  int fuse_ = 29;    // fusions (ULTRA_CUDA_FUSE), a mask: 1 rope_kv_write; 2 silu_matmul (column-split
-                     // gemv_silu, off: measured slower); one-row ops into the streaming gemv's x: 4 the
-                     // rmsnorms before qkv and gate_up, 8 silu_mul, 16 the LM head's gather + rmsnorm
-  enum : unsigned {  // ULTRA_CUDA_SKIP (timing experiments)
-    kSkipRmsnorm = 1,
-    kSkipRope = 2,
-    kSkipAttention = 4,
-    kSkipSilu = 8,
-    kSkipQkv = 16,
-    kSkipO = 32,
-    kSkipGateUp = 64,
-    kSkipDown = 128,
-    kSkipLmHead = 256
-  };
-  unsigned skip_ = 0;
-  bool io_kernels_ = true;  // step IO by kernels over the bus (ULTRA_CUDA_STEP_IO=copy: copy nodes)
-  bool l2_prefetch_ =
-      true;  // ULTRA_CUDA_L2_PREFETCH: the output projection's weights into L2 during attention
+  cuda::CudaTuning tune_;  // the ULTRA_CUDA_* settings it was made with: fusions, skipped ops, profile
 
   // Step inputs and results: one pinned host block and its device mirror each, same layout.
   struct Layout {

@@ -74,11 +74,7 @@ void set_fp8_gemm(int mode) {
 }  // namespace tuning
 
 bool fp8_gemm_on() {
-  static const bool env = [] {
-    const char* e = std::getenv("ULTRA_CUDA_FP8_GEMM");
-    return e && *e == '1';
-  }();
-  return tuning::g_fp8_gemm == 0 ? env : tuning::g_fp8_gemm == 1;
+  return tuning::g_fp8_gemm == 0 ? kernel_tuning().fp8_gemm : tuning::g_fp8_gemm == 1;
 }
 
 struct CudaMatmul::Impl {

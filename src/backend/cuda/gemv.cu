@@ -530,12 +530,11 @@ struct GemvArgs {
   const uint8_t* w;  // [rows, row_bytes]
   int64_t rows, cols;
   int64_t row_bytes;
-  const float* x;  // [n, cols]; with kSilu the gate
+  const float* x;  // [n, cols]
   int n;
   float* y;           // [n, rows]
   const float* bias;  // [rows] or null
   bool accumulate;
-  const float* x2 = nullptr;  // [n, cols] with kSilu: up (the kernel's x is silu(gate) * up)
   bool late_trigger = false;  // pdl_trigger after the main loop instead of before the wait
 };
 
@@ -553,27 +552,20 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int tok, int64_t r
 }
 
 // 8 consecutive x values of one token (16-byte aligned), read through L2 (written by an earlier kernel that
-// may still have been running when this one started, see pdl_wait); with kSilu, silu(gate) * up.
+// may still have been running when this one started, see pdl_wait).
 // kL1: through the non-coherent path and L1 instead (ordinary launches only: the kernel starts after the
 // previous one completed).
-template <bool kSilu, bool kL1>
+template <bool kL1>
 __device__ __forceinline__ void gemv_load_x8(const GemvArgs& a, int64_t off, float (&v)[8]) {
   const float4 p = kL1 ? ld_f4(a.x + off) : __ldcg(reinterpret_cast<const float4*>(a.x + off));
   const float4 q = kL1 ? ld_f4(a.x + off + 4) : __ldcg(reinterpret_cast<const float4*>(a.x + off + 4));
   v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
-  if constexpr (kSilu) {
-    const float4 pu = __ldcg(reinterpret_cast<const float4*>(a.x2 + off));
-    const float4 qu = __ldcg(reinterpret_cast<const float4*>(a.x2 + off + 4));
-    const float u[8] = {pu.x, pu.y, pu.z, pu.w, qu.x, qu.y, qu.z, qu.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = silu_f(v[e]) * u[e];
-  }
 }
 
 // Rows [row0, row0 + 16 * MT) for all n tokens (NT n-tiles of 8). red: shared [kWarps][MT][NT][4][32].
 // Each warp's first span of weight loads is issued before pdl_wait (weights are never written by kernels),
 // so under programmatic launch they stream while the previous kernel finishes.
-template <GgmlType WT, int NT, int MT, int U, bool kSilu, bool kL1>
+template <GgmlType WT, int NT, int MT, int U, bool kL1>
 __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, float* red) {
   using C8 = Chunk8<WT>;
   constexpr bool kSplitW = WT == GgmlType::F32;  // f32 weights are not exact in TF32
@@ -660,7 +652,7 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (xok[j] && c < a.cols) {
-          gemv_load_x8<kSilu, kL1>(a, xoff[j] + c, xv[j]);
+          gemv_load_x8<kL1>(a, xoff[j] + c, xv[j]);
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) xv[j][e] = 0.0f;
@@ -729,10 +721,10 @@ __device__ __forceinline__ void gemv_tc_tile(const GemvArgs& a, int64_t row0, fl
   }
 }
 
-template <GgmlType WT, int NT, int MT, int U, bool kSilu, bool kL1>
+template <GgmlType WT, int NT, int MT, int U, bool kL1>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(GemvArgs a) {
   __shared__ float red[kWarps * MT * NT * 4 * 32];
-  gemv_tc_tile<WT, NT, MT, U, kSilu, kL1>(a, (int64_t)blockIdx.x * (16 * MT), red);
+  gemv_tc_tile<WT, NT, MT, U, kL1>(a, (int64_t)blockIdx.x * (16 * MT), red);
 }
 
 // SIMT fallback: one warp per weight row, tokens in groups of 4 (the row is re-read from L1/L2 per group).
@@ -765,11 +757,11 @@ __global__ void __launch_bounds__(kThreads) gemv_simt_kernel(GemvArgs a) {
 
 // kL1 = false: programmatic launch, x through L2 (decode: weight loads overlap the previous kernel);
 // true: ordinary launch, x through L1 (two blocks of an SM share x; measured faster for n >= 2).
-template <GgmlType WT, int NT, int MT, int U, bool kSilu = false, bool kL1 = false>
+template <GgmlType WT, int NT, int MT, int U, bool kL1 = false>
 cudaError_t launch_tc(const GemvArgs& a, cudaStream_t stream) {
   const int64_t blocks = (a.rows + 16 * MT - 1) / (16 * MT);
-  return launch_ex(gemv_tc_kernel<WT, NT, MT, U, kSilu, kL1>, dim3((unsigned)blocks), dim3(kThreads), 0,
-                   stream, 1, kL1 ? 0 : kPdlAll, a);
+  return launch_ex(gemv_tc_kernel<WT, NT, MT, U, kL1>, dim3((unsigned)blocks), dim3(kThreads), 0, stream, 1,
+                   kL1 ? 0 : kPdlAll, a);
 }
 
 // Tile shapes per n-tile count (not tuned on hardware yet; see docs/CUDA.md). F32 weights take half the
@@ -781,11 +773,9 @@ cudaError_t dispatch_tc(const GemvArgs& a, cudaStream_t stream) {
   // One row: programmatic launch and x through L2; more rows: ordinary launch and x through L1 (measured on
   // the H200, docs/CUDA.md: n = 8 on the 8B shape 10% faster, n = 32 35% faster that way).
   const bool l2 = !g_gemv_l1_all && (a.n == 1 || g_gemv_l2_all);
-  if (a.n <= 8)
-    return l2 ? launch_tc<WT, 1, 1, kU>(a, stream) : launch_tc<WT, 1, 1, kU, false, true>(a, stream);
-  if (a.n <= 16)
-    return l2 ? launch_tc<WT, 2, 2, kU2>(a, stream) : launch_tc<WT, 2, 2, kU2, false, true>(a, stream);
-  return l2 ? launch_tc<WT, 4, 2, kU2>(a, stream) : launch_tc<WT, 4, 2, kU2, false, true>(a, stream);
+  if (a.n <= 8) return l2 ? launch_tc<WT, 1, 1, kU>(a, stream) : launch_tc<WT, 1, 1, kU, true>(a, stream);
+  if (a.n <= 16) return l2 ? launch_tc<WT, 2, 2, kU2>(a, stream) : launch_tc<WT, 2, 2, kU2, true>(a, stream);
+  return l2 ? launch_tc<WT, 4, 2, kU2>(a, stream) : launch_tc<WT, 4, 2, kU2, true>(a, stream);
 }
 
 template <GgmlType WT>
@@ -800,13 +790,13 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
     if (cudaError_t e = dispatch_simt<WT>(a, stream)) return e;
     return cudaGetLastError();
   }
-  // Automatic choice, from the H200 measurements of 2026-11-30 (docs/CUDA.md): the split-K kernel with
+  // Automatic choice, from the H200 measurements (docs/CUDA.md, "Measurements"): the split-K kernel with
   // programmatic launch wins for tall BF16 matrices only (ring 8 for n <= 4 on >= 8192 rows; ring 4 without
   // the L2 prefetch for 9 <= n <= 16 on >= 65536 rows); everywhere else the column-split kernel is faster.
   tuning::GemvTuning tu = g_tune;
   // One row of F16 / BF16 weights: the weight-streaming kernel (gemv_stream.cu), measured faster in the
-  // decode step on the H200 (8B 202 -> 219 tok/s, 1B 831 -> 863; docs/CUDA.md).
-  if (tu.kernel == 0 && a.n == 1 && WT != GgmlType::F32 && !tu.no_stream) tu.kernel = 3;
+  // decode step (docs/CUDA.md, "Weight streaming").
+  if (tu.kernel == 0 && a.n == 1 && WT != GgmlType::F32) tu.kernel = 3;
   if (tu.kernel == 0) {
     tu.kernel = 1;
     if (WT == GgmlType::BF16 && a.rows >= 8192 && a.n <= 4) {
@@ -848,7 +838,7 @@ cudaError_t dispatch(const GemvArgs& a, bool use_tc, cudaStream_t stream) {
 bool stream_fp8_ok(const WeightView& w) {
   const tuning::GemvTuning& tu = g_tune;
   return w.type == GgmlType::F8_E4M3 && lowbit_scale_per_row_or_tensor(w) &&
-         (tu.kernel == 0 || tu.kernel == 3) && !tu.no_stream;
+         (tu.kernel == 0 || tu.kernel == 3);
 }
 
 }  // namespace
@@ -910,47 +900,13 @@ cudaError_t gemv(const WeightView& w, const float* x, int n, float* y, const flo
   }
 }
 
-cudaError_t gemv_silu(const WeightView& w, const float* gate, const float* up, int n, float* y,
-                      bool accumulate, cudaStream_t stream) {
-  if (n < 1 || n > kGemvSiluMaxRows || w.rows <= 0 || w.cols <= 0 || !w.data || !gate || !up || !y)
-    return cudaErrorInvalidValue;
-  const int64_t esize = dense_elem_bytes(w.type);
-  if (esize == 0 || (int64_t)w.row_bytes < w.cols * esize || w.cols % 8 != 0 || !aligned16(w.data) ||
-      w.row_bytes % 16 != 0 || !aligned16(gate) || !aligned16(up))
-    return cudaErrorInvalidValue;
-  GemvArgs a{static_cast<const uint8_t*>(w.data),
-             w.rows,
-             w.cols,
-             (int64_t)w.row_bytes,
-             gate,
-             n,
-             y,
-             nullptr,
-             accumulate};
-  a.x2 = up;
-  cudaError_t e;
-  switch (w.type) {
-    case GgmlType::F32:
-      e = launch_tc<GgmlType::F32, 1, 1, 2, true>(a, stream);
-      break;
-    case GgmlType::F16:
-      e = launch_tc<GgmlType::F16, 1, 1, 4, true>(a, stream);
-      break;
-    default:
-      e = launch_tc<GgmlType::BF16, 1, 1, 4, true>(a, stream);
-      break;
-  }
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
-
 namespace {
 cudaError_t gemv_stream_input(const WeightView& w, const float* x, const detail::StreamInput& in, float* y,
                               const float* bias, bool accumulate, cudaStream_t stream) {
   const tuning::GemvTuning& tu = g_tune;
-  if ((tu.kernel != 0 && tu.kernel != 3) || tu.no_stream || !w.data || !x || !y || !in.w)
-    return cudaErrorNotSupported;
+  if ((tu.kernel != 0 && tu.kernel != 3) || !w.data || !x || !y || !in.w) return cudaErrorNotSupported;
   // F8_E4M3: where the tensor-core kernel takes the matrix, it and the op before it (measured faster than
-  // the streaming kernel on the 8B shapes, 2026-12-01).
+  // the streaming kernel on the 8B shapes, docs/CUDA.md "Tuning switches").
   if (is_lowbit(w.type) && (!stream_fp8_ok(w) || gemv_lowbit_tc_ok(w, 1))) return cudaErrorNotSupported;
   return detail::gemv_stream(w.type, static_cast<const uint8_t*>(w.data), w.rows, w.cols,
                              (int64_t)w.row_bytes, x, y, bias, accumulate, tu.smem_budget, stream, in,

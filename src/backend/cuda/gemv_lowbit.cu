@@ -29,6 +29,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/lowbit.cuh"
+#include "backend/cuda/tuning.h"
 #include "core/dtype.h"
 
 namespace ultra::cuda {
@@ -262,13 +263,10 @@ cudaError_t launch_lb(const LbArgs& a, cudaStream_t stream) {
 // (32 floats per clock and SM, a quarter of the FMA rate), so each x value loaded serves R rows: R = 4 at
 // n <= 8 and 2 above where the grid still has >= 1024 warps; on smaller matrices (k / v projections) fewer
 // rows per warp so that the grid covers the SMs.
-// ULTRA_CUDA_LB_TILE=RU (timing experiments; e.g. 24: R = 2, U = 4) sets the one-row tile of every shape.
+// ULTRA_CUDA_LB_TILE=RU (kernel_tuning().lb_tile; timing experiments; e.g. 24: R = 2, U = 4) sets the
+// one-row tile of every shape.
 int lb_tile_override() {
-  static const int v = [] {
-    const char* e = std::getenv("ULTRA_CUDA_LB_TILE");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
+  return kernel_tuning().lb_tile;
 }
 
 template <GgmlType T>
@@ -291,8 +289,8 @@ cudaError_t dispatch_lb(const LbArgs& a, cudaStream_t stream) {
         break;
     }
   // F8_E4M3 (its decode costs the most ops per byte) on 4096..8192 rows: 2 rows x 4 chunks per lane
-  // (H200, 2026-12-01, ULTRA_CUDA_LB_TILE sweep: 4096 x 4096 13.3 -> 11.2 us, 4096 x 14336 39.4 -> 30.3 us;
-  // slower on 1024 and >= 14336 rows, and for Q8_0 / TERNARY, where 4 x 2 / 1 x 4 stay).
+  // (faster there, slower on 1024 and >= 14336 rows and for Q8_0 / TERNARY, where 4 x 2 / 1 x 4 stay:
+  // docs/CUDA.md, "Tuning switches").
   if (a.n == 1 && T == GgmlType::F8_E4M3 && a.rows >= 4096 && a.rows <= 8192)
     return launch_lb<T, 1, 2, 4>(a, stream);
   if (a.n == 1) return small ? launch_lb<T, 1, 1, 4>(a, stream) : launch_lb<T, 1, 4, 2>(a, stream);

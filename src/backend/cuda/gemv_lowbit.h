@@ -43,7 +43,7 @@ bool lowbit_pack_rows(const WeightView& w, int64_t r0, int64_t r1, void* out);
 int64_t lowbit_scale_count(const WeightView& w);
 
 // Most rows CudaMatmul::matmul runs through gemv_lowbit: its SIMT products cost about 7 us per extra row on
-// a 4096 x 4096 matrix (H200: 10.3 us at n = 1, 232 us at n = 32), so steps of more rows dequantise the
+// a 4096 x 4096 matrix (docs/CUDA.md, "Tuning switches"), so steps of more rows dequantise the
 // matrix to BF16 (lowbit_dequant_bf16) and take the BF16 path (the tensor-core gemv up to kGemvMaxRows rows,
 // cuBLASLt above).
 constexpr int kLowbitGemvMaxRows = 4;

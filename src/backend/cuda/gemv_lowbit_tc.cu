@@ -41,6 +41,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 
 namespace ultra::cuda {
 
@@ -430,11 +431,7 @@ __global__ void __launch_bounds__(kThreads) gemv_lowbit_tc_kernel(TcArgs a) {
 }  // namespace
 
 bool lowbit_tc_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("ULTRA_CUDA_LOWBIT_TC");
-    return !(e && *e == '0');
-  }();
-  return on;
+  return kernel_tuning().lowbit_tc;
 }
 
 // The current device's attribute, 0 if it cannot be read.
@@ -451,12 +448,8 @@ bool gemv_lowbit_tc_ok(const WeightView& w, int n) {
 }
 
 int lowbit_tc_bulk_slots() {
-  static const int slots = [] {
-    const char* v = std::getenv("ULTRA_CUDA_LOWBIT_BULK");
-    const int k = v && *v ? std::atoi(v) : -1;
-    return k < -1 ? -1 : k > kMaxSlots ? kMaxSlots : k;
-  }();
-  return slots;
+  const int k = kernel_tuning().lowbit_bulk;
+  return k < -1 ? -1 : k > kMaxSlots ? kMaxSlots : k;
 }
 
 cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y, const float* bias,
@@ -493,12 +486,9 @@ cudaError_t gemv_lowbit_tc(const WeightView& w, const float* x, int n, float* y,
   for (cudaError_t e : attr)
     if (e != cudaSuccess) return e;
   // T: the most tiles per block that leave >= 132 blocks (one per SM of an H200), at least 1
-  // (ULTRA_CUDA_LOWBIT_TC_BLOCKS sets that number, for timing experiments: for F8_E4M3, 396 and 264
-  // measured the same or slower on the 8B shapes, ffn up 28.1 us against 26.6 us at 132).
-  static const int64_t min_blocks = [] {
-    const char* v = std::getenv("ULTRA_CUDA_LOWBIT_TC_BLOCKS");
-    return v && std::atoi(v) > 0 ? (int64_t)std::atoi(v) : (int64_t)132;
-  }();
+  // (ULTRA_CUDA_LOWBIT_TC_BLOCKS sets that number, for timing experiments; larger ones measured the same or
+  // slower: docs/CUDA.md, "Tuning switches").
+  const int64_t min_blocks = kernel_tuning().lowbit_tc_blocks;
   const int64_t n_tiles = (w.rows + 15) / 16;
   a.tiles = 1;
   while (a.tiles < kWarps && n_tiles / (2 * a.tiles) >= min_blocks) a.tiles *= 2;

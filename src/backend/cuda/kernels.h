@@ -52,7 +52,7 @@ bool programmatic_launch();
 // Which kernels use it when it is on: 1 = the sampler, the split-K gemv and attention (unless
 // tuning::set_attention_pdl(false)); 2 (the default) = also every row and elementwise op (embed, rmsnorm,
 // silu_mul, add, gather_rows, convert_f32), RoPE, the KV write, rope_kv_write, the column-split gemv
-// (gemv_silu included) and the weight-streaming gemv, so that a decode step's chain of kernels overlaps each
+// and the weight-streaming gemv, so that a decode step's chain of kernels overlaps each
 // launch with the kernel before. Every one of these kernels waits before it reads activations and before it
 // writes, and reads activations through L2 after the wait.
 void set_programmatic_launch_level(int level);
@@ -164,7 +164,7 @@ enum class GemvPath {
 //    shared memory; x staged once per block in three BF16 parts (m16n8k16 BF16 MMAs on the raw weights);
 //    programmatic dependent launch (see set_programmatic_launch). Deterministic like the other.
 // Q8_0 / F8_E4M3 / TERNARY weights (device layout, gemv_lowbit.h) go to gemv_lowbit (SIMT, weights
-// dequantised in registers; path is ignored). gemv_silu, gemv_rmsnorm and gemv_swiglu do not take them
+// dequantised in registers; path is ignored). gemv_rmsnorm and gemv_swiglu do not take them
 // (cudaErrorInvalidValue / cudaErrorNotSupported, nothing launched: the caller runs the unfused ops).
 cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  const float* x,       // [n, cols]
@@ -172,19 +172,6 @@ cudaError_t gemv(const WeightView& w,  // [rows, cols], device memory
                  float* y,           // [n, rows]
                  const float* bias,  // [rows] or null
                  bool accumulate, cudaStream_t stream, GemvPath path = GemvPath::automatic);
-
-// y = W . (silu(gate) * up) (+= y with accumulate): the down projection with the SwiGLU product formed as
-// x is read (no separate silu_mul launch). Column-split tensor-core kernel only: needs 1 <= n <=
-// kGemvSiluMaxRows, cols % 8 == 0, 16-byte aligned rows, gate and up, else cudaErrorInvalidValue (the
-// caller then runs silu_mul + gemv). Same accuracy as gemv; equal to silu_mul + gemv to f32 rounding of
-// the products (silu evaluated as silu_mul does).
-constexpr int kGemvSiluMaxRows = 4;
-cudaError_t gemv_silu(const WeightView& w,  // [rows, cols]
-                      const float* gate,    // [n, cols]
-                      const float* up,      // [n, cols]
-                      int n,
-                      float* y,  // [n, rows]
-                      bool accumulate, cudaStream_t stream);
 
 // One row through the weight-streaming kernel (F16 / BF16 weights) with the op before the projection fused
 // into how it forms x (gemv_stream.h): cudaErrorNotSupported, with nothing launched, where that kernel does
@@ -274,6 +261,18 @@ class CudaMatmul {
 // the output's relative error is about u (on the H200 with the test's random data: max |err| / max |ref|
 // 0.24-2.05u per case, <= 2.22u for any single row and head), against ~1e-6 for the per-row kernel.
 constexpr int kAttentionTiledMinRows = 33;
+// The attention launch's tuning, fixed in its plan (the backend fills it from its CudaTuning; the
+// overload of plan_attention without it takes the process-wide values of tuning.h's set_attention_*).
+struct AttentionTuning {
+  int tiled = 0;       // 0 automatic (the tiled kernel for n >= kAttentionTiledMinRows), 1 always the
+                       // per-row kernel, 2 the tiled kernel for any n the plan allows
+  int min_chunk = 64;  // the fewest positions one split takes (a multiple of 64)
+  int max_stages = 0;  // K/V tiles in flight per block (0: as many as kStageBudget holds, up to 4)
+  int trigger = 2;     // where the split kernel lets the next launch: 0 start, 1 after its tiles, 2 exit
+  bool pdl = true;     // both attention kernels (and the tiled one) with programmatic launch
+  bool combine_pdl = false;  // the merge kernel with programmatic launch even when pdl is off
+  int stage = 0;             // timing only (wrong results unless 0): 1 the split kernel alone, 2 the merge
+};
 struct AttentionPlan {
   int n_heads = 0;
   int max_rows = 0;
@@ -281,12 +280,19 @@ struct AttentionPlan {
   size_t workspace_bytes = 0;     // for max_rows rows
   bool tiled = false;             // the tiled kernel supports this cache and head_dim (its limits are set)
   int tiled_fallback_blocks = 0;  // fallback blocks per (kv head, head chunk) of the tiled kernel
+  AttentionTuning tuning;         // as planned (n_splits follows its max_stages)
 };
 // n_splits from the SM count, the rows and max_ctx (one wave of blocks for max_rows rows: 3 per SM for
 // head_dim 128 F16; each split at least one 64-position tile of a full context, at most 256 splits);
 // force_splits > 0 overrides it. Also sets the tiled kernel's shared-memory limit (call before capture).
 AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
-                             int force_splits = 0);
+                             int force_splits, const AttentionTuning& tuning);
+AttentionPlan plan_attention(const DeviceInfo& dev, const KvLayerView& kv, int n_heads, int max_rows,
+                             int force_splits = 0);  // the process-wide tuning (process_attention_tuning)
+// The values tuning.h's set_attention_* last set (their defaults: AttentionTuning's).
+AttentionTuning process_attention_tuning();
+// AttentionTuning::min_chunk for a wish of `positions`: rounded up to a multiple of 64, at least 64.
+int attention_min_chunk(int positions);
 // Whether attention(plan, ...) with n rows takes the tiled kernel (given q and out 16-byte aligned).
 bool attention_tiled(const AttentionPlan& plan, int n);
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
@@ -327,10 +333,10 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
 // Paths (a pass reads the row's logits once):
 //  * greedy: the row is split into up to 64 segments of <= 8192 tokens (one 256-thread block each; fewer
 //    when many rows share one wave of blocks): argmax candidates, top-n and a log-sum-exp partial per
-//    segment; one block per row merges them. 17.6 us for one row of V = 128256 on an H200.
+//    segment; one block per row merges them (timings: docs/CUDA.md, "Greedy merge in the sampler").
 //  * 1 <= top_k <= 1024 (top_k < n_sample): the same segments keep their top_k candidates (radix select
 //    in shared memory, at most 16384 candidates per row in all); the merge compacts them to the top_k and
-//    everything else is O(top_k) in shared memory. 24.8 us for one row.
+//    everything else is O(top_k) in shared memory.
 //  * all tokens (top_k <= 0, >= n_sample, or > 1024), one block of 1024 threads per row, on one SM: a
 //    pass for the max and top-n, a counting pass of
 //    the min-p survivors (exact test, with the logit prefilter l >= l_max + T log(min_p) - margin); if at
