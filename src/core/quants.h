@@ -226,21 +226,9 @@ static inline void dequant_block(const BlockQ3_K& b, float* y) {
     }
   }
 }
-static inline void dequant_block(const BlockQ4_K& b, float* y) {
-  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
-  for (int g = 0; g < 4; ++g) {
-    uint8_t sc, m;
-    q4k_scale_min(2 * g, b.scales, &sc, &m);
-    const float d1 = d * sc, m1 = dmin * m;
-    q4k_scale_min(2 * g + 1, b.scales, &sc, &m);
-    const float d2 = d * sc, m2 = dmin * m;
-    const uint8_t* q = b.qs + 32 * g;
-    for (int l = 0; l < 32; ++l) y[l] = d1 * (q[l] & 0xF) - m1;
-    for (int l = 0; l < 32; ++l) y[32 + l] = d2 * (q[l] >> 4) - m2;
-    y += 64;
-  }
-}
-static inline void dequant_block(const BlockQ5_K& b, float* y) {
+// Q4_K, and Q5_K with its fifth bits qh (nullptr for Q4_K).
+template <class B>
+static inline void dequant_k45(const B& b, const uint8_t* qh, float* y) {
   const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
   for (int g = 0; g < 4; ++g) {
     uint8_t sc, m;
@@ -250,10 +238,16 @@ static inline void dequant_block(const BlockQ5_K& b, float* y) {
     const float d2 = d * sc, m2 = dmin * m;
     const uint8_t* q = b.qs + 32 * g;
     const uint8_t u1 = (uint8_t)(1u << (2 * g)), u2 = (uint8_t)(2u << (2 * g));
-    for (int l = 0; l < 32; ++l) y[l] = d1 * ((q[l] & 0xF) + (b.qh[l] & u1 ? 16 : 0)) - m1;
-    for (int l = 0; l < 32; ++l) y[32 + l] = d2 * ((q[l] >> 4) + (b.qh[l] & u2 ? 16 : 0)) - m2;
+    for (int l = 0; l < 32; ++l) y[l] = d1 * ((q[l] & 0xF) + (qh && (qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) y[32 + l] = d2 * ((q[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) - m2;
     y += 64;
   }
+}
+static inline void dequant_block(const BlockQ4_K& b, float* y) {
+  dequant_k45(b, nullptr, y);
+}
+static inline void dequant_block(const BlockQ5_K& b, float* y) {
+  dequant_k45(b, b.qh, y);
 }
 static inline void dequant_block(const BlockQ6_K& b, float* y) {
   const float d = fp16_to_fp32(b.d);
