@@ -26,7 +26,8 @@ const Command kCommands[] = {
     {"bench", ultra::cli::cmd_bench, "measure prompt processing and generation speed (llama-bench style)"},
     {"convert", ultra::cli::cmd_convert, "convert an HF model directory to GGUF"},
     {"quantize", ultra::cli::cmd_quantize,
-     "quantize a GGUF file or HF directory (fp8, ternary, tq1_0, tq2_0, q8_0)"},
+     "quantize a GGUF file or HF directory (llama.cpp's mixes q4_k_m, q6_k, iq4_xs, ...; fp8, ternary, "
+     "q8_0)"},
     {"tokenize", ultra::cli::cmd_tokenize, "print the token ids and pieces of a text"},
     {"perplexity", ultra::cli::cmd_perplexity, "perplexity of a text file (llama.cpp-style)"},
     {"serve", ultra::cli::cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
