@@ -279,11 +279,14 @@ static inline void dequant_block(const BlockIQ4_NL& b, float* y) {
     y[j + 16] = d * kIq4nlValues[b.qs[j] >> 4];
   }
 }
+// The 6-bit scale code (0..63; the scale is d * (code - 32)) of sub-block s (0..7) of an IQ4_XS block.
+static inline int iq4xs_scale(const BlockIQ4_XS& b, int s) {
+  return ((b.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4);
+}
 static inline void dequant_block(const BlockIQ4_XS& b, float* y) {
   const float d = fp16_to_fp32(b.d);
   for (int s = 0; s < 8; ++s) {
-    const int ls = ((b.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4);
-    const float dl = d * (ls - 32);
+    const float dl = d * (iq4xs_scale(b, s) - 32);
     const uint8_t* q = b.qs + 16 * s;
     for (int j = 0; j < 16; ++j) {
       y[j] = dl * kIq4nlValues[q[j] & 0xF];

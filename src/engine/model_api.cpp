@@ -89,7 +89,8 @@ struct EncodeStream::Impl {
 };
 
 EncodeStream::EncodeStream(const Tokenizer& tok, bool add_special, bool parse_special)
-    : impl_(std::make_unique<Impl>(Impl{tok::EncodeStream(detail::impl(tok).t, add_special, parse_special)})) {}
+    : impl_(
+          std::make_unique<Impl>(Impl{tok::EncodeStream(detail::impl(tok).t, add_special, parse_special)})) {}
 EncodeStream::~EncodeStream() = default;
 EncodeStream::EncodeStream(EncodeStream&&) noexcept = default;
 EncodeStream& EncodeStream::operator=(EncodeStream&&) noexcept = default;

@@ -70,24 +70,30 @@ inline double weight_at(const WeightView& w, int64_t r, int64_t c) {
   }
 }
 
-// Block types (detail::block_kind): each block dequantised exactly (core/quants.h) into a stack buffer, its
-// values then accumulated in double like weight_at's.
+// Row r of a block type (detail::block_kind) times x, x[c] given by xv(c): each block dequantised exactly
+// (core/quants.h) into a stack buffer, its values accumulated in double like weight_at's (+ bias[r]).
+template <class X>
+float dot_row_blocks_ref(GgmlType t, const uint8_t* row, int64_t cols, X xv, const float* bias, int64_t r) {
+  const auto tt = type_traits(t);
+  const int64_t qk = tt->block_elems, nb = cols / qk;
+  float v[kQK_K];
+  double s = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    dequantize(t, row + b * tt->block_bytes, qk, v);
+    for (int64_t i = 0; i < qk; ++i) s += (double)v[i] * xv(b * qk + i);
+  }
+  if (bias) s += bias[r];
+  return (float)s;
+}
+
 void ref_rows_blocks(const WeightView& w, const float* x, int n_tokens, float* y, const float* bias,
                      int64_t r0, int64_t r1) {
-  const auto tt = type_traits(w.type);
-  const int64_t qk = tt->block_elems, nb = w.cols / qk;
-  float v[kQK_K];
   for (int t = 0; t < n_tokens; ++t) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* row = (const uint8_t*)w.data + r * w.row_bytes;
-      double s = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        dequantize(w.type, row + b * tt->block_bytes, qk, v);
-        for (int64_t i = 0; i < qk; ++i) s += (double)v[i] * (double)x[t * w.cols + b * qk + i];
-      }
-      if (bias) s += bias[r];
-      y[t * w.rows + r] = (float)s;
-    }
+    const float* xt = x + t * w.cols;
+    for (int64_t r = r0; r < r1; ++r)
+      y[t * w.rows + r] = dot_row_blocks_ref(
+          w.type, (const uint8_t*)w.data + r * w.row_bytes, w.cols, [xt](int64_t c) { return (double)xt[c]; },
+          bias, r);
   }
 }
 
@@ -209,22 +215,9 @@ MatmulRangeFn kquant_int8_vnni(GgmlType t) {
 }
 
 void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1) {
-  const auto tt = type_traits(t);
-  const int64_t qk = tt->block_elems, nb = a.cols / qk;
-  float v[kQK_K];
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = a.w + r * a.row_bytes;
-    double s = 0;
-    for (int64_t b = 0; b < nb; ++b) {
-      dequantize(t, row + b * tt->block_bytes, qk, v);
-      for (int64_t i = 0; i < qk; ++i) {
-        const int64_t c = b * qk + i;
-        s += (double)v[i] * ((double)a.xq[c] * a.xd[c / kQ8_0Block]);
-      }
-    }
-    if (a.bias) s += a.bias[r];
-    a.y[r] = (float)s;
-  }
+  auto xv = [&a](int64_t c) { return (double)a.xq[c] * a.xd[c / kQ8_0Block]; };
+  for (int64_t r = r0; r < r1; ++r)
+    a.y[r] = dot_row_blocks_ref(t, a.w + r * a.row_bytes, a.cols, xv, a.bias, r);
 }
 
 void x_sums_q8(const int8_t* xq, int64_t cols, float* xs16, float* xs32) {
@@ -311,12 +304,21 @@ size_t q8_int8_floats(const WeightView& w, int n_tokens) {
   const size_t prefill = (size_t)(tiles * (w.cols / kQ8_0Block) * detail::kQ8TileBlockBytes + 64) / 4;
   return std::max(decode, prefill);
 }
-// The k-quant decode's: Q8_0's decode scratch, then the sums per 16 and per 32 columns, each from a 64-byte
-// boundary.
+// The k-quant decode's x in the scratch, in bytes from its 64-byte boundary, each part 64-byte aligned: xq
+// (cols int8), xd (cols / 32 f32), xs16 (cols / 16 f32), xs32 (cols / 32 f32), then the end.
+struct KquantLayout {
+  int64_t xd, xs16, xs32, end;
+};
+KquantLayout kquant_layout(int64_t cols) {
+  KquantLayout l;
+  l.xd = round64(cols);
+  l.xs16 = l.xd + round64(cols / kQ8_0Block * 4);
+  l.xs32 = l.xs16 + round64(cols / 16 * 4);
+  l.end = l.xs32 + round64(cols / 32 * 4);
+  return l;
+}
 size_t kquant_int8_floats(const WeightView& w) {
-  return (size_t)(round64(w.cols) + round64(w.cols / kQ8_0Block * 4) + round64(w.cols / 16 * 4) +
-                  round64(w.cols / 32 * 4) + 64) /
-         4;
+  return (size_t)(kquant_layout(w.cols).end + 64) / 4;
 }
 
 }  // namespace
@@ -418,10 +420,11 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   if (scratch && takes_kquant_int8(w, n_tokens)) {
     // Decode of Q4_K / Q6_K / IQ4_XS with int8 activations: x quantised and summed once, here.
+    const KquantLayout l = kquant_layout(w.cols);
     int8_t* xq = (int8_t*)scratch64;
-    float* xd = (float*)(xq + round64(w.cols));
-    float* xs16 = (float*)((uint8_t*)xd + round64(w.cols / kQ8_0Block * 4));
-    float* xs32 = (float*)((uint8_t*)xs16 + round64(w.cols / 16 * 4));
+    float* xd = (float*)(scratch64 + l.xd);
+    float* xs16 = (float*)(scratch64 + l.xs16);
+    float* xs32 = (float*)(scratch64 + l.xs32);
     const bool ref = detail::q8_int8_reference();
     (ref ? detail::quantize_x_q8_ref : detail::quantize_x_q8_vnni)(x, w.cols, xq, xd);
     detail::x_sums_q8(xq, w.cols, xs16, xs32);

@@ -171,8 +171,7 @@ inline void decode(const BlockIQ4_XS& b, Decoded<256>& d) {
   const float dd = h2f(b.d);
   for (int s = 0; s < 8; ++s) {
     store32(d.q + 32 * s, lookup16(split16(b.qs + 16 * s), kIq4nlValues));
-    const int ls = ((b.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4);
-    set_pair(d.s, d.o, 2 * s, dd * (ls - 32), 0.0f);
+    set_pair(d.s, d.o, 2 * s, dd * (iq4xs_scale(b, s) - 32), 0.0f);
   }
 }
 
