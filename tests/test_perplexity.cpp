@@ -18,7 +18,7 @@
 
 #include "io/gguf.h"
 #include "run_ultra.h"
-#include "tmp_dir.h"
+#include "swa_fixture.h"
 #include "ultra/perplexity.h"
 
 using namespace ultra;
@@ -514,14 +514,14 @@ constexpr int kSwaWindow = 16;
 constexpr double kLlamaCppSwaPpl = 49.3015;   // llama-perplexity, granite_swa form, window 16
 constexpr double kLlamaCppFullPpl = 45.8744;  // llama-perplexity on models/draft.gguf (no window)
 
-// models/draft.gguf with llama.attention.sliding_window = kSwaWindow (granite: in llama.cpp's granite_swa
-// form, every layer sliding) at out.
-void write_windowed_draft(const std::string& out, bool granite) {
-  const gguf::Reader r = gguf::Reader::open((fs::path(ULTRA_SOURCE_DIR) / "models" / "draft.gguf").string());
+const std::string kDraft = (fs::path(ULTRA_SOURCE_DIR) / "models" / "draft.gguf").string();
+
+// models/draft.gguf in llama.cpp's granite_swa form, every layer sliding over kSwaWindow positions, at out.
+void write_granite_swa_draft(const std::string& out) {
+  const gguf::Reader r = gguf::Reader::open(kDraft);
   gguf::Writer w;
-  const std::string arch = granite ? "granite_swa" : "llama";
-  for (const auto& [k, v] : r.metadata())
-    w.set_value(granite && k.rfind("llama.", 0) == 0 ? arch + k.substr(5) : k, v);
+  const std::string arch = "granite_swa";
+  for (const auto& [k, v] : r.metadata()) w.set_value(k.rfind("llama.", 0) == 0 ? arch + k.substr(5) : k, v);
   w.set_string("general.architecture", arch);
   w.set_u32(arch + ".attention.sliding_window", kSwaWindow);
   const gguf::Value* nl = r.find("llama.block_count");
@@ -529,15 +529,13 @@ void write_windowed_draft(const std::string& out, bool granite) {
   ASSERT_TRUE(nl && nh);
   const int n_layers = (int)nl->as_uint(), n_heads = (int)nh->as_uint();
   std::vector<float> sinks(n_heads, -1e30f);
-  if (granite) {
-    w.set_f32(arch + ".logit_scale", 1.0f);
-    std::vector<gguf::Value> flags(n_layers, gguf::Value::of_bool(true));
-    w.set_value(arch + ".attention.sliding_window_pattern",
-                gguf::Value::of_array(gguf::ValueType::BOOL, flags));
-    for (int il = 0; il < n_layers; ++il)
-      w.add_tensor("blk." + std::to_string(il) + ".attn_sinks.weight", GgmlType::F32, {(uint64_t)n_heads},
-                   sinks.data(), sinks.size() * sizeof(float));
-  }
+  w.set_f32(arch + ".logit_scale", 1.0f);
+  std::vector<gguf::Value> flags(n_layers, gguf::Value::of_bool(true));
+  w.set_value(arch + ".attention.sliding_window_pattern",
+              gguf::Value::of_array(gguf::ValueType::BOOL, flags));
+  for (int il = 0; il < n_layers; ++il)
+    w.add_tensor("blk." + std::to_string(il) + ".attn_sinks.weight", GgmlType::F32, {(uint64_t)n_heads},
+                 sinks.data(), sinks.size() * sizeof(float));
   for (const auto& t : r.tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
   w.write(out);
 }
@@ -554,9 +552,9 @@ double ultra_ppl(const std::string& model) {
 TEST(PerplexityLlamaCpp, SlidingWindowGivesLlamaCppsPerplexity) {
   const test::TmpDir dir("ultra_swa_ppl");
   const std::string swa = dir.file("draft-swa16.gguf");
-  write_windowed_draft(swa, false);
+  test::windowed_gguf(kDraft, swa, kSwaWindow);
   const double p = ultra_ppl(swa);
-  const double full = ultra_ppl((fs::path(ULTRA_SOURCE_DIR) / "models" / "draft.gguf").string());
+  const double full = ultra_ppl(kDraft);
   std::printf(
       "[ swa ] window %d: ultra %.4f, llama.cpp %.4f (%+.3f%%); no window: ultra %.4f, llama.cpp %.4f\n",
       kSwaWindow, p, kLlamaCppSwaPpl, 100 * (p / kLlamaCppSwaPpl - 1), full, kLlamaCppFullPpl);
@@ -566,8 +564,7 @@ TEST(PerplexityLlamaCpp, SlidingWindowGivesLlamaCppsPerplexity) {
 }
 
 TEST(PerplexityLlamaCpp, DISABLED_WriteGraniteSwaForm) {
-  write_windowed_draft("/tmp/ultra_swa16_granite.gguf", true);
-  write_windowed_draft("/tmp/ultra_swa16_llama.gguf", false);
+  write_granite_swa_draft("/tmp/ultra_swa16_granite.gguf");
 }
 
 }  // namespace
