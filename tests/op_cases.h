@@ -310,6 +310,17 @@ inline std::vector<OpCase> op_cases() {
         c.softcap = cap;
         add(c);
       }
+  // Mistral's whole-model window (12) far shorter than the history: a decode step and a prefill tile 1000
+  // positions in, GQA 8 on 2, head_dim 64 / 128.
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16})
+    for (int64_t hd : {64, 128})
+      for (int nt : {1, 7}) {
+        OpCase c{Op::Attention, t, 8, hd, nt, {1, 3}, tol_attention()};
+        c.kv_heads = 2;
+        c.ctx = 1000;
+        c.window = 12;
+        add(c);
+      }
   return v;
 }
 

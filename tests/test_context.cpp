@@ -20,6 +20,7 @@
 #include "engine/testing.h"
 #include "greedy_util.h"
 #include "sampling/sampler.h"
+#include "swa_fixture.h"
 #include "tmp_dir.h"
 #include "ultra/convert.h"
 #include "ultra/generate.h"
@@ -580,35 +581,46 @@ TEST(Context, MemoryThreadsAndContextLengthAreChecked) {
   EXPECT_NE(longer.warnings().back().find("trained with"), std::string::npos);
 }
 
-// Sliding-window attention is not implemented: a context longer than the window is refused (it would be
-// wrong past the window), the default context is capped at the window, and convert keeps the window.
-TEST(Context, SlidingWindowLimitsTheContext) {
-  const fs::path kMistral = fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "mistral";
+// Mistral's whole-model sliding window (12) shorter than a 40-token prompt runs, on the safetensors path and
+// on the GGUF that convert writes. Reference: with 2 layers of window W the last position sees the tokens
+// [39 - 2 (W - 1), 39] only, and RoPE is relative, so its logits equal those of the last position of those
+// 23 tokens run alone from position 0 (full attention over 40 tokens gives other logits). Positions before
+// the window fills equal the unwindowed model's. Decoding token by token after a crop gives the prefill's
+// logits (the cache keeps every position; the window is a mask).
+TEST(Context, SlidingWindowShorterThanThePrompt) {
+  const int W = 12, n = 40, reach = 2 * (W - 1);
   const ultra::test::TmpDir tmp;
-  const fs::path d = tmp.path() / "swa";
-  fs::create_directories(d);
-  fs::copy_file(kMistral / "model.safetensors", d / "model.safetensors");
-  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kMistral / "config.json"));
-  cfg["sliding_window"] = 12;
-  std::ofstream(d / "config.json") << cfg.dump();
-  const Model m = Model::load(d.string());
-  Context capped(m, {});
-  EXPECT_EQ(capped.params().n_ctx, 12);
-  EXPECT_FALSE(capped.warnings().empty());
-  try {
-    Context ctx(m, {.n_ctx = 13});
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding-window attention over 12 tokens"), std::string::npos)
-        << e.what();
-  }
+  const std::string dir = ultra::test::windowed_mistral(tmp, W);
   const std::string gguf = tmp.file("swa.gguf");
-  convert_hf_to_gguf(d.string(), gguf);
-  try {
-    Context ctx(Model::load(gguf), {.n_ctx = 13});
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("over 12 tokens"), std::string::npos) << e.what();
+  ConvertOptions f32;
+  f32.out_type = "f32";
+  convert_hf_to_gguf(dir, gguf, f32);
+  const Model full =
+      Model::load((fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "hf" / "mistral").string());
+  const auto tokens = random_tokens(n, full.info().n_vocab, 7);
+  const auto full_logits = alone_logits(full, tokens);
+  const std::vector<int32_t> tail(tokens.end() - (reach + 1), tokens.end());
+  for (const std::string& path : {dir, gguf}) {
+    SCOPED_TRACE(path);
+    const Model m = Model::load(path);
+    const auto got = alone_logits(m, tokens);
+    for (int i = 0; i < W; ++i) EXPECT_LT(max_diff(got[i], full_logits[i]), 1e-5) << "position " << i;
+    EXPECT_GT(max_diff(got[n - 1], full_logits[n - 1]), 1e-2);  // the window changes the later positions
+    EXPECT_LT(max_diff(got[n - 1], alone_logits(m, tail).back()), 1e-4);
+    // Prefill 40, crop to 25, then one token per step: the same logits.
+    Context ctx(m, {.n_ctx = 64, .n_threads = 2});
+    EXPECT_TRUE(ctx.warnings().empty());
+    Batch b(n);
+    for (int i = 0; i < n; ++i) b.add(tokens[i], i, 0, i == n - 1 ? Output::logits : Output::none);
+    ctx.step(b);
+    EXPECT_LT(max_diff(ctx.logits(n - 1), got[n - 1]), 1e-5);
+    ctx.crop(0, 25);
+    for (int i = 25; i < n; ++i) {
+      b.clear();
+      b.add(tokens[i], i, 0, Output::logits);
+      ctx.step(b);
+      EXPECT_LT(max_diff(ctx.logits(0), got[i]), 1e-5) << "position " << i;
+    }
   }
 }
 

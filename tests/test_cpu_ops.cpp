@@ -801,7 +801,8 @@ TEST(Rope, MscaleScalesTheRotation) {
 }
 
 // Soft-capped scores and sliding windows: the fast kernel and the reference against a float64 formula over
-// odd sizes, windows of 1, shorter than and longer than the positions, with and without soft-capping.
+// odd sizes, windows of 1, shorter than and longer than the positions (12: the Mistral fixture's), with and
+// without soft-capping.
 TEST(Attention, SoftcapAndSlidingWindow) {
   ThreadPool pool(3);
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
@@ -820,7 +821,7 @@ TEST(Attention, SoftcapAndSlidingWindow) {
     const int32_t slot[nt] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     const auto q = randn(nt * n_heads * hd, 33, 3.0f);
     const float scale = 0.3f;
-    for (int window : {0, 1, 6, 41, 100}) {
+    for (int window : {0, 1, 6, 12, 41, 100}) {
       for (float cap : {0.0f, 5.0f}) {
         std::vector<float> ref(nt * n_heads * hd), out(nt * n_heads * hd + 16, kGuard);
         std::vector<float> scratch(attention_scratch_floats(max_ctx, pool.size()));

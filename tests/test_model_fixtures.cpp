@@ -3,7 +3,7 @@
 // `ultra convert` in F32, F16, BF16 and Q8_0. Architectures: Llama (GQA, tied, Llama-3 RoPE), Qwen2 (biases),
 // Mistral, Qwen3 (q/k norm, head_dim != dim/heads), Gemma 2 (soft-capping, sliding-window layers shorter than
 // the prompt, GeGLU, post-norms), Gemma 3 (q/k norm, per-layer-type RoPE), Phi-3 (fused weights, LongRoPE
-// short and long).
+// short and long), Mistral with a whole-model sliding window of 12 and a 40-token prompt (mistral_swa).
 //
 // Tolerances. The fixture logits for F16/BF16/Q8_0 were computed by HF in float32 with the same weight
 // matrices rounded to that type (tools/make_fixtures.py), so on every path the only difference left is the
@@ -124,7 +124,16 @@ std::string convert_to(const std::string& name, const std::string& type) {
   return out.string();
 }
 
-class Fixture : public ::testing::TestWithParam<std::string> {};
+class Fixture : public ::testing::TestWithParam<std::string> {
+ protected:
+  // mistral_swa (window 12, 40-token prompt) comes from a later run of tools/make_fixtures.py than the rest:
+  // until it is in the tree its cases are skipped, saying so.
+  void SetUp() override {
+    if (!fs::exists(kRoot / GetParam() / "reference.json"))
+      GTEST_SKIP() << GetParam() << ": no fixture; run tools/make_fixtures.py -o tests/fixtures/hf --only "
+                   << GetParam();
+  }
+};
 
 TEST_P(Fixture, HfSafetensorsF32) {
   const std::string name = GetParam();
@@ -169,7 +178,7 @@ TEST_P(Fixture, ConvertedGguf) {
 
 INSTANTIATE_TEST_SUITE_P(Hf, Fixture,
                          ::testing::Values("llama_gqa", "llama_tied_rope3", "qwen2_bias", "mistral", "qwen3",
-                                           "gemma2", "gemma3", "phi3_short", "phi3_long"));
+                                           "gemma2", "gemma3", "phi3_short", "phi3_long", "mistral_swa"));
 
 // Q8_0 with int8 activations (the default on AVX512-VNNI CPUs) against HF transformers with the same Q8_0
 // weights and every Linear's input quantised per 32-block to int8 (tools/make_int8x_fixtures.py), on the

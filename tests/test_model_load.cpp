@@ -576,6 +576,43 @@ TEST(ModelLoadHf, UnsupportedFeaturesOfNewArchitectures) {
   EXPECT_TRUE(hp.tie_embeddings && hp.qk_norm && hp.post_norms && hp.gelu);
 }
 
+// Which layers slide (transformers' masks): Mistral and Phi-3 window every layer; Llama ignores a
+// sliding_window key (LlamaModel builds a plain causal mask); Qwen2/3 slide from max_window_layers on, only
+// with use_sliding_window, unless layer_types says otherwise.
+TEST(ModelLoadHf, WhichLayersSlide) {
+  auto parse = [](const std::string& arch, const std::string& extra) {
+    return parse_hf_config_json(R"({"architectures": [")" + arch +
+                                    R"("], "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 3,
+                                       "num_attention_heads": 2, "intermediate_size": 32)" +
+                                    extra + "}",
+                                "config.json");
+  };
+  auto sliding = [](const HParams& hp) {
+    std::vector<int> v;
+    for (int il = 0; il < hp.n_layers; ++il) v.push_back(hp.layer_swa(il) ? hp.sliding_window : 0);
+    return v;
+  };
+  EXPECT_EQ(sliding(parse("MistralForCausalLM", R"(, "sliding_window": 12)")),
+            (std::vector<int>{12, 12, 12}));
+  EXPECT_EQ(sliding(parse("Phi3ForCausalLM", R"(, "sliding_window": 7)")), (std::vector<int>{7, 7, 7}));
+  EXPECT_EQ(sliding(parse("MistralForCausalLM", R"(, "sliding_window": null)")), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(sliding(parse("LlamaForCausalLM", R"(, "sliding_window": 12)")), (std::vector<int>{0, 0, 0}));
+  for (const char* qwen : {"Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    SCOPED_TRACE(qwen);
+    EXPECT_EQ(sliding(parse(qwen, R"(, "sliding_window": 12, "max_window_layers": 1)")),
+              (std::vector<int>{0, 0, 0}));
+    EXPECT_EQ(
+        sliding(parse(qwen, R"(, "use_sliding_window": true, "sliding_window": 12, "max_window_layers": 1)")),
+        (std::vector<int>{0, 12, 12}));
+    EXPECT_EQ(sliding(parse(qwen, R"(, "use_sliding_window": true, "sliding_window": 12)")),
+              (std::vector<int>{0, 0, 0}));  // max_window_layers defaults to 28
+    EXPECT_EQ(
+        sliding(parse(qwen, R"(, "use_sliding_window": true, "sliding_window": 12, "max_window_layers": 0,
+                                  "layer_types": ["full_attention", "sliding_attention", "full_attention"])")),
+        (std::vector<int>{0, 12, 0}));
+  }
+}
+
 // --no-mmap (set_read_into_memory): the file read into 2 MiB-aligned anonymous memory, byte for byte the
 // mapped content, for sizes below, at and above a multiple of 2 MiB; an empty file stays empty; a model
 // loads from it and its weights point into that memory.

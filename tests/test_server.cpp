@@ -24,6 +24,7 @@
 #include "sanitized.h"
 #include "server/chat.h"
 #include "server/server.h"
+#include "swa_fixture.h"
 #include "ultra/generate.h"
 
 using json = nlohmann::json;
@@ -47,31 +48,41 @@ std::string model_path() {
   return std::string(ULTRA_SOURCE_DIR) + "/models/target.gguf";
 }
 
+// A server on the model at path, listening on a free loopback port.
+Env* start_env(const std::string& path) {
+  Env* e = new Env{Model::load(path), nullptr, nullptr, {}, 0};
+  ContextParams cp;
+  cp.n_ctx = kCtx;
+  cp.n_slots = 4;
+  cp.n_batch = 64;  // small, so that prefill chunks share steps with decodes
+  cp.n_threads = 2;
+  e->sched = std::make_shared<server::Scheduler>(e->model, cp, 64);
+  server::ServerOptions so;
+  so.api_key = kKey;
+  so.limits.max_body = 64 * 1024;
+  e->srv = std::make_unique<server::Server>(so);
+  e->port = e->srv->bind("127.0.0.1", 0);
+  e->srv->attach(e->sched);
+  e->th = std::thread([e] { e->srv->listen(); });
+  return e;
+}
+
+void stop_env(Env* e) {
+  e->sched->shutdown();
+  e->srv->stop();
+  e->th.join();
+  delete e;
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (env || !std::filesystem::exists(model_path())) return;
-    env = new Env{Model::load(model_path()), nullptr, nullptr, {}, 0};
-    ContextParams cp;
-    cp.n_ctx = kCtx;
-    cp.n_slots = 4;
-    cp.n_batch = 64;  // small, so that prefill chunks share steps with decodes
-    cp.n_threads = 2;
-    env->sched = std::make_shared<server::Scheduler>(env->model, cp, 64);
-    server::ServerOptions so;
-    so.api_key = kKey;
-    so.limits.max_body = 64 * 1024;
-    env->srv = std::make_unique<server::Server>(so);
-    env->port = env->srv->bind("127.0.0.1", 0);
-    env->srv->attach(env->sched);
-    env->th = std::thread([] { env->srv->listen(); });
+    env = start_env(model_path());
   }
   static void TearDownTestSuite() {
     if (!env) return;
-    env->sched->shutdown();
-    env->srv->stop();
-    env->th.join();
-    delete env;
+    stop_env(env);
     env = nullptr;
   }
   void SetUp() override {
@@ -559,6 +570,38 @@ TEST_F(ServerTest, PrefixReuseAcrossTurns) {
   EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"],
             second["usage"]["prompt_tokens"].get<int>() - 1);
   EXPECT_EQ(again["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]);
+}
+
+// The bundled model with a sliding window of 8, shorter than the prompts: greedy completions equal
+// generate()'s, and a prompt that extends an earlier one (its prefix reused from the cache, the rest
+// prefilled past the window) gives what it gives with cache_prompt off.
+TEST_F(ServerTest, SlidingWindowShorterThanThePrompt) {
+  const test::TmpDir tmp("ultra_server_swa");
+  const std::string path = tmp.file("target-swa8.gguf");
+  test::windowed_gguf(model_path(), path, 8);
+  struct Swap {  // the suite's server back in place whatever happens
+    Env* saved = env;
+    ~Swap() {
+      stop_env(env);
+      env = saved;
+    }
+  } swap;
+  env = start_env(path);
+  const std::string p1 = "Once upon a time, in a small town by the sea, there lived a girl named Lily who";
+  const json first = post("/v1/completions", {{"prompt", p1}, {"max_tokens", 16}, {"temperature", 0}});
+  EXPECT_GT(first["usage"]["prompt_tokens"].get<int>(), 8);
+  const std::string text1 = first["choices"][0]["text"];
+  EXPECT_EQ(text1, reference(p1, 16));
+  EXPECT_NE(text1, reference(p1, 16, &swap.saved->model));  // the window changes the continuation
+  const std::string p2 = p1 + text1 + " Then one day";
+  const json second = post("/v1/completions", {{"prompt", p2}, {"max_tokens", 16}, {"temperature", 0}});
+  EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            first["usage"]["prompt_tokens"].get<int>());
+  const json fresh = post("/v1/completions",
+                          {{"prompt", p2}, {"max_tokens", 16}, {"temperature", 0}, {"cache_prompt", false}});
+  EXPECT_EQ(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(second["choices"][0]["text"], fresh["choices"][0]["text"]);
+  EXPECT_EQ(second["choices"][0]["text"], reference(p2, 16));
 }
 
 // The official openai npm package (tests/npm: `npm install` there) against the server: a chat completion,

@@ -25,6 +25,7 @@
 #include "sampling/sampler.h"
 #include "sanitized.h"
 #include "spec_sampling_check.h"
+#include "swa_fixture.h"
 #include "tmp_dir.h"
 #include "ultra/speculative.h"
 
@@ -222,6 +223,34 @@ TEST(Speculative, PositionsPastTheCropAreNeverRead) {
       EXPECT_GT(st.drafted - st.accepted, 5);  // rejections happened: there was something to poison
     }
   }
+}
+
+// A target whose sliding window (12) is shorter than the context: speculative greedy decoding (the
+// unwindowed Mistral fixture as draft, which agrees early and parts later, and prompt lookup) equals plain
+// greedy decoding over 60 positions, so rejected rows cropped from the cache and K+1-row verification
+// steps see the same window as one-token steps.
+TEST(Speculative, TargetWindowShorterThanTheContext) {
+  test::TmpDir tmp("ultra_spec_swa");
+  const Model tm = Model::load(test::windowed_mistral(tmp, 12)), dm = Model::load((kHf / "mistral").string());
+  const std::vector<int32_t> prompt = random_prompt(20, tm.info().n_vocab, 9);
+  const auto want = plain_greedy(tm, prompt, 40);
+  EXPECT_NE(want, plain_greedy(dm, prompt, 40));  // the window changes the continuation
+  Context target(tm, {.n_ctx = 128, .n_batch = 16, .n_outputs = 16, .n_threads = 1});
+  Context draft(dm, {.n_ctx = 128, .n_threads = 1});
+  int64_t drafted = 0, accepted = 0;
+  for (int K : {2, 5})
+    for (int lookup : {0, 2}) {
+      SpeculativeParams spp;
+      spp.n_draft = K;
+      spp.lookup_ngram = lookup;
+      SpeculativeStats st;
+      EXPECT_EQ(speculative(target, &draft, SamplingParams::greedy(), prompt, 40, spp, &st), want)
+          << "K " << K << " lookup " << lookup;
+      drafted += st.drafted;
+      accepted += st.accepted;
+    }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
 }
 
 // The host's draws (the first token after a sampled prompt, the bonus and residual tokens, the draft's

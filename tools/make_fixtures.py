@@ -13,6 +13,9 @@ For each tiny random-weight model it writes <out>/<name>/:
                                      the same with every 2-D weight matrix rounded to F16 / BF16 / Q8_0
                                      (norms and biases stay F32), computed in float32: the exact reference
                                      for a GGUF converted to that type, up to the engine's own f32 rounding.
+mistral_swa (window 12) has a 40-token prompt: only it, after the others exist, with
+    python3 tools/make_fixtures.py -o tests/fixtures/hf --only mistral_swa
+(each model's seed is its place in the full list, so --only rewrites the same weights).
 One model is also saved as a BF16 checkpoint (<name>_bf16/, all tensors BF16) with its logits.
 One config is rewritten in the transformers-4 form (rope_theta / rope_scaling at the top level) after
 checking that transformers loads it to identical logits.
@@ -31,6 +34,9 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 N_PROMPT = 16
 N_GREEDY = 32
 VOCAB = 320
+# Fixtures whose prompt is longer than N_PROMPT (drawn after the common prompt, which stays as it was).
+LONG_PROMPT = {"mistral_swa": 40}
+SWA_WINDOW = 12
 
 
 def rope_kw(theta, scaling=None):
@@ -119,6 +125,9 @@ def new_models():
     add("gemma3", gemma3)
     add("phi3_short", lambda: phi3(64))  # prompt + greedy (48 tokens) within the original context: short factors
     add("phi3_long", lambda: phi3(8))    # past it from the prompt on: long factors and the attention factor
+    # Issue 34: Mistral's whole-model sliding window (12) shorter than its 40-token prompt (LONG_PROMPT).
+    add("mistral_swa", lambda: (MistralForCausalLM, MistralConfig(**common(
+        sliding_window=SWA_WINDOW, head_dim=32, **rope_kw(10000.0)))))
     return out
 
 
@@ -218,6 +227,19 @@ def write_v4_config(d, model_cls):
     return True
 
 
+def check_window_applies(cls, model, ids, ref):
+    """The saved logits must be windowed: the first SWA_WINDOW positions equal the same weights' without a
+    window, the later ones differ (a transformers version that ignored the key would write a fixture that
+    cannot tell a windowed engine from an unwindowed one)."""
+    cfg = type(model.config).from_dict(model.config.to_dict())
+    cfg.sliding_window = None
+    full = cls(cfg).eval()
+    full.load_state_dict(model.state_dict())
+    f = prompt_logits(full, ids)
+    assert torch.allclose(f[:SWA_WINDOW], ref[:SWA_WINDOW], atol=1e-5), "windowed logits differ before the window"
+    assert (f[SWA_WINDOW:] - ref[SWA_WINDOW:]).abs().max() > 1e-3, "the sliding window changed nothing"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-o", "--out", default="tests/fixtures/hf")
@@ -229,33 +251,38 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     g = torch.Generator().manual_seed(1234)
     prompt = [int(x) for x in torch.randint(3, VOCAB, (N_PROMPT,), generator=g)]
+    long_prompts = {n: [int(x) for x in torch.randint(3, VOCAB, (k,), generator=g)]
+                    for n, k in LONG_PROMPT.items()}
     summary = {}
     all_models = models()
     all_models.update(new_models())
     for seed, (name, (cls, cfg)) in enumerate(all_models.items()):
         if only and name not in only:
             continue
+        prompt_of = long_prompts.get(name, prompt)
         model = cls(cfg).eval()
         randomize(model, 100 + seed)
         d = os.path.join(args.out, name)
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d, safe_serialization=True)
-        ref = prompt_logits(model, prompt)
+        ref = prompt_logits(model, prompt_of)
         # Reload from disk: the reference must be what the saved files compute.
         model = cls.from_pretrained(d, attn_implementation="eager").eval()
-        assert torch.equal(prompt_logits(model, prompt), ref)
+        assert torch.equal(prompt_logits(model, prompt_of), ref)
         if name == "llama_gqa" and write_v4_config(d, cls):
             m4 = cls.from_pretrained(d, attn_implementation="eager").eval()
-            assert torch.equal(prompt_logits(m4, prompt), ref), "transformers-4 config form changed the logits"
+            assert torch.equal(prompt_logits(m4, prompt_of), ref), "transformers-4 config form changed the logits"
+        if name == "mistral_swa":
+            check_window_applies(cls, model, prompt_of, ref)
         save_logits(os.path.join(d, "logits_f32.bin"), ref)
-        gen, margins = greedy(model, prompt, N_GREEDY)
-        info = {"prompt": prompt, "greedy": gen, "greedy_min_margin": min(margins), "n_vocab": VOCAB,
-                "n_prompt": N_PROMPT, "transformers": transformers.__version__, "torch": torch.__version__,
+        gen, margins = greedy(model, prompt_of, N_GREEDY)
+        info = {"prompt": prompt_of, "greedy": gen, "greedy_min_margin": min(margins), "n_vocab": VOCAB,
+                "n_prompt": len(prompt_of), "transformers": transformers.__version__, "torch": torch.__version__,
                 "architecture": cfg.architectures[0] if cfg.architectures else cls.__name__}
         for tag, fn in (("f16w", round_f16), ("bf16w", round_bf16), ("q8_0w", round_q8_0)):
             rm = rounded_copy(model, fn)
-            save_logits(os.path.join(d, f"logits_{tag}.bin"), prompt_logits(rm, prompt))
-            info[f"greedy_{tag}"], _ = greedy(rm, prompt, N_GREEDY)
+            save_logits(os.path.join(d, f"logits_{tag}.bin"), prompt_logits(rm, prompt_of))
+            info[f"greedy_{tag}"], _ = greedy(rm, prompt_of, N_GREEDY)
         json.dump(info, open(os.path.join(d, "reference.json"), "w"), indent=1)
         summary[name] = {"greedy_min_margin": info["greedy_min_margin"]}
         if name == "llama_gqa":

@@ -39,19 +39,7 @@ std::string bytes_str(size_t b) {
 
 ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::string>& warnings) {
   const HParams& hp = m.hp;
-  const bool ctx_default = p.n_ctx <= 0;
-  if (ctx_default) p.n_ctx = std::min(hp.train_ctx, 4096);
-  // Mistral's whole-model window (swa_layers empty) is not implemented; the per-layer one is (attention()).
-  if (hp.sliding_window > 0 && hp.swa_layers.empty() && p.n_ctx > hp.sliding_window) {
-    // Sliding-window attention is not implemented: a longer context would be silently wrong past the window.
-    if (!ctx_default)
-      fail(
-          "context: {} uses sliding-window attention over {} tokens, which is not implemented yet: a context "
-          "of {} tokens would give wrong output past position {}; use a context of at most {} tokens",
-          m.path, hp.sliding_window, p.n_ctx, hp.sliding_window, hp.sliding_window);
-    p.n_ctx = hp.sliding_window;
-    warnings.push_back(fmt::format("context limited to the model's sliding window of {} tokens", p.n_ctx));
-  }
+  if (p.n_ctx <= 0) p.n_ctx = std::min(hp.train_ctx, 4096);
   if (p.n_ctx > hp.train_ctx)
     warnings.push_back(
         fmt::format("n_ctx {} is larger than the {} tokens the model was trained with; output past "

@@ -297,9 +297,10 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
   hp.rms_eps = get_num(j, "rms_norm_eps", path, 1e-6);
   hp.rope_theta = get_num(j, "rope_theta", path, 10000.0);
   hp.train_ctx = get_int(j, "max_position_embeddings", path, 2048, false);
-  // Qwen2/3 configs carry a sliding_window that applies only with use_sliding_window: true.
+  // Qwen2/3 configs carry a sliding_window that applies only with use_sliding_window: true; Llama's attention
+  // ignores one (transformers' LlamaModel builds a plain causal mask).
   const bool qwen = hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3;
-  if (!qwen || get_bool(j, "use_sliding_window", path, false))
+  if (hp.arch != Arch::Llama && (!qwen || get_bool(j, "use_sliding_window", path, false)))
     hp.sliding_window = get_int(j, "sliding_window", path, 0, false);
   // Llama, Mistral, Qwen and Phi-3 configs default to untied embeddings, Gemma's to tied ones.
   hp.tie_embeddings = get_bool(j, "tie_word_embeddings", path, gemma);
@@ -335,10 +336,11 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
       fail("{}: hidden activation '{}' is not supported for {} (only silu)", path,
            j[act_key].get<std::string>(), arch_name(hp.arch));
   }
-  // Per-layer attention types (Gemma 2/3, Qwen3): config.json's layer_types, or the architecture's default
+  // Per-layer attention types (Gemma 2/3, Qwen2/3): config.json's layer_types, or the architecture's default
   // pattern (transformers 4 Gemma configs: every 2nd layer full for Gemma 2, every sliding_window_pattern-th
-  // for Gemma 3).
-  if (hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3 || hp.arch == Arch::Qwen3) {
+  // for Gemma 3; Qwen: layers from max_window_layers on slide). Mistral and Phi-3 keep swa_layers empty: the
+  // window applies to every layer.
+  if (gemma || qwen) {
     std::vector<uint8_t> swa(hp.n_layers, 0);
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
       const json& lt = j["layer_types"];
@@ -355,6 +357,9 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
     } else if (gemma) {
       const int pattern = hp.arch == Arch::Gemma2 ? 2 : get_int(j, "sliding_window_pattern", path, 6, false);
       for (int il = 0; il < hp.n_layers; ++il) swa[il] = pattern > 0 && (il + 1) % pattern != 0;
+    } else if (hp.sliding_window > 0) {  // Qwen2/3 with use_sliding_window, transformers 4
+      const int first = get_int(j, "max_window_layers", path, 28, false);
+      for (int il = 0; il < hp.n_layers; ++il) swa[il] = il >= first;
     }
     if (std::find(swa.begin(), swa.end(), 1) != swa.end()) {
       if (hp.sliding_window <= 0) fail("{}: sliding_attention layers need a sliding_window > 0", path);

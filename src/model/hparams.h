@@ -37,8 +37,9 @@ struct HParams {
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;
   int train_ctx = 2048;  // max_position_embeddings / context_length
-  // Sliding-window attention (Mistral v0.1): each token attends the last sliding_window positions; 0: none.
-  // Not implemented: a context holds at most this many tokens, which keeps the output exact.
+  // Sliding-window attention: a token at position i attends positions j with i - sliding_window < j <= i
+  // (HF's sliding_window_overlay, llama.cpp's LLAMA_SWA_TYPE_STANDARD); 0: none. With swa_layers empty it
+  // applies to every layer (Mistral, Phi-3), else to the layers swa_layers marks.
   int sliding_window = 0;
   bool tie_embeddings = false;
   bool qkv_bias = false;  // Qwen2
@@ -51,7 +52,7 @@ struct HParams {
   float attn_scale = 0;     // query scale; 0: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar^-0.5)
   float attn_softcap = 0;   // scores = tanh(scores / cap) * cap before softmax; 0: none (Gemma 2)
   float final_softcap = 0;  // logits = tanh(logits / cap) * cap; 0: none (Gemma 2)
-  // Per-layer sliding-window attention (Gemma 2/3, Qwen3 layer_types): layer il attends positions
+  // Per-layer sliding-window attention (Gemma 2/3, Qwen2/3 layer_types): layer il attends positions
   // j > i - sliding_window when swa_layers[il] != 0. Empty: the whole-model Mistral form above.
   std::vector<uint8_t> swa_layers;
   float rope_theta_swa = 0;  // RoPE base of the sliding layers (default scaling); 0: as the full layers
@@ -68,7 +69,8 @@ struct HParams {
   // RoPE inverse frequencies [head_dim/2] with the scaling applied (HF's _compute_*_parameters); swa: of the
   // sliding-window layers (rope_theta_swa). long_rope: longrope's long factors instead of the short ones.
   std::vector<float> rope_inv_freq(bool swa = false, bool long_rope = false) const;
-  bool layer_swa(int il) const { return !swa_layers.empty() && swa_layers[il]; }
+  // Whether layer il attends through the sliding window (the whole-model window or its per-layer flag).
+  bool layer_swa(int il) const { return sliding_window > 0 && (swa_layers.empty() || swa_layers[il]); }
 };
 
 // Parses an HF config.json (transformers 4 form with rope_theta/rope_scaling at the top level, and the

@@ -207,7 +207,9 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     hp.attn_softcap = L.key_float(a + "attn_logit_softcapping", 0.0);
     hp.final_softcap = L.key_float(a + "final_logit_softcapping", 0.0);
   }
-  if (gemma || hp.arch == Arch::Qwen3) {
+  // Mistral (arch llama) and Phi-3: attention.sliding_window alone windows every layer (as HF does;
+  // llama.cpp's llama and phi3 graphs ignore the key). Qwen2/3 window only the layers the pattern marks.
+  if (gemma || hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) {
     // Per-layer sliding windows: attention.sliding_window_pattern as a list of bools, or a period n (layer il
     // is sliding unless (il + 1) % n == 0; llama.cpp's defaults: 2 for gemma2, 6 for gemma3).
     std::vector<uint8_t> swa(hp.n_layers, 0);
