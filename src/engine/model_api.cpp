@@ -108,7 +108,11 @@ namespace {
 
 double n_params(const HParams& hp) {
   const double q = (double)hp.n_heads * hp.head_dim, kv = (double)hp.n_kv_heads * hp.head_dim;
-  const double layer = hp.dim * (2 * q + 2 * kv) + 3.0 * hp.dim * hp.ffn_dim + 2.0 * hp.dim;
+  // The FFN: dense, or every expert (total, not active, parameters), the router and the shared expert.
+  const double ffn = hp.moe() ? hp.n_expert * (3.0 * hp.dim * hp.expert_ffn_dim + hp.dim) +
+                                    3.0 * hp.dim * hp.shexp_ffn_dim + (hp.shexp_ffn_dim > 0 ? hp.dim : 0)
+                              : 3.0 * hp.dim * hp.ffn_dim;
+  const double layer = hp.dim * (2 * q + 2 * kv) + ffn + 2.0 * hp.dim;
   return hp.n_layers * layer + (hp.tie_embeddings ? 1 : 2) * (double)hp.n_vocab * hp.dim + hp.dim;
 }
 

@@ -303,6 +303,7 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     check_not_an_input(out_path, shards);
   }
   const HParams& hp = m->hp;
+  if (hp.moe()) fail("{}: converting mixture-of-experts checkpoints is not supported yet", hf_dir);
   // Llama and Mistral become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the others keep
   // HF's rotate-half layout under their own arch name.
   const bool llama_layout = hp.arch == Arch::Llama || hp.arch == Arch::Mistral;

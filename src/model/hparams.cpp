@@ -87,6 +87,25 @@ void HParams::validate(const std::string& source) const {
   for (float v : {attn_scale, attn_softcap, final_softcap, embed_scale})
     if (!(v >= 0 && std::isfinite(v)))
       fail("{}: invalid attention scale, soft-cap or embedding scale {}", source, v);
+  validate_experts(source);
+}
+
+void HParams::validate_experts(const std::string& source) const {
+  constexpr int kMaxExperts = 512;  // llama.cpp's LLAMA_MAX_EXPERTS
+  if (n_expert < 0 || n_expert > kMaxExperts)
+    fail("{}: expert count {} is out of range (0: dense, at most {})", source, n_expert, kMaxExperts);
+  if (n_expert == 0) {
+    if (n_expert_used != 0 || shexp_ffn_dim != 0)
+      fail("{}: expert_used_count {} (or a shared expert) without experts (expert_count 0)", source,
+           n_expert_used);
+    return;
+  }
+  if (n_expert_used < 1 || n_expert_used > n_expert)
+    fail("{}: expert_used_count {} must be between 1 and expert_count {}", source, n_expert_used, n_expert);
+  if (expert_ffn_dim <= 0 || expert_ffn_dim >= (1 << 24))
+    fail("{}: invalid expert feed-forward size {}", source, expert_ffn_dim);
+  if (shexp_ffn_dim < 0 || shexp_ffn_dim >= (1 << 24))
+    fail("{}: invalid shared-expert feed-forward size {}", source, shexp_ffn_dim);
 }
 
 std::vector<float> HParams::rope_inv_freq(bool swa, bool long_rope) const {

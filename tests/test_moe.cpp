@@ -1,0 +1,356 @@
+// Mixture-of-experts models on the CPU: the routing against a float64 reference (ties, k = 1, k = n_expert),
+// the loader's errors on bad expert keys and tensors, the grouped-by-expert FFN against the dense FFN it
+// must equal when every expert is the same, prefill (rows grouped by expert) against decode (one row), and
+// `ultra perplexity` on tiny random Mixtral / Qwen2-MoE / Qwen3-MoE GGUF files (tests/moe_gguf.h) against
+// the figures llama.cpp's llama-perplexity gave for the same files.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "moe_gguf.h"
+#include "run_ultra.h"
+#include "tmp_dir.h"
+#include "ultra/context.h"
+#include "ultra/model.h"
+
+using namespace ultra;
+using test::MoeSpec;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = ULTRA_SOURCE_DIR;
+
+// float64 reference of moe_route for one row: softmax, a stable sort by descending probability (ties to
+// the lower index), the first k, renormalised when norm.
+void route_ref(const std::vector<float>& logits, int k, bool norm, std::vector<int>& ids,
+               std::vector<double>& w) {
+  const int n = (int)logits.size();
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(n);
+  double s = 0;
+  for (int e = 0; e < n; ++e) s += p[e] = std::exp((double)logits[e] - mx);
+  for (double& x : p) x /= s;
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+  ids.assign(order.begin(), order.begin() + k);
+  w.clear();
+  double sum = 0;
+  for (int e : ids) sum += p[e];
+  for (int e : ids) w.push_back(norm ? p[e] / sum : p[e]);
+}
+
+void expect_route(const std::vector<float>& logits, int k, bool norm) {
+  const int n_expert = (int)logits.size();
+  std::vector<float> work = logits, w(k);
+  std::vector<int32_t> ids(k);
+  moe_route(work.data(), 1, n_expert, k, norm, ids.data(), w.data());
+  std::vector<int> rid;
+  std::vector<double> rw;
+  route_ref(logits, k, norm, rid, rw);
+  for (int j = 0; j < k; ++j) {
+    EXPECT_EQ(ids[j], rid[j]) << "slot " << j;
+    EXPECT_NEAR(w[j], rw[j], 1e-6) << "slot " << j;
+  }
+}
+
+TEST(MoeRoute, MatchesFloat64Reference) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0, 2);
+  for (int n_expert : {2, 8, 60, 128})
+    for (int k : {1, 2, 4}) {
+      if (k > n_expert) continue;
+      for (int t = 0; t < 20; ++t) {
+        std::vector<float> l(n_expert);
+        for (float& x : l) x = nd(rng);
+        expect_route(l, k, true);
+        expect_route(l, k, false);
+      }
+    }
+}
+
+TEST(MoeRoute, TiesGoToTheLowerIndex) {
+  // Experts 1, 3 and 6 tie for the top; 0 and 5 for the next place.
+  const std::vector<float> l = {0.5f, 2.0f, -1.0f, 2.0f, 0.1f, 0.5f, 2.0f, -3.0f};
+  std::vector<float> work = l, w(5);
+  std::vector<int32_t> ids(5);
+  moe_route(work.data(), 1, 8, 5, true, ids.data(), w.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 3, 6, 0, 5}));
+  expect_route(l, 5, true);
+  const std::vector<float> flat(16, 0.25f);  // all equal: the first k in index order, weights 1/k
+  work = flat;
+  w.resize(3);
+  ids.resize(3);
+  moe_route(work.data(), 1, 16, 3, true, ids.data(), w.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 2}));
+  for (float x : w) EXPECT_FLOAT_EQ(x, 1.0f / 3);
+}
+
+TEST(MoeRoute, KEqualsNExpertAndKOne) {
+  const std::vector<float> l = {0.3f, -1.2f, 2.5f, 0.9f, 0.0f, -0.4f};
+  expect_route(l, 6, true);  // every expert, sorted; weights = the softmax itself
+  expect_route(l, 6, false);
+  expect_route(l, 1, true);  // the argmax, weight 1
+  std::vector<float> work = l, w(1);
+  std::vector<int32_t> ids(1);
+  moe_route(work.data(), 1, 6, 1, true, ids.data(), w.data());
+  EXPECT_EQ(ids[0], 2);
+  EXPECT_FLOAT_EQ(w[0], 1.0f);
+  work = l;
+  moe_route(work.data(), 1, 6, 1, false, ids.data(), w.data());  // Qwen2-MoE: the probability itself
+  EXPECT_NEAR(
+      w[0],
+      std::exp(2.5) / (std::exp(0.3) + std::exp(-1.2) + std::exp(2.5) + std::exp(0.9) + 1 + std::exp(-0.4)),
+      1e-6);
+}
+
+TEST(MoeRoute, ManyRowsAtOnce) {  // rows are independent: a batch equals its rows one by one
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0, 1);
+  const int n = 9, E = 8, k = 2;
+  std::vector<float> l(n * E);
+  for (float& x : l) x = nd(rng);
+  std::vector<float> all = l, w(n * k);
+  std::vector<int32_t> ids(n * k);
+  moe_route(all.data(), n, E, k, true, ids.data(), w.data());
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> one(l.begin() + r * E, l.begin() + (r + 1) * E), w1(k);
+    std::vector<int32_t> i1(k);
+    moe_route(one.data(), 1, E, k, true, i1.data(), w1.data());
+    for (int j = 0; j < k; ++j) {
+      EXPECT_EQ(ids[r * k + j], i1[j]);
+      EXPECT_EQ(w[r * k + j], w1[j]);
+    }
+  }
+}
+
+void expect_error(const std::function<void()>& f, const std::string& phrase) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing '" << phrase << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+  }
+}
+
+MoeSpec::Tensor* find(std::vector<MoeSpec::Tensor>& ts, const std::string& name) {
+  for (auto& t : ts)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+TEST(MoeLoad, ArchitecturesAndKeys) {
+  test::TmpDir dir("ultra_moe");
+  for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    test::MoeSpec s;
+    s.arch = arch;
+    s.n_expert = 6;
+    s.n_expert_used = 3;
+    const std::string p = dir.file(std::string(arch) + ".gguf");
+    test::write_moe_gguf(p, s);
+    const auto m = load_model(p);
+    EXPECT_EQ(m->hp.n_expert, 6);
+    EXPECT_EQ(m->hp.n_expert_used, 3);
+    EXPECT_EQ(m->hp.expert_ffn_dim, 64);
+    EXPECT_EQ(m->hp.expert_norm, std::string(arch) != "qwen2moe");  // llama.cpp's norm_w
+    EXPECT_EQ(m->hp.shexp_ffn_dim, std::string(arch) == "qwen2moe" ? 96 : 0);
+    ASSERT_NE(m->layers[1].down_exps, nullptr);
+    EXPECT_EQ(m->layers[1].down_exps[5].rows, 64);
+    EXPECT_EQ(m->layers[1].down_exps[5].cols, 64);
+    EXPECT_EQ(m->layers[1].w_down.data, nullptr);  // no dense FFN
+  }
+}
+
+TEST(MoeLoad, BadExpertKeysAndTensors) {
+  test::TmpDir dir("ultra_moe");
+  const std::string p = dir.file("bad.gguf");
+  auto with = [&](const char* arch, std::function<void(gguf::Writer&, std::vector<MoeSpec::Tensor>&)> edit) {
+    test::MoeSpec s;
+    s.arch = arch;
+    s.edit = std::move(edit);
+    test::write_moe_gguf(p, s);
+    return [p] { load_model(p); };
+  };
+  // An expert count of zero.
+  expect_error(with("qwen3moe", [](gguf::Writer& w, auto&) { w.set_u32("qwen3moe.expert_count", 0); }),
+               "qwen3moe needs qwen3moe.expert_count > 0");
+  expect_error(with("llama", [](gguf::Writer& w, auto&) { w.set_u32("llama.expert_count", 0); }),
+               "has expert tensors ('blk.0.ffn_gate_inp.weight') but llama.expert_count is 0");
+  // Above the experts the tensors hold.
+  expect_error(with("llama", [](gguf::Writer& w, auto&) { w.set_u32("llama.expert_count", 8); }),
+               "llama.expert_count = 8 but 'blk.0.ffn_gate_inp.weight' routes to 4 experts");
+  expect_error(with("qwen2moe",
+                    [](gguf::Writer&, auto& ts) {
+                      auto* t = find(ts, "blk.1.ffn_up_exps.weight");
+                      t->ne[2] = 2;  // half the experts (and half the bytes)
+                      t->data.resize(t->data.size() / 2);
+                    }),
+               "tensor 'blk.1.ffn_up_exps.weight' holds 2 experts but expert_count is 4");
+  // expert_used_count above expert_count.
+  expect_error(with("qwen3moe", [](gguf::Writer& w, auto&) { w.set_u32("qwen3moe.expert_used_count", 5); }),
+               "qwen3moe.expert_used_count = 5 must be between 1 and expert_count = 4");
+  // Expert tensors of inconsistent shapes: one expert FFN size for gate and another for up.
+  expect_error(with("qwen3moe",
+                    [](gguf::Writer&, auto& ts) {
+                      auto* t = find(ts, "blk.0.ffn_up_exps.weight");
+                      t->ne = {32, 128, 4};  // [4, 128, 32] instead of [4, 64, 64]: same bytes
+                    }),
+               "tensor 'blk.0.ffn_up_exps.weight' has shape [32, 128, 4], expected [64, 64, 4]");
+  expect_error(with("llama",
+                    [](gguf::Writer&, auto& ts) {
+                      auto* t = find(ts, "blk.0.ffn_down_exps.weight");
+                      t->ne = {64, 64 * 4};  // stored 2-D
+                    }),
+               "tensor 'blk.0.ffn_down_exps.weight' has shape [64, 256], expected [64, 64, 4]");
+}
+
+std::vector<float> logits_of(const Model& m, const std::vector<int32_t>& toks, bool one_by_one) {
+  Context ctx(m, {.n_ctx = 64, .n_batch = 32, .n_outputs = 32, .n_threads = 2});
+  Batch b(32);
+  std::vector<float> out;
+  const int V = m.info().n_vocab;
+  auto take = [&] {
+    ctx.step(b);
+    for (int r = 0; r < b.size(); ++r) {
+      const auto l = ctx.logits(r);
+      out.insert(out.end(), l.begin(), l.begin() + V);
+    }
+    b.clear();
+  };
+  for (size_t i = 0; i < toks.size(); ++i) {
+    b.add(toks[i], (int)i, 0, Output::logits);
+    if (one_by_one) take();
+  }
+  if (!one_by_one) take();
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (double)std::fabs(a[i] - b[i]));
+  return d;
+}
+
+// A prefill chunk groups its rows by expert; decode runs one row. With 8 experts of which 1 is used and
+// 12 rows, some expert is selected by several rows and some by none: both must give the same logits.
+TEST(MoeForward, PrefillEqualsDecode) {
+  test::TmpDir dir("ultra_moe");
+  for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    test::MoeSpec s;
+    s.arch = arch;
+    s.n_expert = 8;
+    s.n_expert_used = std::string(arch) == "llama" ? 1 : 3;
+    const std::string p = dir.file(std::string(arch) + ".gguf");
+    test::write_moe_gguf(p, s);
+    const Model m = Model::load(p);
+    const std::vector<int32_t> toks = {1, 40, 77, 300, 12, 9, 500, 41, 42, 1000, 3, 77};
+    const auto a = logits_of(m, toks, false), b = logits_of(m, toks, true);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_LT(max_abs_diff(a, b), 2e-3);
+    // Not a constant model: logits differ between positions.
+    EXPECT_GT(
+        max_abs_diff(std::vector<float>(a.begin(), a.begin() + m.info().n_vocab),
+                     std::vector<float>(a.begin() + m.info().n_vocab, a.begin() + 2 * m.info().n_vocab)),
+        0.5);
+  }
+}
+
+// Every expert a copy of expert 0, the top-k weights renormalised: the layer is the dense SwiGLU FFN of
+// expert 0, whichever experts the router picks. The same file rewritten as a dense llama model (ffn_gate,
+// ffn_up, ffn_down = expert 0) must give the same logits.
+TEST(MoeForward, IdenticalExpertsEqualTheDenseFfn) {
+  test::TmpDir dir("ultra_moe");
+  const std::string moe = dir.file("moe.gguf"), dense = dir.file("dense.gguf");
+  test::MoeSpec s;
+  s.n_expert = 4;
+  s.n_expert_used = 3;
+  auto same_experts = [](gguf::Writer&, std::vector<MoeSpec::Tensor>& ts) {
+    for (auto& t : ts)
+      if (t.name.find("_exps.") != std::string::npos) {
+        const size_t one = t.data.size() / t.ne[2];
+        for (uint64_t e = 1; e < t.ne[2]; ++e) std::memcpy(t.data.data() + e * one, t.data.data(), one);
+      }
+  };
+  s.edit = same_experts;
+  test::write_moe_gguf(moe, s);
+  s.edit = [&](gguf::Writer& w, std::vector<MoeSpec::Tensor>& ts) {
+    same_experts(w, ts);
+    w.set_u32("llama.expert_count", 0);
+    w.set_u32("llama.expert_used_count", 0);
+    std::vector<MoeSpec::Tensor> out;
+    for (auto& t : ts) {
+      if (t.name.find("ffn_gate_inp") != std::string::npos) continue;
+      if (const size_t at = t.name.find("_exps."); at != std::string::npos) {
+        t.name = t.name.substr(0, at) + t.name.substr(at + 5);
+        t.data.resize(t.data.size() / t.ne[2]);
+        t.ne.pop_back();
+      }
+      out.push_back(std::move(t));
+    }
+    ts = std::move(out);
+  };
+  test::write_moe_gguf(dense, s);
+  const Model a = Model::load(moe), b = Model::load(dense);
+  const std::vector<int32_t> toks = {5, 17, 99, 256, 3, 3, 1024};
+  EXPECT_LT(max_abs_diff(logits_of(a, toks, false), logits_of(b, toks, false)), 1e-3);
+  EXPECT_LT(max_abs_diff(logits_of(a, toks, true), logits_of(b, toks, true)), 1e-3);
+}
+
+// `ultra perplexity` on the tiny random MoE files against llama.cpp's llama-perplexity on the same files
+// (recorded: llama.cpp is not run here). To record again, keep the files (ULTRA_MOE_KEEP=DIR) and run
+//   ~/.cache/ultra/llama.cpp-native/build/bin/llama-perplexity -m DIR/FILE.gguf \
+//     -f tests/fixtures/bundled/val.txt -c 128 --chunks 4 -t 2
+struct PplCase {
+  const char* arch;
+  GgmlType type;
+  int dim, expert_ffn;
+  double llama_ppl;
+};
+
+TEST(MoePerplexity, EqualsLlamaCpp) {
+  test::TmpDir dir("ultra_moe_ppl");
+  const char* keep = std::getenv("ULTRA_MOE_KEEP");
+  const std::string val = (kRoot / "tests" / "fixtures" / "bundled" / "val.txt").string();
+  for (const PplCase& c : {PplCase{"llama", GgmlType::F32, 64, 64, 7081.9071},
+                           PplCase{"qwen2moe", GgmlType::F16, 64, 64, 7537.7172},
+                           PplCase{"qwen3moe", GgmlType::Q8_0, 64, 64, 5665.8931},
+                           PplCase{"llama", GgmlType::Q4_K, 256, 256, 6092.7326}}) {
+    const std::string name = std::string(c.arch) + "-" + std::string(type_name(c.type)) + ".gguf";
+    SCOPED_TRACE(name);
+    test::MoeSpec s;
+    s.arch = c.arch;
+    s.type = c.type;
+    s.dim = c.dim;
+    s.expert_ffn = c.expert_ffn;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    const std::string path = keep ? (fs::path(keep) / name).string() : dir.file(name);
+    test::write_moe_gguf(path, s);
+    const auto r = test::run_ultra(
+        {"perplexity", "-m", path, "-f", val, "-c", "128", "--chunks", "4", "-t", "2", "--json"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    const double p = nlohmann::json::parse(r.out).at("ppl").get<double>();
+    ASSERT_TRUE(std::isfinite(p));
+    std::printf("[ moe ] %-22s ultra perplexity %.4f, llama-perplexity %.4f (%+.3f%%)\n", name.c_str(), p,
+                c.llama_ppl, 100 * (p / c.llama_ppl - 1));
+    // F32 / F16 weights: both engines compute in float (0.05%); the block types: llama.cpp rounds the
+    // activations to 8 bits (Q8_0 / Q8_K) where ultra's kernels may not, or not alike (0.5%).
+    const bool exact = c.type == GgmlType::F32 || c.type == GgmlType::F16;
+    EXPECT_LE(std::fabs(p / c.llama_ppl - 1), exact ? 0.0005 : 0.005)
+        << "ultra " << p << ", llama.cpp " << c.llama_ppl;
+  }
+}
+
+}  // namespace
