@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "model/tensor_names.h"
 #include "moe_gguf.h"
 #include "run_ultra.h"
 #include "tmp_dir.h"
@@ -306,6 +308,127 @@ TEST(MoeForward, IdenticalExpertsEqualTheDenseFfn) {
   const std::vector<int32_t> toks = {5, 17, 99, 256, 3, 3, 1024};
   EXPECT_LT(max_abs_diff(logits_of(a, toks, false), logits_of(b, toks, false)), 1e-3);
   EXPECT_LT(max_abs_diff(logits_of(a, toks, true), logits_of(b, toks, true)), 1e-3);
+}
+
+// An HF checkpoint directory (config.json + one model.safetensors, F32) holding the tensors of an F32 MoE
+// GGUF file under their HF names (the tensor table's), each stacked expert tensor split into one tensor per
+// expert, the shared expert's gate as HF's [1, dim].
+void write_hf_from_gguf(const std::string& gguf_path, const fs::path& dir, const nlohmann::json& config) {
+  const auto m = load_model(gguf_path);
+  const HParams& hp = m->hp;
+  const gguf::Reader r = gguf::Reader::open(gguf_path);
+  struct Out {
+    std::string name;
+    std::vector<uint64_t> shape;
+    const uint8_t* data;
+    uint64_t n_bytes;
+  };
+  std::vector<Out> out;
+  auto put = [&](const std::string& gguf_name, const std::string& hf_name) {
+    const gguf::TensorInfo* t = r.find_tensor(gguf_name);
+    ASSERT_NE(t, nullptr) << gguf_name;
+    ASSERT_EQ(t->type, GgmlType::F32);
+    std::vector<uint64_t> shape(t->ne.rbegin(), t->ne.rend());
+    if (gguf_name.find("ffn_gate_inp_shexp") != std::string::npos) shape = {1, t->ne[0]};
+    out.push_back({hf_name, shape, (const uint8_t*)t->data, t->n_bytes});
+  };
+  for (TensorRole role : {TensorRole::TokEmbd, TensorRole::OutputNorm, TensorRole::Output})
+    put(gguf_name(role), hf_name(role, hp));
+  for (int il = 0; il < hp.n_layers; ++il)
+    for (const TensorSpec& t : layer_tensors()) {
+      if (tensor_need(t, hp, TensorFormat::Hf) != Need::Required) continue;
+      const std::string g = tensor_name(t, hp, TensorFormat::Gguf, il);
+      if (!t.experts) {
+        put(g, tensor_name(t, hp, TensorFormat::Hf, il));
+        continue;
+      }
+      const gguf::TensorInfo* st = r.find_tensor(g);
+      ASSERT_NE(st, nullptr) << g;
+      const uint64_t one = st->n_bytes / hp.n_expert;
+      for (int e = 0; e < hp.n_expert; ++e)
+        out.push_back({tensor_name(t, hp, TensorFormat::Hf, il, e),
+                       {st->ne[1], st->ne[0]},
+                       (const uint8_t*)st->data + e * one,
+                       one});
+    }
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t off = 0;
+  for (const Out& o : out) {
+    header[o.name] = {{"dtype", "F32"}, {"shape", o.shape}, {"data_offsets", {off, off + o.n_bytes}}};
+    off += o.n_bytes;
+  }
+  std::string h = header.dump();
+  h.resize((h.size() + 7) / 8 * 8, ' ');
+  fs::create_directories(dir);
+  std::ofstream f(dir / "model.safetensors", std::ios::binary);
+  const uint64_t n = h.size();
+  f.write((const char*)&n, 8);
+  f.write(h.data(), (std::streamsize)h.size());
+  for (const Out& o : out) f.write((const char*)o.data, (std::streamsize)o.n_bytes);
+  std::ofstream(dir / "config.json") << config.dump(2);
+}
+
+// HF checkpoints with one tensor per expert load in place (no copy: each expert is a view of its own) and
+// give the logits of the GGUF file they came from (Qwen2/3-MoE keep HF's rotate-half layout in GGUF, so
+// the weights are the same bytes). A Mixtral checkpoint (block_sparse_moe names) loads with its keys.
+TEST(MoeLoad, HfCheckpointsWithPerExpertTensors) {
+  test::TmpDir dir("ultra_moe_hf");
+  const std::vector<int32_t> toks = {5, 17, 99, 256, 3, 3, 1024};
+  for (const char* arch : {"qwen2moe", "qwen3moe", "llama"}) {
+    SCOPED_TRACE(arch);
+    const std::string a = arch;
+    test::MoeSpec s;
+    s.arch = arch;
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    const std::string g = dir.file(a + ".gguf");
+    test::write_moe_gguf(g, s);
+    nlohmann::json c = {{"hidden_size", s.dim},
+                        {"num_hidden_layers", s.n_layers},
+                        {"num_attention_heads", s.n_heads},
+                        {"num_key_value_heads", s.n_kv_heads},
+                        {"vocab_size", load_model(g)->hp.n_vocab},
+                        {"rms_norm_eps", 1e-6},
+                        {"rope_theta", 10000.0},
+                        {"max_position_embeddings", 512},
+                        {"num_experts_per_tok", s.n_expert_used},
+                        {"tie_word_embeddings", false}};
+    if (a == "llama") {
+      c["architectures"] = {"MixtralForCausalLM"};
+      c["num_local_experts"] = s.n_expert;
+      c["intermediate_size"] = s.expert_ffn;
+    } else {
+      c["architectures"] = {a == "qwen2moe" ? "Qwen2MoeForCausalLM" : "Qwen3MoeForCausalLM"};
+      c["num_experts"] = s.n_expert;
+      c["moe_intermediate_size"] = s.expert_ffn;
+      c["intermediate_size"] = s.expert_ffn * 2;
+      c["norm_topk_prob"] = a == "qwen3moe";  // as llama.cpp runs these archs
+      c["decoder_sparse_step"] = 1;
+      c["mlp_only_layers"] = nlohmann::json::array();
+      if (a == "qwen2moe") c["shared_expert_intermediate_size"] = s.shexp_ffn;
+    }
+    const fs::path hf = dir.path() / (a + "-hf");
+    write_hf_from_gguf(g, hf, c);
+    const auto m = load_model(hf.string());
+    EXPECT_EQ(m->hp.n_expert, 4);
+    EXPECT_EQ(m->hp.n_expert_used, 2);
+    EXPECT_EQ(m->hp.expert_norm, a != "qwen2moe");
+    EXPECT_EQ(m->hp.shexp_ffn_dim, a == "qwen2moe" ? s.shexp_ffn : 0);
+    const Model hm = Model::load(hf.string());
+    const auto lh = logits_of(hm, toks, false);
+    if (a == "llama") {  // the GGUF's Q/K rows are permuted for llama.cpp's RoPE: only check it runs
+      for (float x : lh) ASSERT_TRUE(std::isfinite(x));
+      continue;
+    }
+    EXPECT_LT(max_abs_diff(lh, logits_of(Model::load(g), toks, false)), 1e-4);
+  }
+  // A Qwen-MoE config whose some layers are dense is refused.
+  const fs::path bad = dir.path() / "dense-layers";
+  fs::create_directories(bad);
+  std::ofstream(bad / "config.json") << R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128,
+      "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 2})";
+  expect_error([&] { load_model(bad.string()); }, "decoder_sparse_step = 2");
 }
 
 // `ultra perplexity` on the tiny random MoE files against llama.cpp's llama-perplexity on the same files

@@ -101,7 +101,9 @@ struct HfLoader {
 
   const float* vec(const std::string& name, int64_t n, float shift = 0) {
     const auto& t = get(name);
-    if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
+    // [1, n] too: Qwen2-MoE's shared_expert_gate is a Linear(dim, 1).
+    const bool row = t.shape.size() == 2 && t.shape[0] == 1 && (int64_t)t.shape[1] == n;
+    if (!row && (t.shape.size() != 1 || (int64_t)t.shape[0] != n))
       fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_string(t.shape), n);
     const float* v = m.add_vector(t.type, t.data, n, t.n_bytes, shift);
     if (!v) fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
