@@ -22,7 +22,9 @@
 #include "run_ultra.h"
 #include "tmp_dir.h"
 #include "ultra/context.h"
+#include "ultra/generate.h"
 #include "ultra/model.h"
+#include "ultra/speculative.h"
 
 using namespace ultra;
 using test::MoeSpec;
@@ -429,6 +431,44 @@ TEST(MoeLoad, HfCheckpointsWithPerExpertTensors) {
       "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128,
       "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 2})";
   expect_error([&] { load_model(bad.string()); }, "decoder_sparse_step = 2");
+}
+
+// Speculative decoding with an MoE target (its verification steps group K+1 rows by expert) and the
+// bundled dense draft (the same tokenizer): the greedy tokens of plain decoding.
+TEST(MoeForward, SpeculativeEqualsPlainGreedy) {
+  test::TmpDir dir("ultra_moe_spec");
+  test::MoeSpec s;
+  s.arch = "qwen3moe";
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  const std::string path = dir.file("t.gguf");
+  test::write_moe_gguf(path, s);
+  const Model target = Model::load(path), draft = Model::load((kRoot / "models" / "draft.gguf").string());
+  check_draft_compatible(target, draft);
+  const std::vector<int32_t> prompt = {814, 26, 199, 40, 41};
+  GenerateParams gp;
+  gp.n_predict = 24;
+  gp.ignore_eos = true;
+  auto run = [&](bool spec) {
+    Context t(target, {.n_ctx = 128, .n_batch = 32, .n_outputs = 16, .n_threads = 2});
+    Context d(draft, {.n_ctx = 128, .n_batch = 32, .n_outputs = 16, .n_threads = 2});
+    t.set_sampling(0, SamplingParams::greedy());
+    std::vector<int32_t> out;
+    auto on = [&](int32_t tok, Context&, int) {
+      out.push_back(tok);
+      return true;
+    };
+    SpeculativeStats st;
+    if (spec)
+      generate_speculative(t, &d, prompt, gp, SpeculativeParams{.n_draft = 4}, on, &st);
+    else
+      generate(t, prompt, gp, on);
+    if (spec) EXPECT_GT(st.rounds, 0);
+    return out;
+  };
+  const auto plain = run(false), spec = run(true);
+  EXPECT_EQ(plain.size(), 24u);
+  EXPECT_EQ(spec, plain);
 }
 
 // `ultra perplexity` on the tiny random MoE files against llama.cpp's llama-perplexity on the same files
