@@ -15,6 +15,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "expect_error.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/tensor_names.h"
@@ -138,14 +139,7 @@ TEST(MoeRoute, ManyRowsAtOnce) {  // rows are independent: a batch equals its ro
   }
 }
 
-void expect_error(const std::function<void()>& f, const std::string& phrase) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing '" << phrase << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-  }
-}
+using test::expect_error;
 
 MoeSpec::Tensor* find(std::vector<MoeSpec::Tensor>& ts, const std::string& name) {
   for (auto& t : ts)
