@@ -116,6 +116,21 @@ GgmlType fallback_type(GgmlType t, int64_t cols) {
 
 // Adds tensors to the writer as producers: each matrix is converted when write() reaches it, so only one
 // converted tensor is in memory at a time. Every produced tensor reports progress.
+// llama.cpp's stacked experts (blk.N.ffn_{gate,up,down}_exps.weight, ggml shape {cols, rows, n_expert}):
+// quantized as the one matrix [n_expert * rows, cols] their rows form, and written back 3-D.
+bool stacked_experts(const gguf::TensorInfo& ti) {
+  return ti.ne.size() == 3 && ti.ne[1] * ti.ne[2] > 0 && ti.name.find("_exps.") != std::string::npos;
+}
+WeightView stacked_experts_view(const gguf::TensorInfo& ti) {
+  WeightView w;
+  w.type = ti.type;
+  w.data = ti.data;
+  w.cols = (int64_t)ti.ne[0];
+  w.rows = (int64_t)(ti.ne[1] * ti.ne[2]);
+  w.row_bytes = ti.n_bytes / (uint64_t)w.rows;
+  return w;
+}
+
 struct Emitter {
   gguf::Writer& wr;
   std::function<void(const std::string&)> done;
@@ -127,10 +142,11 @@ struct Emitter {
   // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
   // F8_E4M3 and TERNARY add their F32 scale tensor "<base>.scale" (core/views.h). imatrix: nullptr or
   // [cols] importance weights for the block types of core/quantize_blocks.h (kept alive by the caller until
-  // the writer is done).
+  // the writer is done). shape: the ggml shape written (llama.cpp's stacked experts {cols, rows, n_expert},
+  // w then their [n_expert * rows, cols]); empty: {cols, rows}.
   template <class RowMap>
   void matrix(const std::string& name, const WeightView& w, GgmlType t, RowMap row_src,
-              const float* imatrix = nullptr) {
+              const float* imatrix = nullptr, std::vector<uint64_t> shape = {}) {
     if (const GgmlType f = fallback_type(t, w.cols); f != t) {
       if (warn)
         warn(fmt::format("{}: {} columns are not a multiple of {}; written as {} instead of {}", name, w.cols,
@@ -161,75 +177,77 @@ struct Emitter {
     ++count;
     if (!is_plain_convert_type(t) && !can_quantize_blocks(t))
       fail("{}: unsupported output type {}", name, type_name(t));
-    wr.add_tensor(
-        name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
-        [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
-          const size_t rb = row_bytes(*type_traits(t), w.cols);
-          const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
-          // rows [r0, r1) into dst
-          std::atomic<int64_t> bad_row{-1};  // a row with a NaN / Inf value (block types)
-          auto rows = [&](int64_t r0, int64_t r1) {
-            std::vector<float> row(w.cols);
-            for (int64_t r = r0; r < r1; ++r) {
-              row_f32(w, row_src(r), row.data());
-              uint8_t* d = dst + rb * r;
-              switch (t) {
-                case GgmlType::F32:
-                  std::memcpy(d, row.data(), rb);
-                  break;
-                case GgmlType::F16:
-                  for (int64_t c = 0; c < w.cols; ++c) {
-                    const uint16_t h = fp32_to_fp16(row[c]);
-                    std::memcpy(d + 2 * c, &h, 2);
-                  }
-                  break;
-                case GgmlType::BF16:
-                  for (int64_t c = 0; c < w.cols; ++c) {
-                    const uint16_t h = fp32_to_bf16(row[c]);
-                    std::memcpy(d + 2 * c, &h, 2);
-                  }
-                  break;
-                case GgmlType::Q8_0:
-                  cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
-                  break;
-                case GgmlType::F8_E4M3:
-                  quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
-                  break;
-                case GgmlType::TERNARY:
-                  quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
-                                       reinterpret_cast<uint32_t*>(d));
-                  break;
-                case GgmlType::TQ1_0:
-                  quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
-                  break;
-                case GgmlType::TQ2_0:
-                  quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
-                  break;
-                default:  // checked above
-                  // (no throw on a pool thread: a non-finite row is reported after the rows)
-                  if (!all_finite(row.data(), w.cols)) {
-                    int64_t none = -1;
-                    bad_row.compare_exchange_strong(none, r);
-                    continue;
-                  }
-                  quantize_row(t, row.data(), w.cols, d, imatrix);
+    if (shape.empty()) shape = {(uint64_t)w.cols, (uint64_t)w.rows};
+    if (shape.size() > 2 && has_scale_tensor(t))
+      fail("{}: the experts cannot be written as {} (its scale tensor is per 2-D matrix)", name,
+           type_name(t));
+    wr.add_tensor(name, t, shape, [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
+      const size_t rb = row_bytes(*type_traits(t), w.cols);
+      const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
+      // rows [r0, r1) into dst
+      std::atomic<int64_t> bad_row{-1};  // a row with a NaN / Inf value (block types)
+      auto rows = [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(w.cols);
+        for (int64_t r = r0; r < r1; ++r) {
+          row_f32(w, row_src(r), row.data());
+          uint8_t* d = dst + rb * r;
+          switch (t) {
+            case GgmlType::F32:
+              std::memcpy(d, row.data(), rb);
+              break;
+            case GgmlType::F16:
+              for (int64_t c = 0; c < w.cols; ++c) {
+                const uint16_t h = fp32_to_fp16(row[c]);
+                std::memcpy(d + 2 * c, &h, 2);
               }
-            }
-          };
-          if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
-            pool->parallel([&](int ith, int nth) {
-              int64_t r0, r1;
-              ThreadPool::split(w.rows, ith, nth, r0, r1);
-              rows(r0, r1);
-            });
-          } else {
-            rows(0, w.rows);
+              break;
+            case GgmlType::BF16:
+              for (int64_t c = 0; c < w.cols; ++c) {
+                const uint16_t h = fp32_to_bf16(row[c]);
+                std::memcpy(d + 2 * c, &h, 2);
+              }
+              break;
+            case GgmlType::Q8_0:
+              cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
+              break;
+            case GgmlType::F8_E4M3:
+              quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
+              break;
+            case GgmlType::TERNARY:
+              quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
+                                   reinterpret_cast<uint32_t*>(d));
+              break;
+            case GgmlType::TQ1_0:
+              quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
+              break;
+            case GgmlType::TQ2_0:
+              quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
+              break;
+            default:  // checked above
+              // (no throw on a pool thread: a non-finite row is reported after the rows)
+              if (!all_finite(row.data(), w.cols)) {
+                int64_t none = -1;
+                bad_row.compare_exchange_strong(none, r);
+                continue;
+              }
+              quantize_row(t, row.data(), w.cols, d, imatrix);
           }
-          if (bad_row.load() >= 0)
-            fail("tensor '{}': row {} holds a non-finite value (NaN or Inf); refusing to quantize it", name,
-                 bad_row.load());
-          done(name);
+        }
+      };
+      if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
+        pool->parallel([&](int ith, int nth) {
+          int64_t r0, r1;
+          ThreadPool::split(w.rows, ith, nth, r0, r1);
+          rows(r0, r1);
         });
+      } else {
+        rows(0, w.rows);
+      }
+      if (bad_row.load() >= 0)
+        fail("tensor '{}': row {} holds a non-finite value (NaN or Inf); refusing to quantize it", name,
+             bad_row.load());
+      done(name);
+    });
     if (has_scale_tensor(t)) {
       const std::string sn = scale_tensor_name(name);
       ++count;
@@ -440,20 +458,21 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
   const std::string embd_name = gguf_name(TensorRole::TokEmbd), output_name = gguf_name(TensorRole::Output);
   for (const auto& ti : r.tensors()) {
     if (input_scales.count(ti.name)) continue;
-    const bool matrix = ti.ne.size() == 2 && ti.name.size() > 7 && ti.name.ends_with(".weight");
+    const bool experts = stacked_experts(ti) && !has_scale_tensor(ti.type);
+    const bool matrix = (ti.ne.size() == 2 || experts) && ti.name.size() > 7 && ti.name.ends_with(".weight");
     const bool embedding = ti.name == embd_name || ti.name == output_name;
     if (!matrix || (embedding && opt.keep_embeddings)) {
       E.copy(ti);
       if (has_scale_tensor(ti.type)) E.copy(*r.find_tensor(scale_tensor_name(ti.name)));
       continue;
     }
-    const WeightView w = gguf_matrix_view(r, ti, nullptr);
+    const WeightView w = experts ? stacked_experts_view(ti) : gguf_matrix_view(r, ti, nullptr);
     if (!is_plain_convert_type(w.type))
       fail(
           "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
           "TQ1_0, TQ2_0)",
           in_path, ti.name, type_name(w.type));
-    E.matrix(ti.name, w, t, same);
+    E.matrix(ti.name, w, t, same, nullptr, experts ? ti.ne : std::vector<uint64_t>{});
   }
   wr.write(out_path);
   return written;
@@ -517,9 +536,10 @@ int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, c
       E.copy(ti);
       continue;
     }
-    if (ti.ne.size() > 2 && ti.n_elements != ti.ne[0] * ti.ne[1])
-      fail("{}: tensor '{}' has shape [{}]: ultra quantize converts 2-D matrices only", in_path, ti.name,
-           shape);
+    const bool experts = stacked_experts(ti);
+    if (ti.ne.size() > 2 && ti.n_elements != ti.ne[0] * ti.ne[1] && !experts)
+      fail("{}: tensor '{}' has shape [{}]: ultra quantize converts 2-D matrices and stacked experts only",
+           in_path, ti.name, shape);
     switch (ti.type) {
       case GgmlType::F32:
       case GgmlType::F16:
@@ -545,13 +565,13 @@ int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, c
     } else if (!opt.imatrix.empty() && opt.warn) {
       opt.warn(fmt::format("{}: no importance weights in {}; quantized without them", ti.name, opt.imatrix));
     }
-    const WeightView w = gguf_matrix_view(r, ti, nullptr);
+    const WeightView w = experts ? stacked_experts_view(ti) : gguf_matrix_view(r, ti, nullptr);
     const double mib_out = (double)w.rows * row_bytes(*type_traits(ch.type), w.cols) / (1 << 20);
     lines[ti.name] =
         fmt::format("{:<32} [{}] {} -> {}{}, {:.3f} MiB -> {:.3f} MiB", ti.name, shape, type_name(ti.type),
                     type_name(ch.type), qw ? " (imatrix)" : "", mib_in, mib_out);
     E.matrix(
-        ti.name, w, ch.type, [](int64_t row) { return row; }, qw);
+        ti.name, w, ch.type, [](int64_t row) { return row; }, qw, experts ? ti.ne : std::vector<uint64_t>{});
   }
   if (!opt.imatrix.empty() && used_imatrix == 0)
     fail("{}: none of its {} entries names a tensor of {}", opt.imatrix, im.weights.size(), in_path);
