@@ -215,6 +215,32 @@ TEST(MoeLoad, BadExpertKeysAndTensors) {
                "tensor 'blk.0.ffn_down_exps.weight' has shape [64, 256], expected [64, 64, 4]");
 }
 
+// Every tensor of an MoE file is required (output.weight aside: its absence means tied embeddings): the file
+// without it fails naming it.
+TEST(MoeLoad, EveryTensorRequired) {
+  test::TmpDir dir("ultra_moe_drop");
+  for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
+    test::MoeSpec s;
+    s.arch = arch;
+    s.n_layers = 1;
+    const std::string base = dir.file("base.gguf"), p = dir.file("drop.gguf");
+    test::write_moe_gguf(base, s);
+    const gguf::Reader r = gguf::Reader::open(base);
+    int checked = 0;
+    for (const auto& drop : r.tensors()) {
+      if (drop.name == "output.weight") continue;
+      gguf::Writer w;
+      for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+      for (const auto& t : r.tensors())
+        if (t.name != drop.name) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+      w.write(p);
+      expect_error([&] { load_model(p); }, p + ": missing tensor '" + drop.name + "'");
+      ++checked;
+    }
+    EXPECT_GE(checked, std::string(arch) == "qwen2moe" ? 17 : 11) << arch;
+  }
+}
+
 std::vector<float> logits_of(const Model& m, const std::vector<int32_t>& toks, bool one_by_one) {
   Context ctx(m, {.n_ctx = 64, .n_batch = 32, .n_outputs = 32, .n_threads = 2});
   Batch b(32);

@@ -1,5 +1,5 @@
-// Hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3), read from a GGUF file
-// or an HF config.json.
+// Hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, and the mixtures of
+// experts Mixtral, Qwen2-MoE, Qwen3-MoE), read from a GGUF file or an HF config.json.
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,9 @@
 // GGUF file -> ModelData, following llama.cpp's conventions: keys {arch}.embedding_length etc., tensors
 // token_embd, blk.N.attn_q ..., output_norm, output (absent when tied), optional rope_freqs (Llama-3
 // rope scaling factors), named in model/tensor_names.cpp. Arch "llama" files have Q/K rows permuted for
-// interleaved-pair RoPE; "qwen2" files keep HF's rotate-half layout.
+// interleaved-pair RoPE; "qwen2" files keep HF's rotate-half layout. Mixtures of experts: "llama" with
+// {arch}.expert_count (Mixtral), "qwen2moe" (with its shared expert) and "qwen3moe", experts stacked in 3-D
+// ffn_{gate,up,down}_exps tensors (read_expert_keys).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
