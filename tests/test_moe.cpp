@@ -169,6 +169,10 @@ TEST(MoeLoad, ArchitecturesAndKeys) {
     EXPECT_EQ(m->layers[1].down_exps[5].rows, 64);
     EXPECT_EQ(m->layers[1].down_exps[5].cols, 64);
     EXPECT_EQ(m->layers[1].w_down.data, nullptr);  // no dense FFN
+    const ModelInfo info = Model::load(p).info();
+    EXPECT_EQ(info.arch, std::string(arch) == "llama" ? "mixtral" : arch);
+    EXPECT_EQ(info.n_expert, 6);
+    EXPECT_EQ(info.n_expert_used, 3);
   }
 }
 
