@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "expect_error.h"
+#include "io/convert.h"
 #include "io/gguf.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -444,6 +445,33 @@ TEST(MoeLoad, HfCheckpointsWithPerExpertTensors) {
     EXPECT_EQ(m->hp.shexp_ffn_dim, a == "qwen2moe" ? s.shexp_ffn : 0);
     const Model hm = Model::load(hf.string());
     const auto lh = logits_of(hm, toks, false);
+    // `ultra convert` writes llama.cpp's layout (experts stacked 3-D; Mixtral as "llama", its Q/K rows
+    // permuted) with the expert keys: in F32 the checkpoint's logits; in Q8_0 those of the F32 file
+    // quantized by `ultra quantize` (the same rounding of the same stacked rows).
+    std::vector<float> lq;
+    for (const char* type : {"f32", "q8_0"}) {
+      const char* keep = std::getenv("ULTRA_MOE_KEEP");  // llama.cpp must load these files too
+      const std::string conv = keep ? (fs::path(keep) / (a + "-converted-" + type + ".gguf")).string()
+                                    : dir.file(a + "-converted-" + type + ".gguf");
+      ConvertOptions opt;
+      opt.out_type = type;
+      convert_hf_to_gguf(hf.string(), conv, opt);
+      const gguf::Reader r = gguf::Reader::open(conv);
+      EXPECT_EQ(r.get_string("general.architecture"), a);
+      EXPECT_EQ(r.get_uint(a + ".expert_count"), 4u);
+      EXPECT_EQ(r.find_tensor("blk.1.ffn_up_exps.weight")->ne, (std::vector<uint64_t>{64, 64, 4}));
+      const auto lc = logits_of(Model::load(conv), toks, false);
+      if (std::string(type) == "f32") {
+        EXPECT_LT(max_abs_diff(lh, lc), 1e-4);
+        const std::string q = dir.file(a + "-quantized-q8_0.gguf");
+        ConvertOptions qopt;
+        qopt.out_type = "q8_0";
+        quantize_model(conv, q, qopt);
+        lq = logits_of(Model::load(q), toks, false);
+      } else {
+        EXPECT_LT(max_abs_diff(lq, lc), 1e-5);
+      }
+    }
     if (a == "llama") {  // the GGUF's Q/K rows are permuted for llama.cpp's RoPE: only check it runs
       for (float x : lh) ASSERT_TRUE(std::isfinite(x));
       continue;

@@ -83,6 +83,21 @@ struct RowOrder {
   }
 };
 
+// Where row r of a matrix being written comes from: a RowMap gives its row in the one input view
+// (row_src(r)); ExpertRows reads HF's per-expert matrices as the stacked [n_expert * rows, cols] matrix
+// llama.cpp stores.
+struct ExpertRows {
+  const WeightView* views;  // [n_expert], each [rows, cols]
+  int64_t rows;
+};
+template <class RowMap>
+void source_row(const WeightView& w, const RowMap& row_src, int64_t r, float* out) {
+  row_f32(w, row_src(r), out);
+}
+inline void source_row(const WeightView&, const ExpertRows& e, int64_t r, float* out) {
+  row_f32(e.views[r / e.rows], r % e.rows, out);
+}
+
 // The types convert / quantize write row by row without core/quantize_blocks (and read as input).
 bool is_plain_convert_type(GgmlType t) {
   switch (t) {
@@ -161,7 +176,7 @@ struct Emitter {
       std::vector<float> row(w.cols);
       double sum_all = 0;
       for (int64_t r = 0; r < w.rows; ++r) {
-        row_f32(w, row_src(r), row.data());
+        source_row(w, row_src, r, row.data());
         if (t == GgmlType::F8_E4M3) {
           scales->push_back(fp8_row_scale(row.data(), w.cols));
         } else {
@@ -189,7 +204,7 @@ struct Emitter {
       auto rows = [&](int64_t r0, int64_t r1) {
         std::vector<float> row(w.cols);
         for (int64_t r = r0; r < r1; ++r) {
-          row_f32(w, row_src(r), row.data());
+          source_row(w, row_src, r, row.data());
           uint8_t* d = dst + rb * r;
           switch (t) {
             case GgmlType::F32:
@@ -321,11 +336,16 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     check_not_an_input(out_path, shards);
   }
   const HParams& hp = m->hp;
-  if (hp.moe()) fail("{}: converting mixture-of-experts checkpoints is not supported yet", hf_dir);
-  // Llama and Mistral become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the others keep
-  // HF's rotate-half layout under their own arch name.
+  // Llama and Mistral (Mixtral too) become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the
+  // others keep HF's rotate-half layout under their own arch name (qwen2moe, qwen3moe with experts).
   const bool llama_layout = hp.arch == Arch::Llama || hp.arch == Arch::Mistral;
-  const std::string arch = llama_layout ? "llama" : arch_name(hp.arch);
+  const std::string arch = llama_layout ? "llama" : std::string(arch_name(hp.arch)) + (hp.moe() ? "moe" : "");
+  if (hp.moe() && (hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) &&
+      hp.expert_norm != (hp.arch == Arch::Qwen3) && opt.warn)
+    opt.warn(fmt::format(
+        "{}: norm_topk_prob = {}, but llama.cpp (and ultra) {} the top-k weights of {} GGUF files: the GGUF "
+        "model routes differently from the checkpoint",
+        hf_dir, hp.expert_norm, hp.arch == Arch::Qwen3 ? "renormalise" : "do not renormalise", arch));
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
 
   gguf::Writer wr;
@@ -365,6 +385,12 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   wr.set_f32(a + "rope.freq_base", hp.rope_theta);
   wr.set_f32(a + "attention.layer_norm_rms_epsilon", hp.rms_eps);
   wr.set_u32(a + "vocab_size", hp.n_vocab);
+  if (hp.moe()) {  // the keys read_expert_keys (model/load_gguf.cpp) and llama.cpp read
+    wr.set_u32(a + "expert_count", hp.n_expert);
+    wr.set_u32(a + "expert_used_count", hp.n_expert_used);
+    if (!llama_layout) wr.set_u32(a + "expert_feed_forward_length", hp.expert_ffn_dim);
+    if (hp.shexp_ffn_dim > 0) wr.set_u32(a + "expert_shared_feed_forward_length", hp.shexp_ffn_dim);
+  }
   if (hp.bos_id >= 0) wr.set_u32("tokenizer.ggml.bos_token_id", hp.bos_id);
   if (hp.eos_id >= 0) wr.set_u32("tokenizer.ggml.eos_token_id", hp.eos_id);
 
@@ -389,7 +415,13 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
       if (tensor_need(ts, hp, TensorFormat::Hf) != Need::Required) continue;
       const std::string name = tensor_name(ts, hp, TensorFormat::Gguf, il);
       const bool permute = llama_layout && ts.rope_rows;
-      if (ts.matrix) {
+      if (ts.experts) {  // HF's per-expert matrices, stacked: ggml shape {cols, rows, n_expert}
+        const WeightView* v = l.*ts.experts;
+        WeightView all = v[0];
+        all.rows = v[0].rows * hp.n_expert;
+        E.matrix(name, all, t, ExpertRows{v, v[0].rows}, nullptr,
+                 {(uint64_t)v[0].cols, (uint64_t)v[0].rows, (uint64_t)hp.n_expert});
+      } else if (ts.matrix) {
         E.matrix(name, l.*ts.matrix, t, RowOrder{permute, hp.head_dim});
       } else {
         if (permute) fail("{}: attention biases with the llama layout are not supported", hf_dir);
