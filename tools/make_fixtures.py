@@ -272,7 +272,22 @@ def greedy(model, ids, n):
     return seq[len(ids):], margins
 
 
-def rounded_copy(model, fn):
+def rounded_copy(model, fn, moe_kind=None):
+    """A copy with every 2-D weight matrix rounded by fn. MoE models (moe_kind "mixtral" or "qwen"): the
+    Hub-layout state dict's matrices (each expert's [rows, cols] in its own tensor; not the routers) are
+    rounded, saved and loaded back, whatever layout this transformers version keeps the experts in."""
+    if moe_kind is not None:
+        import tempfile
+        from safetensors.torch import save_file
+        # the routers (mlp.gate / block_sparse_moe.gate) and the shared expert's gate stay F32, as in the
+        # GGUF files (ultra convert and llama.cpp's converter keep them F32)
+        kept = (".gate.weight", "shared_expert_gate.weight")
+        sd = {k: (fn(v) if v.dim() == 2 and not k.endswith(kept) else v)
+              for k, v in hub_state_dict(model, moe_kind == "mixtral").items()}
+        with tempfile.TemporaryDirectory() as td:
+            model.config.save_pretrained(td)
+            save_file(sd, os.path.join(td, "model.safetensors"), metadata={"format": "pt"})
+            return type(model).from_pretrained(td, attn_implementation="eager").eval()
     m = type(model)(model.config)
     m.load_state_dict(model.state_dict())
     m.eval()
@@ -280,8 +295,6 @@ def rounded_copy(model, fn):
         for name, p in m.named_parameters():
             if p.dim() == 2:
                 p.copy_(fn(p))
-            elif p.dim() == 3:  # fused experts (transformers 5): each expert's matrix, rows of the last dim
-                p.copy_(fn(p.reshape(-1, p.shape[-1])).reshape(p.shape))
     return m
 
 
@@ -341,7 +354,8 @@ def main():
                 "n_prompt": N_PROMPT, "transformers": transformers.__version__, "torch": torch.__version__,
                 "architecture": cfg.architectures[0] if cfg.architectures else cls.__name__}
         for tag, fn in (("f16w", round_f16), ("bf16w", round_bf16), ("q8_0w", round_q8_0)):
-            rm = rounded_copy(model, fn)
+            rm = rounded_copy(model, fn, None if name not in MOE_FIXTURES else
+                              ("mixtral" if name == "mixtral" else "qwen"))
             save_logits(os.path.join(d, f"logits_{tag}.bin"), prompt_logits(rm, prompt))
             info[f"greedy_{tag}"], _ = greedy(rm, prompt, N_GREEDY)
         json.dump(info, open(os.path.join(d, "reference.json"), "w"), indent=1)

@@ -422,7 +422,10 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
         E.matrix(name, all, t, ExpertRows{v, v[0].rows}, nullptr,
                  {(uint64_t)v[0].cols, (uint64_t)v[0].rows, (uint64_t)hp.n_expert});
       } else if (ts.matrix) {
-        E.matrix(name, l.*ts.matrix, t, RowOrder{permute, hp.head_dim});
+        // The MoE router stays F32, as llama.cpp's converter and llama-quantize keep it (routing decisions
+        // are the most rounding-sensitive values of the model).
+        const GgmlType tt = ts.role == TensorRole::FfnGateInp ? GgmlType::F32 : t;
+        E.matrix(name, l.*ts.matrix, tt, RowOrder{permute, hp.head_dim});
       } else {
         if (permute) fail("{}: attention biases with the llama layout are not supported", hf_dir);
         E.vec(name, l.*ts.vector, dim_size(ts.rows, hp));
@@ -493,7 +496,8 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
     const bool experts = stacked_experts(ti) && !has_scale_tensor(ti.type);
     const bool matrix = (ti.ne.size() == 2 || experts) && ti.name.size() > 7 && ti.name.ends_with(".weight");
     const bool embedding = ti.name == embd_name || ti.name == output_name;
-    if (!matrix || (embedding && opt.keep_embeddings)) {
+    const bool router = ti.name.ends_with("ffn_gate_inp.weight");  // kept, as llama-quantize keeps it
+    if (!matrix || router || (embedding && opt.keep_embeddings)) {
       E.copy(ti);
       if (has_scale_tensor(ti.type)) E.copy(*r.find_tensor(scale_tensor_name(ti.name)));
       continue;
