@@ -1,6 +1,9 @@
 // HF model directory -> ModelData. Tensor names (model/tensor_names.cpp): model.embed_tokens.weight,
 // model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-// mlp.{gate,up,down}_proj}, model.norm.weight, lm_head.weight (absent when tied). Q/K are in HF's rotate-half
+// mlp.{gate,up,down}_proj}, model.norm.weight, lm_head.weight (absent when tied). Mixtures of experts:
+// mlp.gate and mlp.experts.E.{gate,up,down}_proj (Qwen2/3-MoE, with Qwen2-MoE's mlp.shared_expert.* and
+// mlp.shared_expert_gate), block_sparse_moe.gate and block_sparse_moe.experts.E.w1/w3/w2 (Mixtral), each
+// expert a view of the mapped file. Q/K are in HF's rotate-half
 // layout. Qwen3/Gemma 3 add self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and
 // post_feedforward_layernorm (post_attention_layernorm is then the attention output's norm) and store norms
 // as w for x * (1 + w): loaded as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj. FP8 checkpoints
