@@ -1,15 +1,19 @@
-// The op table of the backend op harness (test_backend_ops.cpp): every case is one op on one shape and one
-// type with its tolerance rule, run against the op's scalar reference (the *_ref functions of
-// backend/cpu/ops.h and cpu_internal.h) on every kernel set that has a kernel for it. Adding a weight type
-// or a shape is adding rows here. Only core/dtype.h is needed, so a CUDA runner can include the same table.
+// The op table of the backend op harness: every case is one op on one shape and one type with its tolerance
+// rule, run against the op's scalar reference (the *_ref functions of backend/cpu/ops.h and cpu_internal.h)
+// on every CPU kernel set that has a kernel for it (test_backend_ops.cpp) and on the CUDA kernels
+// (gpu/test_cuda_ops.cpp, with the CUDA rules of tol_cuda below). Adding a weight type or a shape is adding
+// rows here. Only core/dtype.h is needed; op_inputs.h makes each case's inputs for both harnesses.
 //
 // Tolerance rule of a case: |y_i - ref_i| <= tol.rel * |ref_i| + tol.abs * mag_i, where mag_i is the op's
 // magnitude of element i (see Mag). Exact cases compare bits (both NaN also matches).
 #pragma once
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -43,6 +47,15 @@ struct Tol {
   Mag mag = Mag::One;
   bool exact() const { return rel == 0 && abs == 0; }
 };
+
+// Whether y is within the rule around ref (mag: element i's mag_i); *bound receives the bound (0 if exact).
+inline bool within(const Tol& t, float y, float ref, double mag, double* bound = nullptr) {
+  if (bound) *bound = 0;
+  if (t.exact()) return std::memcmp(&y, &ref, 4) == 0 || (std::isnan(y) && std::isnan(ref));
+  const double b = t.rel * std::fabs((double)ref) + t.abs * mag;
+  if (bound) *bound = b;
+  return std::fabs((double)y - ref) <= b;  // false for NaN
+}
 
 // Input data beyond i.i.d. normal values.
 enum class Data {
@@ -114,6 +127,29 @@ inline Tol tol_attention() {
 }
 inline Tol tol_exact() {
   return {};
+}
+
+// ---- the CUDA kernels' rules (gpu/test_cuda_ops.cpp), and why they differ from the CPU's ----
+//
+// matmul: the paths of CudaMatmul::matmul that round an input (the BF16 copy of Q8_0 / F8_E4M3 / TERNARY
+// weights above kLowbitGemvMaxRows rows where the tensor-core low-bit gemv does not apply; x converted to
+// BF16 / F16 for cuBLASLt above kGemvMaxRows rows) are compared with matmul_ref on inputs rounded the same
+// way (the CPU's int8-activation path is checked the same way), so that the rule bounds only the summation.
+// That runs on tensor cores: x split into TF32 hi + lo parts (F32 weights too: three products, each
+// dropping <= 3 * 2^-22 |w x|), or f16 parts (the low-bit tensor-core gemv), with MMA accumulators whose
+// adds are not round-to-nearest, so their error can grow with the number of MMAs in a chain rather than
+// with its square root: twice the CPU's bound, which still fails a dropped column at 4128 columns (2.4e-4
+// sum |w x| against 1.3e-4).
+// rmsnorm, silu_mul, gelu_mul, softcap, rope: the CPU's rules hold as derived above: nvcc builds without
+// fast math (IEEE division and sqrt; expf and tanhf within 2 ulp), rope's cos / sin and rotation in double
+// as rope_ref's; softcap multiplies by 1 / cap (one more rounding of the argument, <= 3e-8 cap after tanh).
+// attention (the per-row kernel: the table's steps are below kAttentionTiledMinRows rows): q . k on tensor
+// cores with q in TF32 hi + lo parts (f32 accurate), softmax through exp2f of scores pre-scaled by log2 e
+// (one more rounding, ~|s| u relative per probability, |s| <= 30 here: 2e-6), P.V in f32: the CPU's rule.
+// f16_convert: __float2half_rn, bit for bit (f32 -> f16 only: the device has no f16 -> f32 row kernel).
+inline Tol tol_cuda(const OpCase& c) {
+  if (c.op == Op::Matmul) return {0, 2e-6, Mag::DotF32};
+  return c.tol;
 }
 
 // ---- the table ----
@@ -261,7 +297,98 @@ inline std::vector<OpCase> op_cases() {
         c.softcap = cap;
         add(c);
       }
+  // The same at head_dim 64 (the CUDA kernels take head_dim % 8 == 0 only) over 300 positions: windows
+  // inside one 64-position tile, across tiles and longer than the row.
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16})
+    for (int window : {0, 1, 6, 100, 1000})
+      for (float cap : {0.0f, 5.0f}) {
+        if (window == 0 && cap == 0) continue;
+        OpCase c{Op::Attention, t, 8, 64, 11, {3}, tol_attention()};
+        c.kv_heads = 2;
+        c.ctx = 300;
+        c.window = window;
+        c.softcap = cap;
+        add(c);
+      }
   return v;
+}
+
+// ---- names ----
+
+inline const char* op_name(Op op) {
+  switch (op) {
+    case Op::Matmul:
+      return "matmul";
+    case Op::RmsNorm:
+      return "rmsnorm";
+    case Op::Rope:
+      return "rope";
+    case Op::SiluMul:
+      return "silu_mul";
+    case Op::GeluMul:
+      return "gelu_mul";
+    case Op::Softcap:
+      return "softcap";
+    case Op::Attention:
+      return "attention";
+    case Op::QuantizeQ8:
+      return "quantize_q8";
+    case Op::F16Convert:
+      return "f16_convert";
+  }
+  return "?";
+}
+
+inline std::string lower_name(std::string_view s) {
+  std::string r(s);
+  for (char& ch : r) ch = (char)std::tolower((unsigned char)ch);
+  return r;
+}
+
+// A number in a name: trailing zeros dropped, '.' as 'p'.
+inline std::string name_num(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  for (char& ch : s)
+    if (ch == '.') ch = 'p';
+  return s;
+}
+
+// The case's name (letters, digits, underscores; gtest's test names), e.g. matmul_q8_0_r33_c4128_t17.
+inline std::string case_name(const OpCase& c) {
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  std::string s;
+  switch (c.op) {
+    case Op::Matmul:
+      s = "matmul_" + lower_name(type_name(c.type)) + "_r" + n(c.rows) + "_c" + n(c.cols) + "_t" +
+          n(c.tokens);
+      if (c.group) s += c.group < 0 ? "_gtensor" : "_g" + n(c.group);
+      if (c.data == Data::Q8WideScales) s += "_widescales";
+      if (c.data == Data::XBlocks) s += "_xblocks";
+      if (c.bias) s += "_bias";
+      return s;
+    case Op::RmsNorm:
+      return "rmsnorm_r" + n(c.rows) + "_n" + n(c.cols);
+    case Op::SiluMul:
+      return "silu_mul_n" + n(c.cols);
+    case Op::GeluMul:
+      return "gelu_mul_n" + n(c.cols);
+    case Op::Softcap:
+      return "softcap_n" + n(c.cols) + "_cap" + name_num(c.param);
+    case Op::F16Convert:
+      return "f16_convert_n" + n(c.cols);
+    case Op::QuantizeQ8:
+      return "quantize_q8_n" + n(c.cols);
+    case Op::Rope:
+      return std::string("rope_") + (c.interleaved ? "interleaved" : "neox") + "_hd" + n(c.cols) + "_t" +
+             n(c.tokens) + "_m" + name_num(c.param);
+    case Op::Attention:
+      return "attention_" + lower_name(type_name(c.type)) + "_h" + n(c.rows) + "_kv" + n(c.kv_heads) + "_hd" +
+             n(c.cols) + "_t" + n(c.tokens) + "_ctx" + n(c.ctx) + "_w" + n(c.window) + "_cap" +
+             name_num(c.softcap);
+  }
+  return "?";
 }
 
 }  // namespace ultra::test

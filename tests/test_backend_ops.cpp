@@ -26,11 +26,13 @@
 #include "core/thread_pool.h"
 #include "cpu_test_data.h"
 #include "op_cases.h"
+#include "op_inputs.h"
 
 using namespace ultra;
 using namespace ultra::cpu;
 using ultra::test::add_x_blocks;
-using ultra::test::Cache;
+using ultra::test::AttentionInputs;
+using ultra::test::case_name;
 using ultra::test::Data;
 using ultra::test::kGuard;
 using ultra::test::Mag;
@@ -38,7 +40,6 @@ using ultra::test::Op;
 using ultra::test::OpCase;
 using ultra::test::randn;
 using ultra::test::Tol;
-using ultra::test::weight_value;
 
 namespace {
 
@@ -109,56 +110,6 @@ const detail::MatmulKernels& matmul_set(Kset k) {
                            : detail::matmul_kernels_scalar();
 }
 
-std::string lower(std::string_view s) {
-  std::string r(s);
-  for (char& ch : r) ch = (char)std::tolower((unsigned char)ch);
-  return r;
-}
-
-std::string num(double v) {
-  std::string s = std::to_string(v);
-  s.erase(s.find_last_not_of('0') + 1);
-  if (!s.empty() && s.back() == '.') s.pop_back();
-  for (char& ch : s)
-    if (ch == '.') ch = 'p';
-  return s;
-}
-
-// A gtest name for the case (letters, digits, underscores).
-std::string case_name(const OpCase& c) {
-  std::string n;
-  switch (c.op) {
-    case Op::Matmul:
-      n = "matmul_" + lower(type_name(c.type)) + "_r" + std::to_string(c.rows) + "_c" +
-          std::to_string(c.cols) + "_t" + std::to_string(c.tokens);
-      if (c.group) n += c.group < 0 ? "_gtensor" : "_g" + std::to_string(c.group);
-      if (c.data == Data::Q8WideScales) n += "_widescales";
-      if (c.data == Data::XBlocks) n += "_xblocks";
-      if (c.bias) n += "_bias";
-      return n;
-    case Op::RmsNorm:
-      return "rmsnorm_r" + std::to_string(c.rows) + "_n" + std::to_string(c.cols);
-    case Op::SiluMul:
-      return "silu_mul_n" + std::to_string(c.cols);
-    case Op::GeluMul:
-      return "gelu_mul_n" + std::to_string(c.cols);
-    case Op::Softcap:
-      return "softcap_n" + std::to_string(c.cols) + "_cap" + num(c.param);
-    case Op::F16Convert:
-      return "f16_convert_n" + std::to_string(c.cols);
-    case Op::QuantizeQ8:
-      return "quantize_q8_n" + std::to_string(c.cols);
-    case Op::Rope:
-      return std::string("rope_") + (c.interleaved ? "interleaved" : "neox") + "_hd" +
-             std::to_string(c.cols) + "_t" + std::to_string(c.tokens) + "_m" + num(c.param);
-    case Op::Attention:
-      return "attention_" + lower(type_name(c.type)) + "_h" + std::to_string(c.rows) + "_kv" +
-             std::to_string(c.kv_heads) + "_hd" + std::to_string(c.cols) + "_t" + std::to_string(c.tokens) +
-             "_ctx" + std::to_string(c.ctx) + "_w" + std::to_string(c.window) + "_cap" + num(c.softcap);
-  }
-  return "?";
-}
-
 // ---- comparison
 
 // Elements of y outside the case's rule around ref (mag: the op's magnitudes, Mag); reports the first few
@@ -167,14 +118,8 @@ int mismatches(const OpCase& c, const std::string& what, const float* y, const f
                size_t n, bool report = true) {
   int bad = 0;
   for (size_t i = 0; i < n; ++i) {
-    bool ok;
-    double tol = 0;
-    if (c.tol.exact()) {
-      ok = std::memcmp(&y[i], &ref[i], 4) == 0 || (std::isnan(y[i]) && std::isnan(ref[i]));
-    } else {
-      tol = c.tol.rel * std::fabs((double)ref[i]) + c.tol.abs * (mag ? mag[i] : 1.0);
-      ok = std::fabs((double)y[i] - ref[i]) <= tol;  // false for NaN
-    }
+    double tol;
+    const bool ok = ultra::test::within(c.tol, y[i], ref[i], mag ? mag[i] : 1.0, &tol);
     if (!ok && ++bad <= 5 && report)
       ADD_FAILURE() << what << " i=" << i << " y=" << y[i] << " ref=" << ref[i]
                     << " |diff|=" << std::fabs((double)y[i] - ref[i]) << " tol=" << tol;
@@ -189,53 +134,18 @@ void expect_guard(const float* p, int n, const std::string& what) {
 // ---- matmul
 
 struct MatmulData {
-  ultra::test::Weights wt;
-  std::vector<double> wv;  // [rows, cols] the exact weight values, decoded here
-  std::vector<float> x, bias;
+  std::unique_ptr<ultra::test::MatmulInputs> in;
   std::vector<float> ref;   // matmul_ref
   std::vector<double> mag;  // sqrt(cols) * (sum |w x| + |bias|)
 };
 
-void make_weights(const OpCase& c, MatmulData& d) {
-  d.wt = ultra::test::make_weights(c.type, c.rows, c.cols, c.seed, c.group, c.data == Data::Q8WideScales);
-  d.wv.resize(c.rows * c.cols);
-  if (is_block_weight_type(c.type)) {  // whole rows at once (weight_value decodes a block per element)
-    std::vector<float> row(c.cols);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      dequantize(c.type, d.wt.bytes.data() + r * d.wt.view.row_bytes, c.cols, row.data());
-      for (int64_t i = 0; i < c.cols; ++i) d.wv[r * c.cols + i] = row[i];
-    }
-    return;
-  }
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t i = 0; i < c.cols; ++i) d.wv[r * c.cols + i] = weight_value(d.wt.view, r, i);
-}
-
-// sqrt(cols) * (sum_c |w_rc x_tc| + |bias_r|) for x [nt, cols] (a quantised x for the int8 path).
-std::vector<double> dot_magnitudes(const MatmulData& d, const float* x, int nt, const float* bias) {
-  const int64_t rows = d.wt.view.rows, cols = d.wt.view.cols;
-  std::vector<double> mag(rows * nt);
-  for (int t = 0; t < nt; ++t)
-    for (int64_t r = 0; r < rows; ++r) {
-      double s = bias ? std::fabs(bias[r]) : 0.0;
-      const double* wr = d.wv.data() + r * cols;
-      const float* xt = x + t * cols;
-      for (int64_t i = 0; i < cols; ++i) s += std::fabs(wr[i] * xt[i]);
-      mag[t * rows + r] = std::sqrt((double)cols) * s;
-    }
-  return mag;
-}
-
 std::unique_ptr<MatmulData> prepare_matmul(const OpCase& c) {
   auto d = std::make_unique<MatmulData>();
-  make_weights(c, *d);
-  d->x = randn(c.tokens * c.cols, c.seed + 1);
-  if (c.data == Data::XBlocks) add_x_blocks(d->x, c.cols);
-  if (c.bias) d->bias = randn(c.rows, c.seed + 2);
-  const float* b = c.bias ? d->bias.data() : nullptr;
+  d->in = ultra::test::matmul_inputs(c);
+  const float* b = d->in->bias_ptr();
   d->ref.resize(c.rows * c.tokens);
-  matmul_ref(d->wt.view, d->x.data(), c.tokens, d->ref.data(), b);
-  d->mag = dot_magnitudes(*d, d->x.data(), c.tokens, b);
+  matmul_ref(d->in->wt.view, d->in->x.data(), c.tokens, d->ref.data(), b);
+  d->mag = ultra::test::dot_magnitudes(d->in->wv, c.rows, c.cols, d->in->x.data(), c.tokens, b);
   return d;
 }
 
@@ -287,7 +197,8 @@ std::vector<float> run_matmul(ThreadPool& pool, const WeightView& w, const float
 // Mismatches of kernel set ks (nullptr with int8: the int8-activation path) over the case's thread counts.
 int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bool report) {
   const MatmulData& d = matmul_data(c);
-  const float* b = c.bias ? d.bias.data() : nullptr;
+  const ultra::test::MatmulInputs& in = *d.in;
+  const float* b = in.bias_ptr();
   const std::vector<float>* ref = &d.ref;
   const std::vector<double>* mag = &d.mag;
   std::vector<float> ref8, xdq;
@@ -299,9 +210,9 @@ int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bo
     std::vector<int8_t> xq(cols);
     std::vector<float> xd(nb);
     for (int t = 0; t < c.tokens; ++t) {
-      detail::quantize_x_q8_ref(d.x.data() + t * cols, cols, xq.data(), xd.data());
+      detail::quantize_x_q8_ref(in.x.data() + t * cols, cols, xq.data(), xd.data());
       detail::MatmulArgs a{
-          d.wt.bytes.data(), d.wt.view.row_bytes, c.rows, cols, nullptr, 1, ref8.data() + t * c.rows, b};
+          in.wt.bytes.data(), in.wt.view.row_bytes, c.rows, cols, nullptr, 1, ref8.data() + t * c.rows, b};
       a.xq = xq.data();
       a.xd = xd.data();
       if (c.type == GgmlType::Q8_0)
@@ -310,7 +221,7 @@ int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bo
         detail::matmul_kquant_int8_ref(c.type, a, 0, c.rows);
       for (int64_t i = 0; i < cols; ++i) xdq[t * cols + i] = xq[i] * xd[i / 32];
     }
-    mag8 = dot_magnitudes(d, xdq.data(), c.tokens, b);
+    mag8 = ultra::test::dot_magnitudes(in.wv, c.rows, cols, xdq.data(), c.tokens, b);
     ref = &ref8;
     mag = &mag8;
   }
@@ -319,7 +230,7 @@ int check_matmul(const OpCase& c, const detail::MatmulKernels* ks, bool int8, bo
   for (int nth : c.threads) {
     ThreadPool pool(nth);
     const std::string what = std::string(int8 ? "vnni" : ks->name) + " threads=" + std::to_string(nth);
-    const auto y = run_matmul(pool, d.wt.view, d.x.data(), c.tokens, b, int8, what);
+    const auto y = run_matmul(pool, in.wt.view, in.x.data(), c.tokens, b, int8, what);
     bad += mismatches(c, what, y.data(), ref->data(), mag->data(), y.size(), report);
   }
   return bad;
@@ -337,17 +248,9 @@ void run_rmsnorm(const OpCase& c, Kset) {
   mismatches(c, "rmsnorm", y.data(), ref.data(), nullptr, ref.size());
 }
 
-// Gates of scale sd with the exp's edge cases (0, +-large, the flush-to-zero threshold, tiny).
-std::vector<float> gates(const OpCase& c, float sd) {
-  auto g = randn(c.cols, c.seed, sd);
-  const float special[] = {0.0f, -100.0f, 100.0f, -87.0f, 88.0f, -1e-8f, 30.0f, -1e6f, -20.0f, 1e4f, -1e4f};
-  if (g.size() > 11) std::copy(std::begin(special), std::end(special), g.begin());
-  return g;
-}
-
 void run_silu(const OpCase& c, Kset) {
   const int64_t n = c.cols;
-  const auto g = gates(c, 6.0f), u = randn(n, c.seed + 1);
+  const auto g = ultra::test::gates(c, 6.0f), u = randn(n, c.seed + 1);
   std::vector<float> ref(n), y(n + 8, kGuard);
   silu_mul_ref(g.data(), u.data(), n, ref.data());
   detail::silu_mul_avx2(g.data(), u.data(), n, y.data());
@@ -357,7 +260,7 @@ void run_silu(const OpCase& c, Kset) {
 
 void run_gelu(const OpCase& c, Kset k) {
   const int64_t n = c.cols;
-  const auto g = gates(c, 4.0f), u = randn(n, c.seed + 1);
+  const auto g = ultra::test::gates(c, 4.0f), u = randn(n, c.seed + 1);
   std::vector<float> ref(n), y(n + 8, kGuard);
   gelu_mul_ref(g.data(), u.data(), n, ref.data());
   if (k == Kset::Avx2)
@@ -385,10 +288,7 @@ void run_softcap(const OpCase& c, Kset) {
 // halves' subnormals, overflow to infinity, signed zeros, infinities, NaN; back, every code of a 65536 row.
 void run_f16(const OpCase& c, Kset) {
   const int64_t n = c.cols;
-  auto x = randn(n, c.seed, 1000.0f);
-  const float special[] = {0.0f,    -0.0f, 65504.0f, 65520.0f,  -65519.0f, 1e-7f,      -6e-8f,
-                           2.9e-8f, 1e5f,  INFINITY, -INFINITY, NAN,       6.1035e-5f, 3.0e-5f};
-  for (size_t i = 0; i < std::size(special) && i < (size_t)n; ++i) x[i * 7 % n] = special[i];
+  const auto x = ultra::test::f16_inputs(c);
   std::vector<uint16_t> h(n + 8, 0xabcd), href(n);
   detail::f32_to_f16_row_avx2(x.data(), h.data(), n);
   int bad = 0;
@@ -424,70 +324,34 @@ void run_quantize_q8(const OpCase& c, Kset) {
 
 void run_rope(const OpCase& c, Kset) {
   const int nt = c.tokens, nh = (int)c.rows, hd = (int)c.cols;
-  std::vector<int32_t> pos(nt);
-  for (int t = 0; t < nt; ++t) pos[t] = t == 0 ? 0 : (t * 9973 + 3) % 40000;  // angles to 4e4 rad
-  std::vector<float> inv(hd / 2);
-  for (int i = 0; i < hd / 2; ++i) inv[i] = (float)(1.0 / std::pow(10000.0, 2.0 * i / hd));
-  const auto x = randn(nt * nh * hd, c.seed);
-  std::vector<float> ref = x, y = x;
-  rope_ref(ref.data(), nt, nh, hd, pos.data(), inv.data(), c.interleaved, c.param);
-  rope(y.data(), nt, nh, hd, pos.data(), inv.data(), c.interleaved, c.param);
-  std::vector<double> mag(x.size());
-  for (size_t th = 0; th < (size_t)nt * nh; ++th)
-    for (int i = 0; i < hd / 2; ++i) {
-      const size_t i0 = th * hd + (c.interleaved ? 2 * i : i),
-                   i1 = th * hd + (c.interleaved ? 2 * i + 1 : i + hd / 2);
-      mag[i0] = mag[i1] = std::fabs(x[i0]) + std::fabs(x[i1]);
-    }
-  mismatches(c, "rope", y.data(), ref.data(), mag.data(), y.size());
+  const auto in = ultra::test::rope_inputs(c);
+  std::vector<float> ref = in.x, y = in.x;
+  rope_ref(ref.data(), nt, nh, hd, in.pos.data(), in.inv.data(), c.interleaved, c.param);
+  rope(y.data(), nt, nh, hd, in.pos.data(), in.inv.data(), c.interleaved, c.param);
+  mismatches(c, "rope", y.data(), ref.data(), in.mag.data(), y.size());
 }
 
 // ---- attention
 
-// Two slots with ctx positions of history each (written in prefill-like chunks of 64); this step's tokens
-// split between them (the first half on slot 1), consecutive positions from ctx in each (query tiles).
+// The inputs of op_inputs.h, this step's rows written by the CPU's kv_write.
 void run_attention(const OpCase& c, Kset k) {
-  const int n_kv = c.kv_heads, nh = (int)c.rows, hd = (int)c.cols, nt = c.tokens;
-  const int max_ctx = c.ctx + nt + 3;
-  Cache cache(c.type, 2, n_kv, max_ctx, hd);
-  float vmax = 0;
-  for (int s = 0; s < 2; ++s) {
-    const auto hk = randn((size_t)c.ctx * n_kv * hd, c.seed + 10 + s),
-               hv = randn((size_t)c.ctx * n_kv * hd, c.seed + 20 + s);
-    for (float v : hv) vmax = std::max(vmax, std::fabs(v));
-    for (int p0 = 0; p0 < c.ctx; p0 += 64) {
-      const int n = std::min(64, c.ctx - p0);
-      std::vector<int32_t> pos(n), slot(n, s);
-      for (int i = 0; i < n; ++i) pos[i] = p0 + i;
-      kv_write(cache.view, hk.data() + (size_t)p0 * n_kv * hd, hv.data() + (size_t)p0 * n_kv * hd, n,
-               pos.data(), slot.data());
-    }
-  }
-  std::vector<int32_t> pos(nt), slot(nt);
-  const int first_half = (nt + 1) / 2;
-  for (int t = 0; t < nt; ++t) {
-    slot[t] = t < first_half ? 1 : 0;
-    pos[t] = c.ctx + (t < first_half ? t : t - first_half);
-  }
-  const auto sk = randn((size_t)nt * n_kv * hd, c.seed + 30), sv = randn((size_t)nt * n_kv * hd, c.seed + 31);
-  for (float v : sv) vmax = std::max(vmax, std::fabs(v));
-  kv_write(cache.view, sk.data(), sv.data(), nt, pos.data(), slot.data());
-  const auto q = randn((size_t)nt * nh * hd, c.seed + 32, 3.0f);
-  const float scale = 1.0f / std::sqrt((float)hd);
-  std::vector<float> ref((size_t)nt * nh * hd);
-  attention_ref(cache.view, q.data(), nt, nh, pos.data(), slot.data(), scale, ref.data(), c.softcap,
-                c.window);
-  const std::vector<double> mag(ref.size(), vmax);
+  const int nh = (int)c.rows, nt = c.tokens;
+  AttentionInputs in(c);
+  kv_write(in.cache.view, in.k.data(), in.v.data(), nt, in.pos.data(), in.slot.data());
+  std::vector<float> ref((size_t)nt * nh * c.cols);
+  attention_ref(in.cache.view, in.q.data(), nt, nh, in.pos.data(), in.slot.data(), in.scale, ref.data(),
+                c.softcap, c.window);
+  const std::vector<double> mag(ref.size(), in.vmax);
   const auto isa = k == Kset::Avx512 ? detail::Isa::Avx512
                    : k == Kset::Avx2 ? detail::Isa::Avx2
                                      : detail::Isa::Scalar;
   for (int nth : c.threads) {
     ThreadPool pool(nth);
-    const size_t ns = attention_scratch_floats(max_ctx, nth);
+    const size_t ns = attention_scratch_floats(in.max_ctx, nth);
     std::vector<float> scratch(ns + 16, kGuard), out(ref.size() + 16, kGuard);
-    const detail::AttentionArgs args{&cache.view,    q.data(),    nt,      nh,
-                                     pos.data(),     slot.data(), scale,   out.data(),
-                                     scratch.data(), c.softcap,   c.window};
+    const detail::AttentionArgs args{&in.cache.view, in.q.data(),    nt,       nh,
+                                     in.pos.data(),  in.slot.data(), in.scale, out.data(),
+                                     scratch.data(), c.softcap,      c.window};
     detail::attention_isa(isa, pool, args);
     const std::string what = std::string("attention threads=") + std::to_string(nth);
     expect_guard(out.data() + ref.size(), 16, what + " out");

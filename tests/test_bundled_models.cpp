@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "greedy_util.h"
+#include "sanitized.h"
 #include "ultra/perplexity.h"
 
 using namespace ultra;
@@ -22,13 +23,9 @@ namespace {
 
 const fs::path kRoot = ULTRA_SOURCE_DIR;
 
-#if defined(__SANITIZE_ADDRESS__)
 // Under AddressSanitizer the whole validation set takes minutes; a few windows exercise the same code for
 // memory errors, and the numeric comparison runs in the normal build.
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 nlohmann::json report() {
   std::ifstream f(kRoot / "models" / "train_report.json");

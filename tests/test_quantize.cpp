@@ -15,6 +15,7 @@
 #include "greedy_util.h"
 #include "io/gguf.h"
 #include "run_ultra.h"
+#include "sanitized.h"
 #include "tmp_dir.h"
 #include "ultra/convert.h"
 #include "ultra/perplexity.h"
@@ -25,13 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path kRoot = ULTRA_SOURCE_DIR;
-#if defined(__SANITIZE_ADDRESS__)
 // Under AddressSanitizer perplexity runs ~15x slower: one window exercises the same code for memory
 // errors, and the bounds are checked in the normal build.
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 const std::string kTarget = (kRoot / "models" / "target.gguf").string();
 
 std::vector<int32_t> val_ids() {

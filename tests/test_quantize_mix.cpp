@@ -21,6 +21,7 @@
 #include "io/gguf.h"
 #include "io/imatrix.h"
 #include "io/quant_mix.h"
+#include "sanitized.h"
 #include "tmp_dir.h"
 #include "ultra/convert.h"
 #include "ultra/error.h"
@@ -387,9 +388,11 @@ TEST(QuantizeMix, EveryMixEqualsLlamaQuantizeByteForByte) {
   test::TmpDir dir("ultra_qmix");
   const std::string model = wide_model(dir);
   imatrix_for(model).write(dir.file("wide.imatrix"));
-  for (const char* mix : kAllMixes) {
-    expect_same_as_llama_quantize(bin, dir, model, mix, "");
-    expect_same_as_llama_quantize(bin, dir, model, mix, dir.file("wide.imatrix"));
+  // Under AddressSanitizer (~15x slower) a sample of the mixes: the hash test covers them all there.
+  const size_t step = test::kSanitized ? 5 : 1;
+  for (size_t i = 0; i < std::size(kAllMixes); i += step) {
+    expect_same_as_llama_quantize(bin, dir, model, kAllMixes[i], "");
+    expect_same_as_llama_quantize(bin, dir, model, kAllMixes[i], dir.file("wide.imatrix"));
   }
 }
 
@@ -399,7 +402,9 @@ TEST(QuantizeMix, TargetEveryMixEqualsLlamaQuantizeByteForByte) {
   if (bin.empty())
     GTEST_SKIP() << "llama-quantize is not built (bench/llamacpp_build.py): comparison skipped";
   test::TmpDir dir("ultra_qmix");
-  for (const char* mix : kAllMixes) expect_same_as_llama_quantize(bin, dir, kTarget, mix, "");
+  const size_t first = test::kSanitized ? 2 : 0, step = test::kSanitized ? 5 : 1;  // a sample, as above
+  for (size_t i = first; i < std::size(kAllMixes); i += step)
+    expect_same_as_llama_quantize(bin, dir, kTarget, kAllMixes[i], "");
 }
 
 // The same comparison without llama.cpp: the hashes (tensors_hash) of the files llama-quantize wrote above
@@ -436,11 +441,7 @@ TEST(QuantizeMix, EveryMixHashesAsLlamaQuantizesFiles) {
   test::TmpDir dir("ultra_qmix");
   const std::string wide = wide_model(dir);
   imatrix_for(wide).write(dir.file("wide.imatrix"));
-#if defined(__SANITIZE_ADDRESS__)
-  const size_t step = 8;  // ~15x slower under AddressSanitizer: a sample of the files
-#else
-  const size_t step = 1;
-#endif
+  const size_t step = test::kSanitized ? 8 : 1;  // ~15x slower under AddressSanitizer: a sample of the files
   for (size_t i = 0; i < std::size(want); i += step) {
     const Want& w = want[i];
     SCOPED_TRACE(std::string(w.target ? "target " : "wide ") + w.mix + (w.imatrix ? " imatrix" : ""));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of the repo, in one call on the GPU machine (from the repo root):
-#   1. the kernel test program and kernel benchmark (tools/gpu_suite.sh),
+#   1. the kernel test program, the op table on the CUDA kernels (test_cuda_ops: tests/op_cases.h against
+#      the CPU's scalar references) and the kernel benchmark (tools/gpu_suite.sh),
 #   2. the engine on the CUDA backend (test_cuda_backend: HF fixtures, bundled model vs PyTorch, CPU
 #      agreement, zero allocation per step, graph replay and host dispatch),
 #   3. ultra vs PyTorch decode/prefill on Llama-shaped random BF16 models (bench/cuda_compare.py).
@@ -51,5 +52,6 @@ if [ "$bench" = 1 ]; then
 fi
 echo "== summary"
 grep -h "test_cuda_kernels:" "$out/test.log" 2>/dev/null | tail -1
+grep -h "test_cuda_ops" "$out/test_cuda_ops.log" 2>/dev/null | tail -1
 grep -hE "^\[  (PASSED|FAILED)|tests? ran" "$out/test_cuda_backend.log" | tail -3
 exit $status

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Builds and runs the CUDA kernel test program and benchmark on a GPU machine (Hopper), from the repo root;
-# prints a short summary table last.
+# prints a short summary table last. test_cuda_ops (the op table of tests/op_cases.h on the CUDA kernels
+# against the CPU's scalar references) runs too where it was built: it links the library, so --cmake or
+# --build-dir only (the nvcc-only build cannot make it).
 #
 #   tools/gpu_suite.sh [--nvcc | --cmake] [--build-dir DIR] [--out DIR] [--quick] [--no-bench] [--sweep] [--seed N]
 #
 #   --nvcc       (default) compile src/backend/cuda/*.cu and the two programs with nvcc alone: needs only the
 #                CUDA toolkit (nvcc, cuBLASLt), not the Debian packages of the rest of the repo
-#   --cmake      cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DULTRA_CUDA=ON, build the two targets (needs the
+#   --cmake      cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DULTRA_CUDA=ON, build the three targets (needs the
 #                repo's dependencies: fmt, nlohmann-json, CLI11, pcre2, gtest)
 #   --build-dir  use the programs already built in DIR (no build)
 #   --out DIR    logs and result files (default: $OUT when set, else /tmp/ultra-gpu-suite)
 #   --quick      fewer shapes in the test and the benchmark
 #   --no-bench   run the test only
 #   --sweep      benchmark variants too (bench_cuda_kernels --sweep: gemv kernels and knobs, PDL on / off)
-# Exit status: the test program's (0 pass, 1 failure, 77 no device), or 2 when the build failed.
+# Exit status: the test programs' (0 pass, 1 a failure in either, 77 no device), or 2 when the build failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,7 +94,7 @@ elif [ "$mode" = cmake ]; then
   build_dir="${build_dir:-build-gpu}"
   log "build (cmake, Release, ULTRA_CUDA=ON) into $build_dir"
   if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DULTRA_CUDA=ON -DULTRA_TESTS=ON > "$out_dir/cmake.log" 2>&1 ||
-     ! cmake --build "$build_dir" --target test_cuda_kernels bench_cuda_kernels >> "$out_dir/cmake.log" 2>&1; then
+     ! cmake --build "$build_dir" --target test_cuda_kernels bench_cuda_kernels test_cuda_ops >> "$out_dir/cmake.log" 2>&1; then
     tail -40 "$out_dir/cmake.log"
     echo "== summary"; echo "build: FAILED (cmake; on a machine without the repo's Debian packages use --nvcc)"; exit 2
   fi
@@ -117,6 +119,24 @@ test_rc=$?
 grep -E '^(FAIL|SKIPPED|device)' "$out_dir/test.log" | head -60
 tail -1 "$out_dir/test.log"
 
+ops_bin="$build_dir/test_cuda_ops"
+[ -x "$ops_bin" ] || ops_bin="$build_dir/tests/gpu/test_cuda_ops"
+ops_rc=skipped
+: > "$out_dir/test_cuda_ops.log"
+if [ -x "$ops_bin" ]; then
+  log "op table: $ops_bin"
+  "$ops_bin" --out "$out_dir" > "$out_dir/test_cuda_ops.log" 2>&1
+  ops_rc=$?
+  grep -E '^(FAIL|SKIPPED)' "$out_dir/test_cuda_ops.log" | head -40
+  sed -n '/^op  /,$p' "$out_dir/test_cuda_ops.log"
+  # a failure of either program fails the suite (no device: 77 from both)
+  if [ "$ops_rc" -ne 0 ] && [ "$test_rc" -eq 0 ]; then test_rc=$ops_rc; fi
+  if [ "$ops_rc" -ne 0 ] && [ "$ops_rc" -ne 77 ] && [ "$test_rc" -eq 77 ]; then test_rc=1; fi
+else
+  echo "test_cuda_ops: not built (it links the library: tools/gpu_suite.sh --cmake, or --build-dir of a CMake build)" |
+    tee "$out_dir/test_cuda_ops.log"
+fi
+
 bench_rc=skipped
 if [ $bench = 1 ] && [ $test_rc -ne 77 ]; then
   log "benchmark: $bench_bin ${quick[*]} ${sweep[*]}"
@@ -129,10 +149,15 @@ echo
 echo "== summary ($(date -u +%Y-%m-%dT%H:%MZ))"
 printf '%-10s %s\n' "build" "$build_status"
 printf '%-10s %s (exit %s)\n' "test" "$(tail -1 "$out_dir/test.log")" "$test_rc"
+printf '%-10s %s (exit %s)\n' "op table" "$(tail -1 "$out_dir/test_cuda_ops.log")" "$ops_rc"
 n_fail=$(grep -c '^FAIL' "$out_dir/test.log" || true)
 if [ "$n_fail" != 0 ]; then
   echo "failures by kernel:"
   grep '^FAIL' "$out_dir/test.log" | awk '{print $2}' | sort | uniq -c | sed 's/^/  /'
+fi
+if grep -q '^FAIL' "$out_dir/test_cuda_ops.log"; then
+  echo "op table failures by op:"
+  sed -n '/^op  /,$p' "$out_dir/test_cuda_ops.log" | awk 'NR > 1 && $1 != "test_cuda_ops:" && $3 > 0 {print "  " $1 ": " $3 " failed"}'
 fi
 if [ -f "$out_dir/gemv.sass" ]; then
   printf '%-10s gemv.o: %s HMMA, %s LDG.128; spills: %s\n' "sass" \

@@ -28,6 +28,7 @@
 #include "core/dtype.h"
 #include "core/fp8.h"
 #include "core/ternary.h"
+#include "gpu_program.h"
 #include "sampling/philox.h"
 
 using namespace ultra;
@@ -1478,20 +1479,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int n_dev = 0;
-  const cudaError_t de = cudaGetDeviceCount(&n_dev);
-  if (de != cudaSuccess || n_dev == 0) {
-    std::printf("SKIPPED: no CUDA device (%s)\n", de != cudaSuccess ? cudaGetErrorString(de) : "count 0");
-    return 77;
-  }
-  if (!out_dir.empty()) {
-    const std::string path = out_dir + "/test_cuda_kernels.txt";
-    g_log = std::fopen(path.c_str(), "w");
-    if (!g_log) {
-      std::fprintf(stderr, "cannot write %s\n", path.c_str());
-      return 2;
-    }
-  }
+  if (const int skip = ultra::test::skip_without_device()) return skip;
+  if (!out_dir.empty() && !(g_log = ultra::test::open_log(out_dir, "test_cuda_kernels.txt"))) return 2;
   CK(query_device(0, &g_dev));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
