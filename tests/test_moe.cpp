@@ -274,8 +274,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-// A prefill chunk groups its rows by expert; decode runs one row. With 8 experts of which 1 is used and
-// 12 rows, some expert is selected by several rows and some by none: both must give the same logits.
+// A prefill chunk groups its rows by expert; decode runs one row. With 8 experts of which 1 (Mixtral) or 3
+// are used and 12 rows, experts are selected by several rows: both must give the same logits.
 TEST(MoeForward, PrefillEqualsDecode) {
   test::TmpDir dir("ultra_moe");
   for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
@@ -297,6 +297,43 @@ TEST(MoeForward, PrefillEqualsDecode) {
                      std::vector<float>(a.begin() + m.info().n_vocab, a.begin() + 2 * m.info().n_vocab)),
         0.5);
   }
+}
+
+// A router of zeros: every expert ties, so every row takes experts 0 and 1 (ties to the lower index) and
+// experts 2..7 are selected by no row. Their weights are NaN: had a step read them, in prefill (rows grouped
+// by expert) or decode, the logits would be NaN. Each of the two weighs 1/2 (renormalised).
+TEST(MoeForward, TiedRouterAndUnselectedExpertsNotRead) {
+  test::TmpDir dir("ultra_moe_tie");
+  test::MoeSpec s;
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.edit = [](gguf::Writer&, std::vector<MoeSpec::Tensor>& ts) {
+    for (auto& t : ts) {
+      if (t.name.find("ffn_gate_inp") != std::string::npos) std::fill(t.data.begin(), t.data.end(), 0);
+      if (t.name.find("_exps.") == std::string::npos) continue;
+      const size_t one = t.data.size() / t.ne[2];
+      const float nan = std::nanf("");
+      for (size_t i = 2 * one; i < t.data.size(); i += 4) std::memcpy(t.data.data() + i, &nan, 4);
+    }
+  };
+  const char* keep = std::getenv("ULTRA_MOE_KEEP");
+  const std::string path = keep ? (fs::path(keep) / "tie.gguf").string() : dir.file("tie.gguf");
+  test::write_moe_gguf(path, s);
+  const Model m = Model::load(path);
+  const std::vector<int32_t> toks = {5, 17, 99, 256, 3, 3, 1024, 40, 41};
+  const auto a = logits_of(m, toks, false), b = logits_of(m, toks, true);
+  for (float x : a) ASSERT_TRUE(std::isfinite(x));
+  for (float x : b) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_LT(max_abs_diff(a, b), 2e-3);
+  // llama.cpp breaks the tie the same way (ggml's argsort of 8 values is an insertion sort): its
+  // llama-perplexity on this file (-c 128 --chunks 4, as EqualsLlamaCpp) is finite and equal to ours.
+  const std::string val = (kRoot / "tests" / "fixtures" / "bundled" / "val.txt").string();
+  const auto r = test::run_ultra({"perplexity", "-m", path, "-f", val, "-c", "128", "--chunks",
+                                  test::kSanitized ? "1" : "4", "-t", "2", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const double p = nlohmann::json::parse(r.out).at("ppl").get<double>(), llama_ppl = 5345.0243;
+  std::printf("[ moe ] tied router: ultra perplexity %.4f, llama-perplexity %.4f\n", p, llama_ppl);
+  if (!test::kSanitized) EXPECT_LE(std::fabs(p / llama_ppl - 1), 0.0005);
 }
 
 // Every expert a copy of expert 0, the top-k weights renormalised: the layer is the dense SwiGLU FFN of
