@@ -175,6 +175,8 @@ TEST(MoeLoad, ArchitecturesAndKeys) {
     EXPECT_EQ(info.arch, std::string(arch) == "llama" ? "mixtral" : arch);
     EXPECT_EQ(info.n_expert, 6);
     EXPECT_EQ(info.n_expert_used, 3);
+    // A decode token reads 3 of the 6 experts: F32 experts of 3 matrices [64, 64] per layer, 2 layers.
+    EXPECT_EQ(info.weight_bytes - info.active_weight_bytes, 2u * 3 * 3 * 64 * 64 * 4);
   }
 }
 

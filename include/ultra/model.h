@@ -127,7 +127,10 @@ struct ModelInfo {
   int n_expert = 0;       // experts per layer (0: dense)
   int n_expert_used = 0;  // experts each token runs
   int train_ctx = 0;
-  size_t weight_bytes = 0;  // bytes of weights one forward step reads
+  size_t weight_bytes = 0;  // bytes of all the weights
+  // Bytes of weights one decode token reads: weight_bytes less the experts it does not select (mixtures of
+  // experts: n_expert_used of n_expert per layer); weight_bytes for a dense model.
+  size_t active_weight_bytes = 0;
   double n_params = 0;
 };
 

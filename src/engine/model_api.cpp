@@ -169,6 +169,12 @@ Model Model::load(const std::string& path, const LoadParams& params) {
   i.ffn_dim = hp.ffn_dim;
   i.train_ctx = hp.train_ctx;
   i.weight_bytes = m.weight_bytes;
+  i.active_weight_bytes = m.weight_bytes;
+  for (const LayerWeights& l : m.layers)
+    for (const WeightView* exps : {l.gate_exps, l.up_exps, l.down_exps})
+      if (exps)  // every expert has the same size
+        i.active_weight_bytes -=
+            (size_t)(hp.n_expert - hp.n_expert_used) * (size_t)exps[0].rows * exps[0].row_bytes;
   i.n_params = n_params(hp);
 
   // End of generation: the vocabulary's (eos / eot / eom and llama.cpp's end-of-turn texts) and the model's
