@@ -13,6 +13,7 @@
 #include "../fuzz/fuzz_harness.h"
 #include "core/error.h"
 #include "core/mmap.h"
+#include "expect_error.h"
 #include "io/convert.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -36,14 +37,7 @@ fs::path tmp(const std::string& name) {
   return dir.path() / name;
 }
 
-void expect_error(const std::function<void()>& f, const std::string& phrase) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing '" << phrase << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-  }
-}
+using test::expect_error;
 
 // Rewrites a GGUF with edits: drop a tensor, override a key, replace a tensor's shape.
 void rewrite(const fs::path& src, const fs::path& dst, const std::string& drop_tensor,

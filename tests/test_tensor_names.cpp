@@ -131,13 +131,47 @@ TEST(TensorNames, Names) {
   EXPECT_EQ(tensor_need(tensor_spec(TensorRole::AttnQBias), hp, TensorFormat::Hf), Need::Absent);
 }
 
-// Each per-layer row: a matrix or a vector slot, never both; a fused matrix's parts cover its rows exactly.
+// Mixture of experts: llama.cpp's stacked names; HF's per-expert names (Qwen's, Mixtral's); the dense FFN
+// rows absent and the expert rows required exactly when the model has experts.
+TEST(TensorNames, ExpertNames) {
+  EXPECT_EQ(gguf_name(TensorRole::FfnGateInp, 1), "blk.1.ffn_gate_inp.weight");
+  EXPECT_EQ(gguf_name(TensorRole::FfnDownExps, 2), "blk.2.ffn_down_exps.weight");
+  EXPECT_EQ(gguf_name(TensorRole::FfnGateInpShexp, 0), "blk.0.ffn_gate_inp_shexp.weight");
+  EXPECT_EQ(gguf_name(TensorRole::FfnUpShexp, 0), "blk.0.ffn_up_shexp.weight");
+  HParams hp;
+  hp.arch = Arch::Qwen3;
+  hp.n_expert = 8;
+  const TensorSpec& up = tensor_spec(TensorRole::FfnUpExps);
+  EXPECT_EQ(tensor_name(up, hp, TensorFormat::Hf, 3, 7), "model.layers.3.mlp.experts.7.up_proj.weight");
+  EXPECT_EQ(hf_name(TensorRole::FfnGateInp, hp, 3), "model.layers.3.mlp.gate.weight");
+  EXPECT_EQ(hf_name(TensorRole::FfnGateInpShexp, hp, 3), "model.layers.3.mlp.shared_expert_gate.weight");
+  EXPECT_EQ(tensor_need(up, hp, TensorFormat::Gguf), Need::Required);
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnUp), hp, TensorFormat::Gguf), Need::Absent);
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnDown), hp, TensorFormat::Hf), Need::Absent);
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnUpShexp), hp, TensorFormat::Gguf), Need::Absent);
+  hp.shexp_ffn_dim = 32;
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnUpShexp), hp, TensorFormat::Gguf), Need::Required);
+  hp.arch = Arch::Mistral;  // Mixtral
+  EXPECT_EQ(tensor_name(up, hp, TensorFormat::Hf, 3, 7),
+            "model.layers.3.block_sparse_moe.experts.7.w3.weight");
+  EXPECT_EQ(tensor_name(tensor_spec(TensorRole::FfnGateExps), hp, TensorFormat::Hf, 0, 1),
+            "model.layers.0.block_sparse_moe.experts.1.w1.weight");
+  EXPECT_EQ(tensor_name(tensor_spec(TensorRole::FfnDownExps), hp, TensorFormat::Hf, 0, 1),
+            "model.layers.0.block_sparse_moe.experts.1.w2.weight");
+  EXPECT_EQ(hf_name(TensorRole::FfnGateInp, hp, 0), "model.layers.0.block_sparse_moe.gate.weight");
+  hp.n_expert = 0;  // dense: the expert rows absent
+  EXPECT_EQ(tensor_need(up, hp, TensorFormat::Gguf), Need::Absent);
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnUp), hp, TensorFormat::Gguf), Need::Required);
+}
+
+// Each per-layer row: exactly one of a matrix, a vector or an experts slot; a fused matrix's parts cover
+// its rows exactly.
 TEST(TensorNames, RowsAreConsistent) {
   HParams hp;
   hp.dim = 64, hp.n_heads = 4, hp.n_kv_heads = 2, hp.head_dim = 16, hp.ffn_dim = 96;
   for (const TensorSpec& t : layer_tensors()) {
-    EXPECT_NE(t.matrix == nullptr, t.vector == nullptr) << t.gguf;
-    EXPECT_EQ(t.matrix != nullptr, t.cols != Dim::None) << t.gguf;
+    EXPECT_EQ((t.matrix != nullptr) + (t.vector != nullptr) + (t.experts != nullptr), 1) << t.gguf;
+    EXPECT_EQ(t.matrix != nullptr || t.experts != nullptr, t.cols != Dim::None) << t.gguf;
     int64_t rows = 0;
     for (const RowPart& p : t.parts)
       if (p.slot) rows += dim_size(p.rows, hp);

@@ -21,6 +21,8 @@
 #include "ultra/speculative.h"
 
 #include "alloc_counter.h"
+#include "moe_gguf.h"
+#include "tmp_dir.h"
 
 using namespace ultra;
 namespace fs = std::filesystem;
@@ -160,11 +162,9 @@ TEST(ZeroAlloc, DecodeLoopGgufKQuantMixes) {
   }
 }
 
-TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
-#if !ULTRA_COUNT_ALLOCS
-  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
-#endif
-  const Model m = Model::load(kFixture.string());
+// Counts the allocations of 32 mixed steps (after one warm-up): a 20-token prefill chunk of sequence 0 with
+// two output rows beside one sampled decode each of sequences 1..3, fed with Batch::kSampled.
+long allocations_in_mixed_steps(const Model& m) {
   Context ctx(m, {.n_ctx = 128, .n_slots = 4, .n_batch = 64, .n_outputs = 8, .n_threads = 2});
   for (int s = 1; s < 4; ++s) {
     SamplingParams sp = full_chain();
@@ -179,8 +179,6 @@ TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
   for (int s = 1; s < 4; ++s) b.add(s * 3, 0, s, Output::sample);
   ctx.step(b);
   auto mixed_step = [&] {
-    // Sequence 0: a 20-token prefill chunk with two output rows; 1..3: one sampled decode each, fed with
-    // the token the previous step sampled.
     ctx.clear(0);
     b.clear();
     for (int i = 0; i < 20; ++i) {
@@ -204,10 +202,42 @@ TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
   g_counting = false;
   EXPECT_TRUE(std::isfinite(acc));
   EXPECT_EQ(ctx.seq_len(1), 33 + 1);
+  return g_allocs.load();
+}
+
+TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  const long n = allocations_in_mixed_steps(Model::load(kFixture.string()));
   std::printf(
       "[zero-alloc] mixed batch (20-row prefill chunk + 3 sampled decodes): %ld allocations in 32 steps\n",
-      g_allocs.load());
-  EXPECT_EQ(g_allocs.load(), 0);
+      n);
+  EXPECT_EQ(n, 0);
+}
+
+// Mixture-of-experts models (tests/moe_gguf.h): the routing, the grouping of a chunk's rows by expert and
+// Qwen2-MoE's shared expert run in buffers sized at context creation, in decode and in mixed steps.
+TEST(ZeroAlloc, MoeDecodeAndMixedSteps) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  test::TmpDir dir("ultra_zero_alloc_moe");
+  for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
+    test::MoeSpec s;
+    s.arch = arch;
+    s.n_expert = 8;
+    s.n_expert_used = 2;
+    s.type = GgmlType::Q8_0;
+    const std::string path = dir.file(std::string(arch) + ".gguf");
+    test::write_moe_gguf(path, s);
+    const long decode = allocations_during_decode(path, KvType::f16, 2);
+    const long mixed = allocations_in_mixed_steps(Model::load(path));
+    std::printf("[zero-alloc] MoE %s: %ld allocations in 64 decode steps, %ld in 32 mixed steps\n", arch,
+                decode, mixed);
+    EXPECT_EQ(decode, 0) << arch;
+    EXPECT_EQ(mixed, 0) << arch;
+  }
 }
 
 // Speculative rounds (a draft model and prompt lookup, sampled, penalties on): nothing is allocated from the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a random-weight Llama, Qwen3 or Gemma-3 GGUF (v3) file for speed benchmarks.
+"""Write a random-weight Llama, Qwen3, Gemma-3 or mixture-of-experts GGUF (v3) file for speed benchmarks.
 
 Pure Python standard library (struct, array, random); no numpy.
 
@@ -29,8 +29,22 @@ Shapes (every option below overrides its part of the preset):
           on 5 of every 6 layers (gemma3.attention.sliding_window_pattern = 6,
           layers 5 and 11 global), rope base 1e6 global / 1e4 local
           (gemma3.rope.freq_base_swa), rms eps 1e-6, keys gemma3.*.
-Both engines load all three (llama.cpp's loaders: src/models/qwen3.cpp and
-gemma3.cpp; ultra's: src/model/load_gguf.cpp).
+  qwen3moe  a ~1B-parameter Qwen3-MoE shape (~0.3B active): dim 1024, 16 layers,
+          16 heads, 4 kv heads, head_dim 128, 8 experts of which 2 are used,
+          expert ffn 2048 (qwen3moe.expert_feed_forward_length), vocab 32000,
+          rope base 1e6, rms eps 1e-6; q/k norms; the router
+          blk.N.ffn_gate_inp [8, dim] and the stacked experts
+          blk.N.ffn_{gate,up,down}_exps [8, rows, cols].
+  mixtral   the same experts as arch "llama" (Mixtral's layout: expert ffn =
+          llama.feed_forward_length), dim 1024, 16 layers, 16 heads, 4 kv heads.
+  qwen2moe  qwen3moe's shape without q/k norms, with q/k/v biases and a shared
+          expert (expert_shared_feed_forward_length 2048, its sigmoid gate
+          blk.N.ffn_gate_inp_shexp [dim]).
+Both engines load all of them (llama.cpp's loaders: src/models/qwen3.cpp,
+gemma3.cpp, qwen3moe.cpp, qwen2moe.cpp, llama.cpp; ultra's: src/model/load_gguf.cpp).
+
+    python3 tools/make_bench_gguf.py --arch qwen3moe --type q8_0 -o /tmp/ultra-bench/qwen3moe-1b-q8_0.gguf
+    ultra quantize /tmp/ultra-bench/qwen3moe-1b-f16.gguf /tmp/ultra-bench/qwen3moe-1b-q4_k_m.gguf --type q4_k_m
 
 RMSNorm weights (every 1-D tensor) are written as 1.0: llama.cpp and ultra
 multiply by the stored value as it is, and llama.cpp's converter stores Gemma's
@@ -81,6 +95,10 @@ PRESETS = {
     "gemma3": dict(_COMMON, heads=8, kv_heads=2, head_dim=128, rope_theta=1000000.0, rms_eps=1e-6,
                    sliding_window=512, swa_pattern=6, rope_theta_swa=10000.0),
 }
+_MOE = dict(dim=1024, layers=16, ffn=2048, vocab=32000, ctx=4096, heads=16, kv_heads=4, head_dim=128,
+            rope_theta=1000000.0, rms_eps=1e-6, experts=8, experts_used=2, shexp_ffn=2048)
+PRESETS.update({"qwen3moe": dict(_MOE), "qwen2moe": dict(_MOE), "mixtral": dict(_MOE, head_dim=None, rms_eps=1e-5)})
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
 
 # llama_token_type (tokenizer.ggml.token_type)
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
@@ -277,15 +295,22 @@ def main():
     ap.add_argument("--sliding-window", type=int, help="gemma3: window of the local layers (0: none)")
     ap.add_argument("--swa-pattern", type=int, help="gemma3: every n-th layer is global")
     ap.add_argument("--rope-theta-swa", type=float, help="gemma3: rope base of the local layers")
+    ap.add_argument("--experts", type=int, help="MoE: experts per layer")
+    ap.add_argument("--experts-used", type=int, help="MoE: experts each token uses")
+    ap.add_argument("--shexp-ffn", type=int, help="qwen2moe: the shared expert's ffn size")
     ap.add_argument("--std", type=float, default=0.02, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--tie-embeddings", action="store_true",
                     help="omit output.weight (the output projection then reuses token_embd.weight)")
     args = ap.parse_args()
-    arch = args.arch
-    for k, v in PRESETS[arch].items():
-        if getattr(args, k) is None:
+    preset = args.arch
+    for k, v in PRESETS[preset].items():
+        if getattr(args, k, None) is None:
             setattr(args, k, v)
+    moe = preset in MOE_ARCHS
+    if moe and args.type in ("fp8", "ternary"):
+        sys.exit("experts: --type f32, f16 or q8_0 (ultra quantize writes the k-quant mixes)")
+    arch = "llama" if preset == "mixtral" else preset  # the file's general.architecture
     if arch == "gemma3":
         args.tie_embeddings = True  # Gemma's output projection is the embedding
 
@@ -318,17 +343,37 @@ def main():
             (p + "attn_v.weight", [dim, kv_dim], wt),
             (p + "attn_output.weight", [q_dim, dim], wt),
         ]
-        if arch in ("qwen3", "gemma3"):
+        if arch == "qwen2moe":
+            tensors += [(p + "attn_q.bias", [q_dim], GGML_F32), (p + "attn_k.bias", [kv_dim], GGML_F32),
+                        (p + "attn_v.bias", [kv_dim], GGML_F32)]
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             tensors += [(p + "attn_q_norm.weight", [head_dim], GGML_F32),
                         (p + "attn_k_norm.weight", [head_dim], GGML_F32)]
         if arch == "gemma3":
             tensors.append((p + "post_attention_norm.weight", [dim], GGML_F32))
-        tensors += [
-            (p + "ffn_norm.weight", [dim], GGML_F32),
-            (p + "ffn_gate.weight", [dim, ffn], wt),
-            (p + "ffn_up.weight", [dim, ffn], wt),
-            (p + "ffn_down.weight", [ffn, dim], wt),
-        ]
+        if moe:  # the router (in the weight type: both engines read it so), the stacked experts
+            ne_ = args.experts
+            tensors += [
+                (p + "ffn_norm.weight", [dim], GGML_F32),
+                (p + "ffn_gate_inp.weight", [dim, ne_], wt),
+                (p + "ffn_gate_exps.weight", [dim, ffn, ne_], wt),
+                (p + "ffn_up_exps.weight", [dim, ffn, ne_], wt),
+                (p + "ffn_down_exps.weight", [ffn, dim, ne_], wt),
+            ]
+            if arch == "qwen2moe":
+                tensors += [
+                    (p + "ffn_gate_inp_shexp.weight", [dim], GGML_F32),
+                    (p + "ffn_gate_shexp.weight", [dim, args.shexp_ffn], wt),
+                    (p + "ffn_up_shexp.weight", [dim, args.shexp_ffn], wt),
+                    (p + "ffn_down_shexp.weight", [args.shexp_ffn, dim], wt),
+                ]
+        else:
+            tensors += [
+                (p + "ffn_norm.weight", [dim], GGML_F32),
+                (p + "ffn_gate.weight", [dim, ffn], wt),
+                (p + "ffn_up.weight", [dim, ffn], wt),
+                (p + "ffn_down.weight", [ffn, dim], wt),
+            ]
         if arch == "gemma3":
             tensors.append((p + "post_ffw_norm.weight", [dim], GGML_F32))
     tensors.append(("output_norm.weight", [dim], GGML_F32))
@@ -363,6 +408,13 @@ def main():
     if arch != "llama" or head_dim * n_heads != dim:  # (llama files stay as before: dim / heads implied)
         kvs += [enc_kv(arch + ".attention.key_length", T_UINT32, head_dim),
                 enc_kv(arch + ".attention.value_length", T_UINT32, head_dim)]
+    if moe:
+        kvs += [enc_kv(arch + ".expert_count", T_UINT32, args.experts),
+                enc_kv(arch + ".expert_used_count", T_UINT32, args.experts_used)]
+        if arch != "llama":
+            kvs.append(enc_kv(arch + ".expert_feed_forward_length", T_UINT32, ffn))
+        if arch == "qwen2moe":
+            kvs.append(enc_kv(arch + ".expert_shared_feed_forward_length", T_UINT32, args.shexp_ffn))
     if arch == "gemma3" and args.sliding_window > 0:
         kvs += [
             enc_kv(arch + ".attention.sliding_window", T_UINT32, args.sliding_window),

@@ -19,6 +19,13 @@ mistral_swa (window 12) has a 40-token prompt: only it, after the others exist, 
 One model is also saved as a BF16 checkpoint (<name>_bf16/, all tensors BF16) with its logits.
 One config is rewritten in the transformers-4 form (rope_theta / rope_scaling at the top level) after
 checking that transformers loads it to identical logits.
+
+The mixture-of-experts models (mixtral, qwen2_moe with its shared expert, qwen3_moe) are saved in the Hub's
+layout whatever this transformers version keeps in memory: one tensor per expert
+(model.layers.N.block_sparse_moe.experts.E.w1/w2/w3 for Mixtral, model.layers.N.mlp.experts.E.{gate,up,
+down}_proj for Qwen), as the published checkpoints are; transformers must load that layout back to the
+same logits. Only those three:
+    python3 tools/make_fixtures.py -o tests/fixtures/hf --only mixtral,qwen2_moe,qwen3_moe
 """
 import argparse
 import json
@@ -120,6 +127,31 @@ def new_models():
                       original_max_position_embeddings=orig)
         return Phi3ForCausalLM, Phi3Config(**kw)
 
+    def mixtral():
+        from transformers import MixtralConfig, MixtralForCausalLM
+        # 4 experts of intermediate_size 64 (the files stay ~0.5 MB), top 2 renormalised (Mixtral always does).
+        return MixtralForCausalLM, MixtralConfig(**common(num_local_experts=4, num_experts_per_tok=2,
+                                                          intermediate_size=64,
+                                                          sliding_window=None, router_jitter_noise=0.0,
+                                                          **rope_kw(1000000.0)))
+
+    def qwen2_moe():
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+        # 4 experts of 64, top 2 not renormalised (Qwen1.5-MoE's norm_topk_prob false), a shared expert of 96
+        # with its sigmoid gate; every layer sparse; q/k/v biases.
+        return Qwen2MoeForCausalLM, Qwen2MoeConfig(**common(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, **rope_kw(1000000.0)))
+
+    def qwen3_moe():
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        # 4 experts of 64, top 2 renormalised (norm_topk_prob, as Qwen3-30B-A3B); q/k norms; head_dim 24.
+        return Qwen3MoeForCausalLM, Qwen3MoeConfig(**common(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], head_dim=24, attention_bias=False, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, use_sliding_window=False, **rope_kw(1000000.0)))
+
     add("qwen3", qwen3)
     add("gemma2", gemma2)
     add("gemma3", gemma3)
@@ -128,7 +160,60 @@ def new_models():
     # Issue 34: Mistral's whole-model sliding window (12) shorter than its 40-token prompt (LONG_PROMPT).
     add("mistral_swa", lambda: (MistralForCausalLM, MistralConfig(**common(
         sliding_window=SWA_WINDOW, head_dim=32, **rope_kw(10000.0)))))
+    add("mixtral", mixtral)
+    add("qwen2_moe", qwen2_moe)
+    add("qwen3_moe", qwen3_moe)
     return out
+
+
+MOE_FIXTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def hub_state_dict(model, mixtral):
+    """The state dict in the Hub's per-expert layout. transformers 4 keeps one module per expert already
+    (passed through); transformers 5 may fuse them into mlp.experts.gate_up_proj [E, 2F, D] (gate rows first)
+    and mlp.experts.down_proj [E, D, F] (either possibly stored transposed), which are split here."""
+    cfg = model.config
+    d = cfg.hidden_size
+    f = cfg.intermediate_size if mixtral else cfg.moe_intermediate_size
+    out = {}
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for k, v in model.state_dict().items():
+        v = v.detach().to(torch.float32).contiguous()
+        if mixtral:
+            k = k.replace(".mlp.gate.", ".block_sparse_moe.gate.").replace(".mlp.experts.", ".block_sparse_moe.experts.")
+        base, _, leaf = k.rpartition(".experts.")
+        if leaf in ("gate_up_proj", "down_proj") and v.dim() == 3:
+            n_exp = v.shape[0]
+            if leaf == "gate_up_proj":
+                if v.shape[1] != 2 * f:  # stored [E, D, 2F]
+                    v = v.transpose(1, 2)
+                assert tuple(v.shape) == (n_exp, 2 * f, d), (k, tuple(v.shape))
+                for e in range(n_exp):
+                    out[f"{base}.experts.{e}.{names[0]}.weight"] = v[e, :f].contiguous()
+                    out[f"{base}.experts.{e}.{names[1]}.weight"] = v[e, f:].contiguous()
+            else:
+                if v.shape[1] != d:  # stored [E, F, D]
+                    v = v.transpose(1, 2)
+                assert tuple(v.shape) == (n_exp, d, f), (k, tuple(v.shape))
+                for e in range(n_exp):
+                    out[f"{base}.experts.{e}.{names[2]}.weight"] = v[e].contiguous()
+            continue
+        if leaf and leaf.endswith("_bias"):
+            raise SystemExit(f"unexpected expert bias {k}")
+        out[k] = v
+    return out
+
+
+def save_moe(model, d, mixtral):
+    from safetensors.torch import save_file
+    os.makedirs(d, exist_ok=True)
+    model.config.architectures = [type(model).__name__]  # what the model's save_pretrained records
+    model.config.save_pretrained(d)
+    sd = hub_state_dict(model, mixtral)
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
 
 
 def models():
@@ -198,7 +283,22 @@ def greedy(model, ids, n):
     return seq[len(ids):], margins
 
 
-def rounded_copy(model, fn):
+def rounded_copy(model, fn, moe_kind=None):
+    """A copy with every 2-D weight matrix rounded by fn. MoE models (moe_kind "mixtral" or "qwen"): the
+    Hub-layout state dict's matrices (each expert's [rows, cols] in its own tensor; not the routers) are
+    rounded, saved and loaded back, whatever layout this transformers version keeps the experts in."""
+    if moe_kind is not None:
+        import tempfile
+        from safetensors.torch import save_file
+        # the routers (mlp.gate / block_sparse_moe.gate) and the shared expert's gate stay F32, as in the
+        # GGUF files (ultra convert and llama.cpp's converter keep them F32)
+        kept = (".gate.weight", "shared_expert_gate.weight")
+        sd = {k: (fn(v) if v.dim() == 2 and not k.endswith(kept) else v)
+              for k, v in hub_state_dict(model, moe_kind == "mixtral").items()}
+        with tempfile.TemporaryDirectory() as td:
+            model.config.save_pretrained(td)
+            save_file(sd, os.path.join(td, "model.safetensors"), metadata={"format": "pt"})
+            return type(model).from_pretrained(td, attn_implementation="eager").eval()
     m = type(model)(model.config)
     m.load_state_dict(model.state_dict())
     m.eval()
@@ -264,7 +364,10 @@ def main():
         randomize(model, 100 + seed)
         d = os.path.join(args.out, name)
         shutil.rmtree(d, ignore_errors=True)
-        model.save_pretrained(d, safe_serialization=True)
+        if name in MOE_FIXTURES:
+            save_moe(model, d, name == "mixtral")
+        else:
+            model.save_pretrained(d, safe_serialization=True)
         ref = prompt_logits(model, prompt_of)
         # Reload from disk: the reference must be what the saved files compute.
         model = cls.from_pretrained(d, attn_implementation="eager").eval()
@@ -280,7 +383,8 @@ def main():
                 "n_prompt": len(prompt_of), "transformers": transformers.__version__, "torch": torch.__version__,
                 "architecture": cfg.architectures[0] if cfg.architectures else cls.__name__}
         for tag, fn in (("f16w", round_f16), ("bf16w", round_bf16), ("q8_0w", round_q8_0)):
-            rm = rounded_copy(model, fn)
+            rm = rounded_copy(model, fn, None if name not in MOE_FIXTURES else
+                              ("mixtral" if name == "mixtral" else "qwen"))
             save_logits(os.path.join(d, f"logits_{tag}.bin"), prompt_logits(rm, prompt_of))
             info[f"greedy_{tag}"], _ = greedy(rm, prompt_of, N_GREEDY)
         json.dump(info, open(os.path.join(d, "reference.json"), "w"), indent=1)

@@ -112,8 +112,10 @@ class TextStream {
 
 struct ModelInfo {
   std::string path;
-  std::string format;       // "gguf" or "safetensors"
-  std::string arch;         // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"
+  std::string format;  // "gguf" or "safetensors"
+  // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", and with experts "mixtral",
+  // "qwen2moe", "qwen3moe"
+  std::string arch;
   std::string weight_type;  // type of the layer matrices: "f32", "f16", "bf16", "q8_0"
   int n_vocab = 0;          // rows of the embedding table
   int dim = 0;
@@ -122,8 +124,13 @@ struct ModelInfo {
   int n_kv_heads = 0;
   int head_dim = 0;
   int ffn_dim = 0;
+  int n_expert = 0;       // experts per layer (0: dense)
+  int n_expert_used = 0;  // experts each token runs
   int train_ctx = 0;
-  size_t weight_bytes = 0;  // bytes of weights one forward step reads
+  size_t weight_bytes = 0;  // bytes of all the weights
+  // Bytes of weights one decode token reads: weight_bytes less the experts it does not select (mixtures of
+  // experts: n_expert_used of n_expert per layer); weight_bytes for a dense model.
+  size_t active_weight_bytes = 0;
   double n_params = 0;
 };
 

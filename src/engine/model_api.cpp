@@ -108,7 +108,11 @@ namespace {
 
 double n_params(const HParams& hp) {
   const double q = (double)hp.n_heads * hp.head_dim, kv = (double)hp.n_kv_heads * hp.head_dim;
-  const double layer = hp.dim * (2 * q + 2 * kv) + 3.0 * hp.dim * hp.ffn_dim + 2.0 * hp.dim;
+  // The FFN: dense, or every expert (total, not active, parameters), the router and the shared expert.
+  const double ffn = hp.moe() ? hp.n_expert * (3.0 * hp.dim * hp.expert_ffn_dim + hp.dim) +
+                                    3.0 * hp.dim * hp.shexp_ffn_dim + (hp.shexp_ffn_dim > 0 ? hp.dim : 0)
+                              : 3.0 * hp.dim * hp.ffn_dim;
+  const double layer = hp.dim * (2 * q + 2 * kv) + ffn + 2.0 * hp.dim;
   return hp.n_layers * layer + (hp.tie_embeddings ? 1 : 2) * (double)hp.n_vocab * hp.dim + hp.dim;
 }
 
@@ -147,7 +151,12 @@ Model Model::load(const std::string& path, const LoadParams& params) {
   ModelInfo& i = im->info;
   i.path = m.path;
   i.format = m.format;
-  i.arch = arch_name(hp.arch);
+  i.arch = !hp.moe()                ? arch_name(hp.arch)
+           : hp.arch == Arch::Qwen2 ? "qwen2moe"
+           : hp.arch == Arch::Qwen3 ? "qwen3moe"
+                                    : "mixtral";
+  i.n_expert = hp.n_expert;
+  i.n_expert_used = hp.n_expert_used;
   i.weight_type = std::string(type_name(m.layers.empty() ? m.output.type : m.layers[0].wq.type));
   std::transform(i.weight_type.begin(), i.weight_type.end(), i.weight_type.begin(),
                  [](unsigned char c) { return (char)std::tolower(c); });
@@ -160,6 +169,12 @@ Model Model::load(const std::string& path, const LoadParams& params) {
   i.ffn_dim = hp.ffn_dim;
   i.train_ctx = hp.train_ctx;
   i.weight_bytes = m.weight_bytes;
+  i.active_weight_bytes = m.weight_bytes;
+  for (const LayerWeights& l : m.layers)
+    for (const WeightView* exps : {l.gate_exps, l.up_exps, l.down_exps})
+      if (exps)  // every expert has the same size
+        i.active_weight_bytes -=
+            (size_t)(hp.n_expert - hp.n_expert_used) * (size_t)exps[0].rows * exps[0].row_bytes;
   i.n_params = n_params(hp);
 
   // End of generation: the vocabulary's (eos / eot / eom and llama.cpp's end-of-turn texts) and the model's

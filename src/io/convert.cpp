@@ -83,6 +83,21 @@ struct RowOrder {
   }
 };
 
+// Where row r of a matrix being written comes from: a RowMap gives its row in the one input view
+// (row_src(r)); ExpertRows reads HF's per-expert matrices as the stacked [n_expert * rows, cols] matrix
+// llama.cpp stores.
+struct ExpertRows {
+  const WeightView* views;  // [n_expert], each [rows, cols]
+  int64_t rows;
+};
+template <class RowMap>
+void source_row(const WeightView& w, const RowMap& row_src, int64_t r, float* out) {
+  row_f32(w, row_src(r), out);
+}
+inline void source_row(const WeightView&, const ExpertRows& e, int64_t r, float* out) {
+  row_f32(e.views[r / e.rows], r % e.rows, out);
+}
+
 // The types convert / quantize write row by row without core/quantize_blocks (and read as input).
 bool is_plain_convert_type(GgmlType t) {
   switch (t) {
@@ -116,6 +131,21 @@ GgmlType fallback_type(GgmlType t, int64_t cols) {
 
 // Adds tensors to the writer as producers: each matrix is converted when write() reaches it, so only one
 // converted tensor is in memory at a time. Every produced tensor reports progress.
+// llama.cpp's stacked experts (blk.N.ffn_{gate,up,down}_exps.weight, ggml shape {cols, rows, n_expert}):
+// quantized as the one matrix [n_expert * rows, cols] their rows form, and written back 3-D.
+bool stacked_experts(const gguf::TensorInfo& ti) {
+  return ti.ne.size() == 3 && ti.ne[1] * ti.ne[2] > 0 && ti.name.find("_exps.") != std::string::npos;
+}
+WeightView stacked_experts_view(const gguf::TensorInfo& ti) {
+  WeightView w;
+  w.type = ti.type;
+  w.data = ti.data;
+  w.cols = (int64_t)ti.ne[0];
+  w.rows = (int64_t)(ti.ne[1] * ti.ne[2]);
+  w.row_bytes = ti.n_bytes / (uint64_t)w.rows;
+  return w;
+}
+
 struct Emitter {
   gguf::Writer& wr;
   std::function<void(const std::string&)> done;
@@ -127,10 +157,11 @@ struct Emitter {
   // A matrix [rows, cols] in type t; row_src(r) gives the source row index (for the Q/K permutation).
   // F8_E4M3 and TERNARY add their F32 scale tensor "<base>.scale" (core/views.h). imatrix: nullptr or
   // [cols] importance weights for the block types of core/quantize_blocks.h (kept alive by the caller until
-  // the writer is done).
+  // the writer is done). shape: the ggml shape written (llama.cpp's stacked experts {cols, rows, n_expert},
+  // w then their [n_expert * rows, cols]); empty: {cols, rows}.
   template <class RowMap>
   void matrix(const std::string& name, const WeightView& w, GgmlType t, RowMap row_src,
-              const float* imatrix = nullptr) {
+              const float* imatrix = nullptr, std::vector<uint64_t> shape = {}) {
     if (const GgmlType f = fallback_type(t, w.cols); f != t) {
       if (warn)
         warn(fmt::format("{}: {} columns are not a multiple of {}; written as {} instead of {}", name, w.cols,
@@ -145,7 +176,7 @@ struct Emitter {
       std::vector<float> row(w.cols);
       double sum_all = 0;
       for (int64_t r = 0; r < w.rows; ++r) {
-        row_f32(w, row_src(r), row.data());
+        source_row(w, row_src, r, row.data());
         if (t == GgmlType::F8_E4M3) {
           scales->push_back(fp8_row_scale(row.data(), w.cols));
         } else {
@@ -161,75 +192,77 @@ struct Emitter {
     ++count;
     if (!is_plain_convert_type(t) && !can_quantize_blocks(t))
       fail("{}: unsupported output type {}", name, type_name(t));
-    wr.add_tensor(
-        name, t, {(uint64_t)w.cols, (uint64_t)w.rows},
-        [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
-          const size_t rb = row_bytes(*type_traits(t), w.cols);
-          const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
-          // rows [r0, r1) into dst
-          std::atomic<int64_t> bad_row{-1};  // a row with a NaN / Inf value (block types)
-          auto rows = [&](int64_t r0, int64_t r1) {
-            std::vector<float> row(w.cols);
-            for (int64_t r = r0; r < r1; ++r) {
-              row_f32(w, row_src(r), row.data());
-              uint8_t* d = dst + rb * r;
-              switch (t) {
-                case GgmlType::F32:
-                  std::memcpy(d, row.data(), rb);
-                  break;
-                case GgmlType::F16:
-                  for (int64_t c = 0; c < w.cols; ++c) {
-                    const uint16_t h = fp32_to_fp16(row[c]);
-                    std::memcpy(d + 2 * c, &h, 2);
-                  }
-                  break;
-                case GgmlType::BF16:
-                  for (int64_t c = 0; c < w.cols; ++c) {
-                    const uint16_t h = fp32_to_bf16(row[c]);
-                    std::memcpy(d + 2 * c, &h, 2);
-                  }
-                  break;
-                case GgmlType::Q8_0:
-                  cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
-                  break;
-                case GgmlType::F8_E4M3:
-                  quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
-                  break;
-                case GgmlType::TERNARY:
-                  quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
-                                       reinterpret_cast<uint32_t*>(d));
-                  break;
-                case GgmlType::TQ1_0:
-                  quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
-                  break;
-                case GgmlType::TQ2_0:
-                  quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
-                  break;
-                default:  // checked above
-                  // (no throw on a pool thread: a non-finite row is reported after the rows)
-                  if (!all_finite(row.data(), w.cols)) {
-                    int64_t none = -1;
-                    bad_row.compare_exchange_strong(none, r);
-                    continue;
-                  }
-                  quantize_row(t, row.data(), w.cols, d, imatrix);
+    if (shape.empty()) shape = {(uint64_t)w.cols, (uint64_t)w.rows};
+    if (shape.size() > 2 && has_scale_tensor(t))
+      fail("{}: the experts cannot be written as {} (its scale tensor is per 2-D matrix)", name,
+           type_name(t));
+    wr.add_tensor(name, t, shape, [this, name, w, t, row_src, get_scales, per_tensor, imatrix](uint8_t* dst) {
+      const size_t rb = row_bytes(*type_traits(t), w.cols);
+      const std::vector<float>* sc = has_scale_tensor(t) ? &get_scales() : nullptr;
+      // rows [r0, r1) into dst
+      std::atomic<int64_t> bad_row{-1};  // a row with a NaN / Inf value (block types)
+      auto rows = [&](int64_t r0, int64_t r1) {
+        std::vector<float> row(w.cols);
+        for (int64_t r = r0; r < r1; ++r) {
+          source_row(w, row_src, r, row.data());
+          uint8_t* d = dst + rb * r;
+          switch (t) {
+            case GgmlType::F32:
+              std::memcpy(d, row.data(), rb);
+              break;
+            case GgmlType::F16:
+              for (int64_t c = 0; c < w.cols; ++c) {
+                const uint16_t h = fp32_to_fp16(row[c]);
+                std::memcpy(d + 2 * c, &h, 2);
               }
-            }
-          };
-          if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
-            pool->parallel([&](int ith, int nth) {
-              int64_t r0, r1;
-              ThreadPool::split(w.rows, ith, nth, r0, r1);
-              rows(r0, r1);
-            });
-          } else {
-            rows(0, w.rows);
+              break;
+            case GgmlType::BF16:
+              for (int64_t c = 0; c < w.cols; ++c) {
+                const uint16_t h = fp32_to_bf16(row[c]);
+                std::memcpy(d + 2 * c, &h, 2);
+              }
+              break;
+            case GgmlType::Q8_0:
+              cpu::quantize_row_q8_0(row.data(), w.cols, reinterpret_cast<BlockQ8_0*>(d));
+              break;
+            case GgmlType::F8_E4M3:
+              quantize_row_fp8(row.data(), w.cols, (*sc)[r], d);
+              break;
+            case GgmlType::TERNARY:
+              quantize_row_ternary(row.data(), w.cols, (*sc)[per_tensor ? 0 : r],
+                                   reinterpret_cast<uint32_t*>(d));
+              break;
+            case GgmlType::TQ1_0:
+              quantize_row_tq1_0(row.data(), w.cols, reinterpret_cast<BlockTQ1_0*>(d));
+              break;
+            case GgmlType::TQ2_0:
+              quantize_row_tq2_0(row.data(), w.cols, reinterpret_cast<BlockTQ2_0*>(d));
+              break;
+            default:  // checked above
+              // (no throw on a pool thread: a non-finite row is reported after the rows)
+              if (!all_finite(row.data(), w.cols)) {
+                int64_t none = -1;
+                bad_row.compare_exchange_strong(none, r);
+                continue;
+              }
+              quantize_row(t, row.data(), w.cols, d, imatrix);
           }
-          if (bad_row.load() >= 0)
-            fail("tensor '{}': row {} holds a non-finite value (NaN or Inf); refusing to quantize it", name,
-                 bad_row.load());
-          done(name);
+        }
+      };
+      if (pool && pool->size() > 1 && w.rows >= 2 * pool->size()) {
+        pool->parallel([&](int ith, int nth) {
+          int64_t r0, r1;
+          ThreadPool::split(w.rows, ith, nth, r0, r1);
+          rows(r0, r1);
         });
+      } else {
+        rows(0, w.rows);
+      }
+      if (bad_row.load() >= 0)
+        fail("tensor '{}': row {} holds a non-finite value (NaN or Inf); refusing to quantize it", name,
+             bad_row.load());
+      done(name);
+    });
     if (has_scale_tensor(t)) {
       const std::string sn = scale_tensor_name(name);
       ++count;
@@ -303,10 +336,16 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     check_not_an_input(out_path, shards);
   }
   const HParams& hp = m->hp;
-  // Llama and Mistral become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the others keep
-  // HF's rotate-half layout under their own arch name.
+  // Llama and Mistral (Mixtral too) become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the
+  // others keep HF's rotate-half layout under their own arch name (qwen2moe, qwen3moe with experts).
   const bool llama_layout = hp.arch == Arch::Llama || hp.arch == Arch::Mistral;
-  const std::string arch = llama_layout ? "llama" : arch_name(hp.arch);
+  const std::string arch = llama_layout ? "llama" : std::string(arch_name(hp.arch)) + (hp.moe() ? "moe" : "");
+  if (hp.moe() && (hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) &&
+      hp.expert_norm != (hp.arch == Arch::Qwen3) && opt.warn)
+    opt.warn(fmt::format(
+        "{}: norm_topk_prob = {}, but llama.cpp (and ultra) {} the top-k weights of {} GGUF files: the GGUF "
+        "model routes differently from the checkpoint",
+        hf_dir, hp.expert_norm, hp.arch == Arch::Qwen3 ? "renormalise" : "do not renormalise", arch));
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
 
   gguf::Writer wr;
@@ -346,6 +385,12 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   wr.set_f32(a + "rope.freq_base", hp.rope_theta);
   wr.set_f32(a + "attention.layer_norm_rms_epsilon", hp.rms_eps);
   wr.set_u32(a + "vocab_size", hp.n_vocab);
+  if (hp.moe()) {  // the keys read_expert_keys (model/load_gguf.cpp) and llama.cpp read
+    wr.set_u32(a + "expert_count", hp.n_expert);
+    wr.set_u32(a + "expert_used_count", hp.n_expert_used);
+    if (!llama_layout) wr.set_u32(a + "expert_feed_forward_length", hp.expert_ffn_dim);
+    if (hp.shexp_ffn_dim > 0) wr.set_u32(a + "expert_shared_feed_forward_length", hp.shexp_ffn_dim);
+  }
   if (hp.bos_id >= 0) wr.set_u32("tokenizer.ggml.bos_token_id", hp.bos_id);
   if (hp.eos_id >= 0) wr.set_u32("tokenizer.ggml.eos_token_id", hp.eos_id);
 
@@ -370,8 +415,17 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
       if (tensor_need(ts, hp, TensorFormat::Hf) != Need::Required) continue;
       const std::string name = tensor_name(ts, hp, TensorFormat::Gguf, il);
       const bool permute = llama_layout && ts.rope_rows;
-      if (ts.matrix) {
-        E.matrix(name, l.*ts.matrix, t, RowOrder{permute, hp.head_dim});
+      if (ts.experts) {  // HF's per-expert matrices, stacked: ggml shape {cols, rows, n_expert}
+        const WeightView* v = l.*ts.experts;
+        WeightView all = v[0];
+        all.rows = v[0].rows * hp.n_expert;
+        E.matrix(name, all, t, ExpertRows{v, v[0].rows}, nullptr,
+                 {(uint64_t)v[0].cols, (uint64_t)v[0].rows, (uint64_t)hp.n_expert});
+      } else if (ts.matrix) {
+        // The MoE router stays F32, as llama.cpp's converter and llama-quantize keep it (routing decisions
+        // are the most rounding-sensitive values of the model).
+        const GgmlType tt = ts.role == TensorRole::FfnGateInp ? GgmlType::F32 : t;
+        E.matrix(name, l.*ts.matrix, tt, RowOrder{permute, hp.head_dim});
       } else {
         if (permute) fail("{}: attention biases with the llama layout are not supported", hf_dir);
         E.vec(name, l.*ts.vector, dim_size(ts.rows, hp));
@@ -439,20 +493,22 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
   const std::string embd_name = gguf_name(TensorRole::TokEmbd), output_name = gguf_name(TensorRole::Output);
   for (const auto& ti : r.tensors()) {
     if (input_scales.count(ti.name)) continue;
-    const bool matrix = ti.ne.size() == 2 && ti.name.size() > 7 && ti.name.ends_with(".weight");
+    const bool experts = stacked_experts(ti) && !has_scale_tensor(ti.type);
+    const bool matrix = (ti.ne.size() == 2 || experts) && ti.name.size() > 7 && ti.name.ends_with(".weight");
     const bool embedding = ti.name == embd_name || ti.name == output_name;
-    if (!matrix || (embedding && opt.keep_embeddings)) {
+    const bool router = ti.name.ends_with("ffn_gate_inp.weight");  // kept, as llama-quantize keeps it
+    if (!matrix || router || (embedding && opt.keep_embeddings)) {
       E.copy(ti);
       if (has_scale_tensor(ti.type)) E.copy(*r.find_tensor(scale_tensor_name(ti.name)));
       continue;
     }
-    const WeightView w = gguf_matrix_view(r, ti, nullptr);
+    const WeightView w = experts ? stacked_experts_view(ti) : gguf_matrix_view(r, ti, nullptr);
     if (!is_plain_convert_type(w.type))
       fail(
           "{}: tensor '{}' has type {}, which ultra cannot read (F32, F16, BF16, Q8_0, F8_E4M3, TERNARY, "
           "TQ1_0, TQ2_0)",
           in_path, ti.name, type_name(w.type));
-    E.matrix(ti.name, w, t, same);
+    E.matrix(ti.name, w, t, same, nullptr, experts ? ti.ne : std::vector<uint64_t>{});
   }
   wr.write(out_path);
   return written;
@@ -516,9 +572,10 @@ int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, c
       E.copy(ti);
       continue;
     }
-    if (ti.ne.size() > 2 && ti.n_elements != ti.ne[0] * ti.ne[1])
-      fail("{}: tensor '{}' has shape [{}]: ultra quantize converts 2-D matrices only", in_path, ti.name,
-           shape);
+    const bool experts = stacked_experts(ti);
+    if (ti.ne.size() > 2 && ti.n_elements != ti.ne[0] * ti.ne[1] && !experts)
+      fail("{}: tensor '{}' has shape [{}]: ultra quantize converts 2-D matrices and stacked experts only",
+           in_path, ti.name, shape);
     switch (ti.type) {
       case GgmlType::F32:
       case GgmlType::F16:
@@ -544,13 +601,13 @@ int quantize_gguf_mix(const std::string& in_path, const std::string& out_path, c
     } else if (!opt.imatrix.empty() && opt.warn) {
       opt.warn(fmt::format("{}: no importance weights in {}; quantized without them", ti.name, opt.imatrix));
     }
-    const WeightView w = gguf_matrix_view(r, ti, nullptr);
+    const WeightView w = experts ? stacked_experts_view(ti) : gguf_matrix_view(r, ti, nullptr);
     const double mib_out = (double)w.rows * row_bytes(*type_traits(ch.type), w.cols) / (1 << 20);
     lines[ti.name] =
         fmt::format("{:<32} [{}] {} -> {}{}, {:.3f} MiB -> {:.3f} MiB", ti.name, shape, type_name(ti.type),
                     type_name(ch.type), qw ? " (imatrix)" : "", mib_in, mib_out);
     E.matrix(
-        ti.name, w, ch.type, [](int64_t row) { return row; }, qw);
+        ti.name, w, ch.type, [](int64_t row) { return row; }, qw, experts ? ti.ne : std::vector<uint64_t>{});
   }
   if (!opt.imatrix.empty() && used_imatrix == 0)
     fail("{}: none of its {} entries names a tensor of {}", opt.imatrix, im.weights.size(), in_path);

@@ -4,6 +4,26 @@
 
 namespace ultra {
 
+namespace {
+
+// The FFN of a mixture-of-experts layer: x += experts(norm(x)) (+ the gated shared expert).
+void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const StepBuffers& b,
+               ForwardOps& ops) {
+  const int dim = hp.dim, k = hp.n_expert_used;
+  ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
+  ops.matmul(l.ffn_gate_inp, b.xb, n, b.router, nullptr, false);  // [n, n_expert]
+  ops.moe_route(b.router, n, hp.n_expert, k, hp.expert_norm, b.expert_ids, b.expert_w);
+  ops.moe_ffn(il, l, b.xb, n, b.expert_ids, b.expert_w, k, b.x);
+  if (hp.shexp_ffn_dim == 0) return;
+  ops.matmul(l.w_gate_shexp, b.xb, n, b.hb, nullptr, false);  // [n, shexp_ffn]
+  ops.matmul(l.w_up_shexp, b.xb, n, b.hb2, nullptr, false);
+  ops.silu_mul(b.hb, b.hb2, (int64_t)n * hp.shexp_ffn_dim, b.hb2);
+  ops.matmul(l.w_down_shexp, b.hb2, n, b.shexp_out, nullptr, false);  // [n, dim]
+  ops.sigmoid_gate_add(b.shexp_out, l.ffn_gate_inp_shexp, b.xb, n, dim, b.x);
+}
+
+}  // namespace
+
 // llama2.c's forward(), batched over the rows of a step:
 //   x = embed(tokens) (* embed_scale: Gemma)
 //   per layer: q, k, v = Wq·norm(x) + bq, Wk·norm(x) + bk, Wv·norm(x) + bv
@@ -12,6 +32,9 @@ namespace ultra {
 //              x += a, or x += post_norm(a)                               (Gemma)
 //              m = Wdown · (act(Wgate·norm(x)) * Wup·norm(x))   act: silu (one op where the backend fuses
 //                                                                 it), or tanh GELU (Gemma)
+//              or, with experts: m = sum over the top k experts e of w_e · FFN_e(norm(x)), routed by
+//                 softmax(Wgate_inp·norm(x)) (model/moe.h), + sigmoid(w_shexp·norm(x)) · FFN_shexp(norm(x))
+//                 with a shared expert (Qwen2-MoE)
 //              x += m, or x += post_ffw_norm(m)                           (Gemma)
 //   logits[r] = Wout · norm(x[out_row[r]])  (soft-capped: Gemma 2)
 void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
@@ -43,6 +66,10 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
       ops.matmul(l.wo, b.att, n, b.x, nullptr, true);
     }
 
+    if (hp.moe()) {
+      moe_layer(hp, l, il, n, b, ops);
+      continue;
+    }
     float *gate = b.hb, *up = b.hb2;
     if (!ops.norm_gate_up(il, l, b.x, n, hp.rms_eps, gate, up)) {
       ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);

@@ -36,10 +36,15 @@ struct StepBuffers {
   float* k = nullptr;       // [n_batch, n_kv_heads * head_dim]
   float* v = nullptr;       // [n_batch, n_kv_heads * head_dim]
   float* att = nullptr;     // [n_batch, n_heads * head_dim]
-  float* hb = nullptr;      // [n_batch, ffn_dim]
-  float* hb2 = nullptr;     // [n_batch, ffn_dim]
+  float* hb = nullptr;      // [n_batch, max_ffn_dim]
+  float* hb2 = nullptr;     // [n_batch, max_ffn_dim]
   float* out_x = nullptr;   // [n_outputs, dim] output rows, gathered then normed
   float* logits = nullptr;  // [n_outputs, n_vocab]
+  // Mixture of experts only (null otherwise).
+  float* router = nullptr;        // [n_batch, n_expert] router logits, then probabilities
+  int32_t* expert_ids = nullptr;  // [n_batch, n_expert_used] the selected experts of each row
+  float* expert_w = nullptr;      // [n_batch, n_expert_used] their weights
+  float* shexp_out = nullptr;     // [n_batch, dim] the shared expert's output (Qwen2-MoE)
 };
 
 // The kernels a backend supplies; all pointers are backend memory. Shapes as in cpu/ops.h.
@@ -98,6 +103,23 @@ class ForwardOps {
   }
   // out[r] = x[rows[r]] for r < n_rows, rows of dim floats.
   virtual void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) = 0;
+
+  // The ops of mixture-of-experts models only; a backend without them refuses those models at context
+  // creation (the defaults are never reached).
+  // model/moe.h's moe_route over n rows of router logits [n, n_expert] -> ids, w [n, k].
+  virtual void moe_route(float*, int /*n*/, int /*n_expert*/, int /*k*/, bool /*norm*/, int32_t*, float*) {
+    unsupported("moe_route");
+  }
+  // x[r] += sum over j < k of w[r, j] * down_e . (silu(gate_e . xn[r]) * (up_e . xn[r])), e = ids[r, j]: the
+  // selected SwiGLU experts of layer il (l.gate_exps, l.up_exps, l.down_exps) for n rows of normed input xn.
+  virtual void moe_ffn(int /*il*/, const LayerWeights&, const float* /*xn*/, int /*n*/,
+                       const int32_t* /*ids*/, const float* /*w*/, int /*k*/, float* /*x*/) {
+    unsupported("moe_ffn");
+  }
+  // x[r] += sigmoid(gate_w . xn[r]) * y[r] for n rows of dim floats (Qwen2-MoE's shared expert).
+  virtual void sigmoid_gate_add(const float*, const float*, const float*, int, int, float*) {
+    unsupported("sigmoid_gate_add");
+  }
 
   // The rmsnorm before a projection fused into it, where the backend does that (it then need not write the
   // normed rows anywhere); each returns false when it does not (the default), and the caller runs the ops

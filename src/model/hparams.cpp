@@ -87,6 +87,25 @@ void HParams::validate(const std::string& source) const {
   for (float v : {attn_scale, attn_softcap, final_softcap, embed_scale})
     if (!(v >= 0 && std::isfinite(v)))
       fail("{}: invalid attention scale, soft-cap or embedding scale {}", source, v);
+  validate_experts(source);
+}
+
+void HParams::validate_experts(const std::string& source) const {
+  constexpr int kMaxExperts = 512;  // llama.cpp's LLAMA_MAX_EXPERTS
+  if (n_expert < 0 || n_expert > kMaxExperts)
+    fail("{}: expert count {} is out of range (0: dense, at most {})", source, n_expert, kMaxExperts);
+  if (n_expert == 0) {
+    if (n_expert_used != 0 || shexp_ffn_dim != 0)
+      fail("{}: expert_used_count {} (or a shared expert) without experts (expert_count 0)", source,
+           n_expert_used);
+    return;
+  }
+  if (n_expert_used < 1 || n_expert_used > n_expert)
+    fail("{}: expert_used_count {} must be between 1 and expert_count {}", source, n_expert_used, n_expert);
+  if (expert_ffn_dim <= 0 || expert_ffn_dim >= (1 << 24))
+    fail("{}: invalid expert feed-forward size {}", source, expert_ffn_dim);
+  if (shexp_ffn_dim < 0 || shexp_ffn_dim >= (1 << 24))
+    fail("{}: invalid shared-expert feed-forward size {}", source, shexp_ffn_dim);
 }
 
 std::vector<float> HParams::rope_inv_freq(bool swa, bool long_rope) const {
@@ -239,6 +258,29 @@ void parse_rope_per_type(const json& r, HParams& hp, const std::string& path) {
   }
 }
 
+// The experts of an HF MoE config, as transformers' modules use them: Mixtral (num_local_experts of
+// intermediate_size, top-k weights always renormalised), Qwen2-MoE / Qwen3-MoE (num_experts, or Qwen3's
+// num_local_experts, of
+// moe_intermediate_size, renormalised when norm_topk_prob; Qwen2-MoE's shared expert of
+// shared_expert_intermediate_size). Every layer must be sparse (decoder_sparse_step 1, no mlp_only_layers).
+void read_hf_experts(const json& j, const std::string& path, bool mixtral, bool qwen2, HParams& hp) {
+  // Qwen3-MoE configs saved by transformers 5 name the count num_local_experts (Mixtral's key); the Hub's
+  // Qwen2/3-MoE configs, num_experts.
+  hp.n_expert = get_int(
+      j, mixtral || (!qwen2 && !j.contains("num_experts")) ? "num_local_experts" : "num_experts", path);
+  hp.n_expert_used = get_int(j, "num_experts_per_tok", path);
+  hp.expert_ffn_dim =
+      mixtral ? get_int(j, "intermediate_size", path) : get_int(j, "moe_intermediate_size", path);
+  hp.expert_norm = mixtral || get_bool(j, "norm_topk_prob", path, false);
+  if (qwen2) hp.shexp_ffn_dim = get_int(j, "shared_expert_intermediate_size", path);
+  if (mixtral) return;
+  if (const int step = get_int(j, "decoder_sparse_step", path, 1, false); step != 1)
+    fail("{}: decoder_sparse_step = {}: only models whose every layer has experts are supported", path, step);
+  if (auto it = j.find("mlp_only_layers");
+      it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
+    fail("{}: mlp_only_layers {}: only models whose every layer has experts are supported", path, it->dump());
+}
+
 }  // namespace
 
 HParams parse_hf_config(const std::string& path) {
@@ -279,12 +321,20 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
     hp.arch = Arch::Gemma3;
   else if (archs == "Phi3ForCausalLM")
     hp.arch = Arch::Phi3;
+  else if (archs == "MixtralForCausalLM")
+    hp.arch = Arch::Mistral;
+  else if (archs == "Qwen2MoeForCausalLM")
+    hp.arch = Arch::Qwen2;
+  else if (archs == "Qwen3MoeForCausalLM")
+    hp.arch = Arch::Qwen3;
   else
     fail(
         "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
         "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text only), "
-        "Phi3ForCausalLM)",
+        "Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)",
         path, archs.empty() ? std::string("<none>") : archs);
+  if (archs == "MixtralForCausalLM" || archs == "Qwen2MoeForCausalLM" || archs == "Qwen3MoeForCausalLM")
+    read_hf_experts(j, path, archs == "MixtralForCausalLM", archs == "Qwen2MoeForCausalLM", hp);
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
 
   hp.n_vocab = get_int(j, "vocab_size", path);

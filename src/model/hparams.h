@@ -1,7 +1,8 @@
-// Hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3), read from a GGUF file
-// or an HF config.json.
+// Hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, and the mixtures of
+// experts Mixtral, Qwen2-MoE, Qwen3-MoE), read from a GGUF file or an HF config.json.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -59,6 +60,17 @@ struct HParams {
   // true: Q/K rows are permuted for interleaved-pair RoPE (GGUF files of arch "llama" written by llama.cpp's
   // converter and ours); false: rotate-half RoPE (HF checkpoints, GGUF qwen2).
   bool rope_interleaved = false;
+  // Mixture of experts (Mixtral: arch llama with experts; Qwen2-MoE, Qwen3-MoE): every layer's FFN is
+  // n_expert SwiGLU experts of expert_ffn_dim, of which a router picks n_expert_used per token; 0: dense.
+  // The router's softmax runs over all experts, the top n_expert_used are kept (ties: the lower index) and,
+  // with expert_norm, their weights are divided by their sum (Mixtral, Qwen3-MoE; llama.cpp's norm_w).
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int expert_ffn_dim = 0;
+  bool expert_norm = false;
+  // Qwen2-MoE's shared expert: a SwiGLU FFN of shexp_ffn_dim every token runs, its output times
+  // sigmoid(w_gate_inp_shexp . x) added to the experts'; 0: none.
+  int shexp_ffn_dim = 0;
   int32_t bos_id = -1, eos_id = -1;
   // Every token id that ends generation (eos_id first when set): config.json / generation_config.json
   // eos_token_id (an id or a list of ids), GGUF tokenizer.ggml.eos/eot/eom_token_id. All < n_vocab.
@@ -66,11 +78,15 @@ struct HParams {
 
   // Checks the numbers are positive, consistent and of sane size; throws ultra::Error naming `source`.
   void validate(const std::string& source) const;
+  void validate_experts(const std::string& source) const;  // the expert counts and sizes
   // RoPE inverse frequencies [head_dim/2] with the scaling applied (HF's _compute_*_parameters); swa: of the
   // sliding-window layers (rope_theta_swa). long_rope: longrope's long factors instead of the short ones.
   std::vector<float> rope_inv_freq(bool swa = false, bool long_rope = false) const;
   // Whether layer il attends through the sliding window (the whole-model window or its per-layer flag).
   bool layer_swa(int il) const { return sliding_window > 0 && (swa_layers.empty() || swa_layers[il]); }
+  bool moe() const { return n_expert > 0; }
+  // The widest FFN activation row: the dense FFN, an expert's or the shared expert's.
+  int max_ffn_dim() const { return std::max({ffn_dim, expert_ffn_dim, shexp_ffn_dim}); }
 };
 
 // Parses an HF config.json (transformers 4 form with rope_theta/rope_scaling at the top level, and the

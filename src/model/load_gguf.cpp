@@ -1,7 +1,9 @@
 // GGUF file -> ModelData, following llama.cpp's conventions: keys {arch}.embedding_length etc., tensors
 // token_embd, blk.N.attn_q ..., output_norm, output (absent when tied), optional rope_freqs (Llama-3
 // rope scaling factors), named in model/tensor_names.cpp. Arch "llama" files have Q/K rows permuted for
-// interleaved-pair RoPE; "qwen2" files keep HF's rotate-half layout.
+// interleaved-pair RoPE; "qwen2" files keep HF's rotate-half layout. Mixtures of experts: "llama" with
+// {arch}.expert_count (Mixtral), "qwen2moe" (with its shared expert) and "qwen3moe", experts stacked in 3-D
+// ffn_{gate,up,down}_exps tensors (read_expert_keys).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -61,6 +63,30 @@ struct GgufLoader {
     if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
       fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_string(t.ne),
            cols, rows);
+    return view(t, name, rows, cols);
+  }
+
+  // llama.cpp's stacked experts: one tensor of ne {cols, rows, n_expert}, expert e its rows [e * rows,
+  // (e + 1) * rows) viewed as a matrix of its own.
+  std::vector<WeightView> experts(const std::string& name, int n_expert, int64_t rows, int64_t cols) {
+    const auto& t = get(name);
+    if (t.ne.size() != 3 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}, {}] (ggml order: {} experts of [{}, {}])",
+           r.path(), name, shape_string(t.ne), cols, rows, n_expert, n_expert, cols, rows);
+    if ((int64_t)t.ne[2] != n_expert)
+      fail("{}: tensor '{}' holds {} experts but expert_count is {}", r.path(), name, t.ne[2], n_expert);
+    if (has_scale_tensor(t.type) || t.type == GgmlType::TQ1_0 || t.type == GgmlType::TQ2_0)
+      fail(
+          "{}: tensor '{}' has type {}, not supported for experts (F32, F16, BF16, Q8_0 and the block types "
+          "are)",
+          r.path(), name, type_name(t.type));
+    const WeightView all = view(t, name, rows * n_expert, cols);
+    std::vector<WeightView> v;
+    for (int e = 0; e < n_expert; ++e) v.push_back(row_slice(all, (int64_t)e * rows, rows));
+    return v;
+  }
+
+  WeightView view(const gguf::TensorInfo& t, const std::string& name, int64_t rows, int64_t cols) {
     if (is_block_weight_type(t.type) || t.type == GgmlType::Q8_0) {
       // A block scale that is not finite would turn every output it touches into NaN: refused here, once.
       const auto tt = type_traits(t.type);
@@ -143,6 +169,41 @@ struct GgufLoader {
   }
 };
 
+// The expert keys as llama.cpp reads them: {arch}.expert_count and expert_used_count (Mixtral's "llama"
+// files, qwen2moe, qwen3moe); the experts' FFN size is feed_forward_length for llama, else
+// expert_feed_forward_length (default feed_forward_length / expert_used_count); qwen2moe's shared expert is
+// expert_shared_feed_forward_length (default feed_forward_length). llama.cpp renormalises the top-k weights
+// for llama and qwen3moe, not for qwen2moe (whatever the checkpoint's norm_topk_prob).
+void read_expert_keys(GgufLoader& L, const std::string& arch, HParams& hp) {
+  const std::string a = arch + ".", path = L.r.path();
+  const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe";
+  hp.n_expert = L.key_int(a + "expert_count", 0);
+  hp.n_expert_used = L.key_int(a + "expert_used_count", 0);
+  const std::string router = gguf_name(TensorRole::FfnGateInp, 0);
+  const gguf::TensorInfo* r0 = L.r.find_tensor(router);
+  if (hp.n_expert == 0) {
+    if (moe_arch) fail("{}: {} needs {}expert_count > 0", path, arch, a);
+    if (r0)
+      fail("{}: the file has expert tensors ('{}') but {}expert_count is 0 or missing", path, router, a);
+    if (hp.n_expert_used != 0)
+      fail("{}: {}expert_used_count = {} without experts", path, a, hp.n_expert_used);
+    return;
+  }
+  if (arch != "llama" && !moe_arch)
+    fail("{}: {}expert_count = {}: experts are supported for llama, qwen2moe and qwen3moe", path, a,
+         hp.n_expert);
+  if (hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert)
+    fail("{}: {}expert_used_count = {} must be between 1 and expert_count = {}", path, a, hp.n_expert_used,
+         hp.n_expert);
+  if (r0 && r0->ne.size() == 2 && r0->ne[1] != (uint64_t)hp.n_expert)
+    fail("{}: {}expert_count = {} but '{}' routes to {} experts", path, a, hp.n_expert, router, r0->ne[1]);
+  hp.expert_norm = arch != "qwen2moe";
+  hp.expert_ffn_dim = arch == "llama"
+                          ? hp.ffn_dim
+                          : L.key_int(a + "expert_feed_forward_length", hp.ffn_dim / hp.n_expert_used);
+  if (arch == "qwen2moe") hp.shexp_ffn_dim = L.key_int(a + "expert_shared_feed_forward_length", hp.ffn_dim);
+}
+
 }  // namespace
 
 std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
@@ -169,11 +230,20 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     hp.qk_norm = hp.arch == Arch::Gemma3;
     hp.post_norms = true;
     hp.gelu = true;
+  } else if (arch == "qwen2moe") {
+    hp.arch = Arch::Qwen2;
+    hp.qkv_bias = true;
+  } else if (arch == "qwen3moe") {
+    hp.arch = Arch::Qwen3;
+    hp.qk_norm = true;
   } else if (arch == "phi3") {
     hp.arch = Arch::Phi3;
   } else {
-    fail("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, gemma2, gemma3, phi3)", path,
-         arch);
+    fail(
+        "{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, "
+        "gemma3, "
+        "phi3)",
+        path, arch);
   }
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
   const std::string a = arch + ".";
@@ -251,6 +321,7 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   }
   hp.eos_id = hp.eos_ids.empty() ? -1 : hp.eos_ids[0];
   hp.tie_embeddings = r.find_tensor(output_name) == nullptr;
+  read_expert_keys(L, arch, hp);
   hp.validate(path);
 
   m->tok_embd = L.matrix(embd_name, hp.n_vocab, hp.dim);

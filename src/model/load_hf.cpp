@@ -1,6 +1,9 @@
 // HF model directory -> ModelData. Tensor names (model/tensor_names.cpp): model.embed_tokens.weight,
 // model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-// mlp.{gate,up,down}_proj}, model.norm.weight, lm_head.weight (absent when tied). Q/K are in HF's rotate-half
+// mlp.{gate,up,down}_proj}, model.norm.weight, lm_head.weight (absent when tied). Mixtures of experts:
+// mlp.gate and mlp.experts.E.{gate,up,down}_proj (Qwen2/3-MoE, with Qwen2-MoE's mlp.shared_expert.* and
+// mlp.shared_expert_gate), block_sparse_moe.gate and block_sparse_moe.experts.E.w1/w3/w2 (Mixtral), each
+// expert a view of the mapped file. Q/K are in HF's rotate-half
 // layout. Qwen3/Gemma 3 add self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and
 // post_feedforward_layernorm (post_attention_layernorm is then the attention output's norm) and store norms
 // as w for x * (1 + w): loaded as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj. FP8 checkpoints
@@ -101,7 +104,9 @@ struct HfLoader {
 
   const float* vec(const std::string& name, int64_t n, float shift = 0) {
     const auto& t = get(name);
-    if (t.shape.size() != 1 || (int64_t)t.shape[0] != n)
+    // [1, n] too: Qwen2-MoE's shared_expert_gate is a Linear(dim, 1).
+    const bool row = t.shape.size() == 2 && t.shape[0] == 1 && (int64_t)t.shape[1] == n;
+    if (!row && (t.shape.size() != 1 || (int64_t)t.shape[0] != n))
       fail("{}: tensor '{}' has shape {}, expected [{}]", t.file, name, shape_string(t.shape), n);
     const float* v = m.add_vector(t.type, t.data, n, t.n_bytes, shift);
     if (!v) fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);

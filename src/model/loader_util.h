@@ -18,7 +18,8 @@ void set_rope_tables(ModelData& m);
 
 // Fills m.layers[0, m.hp.n_layers) from the per-layer rows of the tensor table (tensor_names.h), in table
 // order, for a file of format f. The loader L provides: has(name); matrix(name, rows, cols), which checks
-// the shape and fails naming the tensor and the file when it is missing; vec(name, n, shift) likewise.
+// the shape and fails naming the tensor and the file when it is missing; vec(name, n, shift) likewise; and,
+// where one tensor holds every expert (GGUF), experts(name, n_expert, rows, cols): the experts' views.
 template <class Loader>
 void load_layer_tensors(ModelData& m, Loader& L, TensorFormat f) {
   const HParams& hp = m.hp;
@@ -30,6 +31,18 @@ void load_layer_tensors(ModelData& m, Loader& L, TensorFormat f) {
       if (need == Need::Absent) continue;
       const std::string name = tensor_name(t, hp, f, il);
       if (need == Need::Optional && !L.has(name)) continue;
+      if (t.experts) {
+        const int64_t rows = dim_size(t.rows, hp), cols = dim_size(t.cols, hp);
+        std::vector<WeightView>& v = m.owned_views.emplace_back();
+        if constexpr (requires { L.experts(name, hp.n_expert, rows, cols); }) {
+          v = L.experts(name, hp.n_expert, rows, cols);
+        } else {
+          for (int e = 0; e < hp.n_expert; ++e)
+            v.push_back(L.matrix(tensor_name(t, hp, f, il, e), rows, cols));
+        }
+        l.*t.experts = v.data();
+        continue;
+      }
       if (!t.matrix) {
         l.*t.vector = L.vec(name, dim_size(t.rows, hp), norm_shift(t, hp, f));
         continue;

@@ -39,6 +39,18 @@ struct LayerWeights {
   // into them. Empty for separately stored projections.
   WeightView wqkv;       // [q_dim + 2 * kv_dim, dim]
   WeightView w_gate_up;  // [2 * ffn_dim, dim]
+  // Mixture of experts (hp.n_expert > 0; w_gate, w_up, w_down are then empty). The experts are views of
+  // their own: row slices of llama.cpp's stacked [n_expert, rows, cols] tensors (GGUF), or an HF
+  // checkpoint's per-expert tensors in place; arrays owned by the ModelData.
+  WeightView ffn_gate_inp;                // [n_expert, dim] router
+  const WeightView* gate_exps = nullptr;  // [n_expert] of [expert_ffn, dim]
+  const WeightView* up_exps = nullptr;    // [n_expert] of [expert_ffn, dim]
+  const WeightView* down_exps = nullptr;  // [n_expert] of [dim, expert_ffn]
+  // Qwen2-MoE's shared expert and its sigmoid gate, or empty / null.
+  WeightView w_gate_shexp;                    // [shexp_ffn, dim]
+  WeightView w_up_shexp;                      // [shexp_ffn, dim]
+  WeightView w_down_shexp;                    // [dim, shexp_ffn]
+  const float* ffn_gate_inp_shexp = nullptr;  // [dim]
 };
 
 // Rows [r0, r0 + n) of w as a view of their own.
@@ -83,7 +95,8 @@ struct ModelData : WeightTable {
   std::shared_ptr<gguf::Reader> gguf;
   std::shared_ptr<safetensors::Checkpoint> st;
   std::vector<std::vector<float>> owned;
-  std::vector<std::vector<uint32_t>> owned_words;  // TQ1_0 / TQ2_0 matrices repacked to TERNARY
+  std::vector<std::vector<uint32_t>> owned_words;    // TQ1_0 / TQ2_0 matrices repacked to TERNARY
+  std::vector<std::vector<WeightView>> owned_views;  // the experts' views (LayerWeights::gate_exps ...)
 };
 
 // "[a, b, c]" for error messages.

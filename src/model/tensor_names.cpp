@@ -161,23 +161,89 @@ constexpr TensorSpec kTensors[] = {
     {.role = R::FfnGate,
      .gguf = "blk.{}.ffn_gate.weight",
      .hf = "model.layers.{}.mlp.gate_proj.weight",
-     .when = When::Unfused,
+     .when = When::DenseUnfused,
      .rows = Dim::Ffn,
      .cols = Dim::Embd,
      .matrix = &L::w_gate},
     {.role = R::FfnUp,
      .gguf = "blk.{}.ffn_up.weight",
      .hf = "model.layers.{}.mlp.up_proj.weight",
-     .when = When::Unfused,
+     .when = When::DenseUnfused,
      .rows = Dim::Ffn,
      .cols = Dim::Embd,
      .matrix = &L::w_up},
     {.role = R::FfnDown,
      .gguf = "blk.{}.ffn_down.weight",
      .hf = "model.layers.{}.mlp.down_proj.weight",
+     .when = When::Dense,
      .rows = Dim::Embd,
      .cols = Dim::Ffn,
      .matrix = &L::w_down},
+    // Mixture of experts: Qwen2/3-MoE's HF names, Mixtral's as the alternative.
+    {.role = R::FfnGateInp,
+     .gguf = "blk.{}.ffn_gate_inp.weight",
+     .hf = "model.layers.{}.mlp.gate.weight",
+     .when = When::Moe,
+     .hf_alt_when = When::MixtralNames,
+     .hf_alt = "model.layers.{}.block_sparse_moe.gate.weight",
+     .rows = Dim::Experts,
+     .cols = Dim::Embd,
+     .matrix = &L::ffn_gate_inp},
+    {.role = R::FfnGateExps,
+     .gguf = "blk.{}.ffn_gate_exps.weight",
+     .hf = "model.layers.{}.mlp.experts.{}.gate_proj.weight",
+     .when = When::Moe,
+     .hf_alt_when = When::MixtralNames,
+     .hf_alt = "model.layers.{}.block_sparse_moe.experts.{}.w1.weight",
+     .rows = Dim::ExpertFfn,
+     .cols = Dim::Embd,
+     .experts = &L::gate_exps},
+    {.role = R::FfnUpExps,
+     .gguf = "blk.{}.ffn_up_exps.weight",
+     .hf = "model.layers.{}.mlp.experts.{}.up_proj.weight",
+     .when = When::Moe,
+     .hf_alt_when = When::MixtralNames,
+     .hf_alt = "model.layers.{}.block_sparse_moe.experts.{}.w3.weight",
+     .rows = Dim::ExpertFfn,
+     .cols = Dim::Embd,
+     .experts = &L::up_exps},
+    {.role = R::FfnDownExps,
+     .gguf = "blk.{}.ffn_down_exps.weight",
+     .hf = "model.layers.{}.mlp.experts.{}.down_proj.weight",
+     .when = When::Moe,
+     .hf_alt_when = When::MixtralNames,
+     .hf_alt = "model.layers.{}.block_sparse_moe.experts.{}.w2.weight",
+     .rows = Dim::Embd,
+     .cols = Dim::ExpertFfn,
+     .experts = &L::down_exps},
+    // HF stores the shared expert's gate as a [1, dim] matrix (loaded as the vector).
+    {.role = R::FfnGateInpShexp,
+     .gguf = "blk.{}.ffn_gate_inp_shexp.weight",
+     .hf = "model.layers.{}.mlp.shared_expert_gate.weight",
+     .when = When::SharedExpert,
+     .rows = Dim::Embd,
+     .vector = &L::ffn_gate_inp_shexp},
+    {.role = R::FfnGateShexp,
+     .gguf = "blk.{}.ffn_gate_shexp.weight",
+     .hf = "model.layers.{}.mlp.shared_expert.gate_proj.weight",
+     .when = When::SharedExpert,
+     .rows = Dim::ShexpFfn,
+     .cols = Dim::Embd,
+     .matrix = &L::w_gate_shexp},
+    {.role = R::FfnUpShexp,
+     .gguf = "blk.{}.ffn_up_shexp.weight",
+     .hf = "model.layers.{}.mlp.shared_expert.up_proj.weight",
+     .when = When::SharedExpert,
+     .rows = Dim::ShexpFfn,
+     .cols = Dim::Embd,
+     .matrix = &L::w_up_shexp},
+    {.role = R::FfnDownShexp,
+     .gguf = "blk.{}.ffn_down_shexp.weight",
+     .hf = "model.layers.{}.mlp.shared_expert.down_proj.weight",
+     .when = When::SharedExpert,
+     .rows = Dim::Embd,
+     .cols = Dim::ShexpFfn,
+     .matrix = &L::w_down_shexp},
 };
 
 constexpr size_t kFirstLayerRow = (size_t)R::AttnNorm;
@@ -215,6 +281,12 @@ int64_t dim_size(Dim d, const HParams& hp) {
       return 2 * (int64_t)hp.ffn_dim;
     case Dim::Vocab:
       return hp.n_vocab;
+    case Dim::ExpertFfn:
+      return hp.expert_ffn_dim;
+    case Dim::ShexpFfn:
+      return hp.shexp_ffn_dim;
+    case Dim::Experts:
+      return hp.n_expert;
   }
   return 0;
 }
@@ -235,6 +307,16 @@ bool holds(When w, const HParams& hp) {
       return hp.qk_norm;
     case When::PostNorms:
       return hp.post_norms;
+    case When::Dense:
+      return !hp.moe();
+    case When::DenseUnfused:
+      return !hp.moe() && hp.arch != Arch::Phi3;
+    case When::Moe:
+      return hp.moe();
+    case When::SharedExpert:
+      return hp.shexp_ffn_dim > 0;
+    case When::MixtralNames:
+      return hp.moe() && (hp.arch == Arch::Llama || hp.arch == Arch::Mistral);
   }
   return false;
 }
@@ -253,11 +335,11 @@ const TensorSpec& tensor_spec(TensorRole r) {
   return kTensors[(size_t)r];
 }
 
-std::string tensor_name(const TensorSpec& t, const HParams& hp, TensorFormat f, int il) {
+std::string tensor_name(const TensorSpec& t, const HParams& hp, TensorFormat f, int il, int e) {
   if (f == TensorFormat::Gguf) return fmt::format(fmt::runtime(t.gguf), il);
   const char* pattern = t.hf_alt && holds(t.hf_alt_when, hp) ? t.hf_alt : t.hf;
   if (!pattern) fail("tensor '{}' has no HF name", t.gguf);
-  return fmt::format(fmt::runtime(pattern), il);
+  return fmt::format(fmt::runtime(pattern), il, e);
 }
 
 std::string gguf_name(TensorRole r, int il) {

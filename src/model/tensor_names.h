@@ -7,10 +7,8 @@
 // rope factors).
 //
 // A new tensor is a new row plus its LayerWeights slot (and its use in forward). Mixture-of-experts rows
-// (llama.cpp's blk.{}.ffn_gate_inp router [n_expert, dim] and the stacked blk.{}.ffn_{gate,up,down}_exps
-// [n_expert, ...]; HF's model.layers.{}.mlp.gate.weight and model.layers.{}.mlp.experts.{}.gate_proj.weight,
-// one tensor per expert, the second "{}" the expert) add a Dim for the expert count and the expert FFN
-// size, a When for the MoE architectures, and a three-dimensional slot the loaders fill by stacking.
+// have an `experts` slot: llama.cpp's stacked blk.{}.ffn_{gate,up,down}_exps [n_expert, rows, cols] in GGUF,
+// one tensor per expert in HF (the second "{}" of the HF name is the expert), each expert a view of its own.
 #pragma once
 
 #include <array>
@@ -49,21 +47,32 @@ enum class TensorRole : uint8_t {
   FfnGate,
   FfnUp,
   FfnDown,
+  FfnGateInp,  // the router [n_expert, dim]
+  FfnGateExps,
+  FfnUpExps,
+  FfnDownExps,
+  FfnGateInpShexp,  // Qwen2-MoE: the shared expert's sigmoid gate [dim], and its SwiGLU FFN
+  FfnGateShexp,
+  FfnUpShexp,
+  FfnDownShexp,
   Count
 };
 
 // A tensor dimension in hyper-parameters (dim_size).
 enum class Dim : uint8_t {
-  None,      // no dimension: a vector's cols
-  Embd,      // hp.dim
-  QDim,      // n_heads * head_dim
-  KvDim,     // n_kv_heads * head_dim
-  QkvDim,    // QDim + 2 * KvDim
-  HeadDim,   // head_dim
-  HalfHead,  // head_dim / 2
-  Ffn,       // ffn_dim
-  Ffn2,      // 2 * ffn_dim
-  Vocab,     // n_vocab
+  None,       // no dimension: a vector's cols
+  Embd,       // hp.dim
+  QDim,       // n_heads * head_dim
+  KvDim,      // n_kv_heads * head_dim
+  QkvDim,     // QDim + 2 * KvDim
+  HeadDim,    // head_dim
+  HalfHead,   // head_dim / 2
+  Ffn,        // ffn_dim
+  Ffn2,       // 2 * ffn_dim
+  Vocab,      // n_vocab
+  ExpertFfn,  // expert_ffn_dim
+  ShexpFfn,   // shexp_ffn_dim
+  Experts,    // n_expert
 };
 int64_t dim_size(Dim d, const HParams& hp);
 
@@ -71,11 +80,16 @@ int64_t dim_size(Dim d, const HParams& hp);
 enum class When : uint8_t {
   Always,
   Never,
-  Fused,      // fused QKV and gate/up matrices (Phi-3)
-  Unfused,    // separate Q, K, V and gate, up matrices (every other architecture)
-  QkvBias,    // hp.qkv_bias (Qwen2)
-  QkNorm,     // hp.qk_norm (Qwen3, Gemma 3)
-  PostNorms,  // hp.post_norms (Gemma 2/3)
+  Fused,         // fused QKV and gate/up matrices (Phi-3)
+  Unfused,       // separate Q, K, V and gate, up matrices (every other architecture)
+  QkvBias,       // hp.qkv_bias (Qwen2)
+  QkNorm,        // hp.qk_norm (Qwen3, Gemma 3)
+  PostNorms,     // hp.post_norms (Gemma 2/3)
+  Dense,         // a dense FFN (no experts)
+  DenseUnfused,  // a dense FFN with separate gate and up matrices
+  Moe,           // experts (hp.n_expert > 0)
+  SharedExpert,  // a shared expert (hp.shexp_ffn_dim > 0)
+  MixtralNames,  // experts in an HF Mixtral checkpoint (block_sparse_moe.*)
 };
 bool holds(When w, const HParams& hp);
 
@@ -105,6 +119,8 @@ struct TensorSpec {
   // Where a per-layer tensor goes: a matrix or a vector slot.
   WeightView LayerWeights::*matrix = nullptr;
   const float* LayerWeights::*vector = nullptr;
+  // Or the experts: hp.n_expert matrices [rows, cols] (GGUF: one tensor of ne {cols, rows, n_expert}).
+  const WeightView* LayerWeights::*experts = nullptr;
   bool norm = false;       // an RMSNorm weight: HF Gemma stores w for x * (1 + w), loaded as 1 + w
   bool rope_rows = false;  // rows in HF's rotate-half order; GGUF arch "llama" permutes them (interleaved)
   std::array<RowPart, 3> parts{};  // a fused matrix: its row ranges as these slots
@@ -119,8 +135,8 @@ std::span<const TensorSpec> layer_tensors();
 // The row of a role.
 const TensorSpec& tensor_spec(TensorRole r);
 
-// The tensor's name in format f for layer il (ignored by whole-model tensors).
-std::string tensor_name(const TensorSpec& t, const HParams& hp, TensorFormat f, int il = 0);
+// The tensor's name in format f for layer il (ignored by whole-model tensors) and expert e (HF's experts).
+std::string tensor_name(const TensorSpec& t, const HParams& hp, TensorFormat f, int il = 0, int e = 0);
 std::string gguf_name(TensorRole r, int il = 0);
 std::string hf_name(TensorRole r, const HParams& hp, int il = 0);
 

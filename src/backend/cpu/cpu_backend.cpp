@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+
+#include "model/moe.h"
 
 namespace ultra {
 
@@ -12,35 +15,61 @@ namespace {
 
 size_t mm_scratch(const ModelData& m, const ContextParams& p) {
   size_t s = cpu::matmul_scratch_floats(m.output, p.n_outputs, p.n_threads);
-  for (const auto& l : m.layers)
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      s = std::max(s, cpu::matmul_scratch_floats(*w, p.n_batch, p.n_threads));
+  auto take = [&](const WeightView& w) {
+    s = std::max(s, cpu::matmul_scratch_floats(w, p.n_batch, p.n_threads));
+  };
+  for (const auto& l : m.layers) {
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
+                                &l.w_gate_shexp, &l.w_up_shexp, &l.w_down_shexp})
+      take(*w);
+    // An expert multiplies at most n_batch rows: a row selects an expert once.
+    for (int e = 0; l.gate_exps && e < m.hp.n_expert; ++e)
+      for (const WeightView* w : {&l.gate_exps[e], &l.up_exps[e], &l.down_exps[e]}) take(*w);
+  }
   return s;
 }
 
-// Floats of every step buffer: one place for the allocation and the footprint computed before it.
+// Elements (4 bytes each) of every step buffer: one place for the allocation and the footprint computed
+// before it. The MoE buffers are 0 for a dense model.
 struct BufferSizes {
   size_t x, xb, q, k, v, att, hb, hb2, acc, out_x, logits, mm, attn;
-  size_t total() const { return x + xb + q + k + v + att + hb + hb2 + acc + out_x + logits + mm + attn; }
+  size_t router, expert_ids, expert_w, shexp_out, moe_start, moe_row, moe_pair, moe_x, moe_gate, moe_up,
+      moe_y;
+  size_t total() const {
+    return x + xb + q + k + v + att + hb + hb2 + acc + out_x + logits + mm + attn + router + expert_ids +
+           expert_w + shexp_out + moe_start + moe_row + moe_pair + moe_x + moe_gate + moe_up + moe_y;
+  }
 };
 
 BufferSizes buffer_sizes(const ModelData& m, const ContextParams& p) {
   const HParams& hp = m.hp;
   const size_t nb = p.n_batch, q_dim = (size_t)hp.n_heads * hp.head_dim,
                kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
+  const size_t pairs = nb * hp.n_expert_used;  // 0 without experts
   return {nb * hp.dim,
           nb * std::max<size_t>(hp.dim, q_dim),
           nb * q_dim,
           nb * kv_dim,
           nb * kv_dim,
           nb * q_dim,
-          nb * hp.ffn_dim,
-          nb * hp.ffn_dim,
+          nb * hp.max_ffn_dim(),
+          nb * hp.max_ffn_dim(),
           nb * hp.dim,
           (size_t)p.n_outputs * hp.dim,
           (size_t)p.n_outputs * hp.n_vocab,
           mm_scratch(m, p),
-          cpu::attention_scratch_floats(p.n_ctx, p.n_threads)};
+          cpu::attention_scratch_floats(p.n_ctx, p.n_threads),
+          nb * hp.n_expert,
+          pairs,
+          pairs,
+          hp.shexp_ffn_dim > 0 ? nb * hp.dim : 0,
+          hp.moe() ? (size_t)hp.n_expert + 1 : 0,
+          pairs,
+          pairs,
+          pairs * hp.dim,
+          pairs * hp.expert_ffn_dim,
+          pairs * hp.expert_ffn_dim,
+          pairs * hp.dim};
 }
 
 // Per thread: candidates (8 bytes), probabilities and penalty counts (4 each), the distinct list (<= 4).
@@ -85,10 +114,25 @@ CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int 
   logits_ = Buffer<float>(s.logits);
   mm_scratch_ = Buffer<float>(s.mm);
   attn_scratch_ = Buffer<float>(s.attn);
+  router_ = Buffer<float>(s.router);
+  expert_ids_ = Buffer<int32_t>(s.expert_ids);
+  expert_w_ = Buffer<float>(s.expert_w);
+  shexp_out_ = Buffer<float>(s.shexp_out);
+  moe_start_ = Buffer<int32_t>(s.moe_start);
+  moe_row_ = Buffer<int32_t>(s.moe_row);
+  moe_pair_ = Buffer<int32_t>(s.moe_pair);
+  moe_x_ = Buffer<float>(s.moe_x);
+  moe_gate_ = Buffer<float>(s.moe_gate);
+  moe_up_ = Buffer<float>(s.moe_up);
+  moe_y_ = Buffer<float>(s.moe_y);
   for (int i = 0; i < p_.n_threads; ++i)
     sampler_scratch_.push_back(std::make_unique<SamplerScratch>(m_.hp.n_vocab));
   b_ = {x_.data(),   xb_.data(), q_.data(),   k_.data(),     v_.data(),
         att_.data(), hb_.data(), hb2_.data(), out_x_.data(), logits_.data()};
+  b_.router = router_.data();
+  b_.expert_ids = expert_ids_.data();
+  b_.expert_w = expert_w_.data();
+  b_.shexp_out = shexp_out_.data();
 }
 
 void CpuBackend::poison_kv(int seq, int from) {
@@ -225,6 +269,79 @@ void CpuBackend::norm_add(float* x, const float* w, int n_rows, int dim, float e
 
 void CpuBackend::gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) {
   for (int r = 0; r < n_rows; ++r) std::copy_n(x + (size_t)rows[r] * dim, dim, out + (size_t)r * dim);
+}
+
+void CpuBackend::moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) {
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    ultra::moe_route(logits + b * n_expert, (int)(e - b), n_expert, k, norm, ids + b * k, w + b * k);
+  });
+}
+
+// Grouped by expert: the n * k (row, expert) pairs sorted by expert (a counting sort, rows ascending within
+// an expert), each selected expert's three matmuls over its rows only (one weight read per step, whatever
+// the number of rows), then each row's k outputs weighted and summed in slot order (llama.cpp's order) into
+// x. Decode (n = 1) reads exactly the k selected experts' weights.
+void CpuBackend::moe_ffn(int /*il*/, const LayerWeights& l, const float* xn, int n, const int32_t* ids,
+                         const float* w, int k, float* x) {
+  const int n_expert = m_.hp.n_expert, dim = m_.hp.dim, ffn = m_.hp.expert_ffn_dim;
+  const int n_pairs = n * k;
+  int32_t* start = moe_start_.data();  // [n_expert + 1]
+  std::fill_n(start, n_expert + 1, 0);
+  for (int i = 0; i < n_pairs; ++i) ++start[ids[i] + 1];
+  for (int e = 0; e < n_expert; ++e) start[e + 1] += start[e];
+  int32_t* pair = moe_pair_.data();
+  int32_t* row = moe_row_.data();
+  for (int i = 0; i < n_pairs; ++i) {  // start[e] is the next free pair of expert e, then e + 1's start
+    const int p = start[ids[i]]++;
+    pair[i] = p;
+    row[p] = i / k;
+  }
+  for (int e = n_expert; e > 0; --e) start[e] = start[e - 1];
+  start[0] = 0;
+  float *xe = moe_x_.data(), *g = moe_gate_.data(), *u = moe_up_.data(), *y = moe_y_.data();
+  split(n_pairs, kSplitRows, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) std::copy_n(xn + (size_t)row[p] * dim, dim, xe + (size_t)p * dim);
+  });
+  for (int e = 0; e < n_expert; ++e) {
+    const int p0 = start[e], rows = start[e + 1] - p0;
+    if (rows == 0) continue;  // an expert no row selected: its weights are not read
+    cpu::matmul(pool_, l.gate_exps[e], xe + (size_t)p0 * dim, rows, g + (size_t)p0 * ffn, nullptr,
+                mm_scratch_.data());
+    cpu::matmul(pool_, l.up_exps[e], xe + (size_t)p0 * dim, rows, u + (size_t)p0 * ffn, nullptr,
+                mm_scratch_.data());
+  }
+  silu_mul(g, u, (int64_t)n_pairs * ffn, u);
+  for (int e = 0; e < n_expert; ++e) {
+    const int p0 = start[e], rows = start[e + 1] - p0;
+    if (rows == 0) continue;
+    cpu::matmul(pool_, l.down_exps[e], u + (size_t)p0 * ffn, rows, y + (size_t)p0 * dim, nullptr,
+                mm_scratch_.data());
+  }
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* xr = x + (size_t)r * dim;
+      const int32_t* pr = pair + r * k;
+      const float* wr = w + r * k;
+      for (int d = 0; d < dim; ++d) {
+        float s = wr[0] * y[(size_t)pr[0] * dim + d];
+        for (int j = 1; j < k; ++j) s += wr[j] * y[(size_t)pr[j] * dim + d];
+        xr[d] += s;
+      }
+    }
+  });
+}
+
+void CpuBackend::sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,
+                                  float* x) {
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = xn + r * dim;
+      double dot = 0;
+      for (int d = 0; d < dim; ++d) dot += (double)gate_w[d] * xr[d];
+      const float g = 1.0f / (1.0f + std::exp(-(float)dot));
+      for (int d = 0; d < dim; ++d) x[r * dim + d] += g * y[r * dim + d];
+    }
+  });
 }
 
 }  // namespace ultra

@@ -50,6 +50,11 @@ class CpuBackend final : public Backend, private ForwardOps {
   void softcap(float* x, int64_t n, float cap) override;
   void norm_add(float* x, const float* w, int n_rows, int dim, float eps, float* y) override;
   void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) override;
+  void moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) override;
+  void moe_ffn(int il, const LayerWeights& l, const float* xn, int n, const int32_t* ids, const float* w,
+               int k, float* x) override;
+  void sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,
+                        float* x) override;
 
   // f(begin, end) over [0, n) split across the threads when n >= min_split (a prefill's rows or elements),
   // else f(0, n) here. For the row- and element-wise ops: the split changes no result.
@@ -69,13 +74,26 @@ class CpuBackend final : public Backend, private ForwardOps {
   Buffer<float> k_;             // [n_batch, n_kv_heads*head_dim]
   Buffer<float> v_;             // [n_batch, n_kv_heads*head_dim]
   Buffer<float> att_;           // [n_batch, n_heads*head_dim]
-  Buffer<float> hb_;            // [n_batch, ffn_dim]
-  Buffer<float> hb2_;           // [n_batch, ffn_dim]
+  Buffer<float> hb_;            // [n_batch, max_ffn_dim]
+  Buffer<float> hb2_;           // [n_batch, max_ffn_dim]
   Buffer<float> acc_;           // [n_batch, dim] projection output before the residual add
   Buffer<float> out_x_;         // [n_outputs, dim] output rows, normed
   Buffer<float> logits_;        // [n_outputs, n_vocab]
   Buffer<float> mm_scratch_;    // matmul workspace
   Buffer<float> attn_scratch_;  // attention workspace
+  // Mixture of experts (empty for a dense model). A step's n * k (row, expert) pairs, grouped by expert:
+  // pair p (in expert order) is row moe_row_[p] of expert e for moe_start_[e] <= p < moe_start_[e + 1].
+  Buffer<float> router_;        // [n_batch, n_expert]
+  Buffer<int32_t> expert_ids_;  // [n_batch, k]
+  Buffer<float> expert_w_;      // [n_batch, k]
+  Buffer<float> shexp_out_;     // [n_batch, dim] (shared expert)
+  Buffer<int32_t> moe_start_;   // [n_expert + 1]
+  Buffer<int32_t> moe_row_;     // [n_batch * k] the row of pair p
+  Buffer<int32_t> moe_pair_;    // [n_batch * k] the pair of (row r, slot j), at r * k + j
+  Buffer<float> moe_x_;         // [n_batch * k, dim] the pairs' input rows, gathered
+  Buffer<float> moe_gate_;      // [n_batch * k, expert_ffn]
+  Buffer<float> moe_up_;        // [n_batch * k, expert_ffn]
+  Buffer<float> moe_y_;         // [n_batch * k, dim] each pair's expert output
   std::vector<std::unique_ptr<SamplerScratch>> sampler_scratch_;  // [n_threads]
 };
 

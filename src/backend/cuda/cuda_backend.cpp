@@ -107,6 +107,9 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
                          const cuda::CudaTuning& tuning)
     : m_(model), p_(params), n_sample_(n_sample), tune_(tuning) {
   const HParams& hp = m_.hp;
+  if (hp.moe())
+    fail(
+        "CUDA backend: mixture-of-experts models are not supported yet (use the CPU backend: --backend cpu)");
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
     fail("CUDA backend: no CUDA device is available (use the CPU backend)");
