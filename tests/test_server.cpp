@@ -820,8 +820,15 @@ TEST_F(ServerTest, ThousandSequentialRequestsLeakNothing) {
     int good = 0;
     for (int i = 0; i < n; ++i) {
       const json body = {{"prompt", kPrompts[(first + i) % 8]}, {"max_tokens", 1}, {"seed", i}};
+      const auto t0 = std::chrono::steady_clock::now();
       auto r = c.Post("/v1/completions", body.dump(), "application/json");
       good += r && r->status == 200;
+      if (!(r && r->status == 200))  // what went wrong, for the failure message
+        ADD_FAILURE() << "request " << first + i << ": "
+                      << (r ? "status " + std::to_string(r->status) + " " + r->body
+                            : "no response: " + httplib::to_string(r.error()))
+                      << " after "
+                      << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
     }
     return good;
   };
