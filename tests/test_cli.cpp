@@ -216,7 +216,20 @@ TEST(Cli, QuantizeThenRun) {
     EXPECT_NE(q.err.find("blk.0.ffn_down.weight"), std::string::npos) << q.err;
     EXPECT_NE(q.err.find("[1024 x 384] F16 -> Q6_K"), std::string::npos) << q.err;
     EXPECT_NE(q.err.find("wrote " + out), std::string::npos) << q.err;
+    // llama-quantize's order (IN OUT TYPE THREADS) writes the same file
+    const std::string out2 = tmp.file("q-q4_k_m-2.gguf");
+    const Out q2 = ultra("quantize " + target + " " + out2 + " q4_k_m 2");
+    ASSERT_EQ(q2.code, 0) << q2.err;
+    const auto bytes = [](const std::string& p) {
+      std::ifstream f(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    EXPECT_TRUE(bytes(out2) == bytes(out)) << "the two orders wrote different files";
   }
+  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " q4_k_m --type q6_k",
+               "the type is given twice: TYPE 'q4_k_m' and --type 'q6_k'");
+  expect_error("quantize " + target + " " + tmp.file("x.gguf") + " q4_k_m 2 -t 1",
+               "the thread count is given twice: THREADS 2 and --threads 1");
   expect_error(
       "quantize " + target + " " + tmp.file("x.gguf") + " --type q4_k_m --imatrix " + tmp.file("none.dat"),
       "none.dat: the imatrix file does not exist");
@@ -225,7 +238,7 @@ TEST(Cli, QuantizeThenRun) {
   expect_error("quantize " + tmp.file("missing.gguf") + " " + tmp.file("x.gguf") + " --type fp8",
                "no such file or directory");
   expect_error("quantize " + target + " " + target + " --type fp8", "refusing to overwrite");
-  const Out h = ultra("quantize " + target + " " + tmp.file("x.gguf"));  // --type is required
+  const Out h = ultra("quantize " + target + " " + tmp.file("x.gguf"));  // a type is required
   EXPECT_NE(h.code, 0);
   EXPECT_NE(h.err.find("--type"), std::string::npos) << h.err;
 }
