@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -198,6 +199,7 @@ TEST(Grammar, MalformedGrammarsGiveClearErrors) {
       {"root ::= \"a\"{1", "line 1, column 15: expected ',' or '}' in the repetition {m,n}"},
       {"root ::= \"a\"{,1}", "line 1, column 14: expected a repetition count, found ','"},
       {"root ::= [z-a]", "line 1, column 11: character range with its end before its start"},
+      {"root ::= \"a\" [^]", "line 1, column 14: empty character class"},
       {"root ::= <think>", "line 1, column 10: token references"},
       {"root ::= \"a\"\nroot ::= \"b\"",
        "line 2, column 1: rule 'root' is defined twice (first at line 1, column 1)"},
@@ -328,5 +330,25 @@ TEST(Grammar, FuzzHarnessRuns) {
   };
   for (const std::string& in : inputs) {
     EXPECT_NO_THROW(fuzz::grammar_one_input(reinterpret_cast<const uint8_t*>(in.data()), in.size()));
+  }
+}
+
+TEST(Grammar, AgreesWithLlamaCppVerdicts) {
+  // Inputs with llama.cpp's own verdict (tools/grammar_peer/make_grammar_verdicts.cpp).
+  const nlohmann::json all = nlohmann::json::parse(slurp(gdir() / "llamacpp_verdicts.json"));
+  ASSERT_EQ(all.size(), 8u);
+  for (const auto& [file, cases] : all.items()) {
+    SCOPED_TRACE(file);
+    const auto g = std::make_shared<const Grammar>(parse_gbnf(slurp(gdir() / file)));
+    size_t n_yes = 0;
+    for (const auto& c : cases) {
+      const std::string input = c[0].get<std::string>();
+      const bool verdict = c[1].get<bool>();
+      EXPECT_EQ(grammar_accepts(g, input), verdict) << nlohmann::json(input).dump();
+      n_yes += verdict;
+    }
+    EXPECT_GE(cases.size(), 100u);
+    EXPECT_GT(n_yes, 10u);
+    EXPECT_LT(n_yes, cases.size());
   }
 }

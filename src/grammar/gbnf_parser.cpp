@@ -317,6 +317,7 @@ class Parser {
           }
           set.push_back({lo, hi});
         }
+        if (set.empty()) error_at(at, "empty character class");
         ++pos_;
         last_sym_start = body.size();
         push_class(body, std::move(set), negate);
