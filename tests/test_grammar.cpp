@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../fuzz/fuzz_grammar.h"
+#include "alloc_counter.h"
 #include "core/error.h"
 #include "grammar/gbnf_parser.h"
 #include "grammar/grammar_matcher.h"
@@ -351,4 +352,27 @@ TEST(Grammar, AgreesWithLlamaCppVerdicts) {
     EXPECT_GT(n_yes, 10u);
     EXPECT_LT(n_yes, cases.size());
   }
+}
+
+TEST(Grammar, MatchingAllocatesNothingWithinTheReserve) {
+  if (!ULTRA_COUNT_ALLOCS) GTEST_SKIP() << "allocations are not counted under AddressSanitizer";
+  const auto g = load("json");
+  const std::string_view doc = R"({"a": [1, -2.5e3, "x\u00e9", {"b": [true, null]}], "c": {}})";
+  Matcher m(g);  // reserves 4096 stack nodes and 256 heads
+  Matcher::Snapshot start, probe;
+  start.heads.reserve(256);
+  probe.heads.reserve(256);
+  AllocCount count;
+  m.save(start);
+  EXPECT_EQ(m.accept_bytes(doc), doc.size());  // first time: new stack nodes, within the reserve
+  EXPECT_TRUE(m.is_complete());
+  m.restore(start);
+  EXPECT_EQ(m.accept_bytes(doc.substr(0, 20)), 20u);
+  m.save(probe);
+  EXPECT_EQ(m.accept_bytes(doc.substr(20)), doc.size() - 20);
+  m.restore(probe);
+  m.reset();
+  count.stop();
+  EXPECT_EQ(count.allocs(), 0);
+  EXPECT_LT(m.n_nodes(), 4096u);
 }
