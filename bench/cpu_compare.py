@@ -22,12 +22,14 @@ The peer (--peer):
   node    node-llama-cpp's prebuilt binary (bench/llamacpp_peer.mjs): generic, 2-3x slower on some CPUs;
           kept as the GGUF-compatibility check.
 
-    python3 bench/cpu_compare.py [--arch llama|qwen3|gemma3] [--threads 2] [--prompt 512] [--gen 128] [--reps 3] [--build build]
+    python3 bench/cpu_compare.py [--arch llama|qwen3|gemma3|qwen3moe|qwen2moe|mixtral] [--threads 2] [--prompt 512] [--gen 128] [--reps 3] [--build build]
                                  [--peer native|node] [--llama-dir DIR] [--baseline OTHER_ULTRA_BINARY]
                                  [--no-peer] [--no-mmap] [--env K=V ...]
 --arch picks the generator's preset (tools/make_bench_gguf.py --arch: llama, the default, writes
 llama110m-tied-TYPE.gguf; qwen3 and gemma3 ~110M shapes with q/k norms, head_dim 128 and GQA write
-ARCH-110m-TYPE.gguf), e.g. python3 bench/cpu_compare.py --arch gemma3 --types f16,q8_0.
+ARCH-110m-TYPE.gguf; qwen3moe, qwen2moe and mixtral ~1B mixtures of experts, 8 experts of which 2 run, write
+ARCH-1b-TYPE.gguf, and their bandwidth counts the bytes a token reads: the selected experts'), e.g.
+python3 bench/cpu_compare.py --arch gemma3 --types f16,q8_0.
 --baseline runs a second ultra binary (e.g. one built from an earlier commit) on the same files,
 alternating with this build's, and prints this build / baseline: the before-and-after check of a change.
 --env K=V sets an environment variable for ultra's runs only (A/B switches such as ULTRA_CPU_PANEL=0);
@@ -63,7 +65,8 @@ def llama_bench_binary(llama_dir, variant="native"):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3"], default="llama",
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral"],
+                    default="llama",
                     help="model shape written by tools/make_bench_gguf.py --arch")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
@@ -105,7 +108,8 @@ def main():
     # (built from the same bundle as the peer), so both engines read the very same blocks.
     llama_types = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
                    "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs")
-    stem = "llama110m-tied" if args.arch == "llama" else f"{args.arch}-110m"
+    moe = args.arch in ("qwen3moe", "qwen2moe", "mixtral")  # the generator's ~1B-parameter MoE presets
+    stem = "llama110m-tied" if args.arch == "llama" else f"{args.arch}-1b" if moe else f"{args.arch}-110m"
     gen = [sys.executable, "tools/make_bench_gguf.py", "--arch", args.arch, "--tie-embeddings"]
     print(f"model: {args.arch} ({stem}-TYPE.gguf in {args.dir})", flush=True)
     for t in args.types.split(","):
@@ -176,7 +180,9 @@ def main():
                                 "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps", str(args.reps)]))
             pp_l = p["pp_tps_llama_mean"]
             tg_l = p["tg_tps_llama_mean"]
-        bytes_tok = u["size_bytes"]  # every weight byte is read once per decoded token (tied: embd = output)
+        # Every weight byte is read once per decoded token (tied: embd = output); of a mixture of experts, the
+        # selected experts' only (active_bytes).
+        bytes_tok = u.get("active_bytes", u["size_bytes"])
         peer = ("-" if pp_l is None else args.llama_variant) if args.peer == "native" else "node"
         row = dict(type=t, peer=peer, size_mb=bytes_tok / 1e6, tg_ultra=tg_u, tg_llama=tg_l, pp_ultra=pp_u, pp_llama=pp_l,
                    tg_ratio=tg_u / tg_l if tg_l else None, pp_ratio=pp_u / pp_l if pp_l else None,

@@ -242,6 +242,8 @@ int cmd_bench(int argc, char** argv) {
     j["model"] = mf.model;
     j["model_type"] = name;
     j["size_bytes"] = size;
+    // the weight bytes one decoded token reads (a mixture of experts: the selected experts only)
+    j["active_bytes"] = (double)model.info().active_weight_bytes;
     j["params"] = params;
     j["threads"] = rows.empty() ? 0 : rows[0].threads;  // the first row's; each result has its own
     j["backend"] = backend;
