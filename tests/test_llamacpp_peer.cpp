@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "greedy_util.h"
 #include "io/convert.h"
@@ -30,34 +31,51 @@ bool have_node_llama_cpp() {
          std::system("node --version >/dev/null 2>&1") == 0;
 }
 
-std::vector<int32_t> llamacpp_greedy(const fs::path& model, const std::vector<int32_t>& prompt, int n) {
-  std::string ids;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    if (i) ids += ',';
-    ids += std::to_string(prompt[i]);
+// One generation for llama.cpp: greedy tokens of `model` after `prompt`.
+struct PeerJob {
+  fs::path model;
+  std::vector<int32_t> prompt;
+  int n;
+};
+
+// llama.cpp's greedy tokens for each job, from one node process (it starts in ~2 s; the generations are
+// quick).
+std::vector<std::vector<int32_t>> llamacpp_greedy(const std::vector<PeerJob>& jobs) {
+  std::string cmd = "cd " + (kRoot / "bench").string() + " && node llamacpp_greedy.mjs";
+  for (const PeerJob& j : jobs) {
+    std::string ids;
+    for (size_t i = 0; i < j.prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(j.prompt[i]);
+    cmd += " " + j.model.string() + " " + ids + " " + std::to_string(j.n);
   }
-  const std::string cmd = "cd " + (kRoot / "bench").string() + " && node llamacpp_greedy.mjs " +
-                          model.string() + " " + ids + " " + std::to_string(n);
   FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
+  if (!p) return std::vector<std::vector<int32_t>>(jobs.size());
   std::string out;
   std::array<char, 4096> buf;
   size_t k;
   while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), k);
   EXPECT_EQ(pclose(p), 0) << out;
-  return nlohmann::json::parse(out)["generated_ids"].get<std::vector<int32_t>>();
+  std::vector<std::vector<int32_t>> r;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) r.push_back(nlohmann::json::parse(line)["generated_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(r.size(), jobs.size()) << out;
+  r.resize(jobs.size());
+  return r;
 }
 
 TEST(LlamaCppPeer, BundledModelsGreedyTokensEqual) {
   if (!have_node_llama_cpp())
     GTEST_SKIP() << "node-llama-cpp is not installed (cd bench && npm install): llama.cpp comparison skipped";
   const std::vector<int32_t> prompt = {814, 26};  // "ROMEO:" in the bundled tokenizer
-  for (const char* name : {"target.gguf", "draft.gguf"}) {
-    const fs::path model = kRoot / "models" / name;
-    const auto ours = testing_util::greedy_tokens(model.string(), prompt, 64);
-    const auto theirs = llamacpp_greedy(model, prompt, 64);
-    std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared\n", name, theirs.size(), ours.size());
-    EXPECT_EQ(ours, theirs) << name;
+  const char* const names[] = {"target.gguf", "draft.gguf"};
+  std::vector<PeerJob> jobs;
+  for (const char* name : names) jobs.push_back({kRoot / "models" / name, prompt, 64});
+  const auto all = llamacpp_greedy(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto ours = testing_util::greedy_tokens(jobs[i].model.string(), prompt, 64);
+    const auto& theirs = all[i];
+    std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared\n", names[i], theirs.size(), ours.size());
+    EXPECT_EQ(ours, theirs) << names[i];
   }
 }
 
@@ -105,6 +123,8 @@ void expect_llamacpp_matches_hf(const std::vector<const char*>& archs) {
   const fs::path tmp = fs::temp_directory_path() / ("ultra_llamacpp_" + std::to_string(::getpid()));
   fs::create_directories(tmp);
   int n_models = 0;
+  std::vector<PeerJob> jobs;
+  std::vector<std::vector<int32_t>> wants;
   for (const char* arch : archs) {
     const fs::path dir = kRoot / "tests" / "fixtures" / "hf" / arch;
     std::ifstream f(dir / "reference.json");
@@ -120,10 +140,14 @@ void expect_llamacpp_matches_hf(const std::vector<const char*>& archs) {
     ConvertOptions opt;
     opt.out_type = "f32";
     convert_hf_to_gguf(hf.string(), gguf.string(), opt);
-    const auto theirs = llamacpp_greedy(gguf, prompt, (int)want.size());
-    std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared with HF transformers\n", arch, theirs.size(),
-                want.size());
-    EXPECT_EQ(theirs, want) << arch << ": llama.cpp's greedy tokens on ultra convert's F32 file";
+    jobs.push_back({gguf, prompt, (int)want.size()});
+    wants.push_back(want);
+  }
+  const auto all = llamacpp_greedy(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    std::printf("[llama.cpp] %s: %zu/%zu greedy tokens compared with HF transformers\n", archs[i],
+                all[i].size(), wants[i].size());
+    EXPECT_EQ(all[i], wants[i]) << archs[i] << ": llama.cpp's greedy tokens on ultra convert's F32 file";
   }
   fs::remove_all(tmp);
 }
@@ -178,15 +202,23 @@ TEST(LlamaCppPeer, QuantizedFilesGreedyTokensEqualUpToNearTies) {
   test::TmpDir dir("ultra_peer");
   const char* const types[] = {"tq2_0", "tq1_0", "q8_0", "q4_k_m", "q6_k", "q4_0", "iq4_xs"};
   // Under AddressSanitizer a sample of the types (every kernel is also checked there by test_backend_ops).
+  std::vector<const char*> run;
+  std::vector<PeerJob> jobs;
   for (size_t i = 0; i < std::size(types); i += test::kSanitized ? 3 : 1) {
-    const char* type = types[i];
-    SCOPED_TRACE(type);
-    const std::string out = dir.file(std::string("target-") + type + ".gguf");
+    const std::string out = dir.file(std::string("target-") + types[i] + ".gguf");
     ConvertOptions opt;
-    opt.out_type = type;
+    opt.out_type = types[i];
     quantize_model((kRoot / "models" / "target.gguf").string(), out, opt);
+    run.push_back(types[i]);
+    jobs.push_back({out, prompt, 64});
+  }
+  const auto all = llamacpp_greedy(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const char* type = run[i];
+    SCOPED_TRACE(type);
+    const std::string out = jobs[i].model.string();
     const auto ours = testing_util::greedy_tokens(out, prompt, 64);
-    const auto theirs = llamacpp_greedy(out, prompt, 64);
+    const auto& theirs = all[i];
     ASSERT_EQ(ours.size(), 64u);
     ASSERT_EQ(theirs.size(), 64u);
     size_t k = 0;
