@@ -42,6 +42,11 @@ if [ "$kernels" = 1 ]; then
   echo "== 1. kernels"
   tools/gpu_suite.sh --build-dir "$bin" --out "$out" "${quick[@]}" || status=1
 fi
+if [ "$kernels" = 1 ]; then
+  echo "== 1b. mixture-of-experts kernels"
+  "$bin/test_cuda_moe" --out "$out" >"$out/test_cuda_moe.log" 2>&1 || status=1
+  grep -E "^FAIL|test_cuda_moe:" "$out/test_cuda_moe.log"
+fi
 echo "== 2. engine on the CUDA backend"
 "$bin/test_cuda_backend" 2>&1 | tee "$out/test_cuda_backend.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -53,5 +58,6 @@ fi
 echo "== summary"
 grep -h "test_cuda_kernels:" "$out/test.log" 2>/dev/null | tail -1
 grep -h "test_cuda_ops" "$out/test_cuda_ops.log" 2>/dev/null | tail -1
+grep -h "test_cuda_moe:" "$out/test_cuda_moe.txt" 2>/dev/null | tail -1
 grep -hE "^\[  (PASSED|FAILED)|tests? ran" "$out/test_cuda_backend.log" | tail -3
 exit $status

@@ -11,7 +11,7 @@ void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const St
                ForwardOps& ops) {
   const int dim = hp.dim, k = hp.n_expert_used;
   ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
-  ops.matmul(l.ffn_gate_inp, b.xb, n, b.router, nullptr, false);  // [n, n_expert]
+  ops.moe_router(il, l, b.xb, n, b.router);  // [n, n_expert]
   ops.moe_route(b.router, n, hp.n_expert, k, hp.expert_norm, b.expert_ids, b.expert_w);
   ops.moe_ffn(il, l, b.xb, n, b.expert_ids, b.expert_w, k, b.x);
   if (hp.shexp_ffn_dim == 0) return;

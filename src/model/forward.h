@@ -106,6 +106,11 @@ class ForwardOps {
 
   // The ops of mixture-of-experts models only; a backend without them refuses those models at context
   // creation (the defaults are never reached).
+  // The router's logits [n, n_expert] = l.ffn_gate_inp . xn[r] (a backend may compute them more precisely
+  // than its other matmuls: the expert choice is a discrete function of them).
+  virtual void moe_router(int /*il*/, const LayerWeights& l, const float* xn, int n, float* logits) {
+    matmul(l.ffn_gate_inp, xn, n, logits, nullptr, false);
+  }
   // model/moe.h's moe_route over n rows of router logits [n, n_expert] -> ids, w [n, k].
   virtual void moe_route(float*, int /*n*/, int /*n_expert*/, int /*k*/, bool /*norm*/, int32_t*, float*) {
     unsupported("moe_route");

@@ -107,9 +107,9 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
                          const cuda::CudaTuning& tuning)
     : m_(model), p_(params), n_sample_(n_sample), tune_(tuning) {
   const HParams& hp = m_.hp;
-  if (hp.moe())
-    fail(
-        "CUDA backend: mixture-of-experts models are not supported yet (use the CPU backend: --backend cpu)");
+  if (hp.moe() && (hp.n_expert > cuda::kMoeMaxRouted || hp.n_expert_used > hp.n_expert))
+    fail("CUDA backend: {} experts ({} used) per layer; the CUDA kernels take up to {} (use --backend cpu)",
+         hp.n_expert, hp.n_expert_used, cuda::kMoeMaxRouted);
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
     fail("CUDA backend: no CUDA device is available (use the CPU backend)");
@@ -148,13 +148,25 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   int64_t max_lowbit = 0;
   for (const WeightView* w : {&m_.output}) max_lowbit = std::max(max_lowbit, lowbit_bf16_elems(*w));
   for (const LayerWeights& l : m_.layers)
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.ffn_gate_inp,
+                                &l.w_gate_shexp, &l.w_up_shexp, &l.w_down_shexp})
       max_lowbit = std::max(max_lowbit, lowbit_bf16_elems(*w));
+  const size_t ffn = hp.max_ffn_dim();  // the dense FFN's or the shared expert's
   const size_t mm_ws = cuda::CudaMatmul::workspace_bytes(
-      n_rows_cap_, std::max<int64_t>({hp.dim, (int64_t)q_dim, hp.ffn_dim}), max_lowbit);
-  const size_t act = sizeof(float) * (nb * hp.dim * 2 + nb * std::max<size_t>(hp.dim, q_dim) +
-                                      nb * q_dim * 2 + nb * kv_dim * 2 + nb * hp.ffn_dim * 2 +
-                                      (size_t)n_out_cap_ * hp.dim + (size_t)n_out_cap_ * hp.n_vocab);
+      n_rows_cap_, std::max<int64_t>({hp.dim, (int64_t)q_dim, (int64_t)ffn}), max_lowbit);
+  // Mixture of experts: router logits, the choice and its weights, the shared expert's output, moe_ffn's
+  // scratch.
+  const size_t n_moe = hp.moe() ? nb : 0, k_used = hp.n_expert_used;
+  const size_t moe_ws = hp.moe() ? cuda::moe_scratch_bytes(n_rows_cap_, hp.n_expert_used, hp.n_expert,
+                                                           hp.expert_ffn_dim, hp.dim)
+                                 : 0;
+  const size_t act =
+      sizeof(float) * (nb * hp.dim * 2 + nb * std::max<size_t>(hp.dim, q_dim) + nb * q_dim * 2 +
+                       nb * kv_dim * 2 + nb * ffn * 2 + (size_t)n_out_cap_ * hp.dim +
+                       (size_t)n_out_cap_ * hp.n_vocab + q_dim + 2 * kv_dim + 2 * ffn) +
+      n_moe * (hp.n_expert * sizeof(float) + k_used * (sizeof(int32_t) + sizeof(float)) +
+               (hp.shexp_ffn_dim ? hp.dim * sizeof(float) : 0)) +
+      moe_ws;
   const size_t ring_bytes = (size_t)p_.n_slots * kProposalRing * sizeof(cuda::SpecDist);
   scratch_bytes_ = act + mm_ws + attn_ws + sampler_plan_.workspace_bytes +
                    (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t) + ring_bytes;
@@ -187,12 +199,20 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
   b_.k = f(nb * kv_dim, "activations");
   b_.v = f(nb * kv_dim, "activations");
   b_.att = f(nb * q_dim, "activations");
-  b_.hb = f(nb * hp.ffn_dim, "activations");
-  b_.hb2 = f(nb * hp.ffn_dim, "activations");
+  b_.hb = f(nb * ffn, "activations");
+  b_.hb2 = f(nb * ffn, "activations");
   b_.out_x = f((size_t)n_out_cap_ * hp.dim, "activations");
   b_.logits = f((size_t)n_out_cap_ * hp.n_vocab, "logits");
   qkv1_ = f(q_dim + 2 * kv_dim, "activations");
-  gu1_ = f(2 * (size_t)hp.ffn_dim, "activations");
+  gu1_ = f(2 * ffn, "activations");
+  if (hp.moe()) {
+    b_.router = f(nb * hp.n_expert, "router logits");
+    b_.expert_ids = mem_.alloc_n<int32_t>(nb * k_used, "expert choice");
+    b_.expert_w = f(nb * k_used, "expert weights");
+    if (hp.shexp_ffn_dim) b_.shexp_out = f(nb * hp.dim, "shared expert");
+    moe_s_ = cuda::moe_scratch(mem_.alloc(moe_ws, "expert scratch"), n_rows_cap_, hp.n_expert_used,
+                               hp.n_expert, hp.expert_ffn_dim, hp.dim);
+  }
   token_log_ = mem_.alloc_n<int32_t>((size_t)p_.n_slots * p_.n_ctx, "token log");
   d_link_ = mem_.alloc_n<cuda::LinkedTokens>(1, "linked tokens");
   proposals_ = mem_.alloc_n<cuda::SpecDist>((size_t)p_.n_slots * kProposalRing, "kept proposals");
@@ -368,6 +388,28 @@ void CudaBackend::upload_weights() {
       add({mat(l.w_up)});
     }
     add({mat(l.w_down)});
+    if (hp.moe()) {  // the router, each kind's experts back to back (one block: moe.h), the shared expert
+      add({mat(l.ffn_gate_inp)});
+      for (const WeightView* ex : {l.gate_exps, l.up_exps, l.down_exps}) {
+        std::vector<Part> parts;
+        for (int e = 0; e < hp.n_expert; ++e) {
+          if (ex[e].type != GgmlType::F32 && ex[e].type != GgmlType::F16 && ex[e].type != GgmlType::BF16 &&
+              ex[e].type != GgmlType::Q8_0)
+            fail(
+                "CUDA backend: {} expert weights are not supported (use F32, F16, BF16 or Q8_0 experts, or "
+                "the CPU backend)",
+                type_name(ex[e].type));
+          parts.push_back(mat(ex[e]));
+        }
+        add(parts);
+      }
+      if (hp.shexp_ffn_dim) {
+        add({mat(l.w_gate_shexp)});
+        add({mat(l.w_up_shexp)});
+        add({mat(l.w_down_shexp)});
+        add({{l.ffn_gate_inp_shexp, hp.dim * sizeof(float)}});
+      }
+    }
     add({{l.attn_norm, hp.dim * sizeof(float)}});
     add({{l.ffn_norm, hp.dim * sizeof(float)}});
     if (l.attn_post_norm) add({{l.attn_post_norm, hp.dim * sizeof(float)}});
@@ -435,6 +477,7 @@ void CudaBackend::upload_weights() {
 
   auto dev_mat = [&](const WeightView& w) {
     WeightView d = w;
+    if (!w.data) return d;  // an empty matrix (a mixture-of-experts layer's dense FFN)
     d.data = dev.at(w.data);
     if (cuda::is_lowbit(w.type)) {  // device layout; the scales' device copy
       d.row_bytes = cuda::lowbit_row_bytes(w.type, w.cols);
@@ -449,6 +492,7 @@ void CudaBackend::upload_weights() {
   for (int il = 0; il < hp.n_layers; ++il)  // the sliding-window layers' own, longrope's long factors, ...
     layer_inv_freq_.push_back(dev_vec(m_.layer_rope_inv_freq(il, p_.n_ctx).data()));
   rope_mscale_ = hp.rope_scaling.type == "longrope" ? hp.rope_scaling.attention_factor : 1.0f;
+  exp_views_.reserve(3 * m_.layers.size());
   for (size_t il = 0; il < m_.layers.size(); ++il) {
     const LayerWeights& l = m_.layers[il];
     LayerWeights d = l;
@@ -468,6 +512,48 @@ void CudaBackend::upload_weights() {
     d.bv = dev_vec(l.bv);
     d.q_norm = dev_vec(l.q_norm);
     d.k_norm = dev_vec(l.k_norm);
+    if (hp.moe()) {
+      d.ffn_gate_inp = dev_mat(l.ffn_gate_inp);
+      d.w_gate_shexp = dev_mat(l.w_gate_shexp);
+      d.w_up_shexp = dev_mat(l.w_up_shexp);
+      d.w_down_shexp = dev_mat(l.w_down_shexp);
+      d.ffn_gate_inp_shexp = dev_vec(l.ffn_gate_inp_shexp);
+      MoeLayer ml;
+      cuda::ExpertWeights* kinds[3] = {&ml.gate, &ml.up, &ml.down};
+      const WeightView* host[3] = {l.gate_exps, l.up_exps, l.down_exps};
+      const WeightView** dev_arr[3] = {&d.gate_exps, &d.up_exps, &d.down_exps};
+      for (int kind = 0; kind < 3; ++kind) {
+        std::vector<WeightView>& views = exp_views_.emplace_back();
+        for (int e = 0; e < hp.n_expert; ++e) views.push_back(dev_mat(host[kind][e]));
+        *dev_arr[kind] = views.data();
+        cuda::ExpertWeights& x = *kinds[kind];
+        x.type = views[0].type;
+        x.data = views[0].data;
+        x.rows = views[0].rows;
+        x.cols = views[0].cols;
+        x.row_bytes = views[0].row_bytes;
+        x.expert_bytes = x.row_bytes * (size_t)x.rows;
+        x.n_expert = hp.n_expert;
+        for (int e = 0; e < hp.n_expert; ++e)  // placed back to back by the block above
+          if (views[e].data != static_cast<const uint8_t*>(x.data) + (size_t)e * x.expert_bytes ||
+              views[e].type != x.type || views[e].rows != x.rows || views[e].cols != x.cols)
+            fail("CUDA backend: layer {}'s experts are not alike (expert {})", il, e);
+        if (!cuda::moe_weights_ok(x))
+          fail(
+              "CUDA backend: layer {}'s {} experts [{}, {}] have no CUDA kernel (columns must be a multiple "
+              "of 8)",
+              il, type_name(x.type), x.rows, x.cols);
+      }
+      ml.router.type = d.ffn_gate_inp.type;
+      ml.router.data = d.ffn_gate_inp.data;
+      ml.router.rows = d.ffn_gate_inp.rows;
+      ml.router.cols = d.ffn_gate_inp.cols;
+      ml.router.row_bytes = d.ffn_gate_inp.row_bytes;
+      ml.router.expert_bytes = ml.router.row_bytes * (size_t)ml.router.rows;
+      ml.router.n_expert = 1;
+      if (!cuda::moe_weights_ok(ml.router)) ml.router.data = nullptr;
+      moe_.push_back(ml);
+    }
     w_.layers.push_back(d);
     Fused f;
     if (fuse_qkv[il]) {
@@ -919,6 +1005,34 @@ void CudaBackend::rope_kv_write(int il, float* q, int n_heads, float* k, const f
         "rope_kv_write");
   prof_end();
 }
+void CudaBackend::moe_router(int il, const LayerWeights& l, const float* xn, int n, float* logits) {
+  // The matmul is f32 up to kLowbitGemvMaxRows rows (the gemv, and the low-bit gemv), and fast there.
+  const cuda::ExpertWeights& r = moe_[il].router;
+  if (!r.data || n <= cuda::kLowbitGemvMaxRows) return ForwardOps::moe_router(il, l, xn, n, logits);
+  prof_begin("moe router");
+  check(cuda::moe_router(r, xn, n, logits, stream_), "moe_router");
+  prof_end();
+}
+void CudaBackend::moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) {
+  prof_begin("moe route");
+  check(cuda::moe_route(logits, n, n_expert, k, norm, ids, w, stream_, &moe_s_), "moe_route");
+  prof_end();
+}
+void CudaBackend::moe_ffn(int il, const LayerWeights& /*l*/, const float* xn, int n, const int32_t* ids,
+                          const float* w, int k, float* x) {
+  const MoeLayer& e = moe_[il];
+  prof_begin("moe experts");
+  // forward() routes just before (moe_route): a one-row step's tiles are made.
+  check(cuda::moe_ffn(e.gate, e.up, e.down, xn, n, ids, w, k, x, moe_s_, stream_, n == 1), "moe_ffn");
+  prof_end();
+}
+void CudaBackend::sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,
+                                   float* x) {
+  prof_begin("shared expert gate");
+  check(cuda::sigmoid_gate_add(y, gate_w, xn, n, dim, x, stream_), "sigmoid_gate_add");
+  prof_end();
+}
+
 bool CudaBackend::fused(cudaError_t e, const char* what) {
   if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {  // nothing launched
     cudaGetLastError();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/tuning.h"
 #include "engine/backend.h"
 #include "model/model.h"
@@ -122,6 +123,12 @@ class CudaBackend final : public Backend, private ForwardOps {
                     float*& up) override;
   bool norm_matmul1(const WeightView& w, const float* norm_w, const float* x, const int32_t* row, float eps,
                     float* y) override;
+  void moe_router(int il, const LayerWeights& l, const float* xn, int n, float* logits) override;
+  void moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) override;
+  void moe_ffn(int il, const LayerWeights& l, const float* xn, int n, const int32_t* ids, const float* w,
+               int k, float* x) override;
+  void sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,
+                        float* x) override;
   // A fused launch's result: true when it ran; false when the kernel does not take the case (nothing
   // launched: the caller runs the ops one by one).
   bool fused(cudaError_t e, const char* what);
@@ -150,6 +157,14 @@ class CudaBackend final : public Backend, private ForwardOps {
     WeightView gate_up;               // [2 ffn_dim, dim] = [W_gate; W_up]
   };
   std::vector<Fused> fused_;
+  // Mixture of experts: per layer, the experts of each kind back to back (moe.h), and the step's scratch.
+  struct MoeLayer {
+    cuda::ExpertWeights gate, up, down;
+    cuda::ExpertWeights router;  // one "expert" of n_expert rows; null data: through matmul
+  };
+  std::vector<MoeLayer> moe_;                       // [n_layers], empty for a dense model
+  std::vector<std::vector<WeightView>> exp_views_;  // [n_layers * 3] device views behind w_'s expert arrays
+  cuda::MoeScratch moe_s_;
   float* qkv1_ = nullptr;  // [q_dim + 2 kv_dim] the fused projection of one row
   float* gu1_ = nullptr;   // [2 ffn_dim]
   // [n_layers] each layer's RoPE table (ModelData::layer_rope_inv_freq), device memory

@@ -1,0 +1,542 @@
+// Mixture-of-experts kernels (moe.h): routing, grouping by expert, the experts' FFN, the weighted sum.
+
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_lowbit.h"
+#include "backend/cuda/moe.h"
+
+namespace ultra::cuda {
+
+using namespace detail;
+
+namespace {
+
+constexpr int kRouteWarps = 4;  // rows per block of moe_route
+constexpr int kGemvWarps = 8;   // weight rows per block of the expert GEMVs (a warp each)
+constexpr int kCombineThreads = 256;
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+// ---- Routing
+
+// One warp per row: lane l holds experts l, l + 32, ... (at most 8). The selection's key of an expert not
+// yet taken is its probability, -0.5 for a NaN (it loses to any number, as on the CPU) and -1 once taken.
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    moe_route_kernel(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
+                     MoeScratch tiles) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
+  if (r >= n) return;
+  float* p = logits + (int64_t)r * n_expert;
+  constexpr int kPer = kMoeMaxRouted / 32;
+  float v[kPer];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < n_expert ? p[e] : -INFINITY;
+    m = fmaxf(m, v[i]);
+  }
+  m = warp_max(m);
+  double sum = 0;  // in double, as ggml (model/moe.cpp)
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < n_expert ? expf(v[i] - m) : 0.0f;
+    sum += v[i];
+  }
+  sum = warp_sum(sum);
+  const float inv = (float)(1.0 / sum);
+  float key[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] *= inv;
+    if (e < n_expert) p[e] = v[i];
+    key[i] = e >= n_expert ? -1.0f : isnan(v[i]) ? -0.5f : v[i];
+  }
+  float total = 0;
+  for (int j = 0; j < k; ++j) {
+    float bk = -2.0f, bv = 0.0f;
+    int be = -1;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (key[i] > bk) bk = key[i], bv = v[i], be = lane + 32 * i;  // ascending e: a tie keeps the lower
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ok = __shfl_xor_sync(kFullMask, bk, o), ov = __shfl_xor_sync(kFullMask, bv, o);
+      const int oe = __shfl_xor_sync(kFullMask, be, o);
+      if (ok > bk || (ok == bk && oe < be)) bk = ok, bv = ov, be = oe;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i == be) key[i] = -1.0f;
+    if (lane == 0) {
+      ids[(int64_t)r * k + j] = be;
+      w[(int64_t)r * k + j] = bv;
+      if (tiles.tiles) {  // one row: pair j = slot j, a tile of its own (distinct experts)
+        tiles.tiles[3 * j] = be;
+        tiles.tiles[3 * j + 1] = j;
+        tiles.tiles[3 * j + 2] = 1;
+        tiles.pair_row[j] = 0;
+        tiles.slot_pair[j] = j;
+      }
+    }
+    total += bv;
+  }
+  if (tiles.tiles && lane == 0) *tiles.n_tiles = k;
+  if (norm && lane == 0) {
+    const float s = fmaxf(total, 6.103515625e-5f);
+    for (int j = 0; j < k; ++j) w[(int64_t)r * k + j] /= s;
+  }
+}
+
+// ---- Grouping: one block, thread e counts and places expert e's pairs (rows ascending).
+
+__global__ void moe_group_kernel(const int32_t* ids, int n_pairs, int k, int n_expert, int32_t* tiles,
+                                 int32_t* n_tiles, int32_t* pair_row, int32_t* slot_pair) {
+  extern __shared__ int32_t sh[];
+  int32_t* cnt = sh;                       // [n_expert]
+  int32_t* start = sh + n_expert;          // [n_expert + 1]
+  int32_t* tstart = start + n_expert + 1;  // [n_expert + 1]
+  const int e = threadIdx.x;
+  if (e < n_expert) {
+    int c = 0;
+    for (int i = 0; i < n_pairs; ++i) c += __ldg(ids + i) == e;
+    cnt[e] = c;
+  }
+  for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+    const int id = ids[i];
+    if (id < 0 || id >= n_expert) slot_pair[i] = -1;  // not placed: adds nothing
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    start[0] = tstart[0] = 0;
+    for (int x = 0; x < n_expert; ++x) {
+      start[x + 1] = start[x] + cnt[x];
+      tstart[x + 1] = tstart[x] + (cnt[x] + kMoeTilePairs - 1) / kMoeTilePairs;
+    }
+    *n_tiles = tstart[n_expert];
+  }
+  __syncthreads();
+  if (e >= n_expert) return;
+  int p = start[e];
+  for (int i = 0; i < n_pairs; ++i)
+    if (__ldg(ids + i) == e) {
+      pair_row[p] = i / k;
+      slot_pair[i] = p;
+      ++p;
+    }
+  for (int t = tstart[e]; t < tstart[e + 1]; ++t) {
+    const int first = start[e] + (t - tstart[e]) * kMoeTilePairs;
+    tiles[3 * t] = e;
+    tiles[3 * t + 1] = first;
+    tiles[3 * t + 2] = min(kMoeTilePairs, start[e + 1] - first);
+  }
+}
+
+// ---- Expert GEMVs
+
+// Columns c0 .. c0 + 7 of a weight row (c0 a multiple of 8; the row 16-byte aligned): loaded raw (load_raw,
+// the loads of several chunks issued before any is used), then decoded to f32 (decode8).
+template <GgmlType T>
+struct Raw {
+  uint4 v;  // F16 / BF16: 8 values
+};
+template <>
+struct Raw<GgmlType::F32> {
+  uint4 a, b;
+};
+template <>
+struct Raw<GgmlType::Q8_0> {
+  uint2 q;     // 8 codes
+  uint32_t d;  // the f16 scale of their block
+};
+
+template <GgmlType T>
+__device__ __forceinline__ void load_raw(const uint8_t* row, int64_t c0, int64_t cols, Raw<T>& r) {
+  if constexpr (T == GgmlType::F32) {
+    r.a = ld_stream16(row + c0 * 4), r.b = ld_stream16(row + c0 * 4 + 16);
+  } else if constexpr (T == GgmlType::F16 || T == GgmlType::BF16) {
+    r.v = ld_stream16(row + c0 * 2);
+  } else {
+    static_assert(T == GgmlType::Q8_0);  // codes [cols], then the f16 block scales (gemv_lowbit.h)
+    r.q = __ldg(reinterpret_cast<const uint2*>(row + c0));
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(row + cols) + c0 / 32);
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void decode8(const Raw<T>& r, float (&f)[8]) {
+  if constexpr (T == GgmlType::F32) {
+    f[0] = __uint_as_float(r.a.x), f[1] = __uint_as_float(r.a.y), f[2] = __uint_as_float(r.a.z);
+    f[3] = __uint_as_float(r.a.w), f[4] = __uint_as_float(r.b.x), f[5] = __uint_as_float(r.b.y);
+    f[6] = __uint_as_float(r.b.z), f[7] = __uint_as_float(r.b.w);
+  } else if constexpr (T == GgmlType::F16) {
+    const uint32_t u[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+      f[2 * i] = h.x, f[2 * i + 1] = h.y;
+    }
+  } else if constexpr (T == GgmlType::BF16) {
+    const uint32_t u[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  } else {
+    // decode4_q8 (lowbit.cuh): the code's byte offset into the mantissa of 2^23, exact
+    const float d = __half2float(__ushort_as_half((unsigned short)r.d));
+    const uint32_t u0 = r.q.x ^ 0x80808080u, u1 = r.q.y ^ 0x80808080u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[i] = (__uint_as_float(__byte_perm(u0, 0x4B000000u, 0x7540u | i)) - 8388736.0f) * d;
+      f[4 + i] = (__uint_as_float(__byte_perm(u1, 0x4B000000u, 0x7540u | i)) - 8388736.0f) * d;
+    }
+  }
+}
+
+// Block (row tile blockIdx.x, pair tile blockIdx.y): warp w computes weight row r = 8 blockIdx.x + w of the
+// tile's expert against each of the tile's pairs' inputs. GATED: out[p, r] = silu(A[r] . x_p) * (B[r] . x_p)
+// with x_p the row x_row[p] of x (the normed input); else out[p, r] = A[r] . x_p with x_p row p of x.
+// tiles == null (the router): one expert, tile blockIdx.y = rows 8 blockIdx.y .. of x and out, n_rows rows.
+// Lane l reads columns 8 l + 256 i; U such chunks per matrix are loaded before any is used, so that a warp
+// has that many 16-byte loads in flight (U = 8 for one pair per tile, 4 for eight: registers).
+template <int NP>
+constexpr int kUnrollOf = NP == 1 ? 8 : 4;
+
+template <GgmlType T, bool GATED, int NP>
+__device__ __forceinline__ void moe_dot_chunks(const uint8_t* ra, const uint8_t* rb, int64_t c0, int64_t cols,
+                                               const float* const (&xs)[NP], int np, float (&acc_a)[NP],
+                                               float (&acc_b)[NP], int n_chunks) {
+  constexpr int U = kUnrollOf<NP>;
+  Raw<T> wa[U], wb[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (u < n_chunks) {
+      load_raw<T>(ra, c0 + 256 * u, cols, wa[u]);
+      if constexpr (GATED) load_raw<T>(rb, c0 + 256 * u, cols, wb[u]);
+    }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u >= n_chunks) break;
+    float fa[8], fb[8];
+    decode8<T>(wa[u], fa);
+    if constexpr (GATED) decode8<T>(wb[u], fb);
+#pragma unroll
+    for (int q = 0; q < NP; ++q) {
+      if (q >= np) break;
+      const float4 x0 = *reinterpret_cast<const float4*>(xs[q] + c0 + 256 * u);
+      const float4 x1 = *reinterpret_cast<const float4*>(xs[q] + c0 + 256 * u + 4);
+      const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        acc_a[q] = fmaf(fa[i], xv[i], acc_a[q]);
+        if constexpr (GATED) acc_b[q] = fmaf(fb[i], xv[i], acc_b[q]);
+      }
+    }
+  }
+}
+
+template <GgmlType T, bool GATED, int NP = kMoeTilePairs>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    moe_gemv_kernel(ExpertWeights a, ExpertWeights b, const float* x, const int32_t* x_row, int64_t x_stride,
+                    float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles,
+                    int n_rows) {
+  const int tile = blockIdx.y;
+  int e = 0, p0 = tile * kMoeTilePairs, np = min(kMoeTilePairs, n_rows - p0);
+  if (tiles) {
+    if (tile >= *n_tiles) return;
+    e = tiles[3 * tile], p0 = tiles[3 * tile + 1], np = tiles[3 * tile + 2];
+  }
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  np = min(np, NP);  // NP < kMoeTilePairs only where no tile has more (a one-row step)
+  const float* xs[NP];
+#pragma unroll
+  for (int q = 0; q < NP; ++q) {
+    const int p = p0 + (q < np ? q : 0);
+    xs[q] = x + (int64_t)(x_row ? x_row[p] : p) * x_stride;
+  }
+  const uint8_t* ra =
+      static_cast<const uint8_t*>(a.data) + (size_t)e * a.expert_bytes + (size_t)r * a.row_bytes;
+  const uint8_t* rb = nullptr;
+  if constexpr (GATED)
+    rb = static_cast<const uint8_t*>(b.data) + (size_t)e * b.expert_bytes + (size_t)r * b.row_bytes;
+  float acc_a[NP] = {}, acc_b[NP] = {};
+  const int64_t n_chunks = (a.cols - lane * 8 + 255) / 256;  // this lane's chunks (cols % 8 == 0)
+  int64_t c0 = lane * 8, i = 0;
+  constexpr int U = kUnrollOf<NP>;
+  for (; i + U <= n_chunks; i += U, c0 += 256 * U)
+    moe_dot_chunks<T, GATED, NP>(ra, rb, c0, a.cols, xs, np, acc_a, acc_b, U);
+  if (i < n_chunks)
+    moe_dot_chunks<T, GATED, NP>(ra, rb, c0, a.cols, xs, np, acc_a, acc_b, (int)(n_chunks - i));
+#pragma unroll
+  for (int q = 0; q < NP; ++q) {
+    if (q >= np) break;
+    const float sa = warp_sum(acc_a[q]);
+    if constexpr (GATED) {
+      const float sb = warp_sum(acc_b[q]);
+      if (lane == 0) out[(int64_t)(p0 + q) * out_stride + r] = silu_f(sa) * sb;
+    } else {
+      if (lane == 0) out[(int64_t)(p0 + q) * out_stride + r] = sa;
+    }
+  }
+}
+
+// x[r] += sum_j w[r, j] * y[slot_pair[r, j]] in slot order; block r, threads over the columns.
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const float* y, const int32_t* slot_pair, const float* w, int k, int dim, float* x) {
+  const int64_t r = blockIdx.x;
+  for (int d = threadIdx.x; d < dim; d += kCombineThreads) {
+    float s = 0;
+    for (int j = 0; j < k; ++j) {
+      const int p = slot_pair[r * k + j];
+      if (p >= 0)
+        s = j == 0 ? w[r * k] * y[(int64_t)p * dim + d] : fmaf(w[r * k + j], y[(int64_t)p * dim + d], s);
+    }
+    x[r * dim + d] += s;
+  }
+}
+
+__global__ void __launch_bounds__(128)
+    sigmoid_gate_add_kernel(const float* y, const float* gate_w, const float* xn, int n, int dim, float* x) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (r >= n) return;
+  double dot = 0;  // as the CPU (cpu_backend.cpp)
+  for (int d = lane; d < dim; d += 32) dot += (double)gate_w[d] * xn[r * dim + d];
+  dot = warp_sum(dot);
+  const float g = 1.0f / (1.0f + expf(-(float)dot));
+  for (int d = lane; d < dim; d += 32) x[r * dim + d] += g * y[r * dim + d];
+}
+
+// One row (decode): x[r] += sum_j w[j] * (W_down[ids[j]][r] . h[slot_pair[j]]), warp per output element r,
+// the experts in slot order (the down projection and moe_combine in one pass). The chunks of 4 experts'
+// rows (up to 4 per row) are loaded before any is used.
+template <GgmlType T>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    moe_down1_kernel(ExpertWeights down, const float* h, int64_t ffn, const int32_t* ids,
+                     const int32_t* slot_pair, const float* w, int k, float* x) {
+  constexpr int G = 4, U = 4;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= down.rows) return;
+  const int64_t n_chunks = (down.cols - lane * 8 + 255) / 256;
+  float s = 0;
+  bool first = true;
+  for (int j0 = 0; j0 < k; j0 += G) {
+    const uint8_t* rows[G];
+    const float* hs[G];
+    bool ok[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int j = j0 + g;
+      const int e = j < k ? ids[j] : -1, p = j < k ? slot_pair[j] : -1;
+      ok[g] = e >= 0 && e < down.n_expert && p >= 0;
+      rows[g] = static_cast<const uint8_t*>(down.data) + (size_t)(ok[g] ? e : 0) * down.expert_bytes +
+                (size_t)r * down.row_bytes;
+      hs[g] = h + (int64_t)(ok[g] ? p : 0) * ffn;
+    }
+    float acc[G] = {};
+    for (int64_t i = 0, c0 = lane * 8; i < n_chunks; i += U, c0 += 256 * U) {
+      Raw<T> raw[G][U];
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (ok[g] && i + u < n_chunks) load_raw<T>(rows[g], c0 + 256 * u, down.cols, raw[g][u]);
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (ok[g] && i + u < n_chunks) {
+            float f[8];
+            decode8<T>(raw[g][u], f);
+            const float4 x0 = *reinterpret_cast<const float4*>(hs[g] + c0 + 256 * u);
+            const float4 x1 = *reinterpret_cast<const float4*>(hs[g] + c0 + 256 * u + 4);
+            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int q = 0; q < 8; ++q) acc[g] = fmaf(f[q], xv[q], acc[g]);
+          }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (!ok[g]) continue;
+      const float dot = warp_sum(acc[g]);
+      s = first ? w[j0 + g] * dot : fmaf(w[j0 + g], dot, s);
+      first = false;
+    }
+  }
+  if (lane == 0) x[r] += s;
+}
+
+template <GgmlType T>
+cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
+                        const float* xn, const int32_t* ids, const float* w, int k, float* x,
+                        const MoeScratch& s, cudaStream_t stream) {
+  const int ffn = (int)gate.rows, dim = (int)down.rows;
+  moe_gemv_kernel<T, true, 1>
+      <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
+          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
+  moe_down1_kernel<T><<<(unsigned)((dim + kGemvWarps - 1) / kGemvWarps), kGemvWarps * 32, 0, stream>>>(
+      down, s.h, ffn, ids, s.slot_pair, w, k, x);
+  return cudaGetLastError();
+}
+
+template <GgmlType T>
+cudaError_t launch_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
+                       const float* xn, int n, int k, const MoeScratch& s, int64_t max_tiles,
+                       cudaStream_t stream) {
+  const int ffn = (int)gate.rows, dim = (int)down.rows;
+  moe_gemv_kernel<T, true>
+      <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)max_tiles), kGemvWarps * 32, 0,
+         stream>>>(gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
+  moe_gemv_kernel<T, false>
+      <<<dim3((unsigned)((dim + kGemvWarps - 1) / kGemvWarps), (unsigned)max_tiles), kGemvWarps * 32, 0,
+         stream>>>(down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool moe_weights_ok(const ExpertWeights& w) {
+  if (!w.data || w.rows <= 0 || w.cols <= 0 || w.n_expert <= 0 || w.cols % 8 != 0 || w.row_bytes % 16 != 0 ||
+      !aligned16(w.data) || w.expert_bytes < (size_t)w.rows * w.row_bytes || w.expert_bytes % 16 != 0)
+    return false;
+  switch (w.type) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      return w.row_bytes >= (size_t)(w.cols * dense_elem_bytes(w.type));
+    case GgmlType::Q8_0:
+      return w.cols % 32 == 0 && w.row_bytes >= lowbit_row_bytes(w.type, w.cols);
+    default:
+      return false;
+  }
+}
+
+int64_t moe_max_tiles(int n_pairs, int n_expert) {
+  return std::min<int64_t>(n_pairs, (n_pairs + kMoeTilePairs - 1) / kMoeTilePairs + n_expert);
+}
+
+size_t moe_scratch_bytes(int n_rows, int k, int n_expert, int ffn, int dim) {
+  const size_t np = (size_t)n_rows * k;
+  return align_up(3 * sizeof(int32_t) * (size_t)moe_max_tiles((int)np, n_expert)) +
+         align_up(sizeof(int32_t)) + 2 * align_up(np * sizeof(int32_t)) + align_up(np * ffn * sizeof(float)) +
+         align_up(np * dim * sizeof(float));
+}
+
+MoeScratch moe_scratch(void* mem, int n_rows, int k, int n_expert, int ffn, int dim) {
+  const size_t np = (size_t)n_rows * k;
+  uint8_t* p = static_cast<uint8_t*>(mem);
+  auto take = [&](size_t bytes) {
+    uint8_t* at = p;
+    p += align_up(bytes);
+    return at;
+  };
+  MoeScratch s;
+  s.tiles = reinterpret_cast<int32_t*>(take(3 * sizeof(int32_t) * (size_t)moe_max_tiles((int)np, n_expert)));
+  s.n_tiles = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
+  s.pair_row = reinterpret_cast<int32_t*>(take(np * sizeof(int32_t)));
+  s.slot_pair = reinterpret_cast<int32_t*>(take(np * sizeof(int32_t)));
+  s.h = reinterpret_cast<float*>(take(np * ffn * sizeof(float)));
+  s.y = reinterpret_cast<float*>(take(np * dim * sizeof(float)));
+  return s;
+}
+
+cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* logits, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!moe_weights_ok(r)) return cudaErrorInvalidValue;
+  const dim3 grid((unsigned)((r.rows + kGemvWarps - 1) / kGemvWarps),
+                  (unsigned)((n + kMoeTilePairs - 1) / kMoeTilePairs));
+  switch (r.type) {
+    case GgmlType::F32:
+      moe_gemv_kernel<GgmlType::F32, false><<<grid, kGemvWarps * 32, 0, stream>>>(
+          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
+      break;
+    case GgmlType::F16:
+      moe_gemv_kernel<GgmlType::F16, false><<<grid, kGemvWarps * 32, 0, stream>>>(
+          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
+      break;
+    case GgmlType::BF16:
+      moe_gemv_kernel<GgmlType::BF16, false><<<grid, kGemvWarps * 32, 0, stream>>>(
+          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
+      break;
+    default:
+      moe_gemv_kernel<GgmlType::Q8_0, false><<<grid, kGemvWarps * 32, 0, stream>>>(
+          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
+                      cudaStream_t stream, const MoeScratch* decode_tiles) {
+  if (n <= 0) return cudaSuccess;
+  if (n_expert <= 0 || n_expert > kMoeMaxRouted || k < 1 || k > n_expert) return cudaErrorInvalidValue;
+  moe_route_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(
+      logits, n, n_expert, k, norm, ids, w, n == 1 && decode_tiles ? *decode_tiles : MoeScratch{});
+  return cudaGetLastError();
+}
+
+cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
+                    const float* xn, int n, const int32_t* ids, const float* w, int k, float* x,
+                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready) {
+  if (n <= 0) return cudaSuccess;
+  const int n_expert = gate.n_expert;
+  if (!moe_weights_ok(gate) || !moe_weights_ok(up) || !moe_weights_ok(down) || up.type != gate.type ||
+      down.type != gate.type || up.rows != gate.rows || up.cols != gate.cols || down.cols != gate.rows ||
+      down.rows != gate.cols || up.n_expert != n_expert || down.n_expert != n_expert ||
+      n_expert > kMoeMaxExperts || k < 1 || k > n_expert)
+    return cudaErrorInvalidValue;
+  if (n == 1 && tiles_ready) {  // decode: moe_route made a tile per slot
+    switch (gate.type) {
+      case GgmlType::F32:
+        return launch_ffn1<GgmlType::F32>(gate, up, down, xn, ids, w, k, x, s, stream);
+      case GgmlType::F16:
+        return launch_ffn1<GgmlType::F16>(gate, up, down, xn, ids, w, k, x, s, stream);
+      case GgmlType::BF16:
+        return launch_ffn1<GgmlType::BF16>(gate, up, down, xn, ids, w, k, x, s, stream);
+      default:
+        return launch_ffn1<GgmlType::Q8_0>(gate, up, down, xn, ids, w, k, x, s, stream);
+    }
+  }
+  const int n_pairs = n * k, dim = (int)down.rows;
+  const int64_t max_tiles = moe_max_tiles(n_pairs, n_expert);
+  const int threads = (n_expert + 31) / 32 * 32;
+  moe_group_kernel<<<1, threads, (3 * n_expert + 2) * sizeof(int32_t), stream>>>(
+      ids, n_pairs, k, n_expert, s.tiles, s.n_tiles, s.pair_row, s.slot_pair);
+  cudaError_t e = cudaSuccess;
+  switch (gate.type) {
+    case GgmlType::F32:
+      e = launch_ffn<GgmlType::F32>(gate, up, down, xn, n, k, s, max_tiles, stream);
+      break;
+    case GgmlType::F16:
+      e = launch_ffn<GgmlType::F16>(gate, up, down, xn, n, k, s, max_tiles, stream);
+      break;
+    case GgmlType::BF16:
+      e = launch_ffn<GgmlType::BF16>(gate, up, down, xn, n, k, s, max_tiles, stream);
+      break;
+    default:
+      e = launch_ffn<GgmlType::Q8_0>(gate, up, down, xn, n, k, s, max_tiles, stream);
+      break;
+  }
+  if (e != cudaSuccess) return e;
+  moe_combine_kernel<<<n, kCombineThreads, 0, stream>>>(s.y, s.slot_pair, w, k, dim, x);
+  return cudaGetLastError();
+}
+
+cudaError_t sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim, float* x,
+                             cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  sigmoid_gate_add_kernel<<<(n + 3) / 4, 128, 0, stream>>>(y, gate_w, xn, n, dim, x);
+  return cudaGetLastError();
+}
+
+}  // namespace ultra::cuda

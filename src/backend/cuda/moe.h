@@ -1,0 +1,87 @@
+// Mixture-of-experts kernels (Mixtral, Qwen2-MoE, Qwen3-MoE) for the CUDA backend: the router's softmax and
+// top-k, the grouping of (row, expert) pairs by expert, the experts' SwiGLU FFN over their own rows only, and
+// the weighted sum back into the residual stream. Every launch has a shape fixed by the number of rows (the
+// expert choice is data read on the device), so a step with experts is captured into a graph like any other.
+//
+// The FFN of n rows with k experts each, the n * k (row, slot) pairs:
+//   moe_group:   pairs sorted by expert (counting sort, rows ascending within an expert), cut into tiles of
+//                up to kMoeTilePairs pairs of one expert: tile t = (expert, first pair, pairs);
+//   moe_gate_up: per tile, h[p] = silu(W_gate[e] . xn[row p]) * (W_up[e] . xn[row p]) for its pairs, each
+//                weight row read once for the whole tile;
+//   moe_down:    per tile, y[p] = W_down[e] . h[p];
+//   moe_combine: x[r] += sum_j w[r, j] * y[pair of (r, j)], j in slot order (the CPU's order).
+// Decode (n = 1, after moe_route made the tiles) runs two kernels: gate / up over a tile per slot, then the
+// down projection and the weighted sum in one pass (a warp per output element, the experts in slot order).
+// Decode reads exactly the k selected experts' weights once. Arithmetic in f32, weights decoded in
+// registers (F32, F16, BF16, Q8_0 in its device layout).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/views.h"
+
+namespace ultra::cuda {
+
+constexpr int kMoeTilePairs = 8;      // pairs of one expert that share each weight read
+constexpr int kMoeMaxExperts = 1024;  // moe_group runs one thread per expert in one block
+constexpr int kMoeMaxRouted = 256;    // moe_route keeps a row's router logits in registers (8 per lane)
+
+// The n_expert matrices of one kind of one layer, back to back in device memory: expert e's row r at
+// data + e * expert_bytes + r * row_bytes (row_bytes: the dense row, or the Q8_0 device row of
+// gemv_lowbit.h).
+struct ExpertWeights {
+  GgmlType type = GgmlType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;  // per expert
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+  size_t expert_bytes = 0;
+  int n_expert = 0;
+};
+
+// Whether the expert kernels take this matrix type and shape (cols a multiple of 8, 16-byte rows; Q8_0:
+// cols a multiple of 32).
+bool moe_weights_ok(const ExpertWeights& w);
+
+// Scratch of moe_ffn for up to n_rows rows, device memory; moe_scratch_bytes gives its size.
+struct MoeScratch {
+  int32_t* tiles = nullptr;      // [max_tiles * 3] (expert, first pair, pairs) of each tile
+  int32_t* n_tiles = nullptr;    // [1]
+  int32_t* pair_row = nullptr;   // [n_rows * k] the row of each sorted pair
+  int32_t* slot_pair = nullptr;  // [n_rows * k] the sorted pair of (row r, slot j), at r * k + j (-1: none)
+  float* h = nullptr;            // [n_rows * k, ffn] silu(gate) * up of each pair
+  float* y = nullptr;            // [n_rows * k, dim] each pair's expert output
+};
+int64_t moe_max_tiles(int n_pairs, int n_expert);
+size_t moe_scratch_bytes(int n_rows, int k, int n_expert, int ffn, int dim);
+MoeScratch moe_scratch(void* mem, int n_rows, int k, int n_expert, int ffn, int dim);  // carves mem
+
+// The router's logits [n, n_expert] = xn [n, dim] . R^T, R [n_expert, dim] given as one "expert"
+// (r.n_expert = 1, r.rows = the number of experts), in f32 at every n: the expert choice must not depend on
+// the step size (the dense matmuls round activations to BF16 above 32 rows, and a BF16 copy of a low-bit
+// matrix serves 5..32 rows; either can flip a near tie of router logits).
+cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* logits, cudaStream_t stream);
+
+// model/moe.h's moe_route on the device: logits [n, n_expert] (overwritten with the softmax probabilities)
+// -> ids [n, k] (descending probability, ties to the lower expert), w [n, k] (renormalised when norm). One
+// warp per row; n_expert <= kMoeMaxRouted, 1 <= k <= n_expert.
+// decode_tiles (n == 1 only): also writes moe_ffn's grouping of the row's k pairs into it (a tile per slot),
+// so that moe_ffn(..., tiles_ready = true) skips moe_group and runs the one-row kernels.
+cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
+                      cudaStream_t stream, const MoeScratch* decode_tiles = nullptr);
+
+// x[n, dim] += the experts' FFN of xn[n, dim], as described above. gate / up: [ffn, dim] per expert, down:
+// [dim, ffn] per expert, all of one type.
+cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
+                    const float* xn, int n, const int32_t* ids, const float* w, int k, float* x,
+                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready = false);
+
+// x[r] += sigmoid(gate_w . xn[r]) * y[r] for n rows of dim floats (Qwen2-MoE's shared expert). One warp per
+// row.
+cudaError_t sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim, float* x,
+                             cudaStream_t stream);
+
+}  // namespace ultra::cuda

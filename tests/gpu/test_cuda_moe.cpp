@@ -1,0 +1,476 @@
+// The mixture-of-experts kernels (backend/cuda/moe.h) against float64 references:
+//   moe_route  router logits -> probabilities, the top k experts and their weights: the experts exactly as
+//              the CPU's model/moe.h picks them from the same logits, probabilities and weights within
+//              1e-6 relative of float64 softmax;
+//   moe_ffn    x += sum_j w_j FFN_{e_j}(xn) for every weight type the kernels take (F32, F16, BF16, Q8_0 in
+//              the device layout), expert counts 4..256, k 1..8, 1..130 rows (tiles of one and of many pairs
+//              per expert), against float64 over the weights' exact f32 values; the bound is 1e-5 of the
+//              sum of the magnitudes of the terms (a wrong expert, row or weight is off by the magnitude);
+//              rows whose ids include an out-of-range expert (skipped) and guard values past every output.
+// A self-check shows the comparison fails a wrong expert choice.
+//
+//   test_cuda_moe [--out DIR] [--bench]
+// Exit 0 when all passed, 1 on a failure, 77 without a CUDA device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/gemv_lowbit.h"
+#include "backend/cuda/moe.h"
+#include "core/dtype.h"
+#include "gpu_program.h"
+#include "model/moe.h"
+
+using namespace ultra;
+
+namespace {
+
+FILE* g_log = nullptr;
+int g_pass = 0, g_fail = 0;
+
+void say(const std::string& s) {
+  std::fputs(s.c_str(), stdout);
+  std::fflush(stdout);
+  if (g_log) std::fputs(s.c_str(), g_log);
+}
+
+#define CK(call)                                                                          \
+  do {                                                                                    \
+    const cudaError_t e_ = (call);                                                        \
+    if (e_ != cudaSuccess) {                                                              \
+      say(std::string("FAIL cuda call ") + #call + ": " + cudaGetErrorString(e_) + "\n"); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+template <class T>
+T* dev_copy(const std::vector<T>& h, size_t extra = 0) {
+  T* p = nullptr;
+  CK(cudaMalloc(reinterpret_cast<void**>(&p), (h.size() + extra) * sizeof(T) + 16));
+  CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+template <class T>
+std::vector<T> host_copy(const T* p, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+constexpr float kGuard = 12345.0f;
+constexpr size_t kTail = 16;
+
+// n_expert matrices [rows, cols] of one type in the device layout, back to back, and their exact values.
+struct Experts {
+  cuda::ExpertWeights w;
+  std::vector<float> value;  // [n_expert, rows, cols]
+  void* dev = nullptr;
+};
+
+Experts make_experts(GgmlType t, int n_expert, int rows, int cols, std::mt19937& rng) {
+  Experts x;
+  std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt((float)cols));
+  const size_t n = (size_t)n_expert * rows * cols;
+  x.value.resize(n);
+  std::vector<uint8_t> bytes;
+  size_t row_bytes = 0;
+  if (t == GgmlType::Q8_0) {
+    row_bytes = cuda::lowbit_row_bytes(t, cols);
+    const int nb = cols / kQ8_0Block;
+    std::vector<BlockQ8_0> blocks((size_t)rows * nb);
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::uniform_real_distribution<float> sd(0.5f, 2.0f);
+    bytes.resize((size_t)n_expert * rows * row_bytes);
+    for (int e = 0; e < n_expert; ++e) {
+      for (int r = 0; r < rows; ++r)
+        for (int b = 0; b < nb; ++b) {
+          BlockQ8_0& blk = blocks[(size_t)r * nb + b];
+          blk.d = fp32_to_fp16(sd(rng) / 127.0f / std::sqrt((float)cols));
+          for (int i = 0; i < kQ8_0Block; ++i) {
+            blk.qs[i] = (int8_t)code(rng);
+            x.value[((size_t)e * rows + r) * cols + b * kQ8_0Block + i] =
+                (float)blk.qs[i] * fp16_to_fp32(blk.d);
+          }
+        }
+      WeightView v;
+      v.type = t;
+      v.data = blocks.data();
+      v.rows = rows;
+      v.cols = cols;
+      v.row_bytes = (size_t)nb * sizeof(BlockQ8_0);
+      if (!cuda::lowbit_pack_rows(v, 0, rows, bytes.data() + (size_t)e * rows * row_bytes)) {
+        say("FAIL lowbit_pack_rows\n");
+        std::exit(1);
+      }
+    }
+  } else {
+    const size_t eb = t == GgmlType::F32 ? 4 : 2;
+    row_bytes = cols * eb;
+    bytes.resize(n * eb);
+    for (size_t i = 0; i < n; ++i) {
+      const float f = nd(rng);
+      if (t == GgmlType::F32) {
+        std::memcpy(bytes.data() + 4 * i, &f, 4);
+        x.value[i] = f;
+      } else {
+        const uint16_t h = t == GgmlType::F16 ? fp32_to_fp16(f) : fp32_to_bf16(f);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+        x.value[i] = t == GgmlType::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+      }
+    }
+  }
+  x.dev = dev_copy(bytes);
+  x.w.type = t;
+  x.w.data = x.dev;
+  x.w.rows = rows;
+  x.w.cols = cols;
+  x.w.row_bytes = row_bytes;
+  x.w.expert_bytes = row_bytes * rows;
+  x.w.n_expert = n_expert;
+  return x;
+}
+
+struct Case {
+  GgmlType type;
+  int n_expert, k, dim, ffn, n;
+  bool bad_id = false;     // row 0's last slot names no expert (skipped)
+  bool via_route = false;  // one row: ids and weights from moe_route, which also makes the decode tiles
+};
+
+std::string case_name(const Case& c) {
+  char b[160];
+  std::snprintf(b, sizeof b, "%s E=%d k=%d dim=%d ffn=%d n=%d%s", std::string(type_name(c.type)).c_str(),
+                c.n_expert, c.k, c.dim, c.ffn, c.n,
+                c.bad_id      ? " (an out-of-range id)"
+                : c.via_route ? " (routed: the decode kernels)"
+                              : "");
+  return b;
+}
+
+void result(bool ok, const std::string& what, const std::string& detail) {
+  (ok ? g_pass : g_fail)++;
+  say((ok ? "PASS " : "FAIL ") + what + (detail.empty() ? "" : ": " + detail) + "\n");
+}
+
+// moe_route on random logits: ids equal to the CPU's, probabilities and weights within 1e-6 relative of
+// float64.
+void check_route(int n_expert, int k, bool norm, int n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> logits((size_t)n * n_expert);
+  for (float& v : logits) v = nd(rng);
+  float* d_logits = dev_copy(logits);
+  int32_t* d_ids = dev_copy(std::vector<int32_t>((size_t)n * k + kTail, -7));
+  float* d_w = dev_copy(std::vector<float>((size_t)n * k + kTail, kGuard));
+  CK(cuda::moe_route(d_logits, n, n_expert, k, norm, d_ids, d_w, nullptr));
+  CK(cudaDeviceSynchronize());
+  const auto p = host_copy(d_logits, logits.size());
+  const auto ids = host_copy(d_ids, (size_t)n * k + kTail);
+  const auto w = host_copy(d_w, (size_t)n * k + kTail);
+  std::vector<float> cpu_logits = logits, cpu_w((size_t)n * k);
+  std::vector<int32_t> cpu_ids((size_t)n * k);
+  moe_route(cpu_logits.data(), n, n_expert, k, norm, cpu_ids.data(), cpu_w.data());
+  int bad = 0;
+  std::string detail;
+  auto miss = [&](const std::string& s) {
+    if (++bad <= 3) detail += (detail.empty() ? "" : "; ") + s;
+  };
+  for (int r = 0; r < n; ++r) {
+    double mx = -INFINITY, sum = 0;
+    for (int e = 0; e < n_expert; ++e) mx = std::max(mx, (double)logits[(size_t)r * n_expert + e]);
+    for (int e = 0; e < n_expert; ++e) sum += std::exp((double)logits[(size_t)r * n_expert + e] - mx);
+    double tot = 0;
+    for (int j = 0; j < k; ++j) {
+      const int e = cpu_ids[(size_t)r * k + j];
+      tot += std::exp((double)logits[(size_t)r * n_expert + e] - mx) / sum;
+    }
+    for (int e = 0; e < n_expert; ++e) {
+      const double want = std::exp((double)logits[(size_t)r * n_expert + e] - mx) / sum;
+      if (std::fabs(p[(size_t)r * n_expert + e] - want) > 1e-6 * want + 1e-12)
+        miss("p[" + std::to_string(r) + "," + std::to_string(e) + "]");
+    }
+    for (int j = 0; j < k; ++j) {
+      const int e = cpu_ids[(size_t)r * k + j];
+      if (ids[(size_t)r * k + j] != e) miss("ids[" + std::to_string(r) + "," + std::to_string(j) + "]");
+      double want = std::exp((double)logits[(size_t)r * n_expert + e] - mx) / sum;
+      if (norm) want /= std::max(tot, 6.103515625e-5);
+      if (std::fabs(w[(size_t)r * k + j] - want) > 1e-6 * want + 1e-12)
+        miss("w[" + std::to_string(r) + "," + std::to_string(j) + "]");
+    }
+  }
+  for (size_t i = (size_t)n * k; i < ids.size(); ++i)
+    if (ids[i] != -7 || w[i] != kGuard) miss("written past the end");
+  char name[96];
+  std::snprintf(name, sizeof name, "moe_route E=%d k=%d norm=%d n=%d", n_expert, k, norm, n);
+  result(bad == 0, name, detail);
+  cudaFree(d_logits);
+  cudaFree(d_ids);
+  cudaFree(d_w);
+}
+
+// Runs moe_ffn on a case; returns the number of elements outside the bound. corrupt: the reference uses
+// the next expert for every pair (the self-check).
+int run_ffn(const Case& c, std::mt19937& rng, std::string& detail, bool corrupt = false) {
+  Experts gate = make_experts(c.type, c.n_expert, c.ffn, c.dim, rng);
+  Experts up = make_experts(c.type, c.n_expert, c.ffn, c.dim, rng);
+  Experts down = make_experts(c.type, c.n_expert, c.dim, c.ffn, rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> xn((size_t)c.n * c.dim), x0((size_t)c.n * c.dim);
+  for (float& v : xn) v = nd(rng);
+  for (float& v : x0) v = nd(rng);
+  // Distinct experts per row (as the router picks), weights in (0, 1).
+  std::vector<int32_t> ids((size_t)c.n * c.k);
+  std::vector<float> w((size_t)c.n * c.k);
+  std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+  std::vector<int> perm(c.n_expert);
+  for (int r = 0; r < c.n; ++r) {
+    for (int e = 0; e < c.n_expert; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < c.k; ++j) ids[(size_t)r * c.k + j] = perm[j], w[(size_t)r * c.k + j] = ud(rng);
+  }
+  if (c.bad_id) ids[(size_t)c.k - 1] = c.n_expert;  // out of range: that slot adds nothing
+  float* d_xn = dev_copy(xn);
+  std::vector<float> xg = x0;
+  xg.resize(x0.size() + kTail, kGuard);
+  float* d_x = dev_copy(xg);
+  int32_t* d_ids = dev_copy(ids);
+  float* d_w = dev_copy(w);
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, cuda::moe_scratch_bytes(c.n, c.k, c.n_expert, c.ffn, c.dim)));
+  const cuda::MoeScratch s = cuda::moe_scratch(ws, c.n, c.k, c.n_expert, c.ffn, c.dim);
+  if (c.via_route) {  // router logits -> ids, w and the tiles, on the device
+    std::vector<float> logits((size_t)c.n * c.n_expert);
+    for (float& v : logits) v = 2.0f * nd(rng);
+    float* d_logits = dev_copy(logits);
+    CK(cuda::moe_route(d_logits, c.n, c.n_expert, c.k, true, d_ids, d_w, nullptr, &s));
+    CK(cudaDeviceSynchronize());
+    ids = host_copy(d_ids, ids.size());
+    w = host_copy(d_w, w.size());
+    cudaFree(d_logits);
+  }
+  const cudaError_t e =
+      cuda::moe_ffn(gate.w, up.w, down.w, d_xn, c.n, d_ids, d_w, c.k, d_x, s, nullptr, c.via_route);
+  int bad = 0;
+  if (e != cudaSuccess) {
+    detail = std::string("launch: ") + cudaGetErrorString(e);
+    bad = 1;
+  } else {
+    CK(cudaDeviceSynchronize());
+    const auto y = host_copy(d_x, xg.size());
+    std::vector<double> h(c.ffn), ha(c.ffn);
+    for (int r = 0; r < c.n && bad < 1000; ++r) {
+      std::vector<double> want(c.dim), mag(c.dim);
+      for (int d = 0; d < c.dim; ++d) want[d] = x0[(size_t)r * c.dim + d], mag[d] = std::fabs(want[d]);
+      for (int j = 0; j < c.k; ++j) {
+        int ex = ids[(size_t)r * c.k + j];
+        if (ex >= c.n_expert) continue;
+        if (corrupt) ex = (ex + 1) % c.n_expert;
+        const double wj = w[(size_t)r * c.k + j];
+        for (int f = 0; f < c.ffn; ++f) {
+          double g = 0, u = 0, ga = 0, ua = 0;
+          const float* gr = &gate.value[((size_t)ex * c.ffn + f) * c.dim];
+          const float* ur = &up.value[((size_t)ex * c.ffn + f) * c.dim];
+          for (int d = 0; d < c.dim; ++d) {
+            const double xv = xn[(size_t)r * c.dim + d];
+            g += gr[d] * xv, u += ur[d] * xv;
+            ga += std::fabs(gr[d] * xv), ua += std::fabs(ur[d] * xv);
+          }
+          const double sg = g / (1.0 + std::exp(-g));
+          h[f] = sg * u;
+          ha[f] = (std::fabs(sg) + ga) * (std::fabs(u) + ua);  // a bound on the magnitude of h's terms
+        }
+        for (int d = 0; d < c.dim; ++d) {
+          const float* dr = &down.value[((size_t)ex * c.dim + d) * c.ffn];
+          double yv = 0, ya = 0;
+          for (int f = 0; f < c.ffn; ++f) yv += dr[f] * h[f], ya += std::fabs(dr[f]) * ha[f];
+          want[d] += wj * yv;
+          mag[d] += wj * ya;
+        }
+      }
+      for (int d = 0; d < c.dim; ++d) {
+        const double got = y[(size_t)r * c.dim + d], bound = 1e-5 * mag[d] + 1e-6;
+        if (!(std::fabs(got - want[d]) <= bound) && ++bad <= 3) {
+          char b[160];
+          std::snprintf(b, sizeof b, "%sx[%d,%d]=%.8g want %.8g bound %.3g", detail.empty() ? "" : "; ", r, d,
+                        got, want[d], bound);
+          detail += b;
+        }
+      }
+    }
+    for (size_t i = x0.size(); i < y.size(); ++i)
+      if (y[i] != kGuard) {
+        ++bad;
+        detail += "; written past the end";
+        break;
+      }
+  }
+  for (void* p : {(void*)d_xn, (void*)d_x, (void*)d_ids, (void*)d_w, ws, gate.dev, up.dev, down.dev})
+    cudaFree(p);
+  return bad;
+}
+
+// moe_router: logits [n, E] = x [n, dim] . R^T in f32 against float64, bound 1e-5 of the terms' magnitude.
+void check_router(GgmlType t, int n_expert, int dim, int n, std::mt19937& rng) {
+  Experts r = make_experts(t, 1, n_expert, dim, rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x((size_t)n * dim);
+  for (float& v : x) v = nd(rng);
+  float* d_x = dev_copy(x);
+  float* d_out = dev_copy(std::vector<float>((size_t)n * n_expert + kTail, kGuard));
+  CK(cuda::moe_router(r.w, d_x, n, d_out, nullptr));
+  CK(cudaDeviceSynchronize());
+  const auto y = host_copy(d_out, (size_t)n * n_expert + kTail);
+  int bad = 0;
+  std::string detail;
+  for (int i = 0; i < n; ++i)
+    for (int e = 0; e < n_expert; ++e) {
+      double want = 0, mag = 0;
+      for (int d = 0; d < dim; ++d) {
+        const double term = (double)r.value[(size_t)e * dim + d] * x[(size_t)i * dim + d];
+        want += term, mag += std::fabs(term);
+      }
+      const double got = y[(size_t)i * n_expert + e];
+      if (!(std::fabs(got - want) <= 1e-5 * mag + 1e-7) && ++bad <= 3)
+        detail += "logits[" + std::to_string(i) + "," + std::to_string(e) + "] ";
+    }
+  for (size_t i = (size_t)n * n_expert; i < y.size(); ++i)
+    if (y[i] != kGuard) ++bad, detail += "written past the end ";
+  char name[96];
+  std::snprintf(name, sizeof name, "moe_router %s E=%d dim=%d n=%d", std::string(type_name(t)).c_str(),
+                n_expert, dim, n);
+  result(bad == 0, name, detail);
+  for (void* p : {(void*)d_x, (void*)d_out, r.dev}) cudaFree(p);
+}
+
+// --bench: one layer of a Qwen3-30B-A3B-shaped MoE (128 experts, 8 used, dim 2048, expert ffn 768) in BF16
+// and Q8_0: the router's top-k and the experts' FFN for one row (decode) and 512 rows (prefill), microseconds
+// and the bytes of the experts read per decode step over the time.
+void bench() {
+  const int E = 128, k = 8, dim = 2048, ffn = 768;
+  for (GgmlType t : {GgmlType::BF16, GgmlType::Q8_0}) {
+    cuda::ExpertWeights w[3];
+    void* mem[3];
+    for (int i = 0; i < 3; ++i) {
+      const int rows = i == 2 ? dim : ffn, cols = i == 2 ? ffn : dim;
+      const size_t rb = t == GgmlType::Q8_0 ? cuda::lowbit_row_bytes(t, cols) : (size_t)cols * 2;
+      CK(cudaMalloc(&mem[i], rb * rows * E));
+      CK(cudaMemset(mem[i], 0x3c, rb * rows * E));
+      w[i] = {t, mem[i], rows, cols, rb, rb * rows, E};
+    }
+    for (int n : {1, 512}) {
+      std::mt19937 rng(1);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> logits((size_t)n * E), xn((size_t)n * dim);
+      for (float& v : logits) v = nd(rng);
+      for (float& v : xn) v = nd(rng);
+      float* d_logits = dev_copy(logits);
+      float* d_xn = dev_copy(xn);
+      float* d_x = dev_copy(std::vector<float>((size_t)n * dim, 0.0f));
+      int32_t* d_ids = dev_copy(std::vector<int32_t>((size_t)n * k));
+      float* d_w = dev_copy(std::vector<float>((size_t)n * k));
+      void* ws = nullptr;
+      CK(cudaMalloc(&ws, cuda::moe_scratch_bytes(n, k, E, ffn, dim)));
+      const cuda::MoeScratch s = cuda::moe_scratch(ws, n, k, E, ffn, dim);
+      cudaEvent_t a, b;
+      CK(cudaEventCreate(&a));
+      CK(cudaEventCreate(&b));
+      const int iters = n == 1 ? 200 : 20;
+      double us_route = 0, us_all = 0;
+      for (int pass = 0; pass < 2; ++pass) {
+        CK(cudaEventRecord(a));
+        for (int it = 0; it < iters; ++it) {
+          CK(cuda::moe_route(d_logits, n, E, k, true, d_ids, d_w, nullptr, &s));
+          if (pass == 1) CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn, n, d_ids, d_w, k, d_x, s, nullptr, n == 1));
+        }
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        (pass == 0 ? us_route : us_all) = 1000.0 * ms / iters;
+      }
+      const double bytes = (double)k * (2 * w[0].expert_bytes + w[2].expert_bytes);
+      char line[256];
+      std::snprintf(line, sizeof line, "bench %s n=%d: route %.1f us, route + experts %.1f us%s",
+                    std::string(type_name(t)).c_str(), n, us_route, us_all, n == 1 ? "" : "\n");
+      say(line);
+      if (n == 1) {
+        std::snprintf(line, sizeof line, " (experts %.1f us: %.0f GB/s over the %.1f MB of 8 experts)\n",
+                      us_all - us_route, bytes / ((us_all - us_route) * 1e3), bytes / 1e6);
+        say(line);
+      }
+      for (void* p : {(void*)d_logits, (void*)d_xn, (void*)d_x, (void*)d_ids, (void*)d_w, ws}) cudaFree(p);
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+    for (void* p : mem) cudaFree(p);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir;
+  bool do_bench = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--out" && i + 1 < argc) {
+      out_dir = argv[++i];
+    } else if (std::string(argv[i]) == "--bench") {
+      do_bench = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--out DIR] [--bench]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (const int skip = test::skip_without_device()) return skip;
+  if (!out_dir.empty() && !(g_log = test::open_log(out_dir, "test_cuda_moe.txt"))) return 2;
+  std::mt19937 rng(20261206);
+
+  for (int n_expert : {4, 8, 60, 128, 256})
+    for (int k : {1, 2, 8})
+      if (k <= n_expert)
+        for (bool norm : {false, true})
+          for (int n : {1, 33}) check_route(n_expert, k, norm, n, rng);
+
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
+    for (int n : {1, 9, 40}) check_router(t, t == GgmlType::Q8_0 ? 64 : 60, 256, n, rng);
+
+  std::vector<Case> cases;
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    cases.push_back({t, 4, 2, 64, 64, 1});
+    cases.push_back({t, 4, 2, 64, 64, 48});
+    cases.push_back({t, 64, 8, 256, 128, 1});
+    cases.push_back({t, 64, 8, 256, 128, 5});
+    cases.push_back({t, 8, 2, 128, 96, 130});  // ~33 pairs per expert: several tiles each
+    cases.push_back({t, 128, 8, 128, 64, 3});
+  }
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    cases.push_back({t, 128, 8, 256, 96, 1, false, true});
+    cases.push_back({t, 8, 2, 2048 + 64, 1056, 1, false, true});  // columns past the unrolled chunks
+  }
+  cases.push_back({GgmlType::BF16, 256, 8, 64, 32, 2});
+  cases.push_back({GgmlType::BF16, 16, 1, 64, 32, 9});
+  cases.push_back({GgmlType::BF16, 8, 4, 64, 32, 6, true});
+  for (const Case& c : cases) {
+    std::string detail;
+    const int bad = run_ffn(c, rng, detail);
+    result(bad == 0, "moe_ffn " + case_name(c), detail);
+  }
+  {  // the comparison catches a wrong expert
+    std::string detail;
+    const Case c{GgmlType::F32, 8, 2, 64, 64, 4};
+    const int bad = run_ffn(c, rng, detail, true);
+    result(bad > 0, "self-check: a wrong expert fails the bound (" + std::to_string(bad) + " bad)", "");
+  }
+  if (do_bench) bench();
+  char b[96];
+  std::snprintf(b, sizeof b, "test_cuda_moe: %d passed, %d failed\n", g_pass, g_fail);
+  say(b);
+  if (g_log) std::fclose(g_log);
+  return g_fail ? 1 : 0;
+}
