@@ -6,7 +6,8 @@
 //              the device layout), expert counts 4..256, k 1..8, 1..130 rows (tiles of one and of many pairs
 //              per expert), against float64 over the weights' exact f32 values; the bound is 1e-5 of the
 //              sum of the magnitudes of the terms (a wrong expert, row or weight is off by the magnitude);
-//              rows whose ids include an out-of-range expert (skipped) and guard values past every output.
+//              rows whose ids include an out-of-range expert (skipped) and guard values past every output;
+//              steps of more than 32 rows (BF16 tensor cores) by the relative L2 of the experts' sum, 1e-2;
 // A self-check shows the comparison fails a wrong expert choice.
 //
 //   test_cuda_moe [--out DIR] [--bench]
@@ -264,6 +265,7 @@ int run_ffn(const Case& c, std::mt19937& rng, std::string& detail, bool corrupt 
     CK(cudaDeviceSynchronize());
     const auto y = host_copy(d_x, xg.size());
     std::vector<double> h(c.ffn), ha(c.ffn);
+    double l2_err = 0, l2_ref = 0;
     for (int r = 0; r < c.n && bad < 1000; ++r) {
       std::vector<double> want(c.dim), mag(c.dim);
       for (int d = 0; d < c.dim; ++d) want[d] = x0[(size_t)r * c.dim + d], mag[d] = std::fabs(want[d]);
@@ -295,6 +297,9 @@ int run_ffn(const Case& c, std::mt19937& rng, std::string& detail, bool corrupt 
       }
       for (int d = 0; d < c.dim; ++d) {
         const double got = y[(size_t)r * c.dim + d], bound = 1e-5 * mag[d] + 1e-6;
+        const double delta = want[d] - x0[(size_t)r * c.dim + d];
+        l2_err += (got - want[d]) * (got - want[d]), l2_ref += delta * delta;
+        if (c.n > cuda::kMoeExactMaxRows) continue;  // BF16 tensor cores: the relative L2 below
         if (!(std::fabs(got - want[d]) <= bound) && ++bad <= 3) {
           char b[160];
           std::snprintf(b, sizeof b, "%sx[%d,%d]=%.8g want %.8g bound %.3g", detail.empty() ? "" : "; ", r, d,
@@ -302,6 +307,13 @@ int run_ffn(const Case& c, std::mt19937& rng, std::string& detail, bool corrupt 
           detail += b;
         }
       }
+    }
+    if (c.n > cuda::kMoeExactMaxRows) {  // both operands rounded to BF16 (2^-9 relative each)
+      const double rel = std::sqrt(l2_err / l2_ref);
+      char b[96];
+      std::snprintf(b, sizeof b, "relative L2 of the experts' sum %.3g (bound 1e-2)", rel);
+      detail += b;
+      if (!(rel <= 1e-2)) ++bad;
     }
     for (size_t i = x0.size(); i < y.size(); ++i)
       if (y[i] != kGuard) {
@@ -455,11 +467,18 @@ int main(int argc, char** argv) {
   }
   cases.push_back({GgmlType::BF16, 256, 8, 64, 32, 2});
   cases.push_back({GgmlType::BF16, 16, 1, 64, 32, 9});
+  cases.push_back({GgmlType::BF16, 64, 8, 512, 256, 300});  // prefill: many 64-pair tiles
   cases.push_back({GgmlType::BF16, 8, 4, 64, 32, 6, true});
   for (const Case& c : cases) {
     std::string detail;
     const int bad = run_ffn(c, rng, detail);
     result(bad == 0, "moe_ffn " + case_name(c), detail);
+  }
+  {  // the tensor-core path's comparison catches a wrong expert too
+    std::string detail;
+    const Case c{GgmlType::BF16, 8, 2, 64, 64, 48};
+    const int bad = run_ffn(c, rng, detail, true);
+    result(bad > 0, "self-check: a wrong expert fails the BF16 bound (" + detail + ")", "");
   }
   {  // the comparison catches a wrong expert
     std::string detail;

@@ -97,8 +97,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 
 // ---- Grouping: one block, thread e counts and places expert e's pairs (rows ascending).
 
-__global__ void moe_group_kernel(const int32_t* ids, int n_pairs, int k, int n_expert, int32_t* tiles,
-                                 int32_t* n_tiles, int32_t* pair_row, int32_t* slot_pair) {
+__global__ void moe_group_kernel(const int32_t* ids, int n_pairs, int k, int n_expert, int tile_pairs,
+                                 int32_t* tiles, int32_t* n_tiles, int32_t* pair_row, int32_t* slot_pair) {
   extern __shared__ int32_t sh[];
   int32_t* cnt = sh;                       // [n_expert]
   int32_t* start = sh + n_expert;          // [n_expert + 1]
@@ -118,7 +118,7 @@ __global__ void moe_group_kernel(const int32_t* ids, int n_pairs, int k, int n_e
     start[0] = tstart[0] = 0;
     for (int x = 0; x < n_expert; ++x) {
       start[x + 1] = start[x] + cnt[x];
-      tstart[x + 1] = tstart[x] + (cnt[x] + kMoeTilePairs - 1) / kMoeTilePairs;
+      tstart[x + 1] = tstart[x] + (cnt[x] + tile_pairs - 1) / tile_pairs;
     }
     *n_tiles = tstart[n_expert];
   }
@@ -132,10 +132,10 @@ __global__ void moe_group_kernel(const int32_t* ids, int n_pairs, int k, int n_e
       ++p;
     }
   for (int t = tstart[e]; t < tstart[e + 1]; ++t) {
-    const int first = start[e] + (t - tstart[e]) * kMoeTilePairs;
+    const int first = start[e] + (t - tstart[e]) * tile_pairs;
     tiles[3 * t] = e;
     tiles[3 * t + 1] = first;
-    tiles[3 * t + 2] = min(kMoeTilePairs, start[e + 1] - first);
+    tiles[3 * t + 2] = min(tile_pairs, start[e + 1] - first);
   }
 }
 
@@ -316,6 +316,130 @@ __global__ void __launch_bounds__(128)
   for (int d = lane; d < dim; d += 32) x[r * dim + d] += g * y[r * dim + d];
 }
 
+// ---- Prefill (more than 32 rows): tensor cores
+
+// Block (row tile blockIdx.x of 64 weight rows, pair tile blockIdx.y of up to 64 pairs of one expert), 4
+// warps of 16 pairs x 64 rows each: mma.sync m16n8k16 BF16 with f32 accumulation over K steps of 32, both
+// operands rounded to BF16 in shared memory (activations as the dense prefill path rounds them for cuBLASLt;
+// weights decoded from their type). GATED / x_row / out as moe_gemv_kernel. Needs cols % 32 == 0.
+constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 32, kMmaThreads = 128;
+constexpr int kMmaLd = kMmaK + 8;  // bf16 per shared row: 80 bytes, rows on different banks
+
+template <GgmlType T>
+__device__ __forceinline__ void load16_bf16(const uint8_t* row, int64_t c0, int64_t cols, uint32_t (&pk)[8]) {
+  if (!row) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) pk[i] = 0;
+    return;
+  }
+  Raw<T> r0, r1;
+  load_raw<T>(row, c0, cols, r0);
+  load_raw<T>(row, c0 + 8, cols, r1);
+  if constexpr (T == GgmlType::BF16) {
+    pk[0] = r0.v.x, pk[1] = r0.v.y, pk[2] = r0.v.z, pk[3] = r0.v.w;
+    pk[4] = r1.v.x, pk[5] = r1.v.y, pk[6] = r1.v.z, pk[7] = r1.v.w;
+  } else {
+    float f[8];
+    decode8<T>(r0, f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pk[i] = pack_bf16x2(f[2 * i], f[2 * i + 1]);
+    decode8<T>(r1, f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pk[4 + i] = pack_bf16x2(f[2 * i], f[2 * i + 1]);
+  }
+}
+
+template <GgmlType T, bool GATED>
+__global__ void __launch_bounds__(kMmaThreads)
+    moe_mma_kernel(ExpertWeights a, ExpertWeights b, const float* x, const int32_t* x_row, int64_t x_stride,
+                   float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles) {
+  const int tile = blockIdx.y;
+  if (tile >= *n_tiles) return;
+  const int e = tiles[3 * tile], p0 = tiles[3 * tile + 1], np = tiles[3 * tile + 2];
+  const int64_t n0 = (int64_t)blockIdx.x * kMmaN;
+  __shared__ __align__(16) uint32_t As[kMmaM][kMmaLd / 2];
+  __shared__ __align__(16) uint32_t Ba[kMmaN][kMmaLd / 2];
+  __shared__ __align__(16) uint32_t Bb[GATED ? kMmaN : 1][kMmaLd / 2];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int lr = tid >> 1, lk = (tid & 1) * 16;  // this thread's loads: row lr, k lk .. lk + 15 of a step
+  const float* xa = lr < np ? x + (int64_t)(x_row ? x_row[p0 + lr] : p0 + lr) * x_stride : nullptr;
+  const int64_t wn = n0 + lr;
+  const uint8_t* wa = wn < a.rows ? static_cast<const uint8_t*>(a.data) + (size_t)e * a.expert_bytes +
+                                        (size_t)wn * a.row_bytes
+                                  : nullptr;
+  const uint8_t* wb = nullptr;
+  if constexpr (GATED)
+    wb = wn < b.rows
+             ? static_cast<const uint8_t*>(b.data) + (size_t)e * b.expert_bytes + (size_t)wn * b.row_bytes
+             : nullptr;
+  float acc_a[8][4] = {}, acc_b[GATED ? 8 : 1][4] = {};
+  for (int64_t k0 = 0; k0 < a.cols; k0 += kMmaK) {
+    uint32_t pk[8];
+    if (xa) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = *reinterpret_cast<const float4*>(xa + k0 + lk + 4 * i);
+        pk[2 * i] = pack_bf16x2(v.x, v.y), pk[2 * i + 1] = pack_bf16x2(v.z, v.w);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pk[i] = 0;
+    }
+    *reinterpret_cast<uint4*>(&As[lr][lk / 2]) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    *reinterpret_cast<uint4*>(&As[lr][lk / 2 + 4]) = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    load16_bf16<T>(wa, k0 + lk, a.cols, pk);
+    *reinterpret_cast<uint4*>(&Ba[lr][lk / 2]) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    *reinterpret_cast<uint4*>(&Ba[lr][lk / 2 + 4]) = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    if constexpr (GATED) {
+      load16_bf16<T>(wb, k0 + lk, b.cols, pk);
+      *reinterpret_cast<uint4*>(&Bb[lr][lk / 2]) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+      *reinterpret_cast<uint4*>(&Bb[lr][lk / 2 + 4]) = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kMmaK / 2; ks += 8) {  // word offsets of the two k16 steps
+      const int m = warp * 16 + g;
+      const uint32_t a0 = As[m][ks + t], a1 = As[m + 8][ks + t], a2 = As[m][ks + t + 4],
+                     a3 = As[m + 8][ks + t + 4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        mma_bf16(acc_a[j], a0, a1, a2, a3, Ba[j * 8 + g][ks + t], Ba[j * 8 + g][ks + t + 4]);
+        if constexpr (GATED)
+          mma_bf16(acc_b[j], a0, a1, a2, a3, Bb[j * 8 + g][ks + t], Bb[j * 8 + g][ks + t + 4]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = warp * 16 + g + 8 * half;
+      if (m >= np) continue;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int64_t nn = n0 + j * 8 + 2 * t + q;
+        if (nn >= a.rows) continue;
+        float v = acc_a[j][2 * half + q];
+        if constexpr (GATED) v = silu_f(v) * acc_b[j][2 * half + q];
+        out[(int64_t)(p0 + m) * out_stride + nn] = v;
+      }
+    }
+}
+
+template <GgmlType T>
+cudaError_t launch_ffn_mma(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
+                           const float* xn, const MoeScratch& s, int64_t max_tiles, cudaStream_t stream) {
+  const int ffn = (int)gate.rows, dim = (int)down.rows;
+  moe_mma_kernel<T, true>
+      <<<dim3((unsigned)((ffn + kMmaN - 1) / kMmaN), (unsigned)max_tiles), kMmaThreads, 0, stream>>>(
+          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles);
+  moe_mma_kernel<T, false>
+      <<<dim3((unsigned)((dim + kMmaN - 1) / kMmaN), (unsigned)max_tiles), kMmaThreads, 0, stream>>>(
+          down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles);
+  return cudaGetLastError();
+}
+
 // One row (decode): x[r] += sum_j w[j] * (W_down[ids[j]][r] . h[slot_pair[j]]), warp per output element r,
 // the experts in slot order (the down projection and moe_combine in one pass). The chunks of 4 experts'
 // rows (up to 4 per row) are loaded before any is used.
@@ -421,8 +545,8 @@ bool moe_weights_ok(const ExpertWeights& w) {
   }
 }
 
-int64_t moe_max_tiles(int n_pairs, int n_expert) {
-  return std::min<int64_t>(n_pairs, (n_pairs + kMoeTilePairs - 1) / kMoeTilePairs + n_expert);
+int64_t moe_max_tiles(int n_pairs, int n_expert, int tile_pairs) {
+  return std::min<int64_t>(n_pairs, (n_pairs + tile_pairs - 1) / tile_pairs + n_expert);
 }
 
 size_t moe_scratch_bytes(int n_rows, int k, int n_expert, int ffn, int dim) {
@@ -508,25 +632,43 @@ cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const Ex
     }
   }
   const int n_pairs = n * k, dim = (int)down.rows;
-  const int64_t max_tiles = moe_max_tiles(n_pairs, n_expert);
+  // More than 32 rows: tensor cores over tiles of up to 64 pairs (BF16 operands, as the dense prefill).
+  const bool mma = n > kMoeExactMaxRows && gate.cols % kMmaK == 0 && down.cols % kMmaK == 0;
+  const int tile_pairs = mma ? kMmaM : kMoeTilePairs;
+  const int64_t max_tiles = moe_max_tiles(n_pairs, n_expert, tile_pairs);
   const int threads = (n_expert + 31) / 32 * 32;
   moe_group_kernel<<<1, threads, (3 * n_expert + 2) * sizeof(int32_t), stream>>>(
-      ids, n_pairs, k, n_expert, s.tiles, s.n_tiles, s.pair_row, s.slot_pair);
+      ids, n_pairs, k, n_expert, tile_pairs, s.tiles, s.n_tiles, s.pair_row, s.slot_pair);
   cudaError_t e = cudaSuccess;
-  switch (gate.type) {
-    case GgmlType::F32:
-      e = launch_ffn<GgmlType::F32>(gate, up, down, xn, n, k, s, max_tiles, stream);
-      break;
-    case GgmlType::F16:
-      e = launch_ffn<GgmlType::F16>(gate, up, down, xn, n, k, s, max_tiles, stream);
-      break;
-    case GgmlType::BF16:
-      e = launch_ffn<GgmlType::BF16>(gate, up, down, xn, n, k, s, max_tiles, stream);
-      break;
-    default:
-      e = launch_ffn<GgmlType::Q8_0>(gate, up, down, xn, n, k, s, max_tiles, stream);
-      break;
-  }
+  if (mma) switch (gate.type) {
+      case GgmlType::F32:
+        e = launch_ffn_mma<GgmlType::F32>(gate, up, down, xn, s, max_tiles, stream);
+        break;
+      case GgmlType::F16:
+        e = launch_ffn_mma<GgmlType::F16>(gate, up, down, xn, s, max_tiles, stream);
+        break;
+      case GgmlType::BF16:
+        e = launch_ffn_mma<GgmlType::BF16>(gate, up, down, xn, s, max_tiles, stream);
+        break;
+      default:
+        e = launch_ffn_mma<GgmlType::Q8_0>(gate, up, down, xn, s, max_tiles, stream);
+        break;
+    }
+  else
+    switch (gate.type) {
+      case GgmlType::F32:
+        e = launch_ffn<GgmlType::F32>(gate, up, down, xn, n, k, s, max_tiles, stream);
+        break;
+      case GgmlType::F16:
+        e = launch_ffn<GgmlType::F16>(gate, up, down, xn, n, k, s, max_tiles, stream);
+        break;
+      case GgmlType::BF16:
+        e = launch_ffn<GgmlType::BF16>(gate, up, down, xn, n, k, s, max_tiles, stream);
+        break;
+      default:
+        e = launch_ffn<GgmlType::Q8_0>(gate, up, down, xn, n, k, s, max_tiles, stream);
+        break;
+    }
   if (e != cudaSuccess) return e;
   moe_combine_kernel<<<n, kCombineThreads, 0, stream>>>(s.y, s.slot_pair, w, k, dim, x);
   return cudaGetLastError();

@@ -10,9 +10,11 @@
 //                weight row read once for the whole tile;
 //   moe_down:    per tile, y[p] = W_down[e] . h[p];
 //   moe_combine: x[r] += sum_j w[r, j] * y[pair of (r, j)], j in slot order (the CPU's order).
-// Decode (n = 1, after moe_route made the tiles) runs two kernels: gate / up over a tile per slot, then the
-// down projection and the weighted sum in one pass (a warp per output element, the experts in slot order).
-// Decode reads exactly the k selected experts' weights once. Arithmetic in f32, weights decoded in
+// Steps of more than kMoeExactMaxRows rows (prefill) run gate / up and down on tensor cores instead (mma.sync
+// BF16, f32 accumulation, tiles of up to 64 pairs x 64 weight rows), as the dense matmuls go to cuBLASLt
+// there. Decode (n = 1, after moe_route made the tiles) runs two kernels: gate / up over a tile per slot,
+// then the down projection and the weighted sum in one pass (a warp per output element, the experts in slot
+// order). Decode reads exactly the k selected experts' weights once. Arithmetic in f32, weights decoded in
 // registers (F32, F16, BF16, Q8_0 in its device layout).
 #pragma once
 
@@ -25,7 +27,8 @@
 
 namespace ultra::cuda {
 
-constexpr int kMoeTilePairs = 8;      // pairs of one expert that share each weight read
+constexpr int kMoeTilePairs = 8;      // pairs of one expert that share each weight read (up to 32 rows)
+constexpr int kMoeExactMaxRows = 32;  // steps up to this many rows: f32 products; above: BF16 tensor cores
 constexpr int kMoeMaxExperts = 1024;  // moe_group runs one thread per expert in one block
 constexpr int kMoeMaxRouted = 256;    // moe_route keeps a row's router logits in registers (8 per lane)
 
@@ -55,7 +58,7 @@ struct MoeScratch {
   float* h = nullptr;            // [n_rows * k, ffn] silu(gate) * up of each pair
   float* y = nullptr;            // [n_rows * k, dim] each pair's expert output
 };
-int64_t moe_max_tiles(int n_pairs, int n_expert);
+int64_t moe_max_tiles(int n_pairs, int n_expert, int tile_pairs = kMoeTilePairs);
 size_t moe_scratch_bytes(int n_rows, int k, int n_expert, int ffn, int dim);
 MoeScratch moe_scratch(void* mem, int n_rows, int k, int n_expert, int ffn, int dim);  // carves mem
 
