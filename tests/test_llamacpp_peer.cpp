@@ -169,14 +169,12 @@ TEST(LlamaCppPeer, ConvertedArchitecturesMatchHf) {
 //    factors when that exceeds the original context, which this fixture sets at 64; HF (and ultra, given a
 //    64-position context) use the short ones, so every token differs. (phi3_long, which HF runs with the
 //    long factors, matches above.)
-//  * Mixtral and Qwen2-MoE (2026-12-06): llama.cpp loads the converted files and follows HF's greedy tokens
-//  for
-//    4 (Mixtral) and 12 (Qwen2-MoE) tokens, then departs (Qwen3-MoE: 32 of 32, above). ultra on the same
-//    files stays within 1e-5 of HF's logits on every position (test_moe, test_model_fixtures).
-//    The tiny random routers (4 experts, 2 used) have near ties: at the position where Mixtral departs,
-//    layer 1's 2nd and 3rd experts are 8.5e-4 apart in probability (ultra's router, measured), within what
-//    llama.cpp's F16 KV cache (its default) moves; a flipped expert in a 64-wide model moves the logits by
-//    more than their margin.
+//  * Mixtral and Qwen2-MoE (2026-12-06): llama.cpp loads the converted files and follows HF's greedy
+//    tokens for 4 (Mixtral) and 12 (Qwen2-MoE) tokens, then departs (Qwen3-MoE: 32 of 32, above). ultra on
+//    the same files stays within 1e-5 of HF's logits on every position (test_moe, test_model_fixtures). The
+//    tiny random routers (4 experts, 2 used) have near ties: where Mixtral departs, layer 1's 2nd and 3rd
+//    experts are 8.5e-4 apart in probability (ultra's router, measured), within what llama.cpp's F16 KV
+//    cache (its default) moves; a flipped expert in a 64-wide model moves the logits past their margin.
 // ultra reads these same files to HF's logits within 1e-4 (test_model_fixtures). Run with
 // --gtest_also_run_disabled_tests.
 TEST(LlamaCppPeer, DISABLED_ConvertedGemma2AndPhi3MatchHf) {
