@@ -10,7 +10,7 @@
 //              steps of more than 32 rows (BF16 tensor cores) by the relative L2 of the experts' sum, 1e-2;
 // A self-check shows the comparison fails a wrong expert choice.
 //
-//   test_cuda_moe [--out DIR] [--bench]
+//   test_cuda_moe [--out DIR] [--bench | --bench-only]
 // Exit 0 when all passed, 1 on a failure, 77 without a CUDA device.
 #include <cuda_runtime_api.h>
 
@@ -428,20 +428,26 @@ void bench() {
 
 int main(int argc, char** argv) {
   std::string out_dir;
-  bool do_bench = false;
+  bool do_bench = false, only_bench = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--out" && i + 1 < argc) {
       out_dir = argv[++i];
     } else if (std::string(argv[i]) == "--bench") {
       do_bench = true;
+    } else if (std::string(argv[i]) == "--bench-only") {
+      do_bench = only_bench = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--out DIR] [--bench]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--out DIR] [--bench | --bench-only]\n", argv[0]);
       return 2;
     }
   }
   if (const int skip = test::skip_without_device()) return skip;
   if (!out_dir.empty() && !(g_log = test::open_log(out_dir, "test_cuda_moe.txt"))) return 2;
   std::mt19937 rng(20261206);
+  if (only_bench) {
+    bench();
+    return 0;
+  }
 
   for (int n_expert : {4, 8, 60, 128, 256})
     for (int k : {1, 2, 8})
@@ -464,6 +470,7 @@ int main(int argc, char** argv) {
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
     cases.push_back({t, 128, 8, 256, 96, 1, false, true});
     cases.push_back({t, 8, 2, 2048 + 64, 1056, 1, false, true});  // columns past the unrolled chunks
+    cases.push_back({t, 16, 3, 128, 64, 1, false, true});  // k not dividing 8: down per slot, then the sum
   }
   cases.push_back({GgmlType::BF16, 256, 8, 64, 32, 2});
   cases.push_back({GgmlType::BF16, 16, 1, 64, 32, 9});

@@ -107,9 +107,13 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
                          const cuda::CudaTuning& tuning)
     : m_(model), p_(params), n_sample_(n_sample), tune_(tuning) {
   const HParams& hp = m_.hp;
-  if (hp.moe() && (hp.n_expert > cuda::kMoeMaxRouted || hp.n_expert_used > hp.n_expert))
-    fail("CUDA backend: {} experts ({} used) per layer; the CUDA kernels take up to {} (use --backend cpu)",
-         hp.n_expert, hp.n_expert_used, cuda::kMoeMaxRouted);
+  if (hp.moe() && (hp.n_expert > cuda::kMoeMaxRouted || hp.n_expert_used > hp.n_expert ||
+                   hp.n_expert_used > cuda::kMoeMaxUsed))
+    fail(
+        "CUDA backend: {} experts ({} used) per layer; the CUDA kernels take up to {} experts and {} used "
+        "(use "
+        "--backend cpu)",
+        hp.n_expert, hp.n_expert_used, cuda::kMoeMaxRouted, cuda::kMoeMaxUsed);
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
     fail("CUDA backend: no CUDA device is available (use the CPU backend)");

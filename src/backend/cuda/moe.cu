@@ -59,40 +59,48 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     if (e < n_expert) p[e] = v[i];
     key[i] = e >= n_expert ? -1.0f : isnan(v[i]) ? -0.5f : v[i];
   }
-  float total = 0;
+  // k rounds of a warp arg-max over (key, expert) packed into one 64-bit word: the key's bits made
+  // order-preserving as an unsigned number, then the complement of the expert (a tie: the lower expert).
+  // Lane j keeps slot j's pick, so that the k slots are written in parallel.
+  float total = 0, my_v = 0.0f;
+  int my_e = -1;
   for (int j = 0; j < k; ++j) {
-    float bk = -2.0f, bv = 0.0f;
-    int be = -1;
+    uint64_t best = 0;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (key[i] > bk) bk = key[i], bv = v[i], be = lane + 32 * i;  // ascending e: a tie keeps the lower
+    for (int i = 0; i < kPer; ++i) {
+      const uint32_t bits = __float_as_uint(key[i]);
+      const uint32_t ord = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+      const uint64_t c = ((uint64_t)ord << 32) | (0xffffffffu - (uint32_t)(lane + 32 * i));
+      best = c > best ? c : best;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float ok = __shfl_xor_sync(kFullMask, bk, o), ov = __shfl_xor_sync(kFullMask, bv, o);
-      const int oe = __shfl_xor_sync(kFullMask, be, o);
-      if (ok > bk || (ok == bk && oe < be)) bk = ok, bv = ov, be = oe;
+      const uint64_t other = __shfl_xor_sync(kFullMask, best, o);
+      best = other > best ? other : best;
     }
+    const int be = (int)(0xffffffffu - (uint32_t)best);
+    const uint32_t ord = (uint32_t)(best >> 32);
+    const float bk = __uint_as_float((ord & 0x80000000u) ? ord & 0x7fffffffu : ~ord);
+    const float bv = bk == -0.5f ? __int_as_float(0x7fc00000) : bk;  // the key of a NaN probability
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
       if (lane + 32 * i == be) key[i] = -1.0f;
-    if (lane == 0) {
-      ids[(int64_t)r * k + j] = be;
-      w[(int64_t)r * k + j] = bv;
-      if (tiles.tiles) {  // one row: pair j = slot j, a tile of its own (distinct experts)
-        tiles.tiles[3 * j] = be;
-        tiles.tiles[3 * j + 1] = j;
-        tiles.tiles[3 * j + 2] = 1;
-        tiles.pair_row[j] = 0;
-        tiles.slot_pair[j] = j;
-      }
-    }
+    if (lane == j) my_e = be, my_v = bv;
     total += bv;
   }
-  if (tiles.tiles && lane == 0) *tiles.n_tiles = k;
-  if (norm && lane == 0) {
-    const float s = fmaxf(total, 6.103515625e-5f);
-    for (int j = 0; j < k; ++j) w[(int64_t)r * k + j] /= s;
+  if (lane < k) {
+    const int64_t at = (int64_t)r * k + lane;
+    ids[at] = my_e;
+    w[at] = norm ? my_v / fmaxf(total, 6.103515625e-5f) : my_v;
+    if (tiles.tiles) {  // one row: pair j = slot j, a tile of its own (distinct experts)
+      tiles.tiles[3 * lane] = my_e;
+      tiles.tiles[3 * lane + 1] = lane;
+      tiles.tiles[3 * lane + 2] = 1;
+      tiles.pair_row[lane] = 0;
+      tiles.slot_pair[lane] = lane;
+    }
   }
+  if (tiles.tiles && lane == 0) *tiles.n_tiles = k;
 }
 
 // ---- Grouping: one block, thread e counts and places expert e's pairs (rows ascending).
@@ -440,64 +448,47 @@ cudaError_t launch_ffn_mma(const ExpertWeights& gate, const ExpertWeights& up, c
   return cudaGetLastError();
 }
 
-// One row (decode): x[r] += sum_j w[j] * (W_down[ids[j]][r] . h[slot_pair[j]]), warp per output element r,
-// the experts in slot order (the down projection and moe_combine in one pass). The chunks of 4 experts'
-// rows (up to 4 per row) are loaded before any is used.
+// One row (decode), k dividing 8: warp w of block b computes item i = 8 b + w, the dot product of output
+// element d = i / k of slot j = i % k's expert, W_down[ids[j]][d] . h[slot_pair[j]]; the block's first warp
+// of each element then adds sum_j w[j] * dot_j to x[d] in slot order (the down projection and moe_combine
+// in one pass, every (element, slot) a warp of its own).
 template <GgmlType T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     moe_down1_kernel(ExpertWeights down, const float* h, int64_t ffn, const int32_t* ids,
                      const int32_t* slot_pair, const float* w, int k, float* x) {
-  constexpr int G = 4, U = 4;
-  const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (r >= down.rows) return;
-  const int64_t n_chunks = (down.cols - lane * 8 + 255) / 256;
-  float s = 0;
-  bool first = true;
-  for (int j0 = 0; j0 < k; j0 += G) {
-    const uint8_t* rows[G];
-    const float* hs[G];
-    bool ok[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int j = j0 + g;
-      const int e = j < k ? ids[j] : -1, p = j < k ? slot_pair[j] : -1;
-      ok[g] = e >= 0 && e < down.n_expert && p >= 0;
-      rows[g] = static_cast<const uint8_t*>(down.data) + (size_t)(ok[g] ? e : 0) * down.expert_bytes +
-                (size_t)r * down.row_bytes;
-      hs[g] = h + (int64_t)(ok[g] ? p : 0) * ffn;
-    }
-    float acc[G] = {};
-    for (int64_t i = 0, c0 = lane * 8; i < n_chunks; i += U, c0 += 256 * U) {
-      Raw<T> raw[G][U];
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (ok[g] && i + u < n_chunks) load_raw<T>(rows[g], c0 + 256 * u, down.cols, raw[g][u]);
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (ok[g] && i + u < n_chunks) {
-            float f[8];
-            decode8<T>(raw[g][u], f);
-            const float4 x0 = *reinterpret_cast<const float4*>(hs[g] + c0 + 256 * u);
-            const float4 x1 = *reinterpret_cast<const float4*>(hs[g] + c0 + 256 * u + 4);
-            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-            for (int q = 0; q < 8; ++q) acc[g] = fmaf(f[q], xv[q], acc[g]);
-          }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (!ok[g]) continue;
-      const float dot = warp_sum(acc[g]);
-      s = first ? w[j0 + g] * dot : fmaf(w[j0 + g], dot, s);
-      first = false;
-    }
+  __shared__ float part[kGemvWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t item = (int64_t)blockIdx.x * kGemvWarps + warp, d = item / k;
+  const int j = (int)(item % k);
+  const int e = ids[j], p = slot_pair[j];
+  const bool ok = d < down.rows && e >= 0 && e < down.n_expert && p >= 0;
+  float dot = 0.0f;
+  if (ok) {
+    const uint8_t* ra =
+        static_cast<const uint8_t*>(down.data) + (size_t)e * down.expert_bytes + (size_t)d * down.row_bytes;
+    const float* const xs[1] = {h + (int64_t)p * ffn};
+    float acc[1] = {0.0f}, unused[1] = {0.0f};
+    constexpr int U = kUnrollOf<1>;
+    const int64_t n_chunks = (down.cols - lane * 8 + 255) / 256;
+    int64_t c0 = lane * 8, i = 0;
+    for (; i + U <= n_chunks; i += U, c0 += 256 * U)
+      moe_dot_chunks<T, false, 1>(ra, ra, c0, down.cols, xs, 1, acc, unused, U);
+    if (i < n_chunks)
+      moe_dot_chunks<T, false, 1>(ra, ra, c0, down.cols, xs, 1, acc, unused, (int)(n_chunks - i));
+    dot = warp_sum(acc[0]);
   }
-  if (lane == 0) x[r] += s;
+  if (lane == 0) part[warp] = dot;
+  __syncthreads();
+  if (lane != 0 || j != 0 || d >= down.rows) return;
+  float s = 0.0f;
+  bool first = true;
+  for (int jj = 0; jj < k; ++jj) {
+    const int ej = ids[jj];
+    if (ej < 0 || ej >= down.n_expert || slot_pair[jj] < 0) continue;
+    s = first ? w[jj] * part[warp + jj] : fmaf(w[jj], part[warp + jj], s);
+    first = false;
+  }
+  x[d] += s;
 }
 
 template <GgmlType T>
@@ -508,8 +499,16 @@ cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, cons
   moe_gemv_kernel<T, true, 1>
       <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
           gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
-  moe_down1_kernel<T><<<(unsigned)((dim + kGemvWarps - 1) / kGemvWarps), kGemvWarps * 32, 0, stream>>>(
-      down, s.h, ffn, ids, s.slot_pair, w, k, x);
+  if (kGemvWarps % k == 0) {
+    moe_down1_kernel<T>
+        <<<(unsigned)(((int64_t)dim * k + kGemvWarps - 1) / kGemvWarps), kGemvWarps * 32, 0, stream>>>(
+            down, s.h, ffn, ids, s.slot_pair, w, k, x);
+  } else {  // down per slot into y, then the weighted sum
+    moe_gemv_kernel<T, false, 1>
+        <<<dim3((unsigned)((dim + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
+            down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0);
+    moe_combine_kernel<<<1, kCombineThreads, 0, stream>>>(s.y, s.slot_pair, w, k, dim, x);
+  }
   return cudaGetLastError();
 }
 
@@ -603,7 +602,8 @@ cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* lo
 cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
                       cudaStream_t stream, const MoeScratch* decode_tiles) {
   if (n <= 0) return cudaSuccess;
-  if (n_expert <= 0 || n_expert > kMoeMaxRouted || k < 1 || k > n_expert) return cudaErrorInvalidValue;
+  if (n_expert <= 0 || n_expert > kMoeMaxRouted || k < 1 || k > n_expert || k > kMoeMaxUsed)
+    return cudaErrorInvalidValue;
   moe_route_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(
       logits, n, n_expert, k, norm, ids, w, n == 1 && decode_tiles ? *decode_tiles : MoeScratch{});
   return cudaGetLastError();

@@ -31,6 +31,7 @@ constexpr int kMoeTilePairs = 8;      // pairs of one expert that share each wei
 constexpr int kMoeExactMaxRows = 32;  // steps up to this many rows: f32 products; above: BF16 tensor cores
 constexpr int kMoeMaxExperts = 1024;  // moe_group runs one thread per expert in one block
 constexpr int kMoeMaxRouted = 256;    // moe_route keeps a row's router logits in registers (8 per lane)
+constexpr int kMoeMaxUsed = 32;       // experts per row: moe_route keeps slot j in lane j
 
 // The n_expert matrices of one kind of one layer, back to back in device memory: expert e's row r at
 // data + e * expert_bytes + r * row_bytes (row_bytes: the dense row, or the Q8_0 device row of
@@ -70,7 +71,7 @@ cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* lo
 
 // model/moe.h's moe_route on the device: logits [n, n_expert] (overwritten with the softmax probabilities)
 // -> ids [n, k] (descending probability, ties to the lower expert), w [n, k] (renormalised when norm). One
-// warp per row; n_expert <= kMoeMaxRouted, 1 <= k <= n_expert.
+// warp per row; n_expert <= kMoeMaxRouted, 1 <= k <= min(n_expert, kMoeMaxUsed).
 // decode_tiles (n == 1 only): also writes moe_ffn's grouping of the row's k pairs into it (a tile per slot),
 // so that moe_ffn(..., tiles_ready = true) skips moe_group and runs the one-row kernels.
 cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
