@@ -1,0 +1,394 @@
+"""The high-level API: ultra.LLM (vLLM's offline ``LLM.generate``, llama-cpp-python's completions).
+
+One LLM holds a model and one Context of ``n_slots`` sequences. ``generate`` runs many prompts together by
+continuous batching: every step carries one decode row for each generating slot plus prefill rows of the
+prompts being read, and a slot that finishes takes the next waiting prompt at once. A sequence's tokens do
+not depend on which slot or step it ran in (the CPU kernels compute each row alone, and the sampler's random
+numbers are keyed by (seed, position)), so ``generate`` over many prompts equals one call per prompt.
+
+Stopping is the server's (``ultra serve``): an end-of-generation token ("stop", its text not output), a
+stop string ("stop", text held back so that no part of it is returned), ``max_tokens`` or a full context
+("length"). A KeyboardInterrupt (Ctrl-C) ends generation after the step in flight: the slots it used are
+cleared, the context stays usable, and the exception reaches the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+
+from . import _core
+from ._core import Batch, ChatFormatter, Context, InvalidArgument, Model, Output, SamplingParams, StopStrings, TextStream
+
+Prompt = Union[str, Sequence[int]]
+
+# Keyword arguments that set SamplingParams fields (OpenAI / llama.cpp names; repetition_penalty is vLLM's).
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                    "presence_penalty", "frequency_penalty", "seed", "n_probs")
+_ALIASES = {"repetition_penalty": "repeat_penalty"}
+
+
+@dataclass
+class GenerationOutput:
+    """One prompt's result from LLM.generate.
+
+    finish_reason: "stop" (an end-of-generation token or a stop string) or "length" (max_tokens, or the
+    context is full). token_ids: every generated token, an end-of-generation token included; text: their
+    text up to any stop string. timings (milliseconds, wall clock): queued_ms (waiting for a slot),
+    prompt_ms (admission to first token), decode_ms (first token to the last), n_prompt, n_generated,
+    tokens_per_s (decode rate after the first token).
+    """
+
+    index: int
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    text: str
+    token_ids: List[int]
+    finish_reason: str
+    timings: Dict[str, float] = field(default_factory=dict)
+
+
+class _Request:
+    __slots__ = ("index", "prompt", "ids", "sp", "max_tokens", "stops", "stream", "ignore_eos", "slot", "fed",
+                 "last", "generated", "text", "finish", "t_submit", "t_admit", "t_first", "t_end")
+
+    def __init__(self, index, prompt, ids, sp, max_tokens, stop, ignore_eos, tokenizer):
+        self.index = index
+        self.prompt = prompt
+        self.ids = ids
+        self.sp = sp
+        self.max_tokens = max_tokens
+        self.stops = StopStrings(list(stop))
+        self.stream = TextStream(tokenizer) if tokenizer is not None else None
+        self.ignore_eos = ignore_eos
+        self.slot = -1
+        self.fed = 0  # prompt tokens in the cache
+        self.last = -1  # the last sampled token (the next decode row's token)
+        self.generated: List[int] = []
+        self.text: List[str] = []
+        self.finish: Optional[str] = None
+        self.t_submit = time.perf_counter()
+        self.t_admit = self.t_first = self.t_end = 0.0
+
+    def output(self) -> GenerationOutput:
+        n = len(self.generated)
+        decode_ms = (self.t_end - self.t_first) * 1e3
+        return GenerationOutput(
+            index=self.index, prompt=self.prompt if isinstance(self.prompt, str) else None,
+            prompt_token_ids=list(self.ids), text="".join(self.text), token_ids=self.generated,
+            finish_reason=self.finish or "length",
+            timings={"queued_ms": (self.t_admit - self.t_submit) * 1e3,
+                     "prompt_ms": (self.t_first - self.t_admit) * 1e3, "decode_ms": decode_ms,
+                     "n_prompt": len(self.ids), "n_generated": n,
+                     "tokens_per_s": (n - 1) * 1e3 / decode_ms if n > 1 and decode_ms > 0 else 0.0})
+
+
+def sampling_params(sampling: Union[SamplingParams, Dict[str, Any], None] = None, **fields) -> SamplingParams:
+    """A SamplingParams from another one, a dict and/or keyword fields (OpenAI names accepted:
+    repetition_penalty). Unknown names raise TypeError; values out of range raise ultra.InvalidArgument."""
+    base: Dict[str, Any] = {}
+    if isinstance(sampling, SamplingParams):
+        base = {k: getattr(sampling, k) for k in _SAMPLING_FIELDS}
+    elif isinstance(sampling, dict):
+        base = dict(sampling)
+    elif sampling is not None:
+        raise TypeError(f"sampling must be an ultra.SamplingParams or a dict, not {type(sampling).__name__}")
+    base.update(fields)
+    out = {}
+    for k, v in base.items():
+        k = _ALIASES.get(k, k)
+        if k not in _SAMPLING_FIELDS:
+            raise TypeError(f"unknown sampling field {k!r} (known: {', '.join(_SAMPLING_FIELDS)})")
+        if v is not None:
+            out[k] = v
+    if out.get("seed", 0) < 0:
+        raise InvalidArgument(f"seed must be >= 0, not {out['seed']}")
+    return SamplingParams(**out)
+
+
+class LLM:
+    """A model and a context of n_slots sequences, driven from Python.
+
+    LLM(model, n_ctx=0, n_slots=4, device="cpu", threads=0, n_batch=512, kv_type="", mmap=True)
+      model: a path (GGUF file or HF directory) or an ultra.Model; n_ctx: tokens per sequence (0: the
+      model's training context, at most 4096); n_slots: prompts generated at once; device: "cpu" or "cuda";
+      threads: CPU threads (0: all).
+    """
+
+    def __init__(self, model: Union[str, os.PathLike, Model], n_ctx: int = 0, n_slots: int = 4,
+                 device: str = "cpu", threads: int = 0, n_batch: int = 512, kv_type: str = "",
+                 mmap: bool = True):
+        if isinstance(model, Model):
+            self.model = model
+        elif isinstance(model, (str, os.PathLike)):
+            self.model = Model(os.fspath(model), mmap=mmap)
+        else:
+            raise TypeError(f"model must be a path or an ultra.Model, not {type(model).__name__}")
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_slots=n_slots, n_batch=n_batch, threads=threads,
+                           device=device, kv_type=kv_type)
+        self.tokenizer = self.model.tokenizer
+        self.n_ctx = self.ctx.n_ctx
+        self.n_slots = self.ctx.n_slots
+        self._batch = Batch(self.ctx.n_batch)
+        self._chat: Optional[ChatFormatter] = None
+        self._busy = False
+        self.name = os.path.basename(self.model.info.path)
+
+    # ---- tokens ----------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> List[int]:
+        """Token ids of text, as `ultra run -p` and the server's completions encode a prompt."""
+        return self._tok().encode(text, add_special, parse_special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return self._tok().decode(list(ids), skip_special)
+
+    def _tok(self):
+        if self.tokenizer is None:
+            raise InvalidArgument(f"{self.model.info.path}: this model has no tokenizer; give token ids")
+        return self.tokenizer
+
+    def _prompt_ids(self, prompt: Prompt) -> List[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt)
+        elif isinstance(prompt, (list, tuple)) or hasattr(prompt, "__array__"):
+            ids = [int(t) for t in prompt]
+        else:
+            raise TypeError(f"a prompt is a str or a list of token ids, not {type(prompt).__name__}")
+        if not ids:
+            raise InvalidArgument("the prompt is empty (no tokens)")
+        limit = self.tokenizer.n_vocab if self.tokenizer is not None else self.model.n_vocab
+        for t in ids:
+            if t < 0 or t >= limit:
+                raise InvalidArgument(f"prompt token id {t} is out of range (the vocabulary has {limit} tokens)")
+        if len(ids) >= self.n_ctx:
+            raise InvalidArgument(f"the prompt has {len(ids)} tokens, which leaves no room in the context of "
+                                  f"{self.n_ctx} tokens")
+        return ids
+
+    # ---- generation ------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling: Union[SamplingParams, Dict[str, Any], Sequence[SamplingParams], None] = None, *,
+                 max_tokens: int = 16, stop: Union[str, Sequence[str], None] = None, ignore_eos: bool = False,
+                 **fields) -> List[GenerationOutput]:
+        """Generates for every prompt (a str or token ids), n_slots at a time by continuous batching.
+
+        sampling: one SamplingParams (or dict) for all, or one per prompt; keyword fields (temperature=...,
+        seed=...) override it. Default: SamplingParams() (llama.cpp's defaults, seed 0xdeadbeef).
+        Returns one GenerationOutput per prompt, in order.
+        """
+        outs: List[Optional[GenerationOutput]] = []
+        for req, _, _ in self._events(prompts, sampling, max_tokens, stop, ignore_eos, fields, per_token=False):
+            if len(outs) <= req.index:
+                outs.extend([None] * (req.index + 1 - len(outs)))
+            outs[req.index] = req.output()
+        return outs  # type: ignore[return-value]
+
+    def _requests(self, prompts, sampling, max_tokens, stop, ignore_eos, fields) -> List[_Request]:
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and
+                                        isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling, (list, tuple)):
+            if len(sampling) != len(prompts):
+                raise InvalidArgument(f"{len(sampling)} sampling settings for {len(prompts)} prompts")
+            sps = [sampling_params(s, **fields) for s in sampling]
+        else:
+            sp = sampling_params(sampling, **fields)
+            sps = [sp] * len(prompts)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise TypeError(f"max_tokens must be an int, not {type(max_tokens).__name__}")
+        if max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1, not {max_tokens}")
+        if stop is None:
+            stops: List[str] = []
+        elif isinstance(stop, str):
+            stops = [stop]
+        else:
+            stops = list(stop)
+            if not all(isinstance(s, str) for s in stops):
+                raise TypeError("stop must be a str or a list of str")
+        return [_Request(i, p, self._prompt_ids(p), sps[i], max_tokens, stops, bool(ignore_eos), self.tokenizer)
+                for i, p in enumerate(prompts)]
+
+    def _events(self, prompts, sampling, max_tokens, stop, ignore_eos, fields,
+                per_token: bool) -> Iterator[tuple]:
+        """Runs the requests; yields (request, token, text) per generated token when per_token, and
+        (request, None, None) when a request finishes."""
+        reqs = self._requests(prompts, sampling, max_tokens, stop, ignore_eos, fields)
+        if self._busy:
+            raise _core.Error("this LLM is already generating (one generation at a time; finish or close "
+                              "the other stream first)")
+        self._busy = True
+        ctx, batch, model = self.ctx, self._batch, self.model
+        n_ctx, n_batch = self.n_ctx, batch.capacity
+        waiting = deque(reqs)
+        active: Dict[int, _Request] = {}
+        free = list(range(self.n_slots - 1, -1, -1))
+        SAMPLE, NONE = Output.sample, Output.none
+        try:
+            while waiting or active:
+                while free and waiting:  # a free slot takes the next prompt
+                    r = waiting.popleft()
+                    r.slot = free.pop()
+                    ctx.clear(r.slot)
+                    ctx.set_sampling(r.slot, r.sp)
+                    r.t_admit = time.perf_counter()
+                    active[r.slot] = r
+                batch.clear()
+                rows = []
+                room = n_batch
+                for r in active.values():  # one decode row per generating slot
+                    if r.fed == len(r.ids):
+                        rows.append((batch.add(r.last, len(r.ids) + len(r.generated) - 1, r.slot, SAMPLE), r))
+                        room -= 1
+                for r in active.values():  # then prompt rows, as many as fit
+                    if r.fed < len(r.ids) and room > 0:
+                        n = min(room, len(r.ids) - r.fed)
+                        done = r.fed + n == len(r.ids)
+                        batch.add_sequence(r.ids[r.fed:r.fed + n], r.fed, r.slot, SAMPLE if done else NONE)
+                        if done:
+                            rows.append((len(batch) - 1, r))
+                        r.fed += n
+                        room -= n
+                ctx.step(batch)
+                now = time.perf_counter()
+                for row, r in rows:
+                    tok = ctx.sampled(row)
+                    if not r.generated:
+                        r.t_first = now
+                    r.generated.append(tok)
+                    r.t_end = now
+                    piece = ""
+                    if not r.ignore_eos and model.is_eog(tok):
+                        r.finish = "stop"
+                    else:
+                        if r.stream is not None:
+                            piece = r.stops.push(r.stream.push(tok))
+                            if r.stops.stopped:
+                                r.finish = "stop"
+                        if r.finish is None and (len(r.generated) >= r.max_tokens or
+                                                 len(r.ids) + len(r.generated) - 1 >= n_ctx):
+                            r.finish = "length"
+                        r.last = tok
+                    if r.finish is not None and r.stream is not None and not r.stops.stopped:
+                        tail = r.stops.push(r.stream.flush())  # a stop string may complete in the tail
+                        if r.stops.stopped:
+                            r.finish = "stop"
+                        else:
+                            tail += r.stops.flush()
+                        piece += tail
+                    if piece:
+                        r.text.append(piece)
+                    if per_token:
+                        yield r, tok, piece
+                    if r.finish is not None:
+                        del active[r.slot]
+                        free.append(r.slot)
+                        yield r, None, None
+        finally:
+            for slot in active:  # interrupted or abandoned: the context stays usable
+                ctx.clear(slot)
+            self._busy = False
+
+    # ---- OpenAI-shaped completions -----------------------------------------------------------------------
+
+    def complete(self, prompt: Prompt, *, max_tokens: Optional[int] = None,
+                 stop: Union[str, Sequence[str], None] = None, ignore_eos: bool = False, stream: bool = False,
+                 **sampling) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+        """A text completion as the server's /v1/completions answers it ({"id", "object": "text_completion",
+        "created", "model", "choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}); with
+        stream=True a generator of the server's chunks, the last one carrying finish_reason.
+        max_tokens: default the room left in the context (as the server)."""
+        return self._openai(prompt, False, max_tokens, stop, ignore_eos, stream, sampling)
+
+    def chat(self, messages: Sequence[Dict[str, Any]], *, max_tokens: Optional[int] = None,
+             stop: Union[str, Sequence[str], None] = None, ignore_eos: bool = False, stream: bool = False,
+             chat_template_kwargs: Optional[Dict[str, Any]] = None, **sampling
+             ) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+        """A chat completion as the server's /v1/chat/completions answers it (the prompt rendered and
+        tokenized by the same code, ultra.ChatFormatter); stream=True: "chat.completion.chunk" chunks."""
+        ids = self.chat_prompt_ids(messages, chat_template_kwargs=chat_template_kwargs)
+        return self._openai(ids, True, max_tokens, stop, ignore_eos, stream, sampling)
+
+    def chat_prompt(self, messages: Sequence[Dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template_kwargs: Optional[Dict[str, Any]] = None) -> str:
+        """The prompt text the server renders for these messages."""
+        return self._formatter().render(self._messages_json(messages), add_generation_prompt,
+                                        json.dumps(chat_template_kwargs or {}))
+
+    def chat_prompt_ids(self, messages: Sequence[Dict[str, Any]], add_generation_prompt: bool = True,
+                        chat_template_kwargs: Optional[Dict[str, Any]] = None) -> List[int]:
+        """The prompt's token ids as the server computes them for these messages."""
+        return self._formatter().encode(self._messages_json(messages), add_generation_prompt, False,
+                                        json.dumps(chat_template_kwargs or {}))
+
+    def _formatter(self) -> ChatFormatter:
+        if self._chat is None:
+            self._chat = ChatFormatter(self.model)
+        return self._chat
+
+    @staticmethod
+    def _messages_json(messages) -> str:
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        try:
+            return json.dumps(list(messages), ensure_ascii=False)
+        except TypeError as e:
+            raise TypeError(f"messages must be JSON-serializable: {e}") from None
+
+    def _openai(self, prompt, chat, max_tokens, stop, ignore_eos, stream, sampling):
+        ids = self._prompt_ids(prompt)
+        if max_tokens is None:
+            max_tokens = self.n_ctx - len(ids)
+        elif isinstance(max_tokens, int) and len(ids) + max_tokens > self.n_ctx:
+            raise InvalidArgument(f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) is over the "
+                                  f"context of {self.n_ctx} tokens")
+        head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
+                "object": "chat.completion.chunk" if stream and chat else
+                "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.name}
+        if "seed" not in sampling or sampling["seed"] is None:  # the server draws a seed per request
+            sampling["seed"] = int.from_bytes(os.urandom(8), "little")
+        args = ([ids], None, max_tokens, stop, ignore_eos, sampling)
+        if stream:
+            return self._stream(head, chat, args)
+        out = self.generate(*args[:2], max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos, **sampling)[0]
+        choice: Dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        n = len(out.token_ids)
+        return dict(head, choices=[choice], timings=out.timings,
+                    usage={"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n})
+
+    def _stream(self, head, chat, args) -> Iterator[Dict[str, Any]]:
+        def chunk(text, finish, first=False):
+            c: Dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+            if chat:
+                delta: Dict[str, Any] = {"role": "assistant"} if first else {}
+                if text or first:
+                    delta["content"] = text
+                c["delta"] = delta
+            else:
+                c["text"] = text
+            return dict(head, choices=[c])
+
+        first = True
+        for r, tok, piece in self._events(*args, per_token=True):
+            if tok is None:
+                yield chunk("", r.finish or "length")
+            elif piece or (first and chat):
+                yield chunk(piece, None, first)
+                first = False
+
+    def __repr__(self) -> str:
+        return f"ultra.LLM({self.model.info.path!r}, n_ctx={self.n_ctx}, n_slots={self.n_slots}, " \
+               f"device={self.ctx.device!r})"
