@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -569,6 +570,97 @@ void bind_context(py::module_& m) {
           py::arg("rows"), "sampled(row) of several rows in one call (int32 array).");
 }
 
+// on_token for the C++ loops: calls the Python callable (GIL held for the call), which returns False to stop
+// (None or anything true goes on). A Python exception in it (KeyboardInterrupt included) ends the loop and
+// propagates to the caller.
+OnToken python_on_token(const py::object& fn) {
+  if (fn.is_none()) return nullptr;
+  return [fn](int32_t tok, Context&, int) {
+    py::gil_scoped_acquire gil;
+    py::object r = fn(tok);
+    return r.is_none() || r.cast<bool>();
+  };
+}
+
+py::dict result_dict(const GenerateResult& r) {
+  py::dict d;
+  d["prompt_ms"] = r.prompt_ms;
+  d["n_prompt"] = r.n_prompt;
+  d["eval_ms"] = r.eval_ms;
+  d["n_eval"] = r.n_eval;
+  d["sample_ms"] = r.sample_ms;
+  d["n_generated"] = r.n_generated;
+  d["stopped_eog"] = r.stopped_eog;
+  d["context_full"] = r.context_full;
+  d["stopped_by_caller"] = r.stopped_by_caller;
+  return d;
+}
+
+void bind_generate(py::module_& m) {
+  m.def(
+      "generate",
+      [](PyContext& c, const std::vector<int32_t>& prompt, int seq, int n_predict, bool ignore_eos,
+         const py::object& on_token) {
+        GenerateParams gp;
+        gp.seq = seq;
+        gp.n_predict = n_predict;
+        gp.ignore_eos = ignore_eos;
+        const OnToken cb = python_on_token(on_token);
+        const GenerateResult r = released(c, [&] { return generate(c.ctx, prompt, gp, cb); });
+        return result_dict(r);
+      },
+      py::arg("ctx"), py::arg("prompt"), py::kw_only(), py::arg("seq") = 0, py::arg("n_predict") = 128,
+      py::arg("ignore_eos") = false, py::arg("on_token") = py::none(),
+      "The C++ generation loop (include/ultra/generate.h) on sequence seq, with the sequence's sampler "
+      "(Context.set_sampling); on_token(token) -> False stops. Returns the timings and how it stopped.");
+  m.def(
+      "generate_speculative",
+      [](PyContext& target, PyContext* draft, const std::vector<int32_t>& prompt, int seq, int n_predict,
+         bool ignore_eos, int n_draft, int n_draft_min, float p_min, int lookup, int draft_seq,
+         const py::object& on_token) {
+        GenerateParams gp;
+        gp.seq = seq;
+        gp.n_predict = n_predict;
+        gp.ignore_eos = ignore_eos;
+        SpeculativeParams sp;
+        sp.n_draft = n_draft;
+        sp.n_draft_min = n_draft_min;
+        sp.p_min = p_min;
+        sp.lookup_ngram = lookup;
+        sp.draft_seq = draft_seq;
+        if (draft == &target) invalid("generate_speculative: the draft context is the target context");
+        const OnToken cb = python_on_token(on_token);
+        SpeculativeStats st;
+        std::optional<Busy> draft_busy;
+        if (draft) draft_busy.emplace(*draft);
+        const GenerateResult r = released(target, [&] {
+          return generate_speculative(target.ctx, draft ? &draft->ctx : nullptr, prompt, gp, sp, cb, &st);
+        });
+        py::dict d = result_dict(r);
+        d["rounds"] = st.rounds;
+        d["drafted"] = st.drafted;
+        d["accepted"] = st.accepted;
+        d["from_lookup"] = st.from_lookup;
+        d["plain_steps"] = st.plain_steps;
+        d["draft_ms"] = st.draft_ms;
+        d["verify_ms"] = st.verify_ms;
+        return d;
+      },
+      py::arg("target"), py::arg("draft"), py::arg("prompt"), py::kw_only(), py::arg("seq") = 0,
+      py::arg("n_predict") = 128, py::arg("ignore_eos") = false, py::arg("n_draft") = 8,
+      py::arg("n_draft_min") = 0, py::arg("p_min") = 0.0f, py::arg("lookup") = 0, py::arg("draft_seq") = 0,
+      py::arg("on_token") = py::none(),
+      "generate() with speculative decoding (include/ultra/speculative.h): draft (a Context of a draft "
+      "model, "
+      "or None) and/or prompt lookup (lookup > 0). The target needs n_outputs >= n_draft + 1.");
+  m.def(
+      "check_draft_compatible",
+      [](const Model& target, const Model& draft) {
+        as<InvalidArgumentError>([&] { check_draft_compatible(target, draft); });
+      },
+      py::arg("target"), py::arg("draft"));
+}
+
 void bind_chat(py::module_& m) {
   py::class_<ChatFormatter>(m, "ChatFormatter",
                             "Chat messages -> prompt, exactly as `ultra serve` renders /v1/chat/completions "
@@ -611,5 +703,6 @@ PYBIND11_MODULE(_core, m) {
   bind_model(m);
   bind_batch(m);
   bind_context(m);
+  bind_generate(m);
   bind_chat(m);
 }

@@ -229,3 +229,12 @@ def test_text_held_back_for_a_stop_string_comes_out_at_the_end(llm):
     assert "".join(c["choices"][0]["text"] for c in chunks) == plain.text
     cut = llm.generate("ROMEO:", temperature=0, max_tokens=12, stop=[plain.text[3:6]])[0]
     assert cut.text == plain.text[:3] and cut.finish_reason == "stop"
+
+
+def test_python_m_ultra_runs_the_command(llm):
+    import os
+    import sys
+    out = subprocess.run([sys.executable, "-m", "ultra", "run", "-m", str(TARGET), "-p", "ROMEO:", "-n", "8",
+                          "--temp", "0", "-c", str(N_CTX)], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, ULTRA_BIN=ultra_bin()))
+    assert out.stdout.rstrip("\n") == "ROMEO:" + llm.generate("ROMEO:", temperature=0, max_tokens=8)[0].text

@@ -1,6 +1,6 @@
 """Type stubs of ultra._core, the extension over the public C++ API (python/src/core.cpp)."""
 
-from typing import ClassVar, Dict, List, Optional, Sequence, Tuple, Union, overload
+from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -214,3 +214,16 @@ class StopStrings:
     def flush(self) -> str: ...
     @property
     def stopped(self) -> bool: ...
+
+def generate(ctx: Context, prompt: Sequence[int], *, seq: int = 0, n_predict: int = 128, ignore_eos: bool = False,
+             on_token: Optional[Callable[[int], Optional[bool]]] = None) -> Dict[str, Union[float, int, bool]]:
+    """The C++ generation loop on sequence seq; on_token(token) -> False stops. Timings and how it stopped."""
+
+def generate_speculative(target: Context, draft: Optional[Context], prompt: Sequence[int], *, seq: int = 0,
+                         n_predict: int = 128, ignore_eos: bool = False, n_draft: int = 8, n_draft_min: int = 0,
+                         p_min: float = 0.0, lookup: int = 0, draft_seq: int = 0,
+                         on_token: Optional[Callable[[int], Optional[bool]]] = None
+                         ) -> Dict[str, Union[float, int, bool]]:
+    """generate() with a draft model and/or prompt lookup; the target needs n_outputs >= n_draft + 1."""
+
+def check_draft_compatible(target: Model, draft: Model) -> None: ...

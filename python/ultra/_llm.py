@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 import uuid
 from collections import deque
@@ -75,6 +77,34 @@ class _Request:
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = self.t_end = 0.0
 
+    def accept(self, tok: int, now: float, model: Model, n_ctx: int) -> str:
+        """Takes a generated token as the server's scheduler does; returns the text that became final and
+        sets finish when the request is done."""
+        self.generated.append(tok)
+        self.t_end = now
+        piece = ""
+        if not self.ignore_eos and model.is_eog(tok):
+            self.finish = "stop"
+        else:
+            if self.stream is not None:
+                piece = self.stops.push(self.stream.push(tok))
+                if self.stops.stopped:
+                    self.finish = "stop"
+            if self.finish is None and (len(self.generated) >= self.max_tokens or
+                                        len(self.ids) + len(self.generated) - 1 >= n_ctx):
+                self.finish = "length"
+            self.last = tok
+        if self.finish is not None and self.stream is not None and not self.stops.stopped:
+            tail = self.stops.push(self.stream.flush())  # a stop string may complete in the tail
+            if self.stops.stopped:
+                self.finish = "stop"
+            else:
+                tail += self.stops.flush()
+            piece += tail
+        if piece:
+            self.text.append(piece)
+        return piece
+
     def output(self) -> GenerationOutput:
         n = len(self.generated)
         decode_ms = (self.t_end - self.t_first) * 1e3
@@ -111,6 +141,14 @@ def sampling_params(sampling: Union[SamplingParams, Dict[str, Any], None] = None
     return SamplingParams(**out)
 
 
+def _load(model, mmap: bool) -> Model:
+    if isinstance(model, Model):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return Model(os.fspath(model), mmap=mmap)
+    raise TypeError(f"model must be a path or an ultra.Model, not {type(model).__name__}")
+
+
 class LLM:
     """A model and a context of n_slots sequences, driven from Python.
 
@@ -118,19 +156,31 @@ class LLM:
       model: a path (GGUF file or HF directory) or an ultra.Model; n_ctx: tokens per sequence (0: the
       model's training context, at most 4096); n_slots: prompts generated at once; device: "cpu" or "cuda";
       threads: CPU threads (0: all).
+      Speculative decoding (draft_model: a path or Model with the same vocabulary; lookup: prompt-lookup
+      n-gram length, 0 off; n_draft: most tokens drafted per round; draft_p_min: adaptive draft length):
+      prompts then run one at a time through the C++ speculative loop, with the target's output
+      distribution (greedy: exactly the plain greedy tokens).
     """
 
     def __init__(self, model: Union[str, os.PathLike, Model], n_ctx: int = 0, n_slots: int = 4,
                  device: str = "cpu", threads: int = 0, n_batch: int = 512, kv_type: str = "",
-                 mmap: bool = True):
-        if isinstance(model, Model):
-            self.model = model
-        elif isinstance(model, (str, os.PathLike)):
-            self.model = Model(os.fspath(model), mmap=mmap)
-        else:
-            raise TypeError(f"model must be a path or an ultra.Model, not {type(model).__name__}")
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_slots=n_slots, n_batch=n_batch, threads=threads,
-                           device=device, kv_type=kv_type)
+                 mmap: bool = True, draft_model: Union[str, os.PathLike, Model, None] = None, lookup: int = 0,
+                 n_draft: int = 8, draft_p_min: float = 0.0):
+        self.model = _load(model, mmap)
+        self._speculative = draft_model is not None or lookup > 0
+        if lookup < 0 or n_draft < 1:
+            raise InvalidArgument(f"lookup must be >= 0 and n_draft >= 1 (got {lookup}, {n_draft})")
+        self._lookup, self._n_draft, self._draft_p_min = lookup, n_draft, draft_p_min
+        rows = n_draft + 1 if self._speculative else 0  # a verification step: K + 1 rows, all outputs
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_slots=n_slots, n_batch=max(n_batch, rows),
+                           n_outputs=max(n_slots, rows), threads=threads, device=device, kv_type=kv_type)
+        self.draft = None
+        self._draft_ctx = None
+        if draft_model is not None:
+            self.draft = _load(draft_model, mmap)
+            _core.check_draft_compatible(self.model, self.draft)
+            self._draft_ctx = Context(self.draft, n_ctx=self.ctx.n_ctx, n_slots=1, n_outputs=1, threads=threads,
+                                      device=device, kv_type=kv_type)
         self.tokenizer = self.model.tokenizer
         self.n_ctx = self.ctx.n_ctx
         self.n_slots = self.ctx.n_slots
@@ -226,6 +276,16 @@ class LLM:
             raise _core.Error("this LLM is already generating (one generation at a time; finish or close "
                               "the other stream first)")
         self._busy = True
+        try:
+            if self._speculative:
+                yield from self._speculative_events(reqs, per_token)
+            else:
+                yield from self._batched_events(reqs, per_token)
+        finally:
+            self._busy = False
+
+    def _batched_events(self, reqs: List[_Request], per_token: bool) -> Iterator[tuple]:
+        """Continuous batching over the slots (see the module's docstring)."""
         ctx, batch, model = self.ctx, self._batch, self.model
         n_ctx, n_batch = self.n_ctx, batch.capacity
         waiting = deque(reqs)
@@ -263,29 +323,7 @@ class LLM:
                     tok = ctx.sampled(row)
                     if not r.generated:
                         r.t_first = now
-                    r.generated.append(tok)
-                    r.t_end = now
-                    piece = ""
-                    if not r.ignore_eos and model.is_eog(tok):
-                        r.finish = "stop"
-                    else:
-                        if r.stream is not None:
-                            piece = r.stops.push(r.stream.push(tok))
-                            if r.stops.stopped:
-                                r.finish = "stop"
-                        if r.finish is None and (len(r.generated) >= r.max_tokens or
-                                                 len(r.ids) + len(r.generated) - 1 >= n_ctx):
-                            r.finish = "length"
-                        r.last = tok
-                    if r.finish is not None and r.stream is not None and not r.stops.stopped:
-                        tail = r.stops.push(r.stream.flush())  # a stop string may complete in the tail
-                        if r.stops.stopped:
-                            r.finish = "stop"
-                        else:
-                            tail += r.stops.flush()
-                        piece += tail
-                    if piece:
-                        r.text.append(piece)
+                    piece = r.accept(tok, now, model, n_ctx)
                     if per_token:
                         yield r, tok, piece
                     if r.finish is not None:
@@ -295,7 +333,56 @@ class LLM:
         finally:
             for slot in active:  # interrupted or abandoned: the context stays usable
                 ctx.clear(slot)
-            self._busy = False
+
+    def _speculative_events(self, reqs: List[_Request], per_token: bool) -> Iterator[tuple]:
+        """One prompt at a time through the C++ speculative loop (generate_speculative: the draft model
+        and/or prompt lookup), run on a worker thread so that its tokens can be yielded as the rounds give
+        them. An interrupt or an abandoned stream stops it at its next token."""
+        ctx, model, n_ctx = self.ctx, self.model, self.n_ctx
+        for r in reqs:
+            ctx.clear(0)
+            ctx.set_sampling(0, r.sp)
+            r.slot = 0
+            r.t_admit = time.perf_counter()
+            q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+            cancel = threading.Event()
+
+            def on_token(tok, r=r, q=q, cancel=cancel):
+                if cancel.is_set():
+                    return False
+                now = time.perf_counter()
+                if not r.generated:
+                    r.t_first = now
+                q.put((tok, r.accept(tok, now, model, n_ctx)))
+                return r.finish is None
+
+            def run(r=r, q=q, on_token=on_token):
+                try:
+                    _core.generate_speculative(ctx, self._draft_ctx, r.ids, seq=0, n_predict=r.max_tokens,
+                                               ignore_eos=r.ignore_eos, n_draft=self._n_draft,
+                                               p_min=self._draft_p_min, lookup=self._lookup, on_token=on_token)
+                    q.put(("done", None))
+                except BaseException as e:  # handed to the caller's thread
+                    q.put(("error", e))
+
+            worker = threading.Thread(target=run, name="ultra-speculative", daemon=True)
+            worker.start()
+            try:
+                while True:
+                    tok, piece = q.get()
+                    if tok == "done":
+                        break
+                    if tok == "error":
+                        raise piece
+                    if per_token:
+                        yield r, tok, piece
+                if r.finish is None:
+                    r.finish = "length"
+                yield r, None, None
+            finally:
+                cancel.set()
+                worker.join()
+                ctx.clear(0)
 
     # ---- OpenAI-shaped completions -----------------------------------------------------------------------
 
