@@ -238,3 +238,44 @@ def test_python_m_ultra_runs_the_command(llm):
                           "--temp", "0", "-c", str(N_CTX)], capture_output=True, text=True, check=True,
                          env=dict(os.environ, ULTRA_BIN=ultra_bin()))
     assert out.stdout.rstrip("\n") == "ROMEO:" + llm.generate("ROMEO:", temperature=0, max_tokens=8)[0].text
+
+
+def f32(x):
+    return np.float32(x)  # the server prints each float32 in its shortest form
+
+
+def same_logprobs(mine, theirs):
+    if isinstance(mine, dict):
+        assert set(mine) == set(theirs)
+        for k in mine:
+            same_logprobs(mine[k], theirs[k])
+    elif isinstance(mine, list):
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine, theirs):
+            same_logprobs(a, b)
+    elif isinstance(mine, float):
+        assert f32(mine) == f32(theirs)
+    else:
+        assert mine == theirs
+
+
+def test_logprobs_equal_the_servers_and_stream_alike(llm, server):
+    body = {"prompt": "ROMEO:", "temperature": 0, "max_tokens": 12, "logprobs": 3, "stop": ["thee"]}
+    theirs = post(server + "/v1/completions", body)["choices"][0]
+    mine = llm.complete("ROMEO:", temperature=0, max_tokens=12, logprobs=3, stop=["thee"])["choices"][0]
+    assert mine["text"] == theirs["text"]
+    same_logprobs(mine["logprobs"], theirs["logprobs"])
+    chunks = list(llm.complete("ROMEO:", temperature=0, max_tokens=12, logprobs=3, stop=["thee"], stream=True))
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert sum((s["tokens"] for s in streamed), []) == mine["logprobs"]["tokens"]
+
+    body = {"messages": MESSAGES, "temperature": 0.7, "seed": 9, "max_tokens": 10, "logprobs": True,
+            "top_logprobs": 2}
+    theirs = post(server + "/v1/chat/completions", body)["choices"][0]
+    mine = llm.chat(MESSAGES, temperature=0.7, seed=9, max_tokens=10, logprobs=True, top_logprobs=2)["choices"][0]
+    assert mine["message"] == theirs["message"]
+    same_logprobs(mine["logprobs"], theirs["logprobs"])
+    with pytest.raises(ultra.InvalidArgument):
+        llm.chat(MESSAGES, top_logprobs=2)
+    with pytest.raises(ultra.InvalidArgument):
+        llm.complete("ROMEO:", logprobs=21)

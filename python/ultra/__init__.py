@@ -16,10 +16,12 @@ Wrong Python types raise TypeError.
 
 from ._core import (Batch, ChatFormatter, Context, Error, InvalidArgument, Model, ModelError, ModelInfo, Output,
                     RowToken, SamplingParams, SeqSnapshot, StopStrings, TextStream, Tokenizer)
+from ._core import check_draft_compatible, generate, generate_speculative
 from ._llm import LLM, GenerationOutput, sampling_params
 
 __version__ = "0.1.0"
 
 __all__ = ["Batch", "ChatFormatter", "Context", "Error", "GenerationOutput", "InvalidArgument", "LLM", "Model",
            "ModelError", "ModelInfo", "Output", "RowToken", "SamplingParams", "SeqSnapshot", "StopStrings",
-           "TextStream", "Tokenizer", "sampling_params", "__version__"]
+           "TextStream", "Tokenizer", "check_draft_compatible", "generate", "generate_speculative", "sampling_params",
+           "__version__"]

@@ -53,13 +53,18 @@ class GenerationOutput:
     token_ids: List[int]
     finish_reason: str
     timings: Dict[str, float] = field(default_factory=dict)
+    # With logprobs=N: per generated token (end-of-generation tokens and tokens past a stop string left out,
+    # as the server does) {"token": id, "logprob": float, "top": [(id, logprob)] (N best), "offset": the
+    # byte offset of its text in `text`}.
+    logprobs: Optional[List[Dict[str, Any]]] = None
 
 
 class _Request:
     __slots__ = ("index", "prompt", "ids", "sp", "max_tokens", "stops", "stream", "ignore_eos", "slot", "fed",
-                 "last", "generated", "text", "finish", "t_submit", "t_admit", "t_first", "t_end")
+                 "last", "generated", "text", "finish", "t_submit", "t_admit", "t_first", "t_end", "tokenizer",
+                 "lp", "n_top", "n_piece_bytes")
 
-    def __init__(self, index, prompt, ids, sp, max_tokens, stop, ignore_eos, tokenizer):
+    def __init__(self, index, prompt, ids, sp, max_tokens, stop, ignore_eos, tokenizer, logprobs=None):
         self.index = index
         self.prompt = prompt
         self.ids = ids
@@ -76,6 +81,26 @@ class _Request:
         self.finish: Optional[str] = None
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = self.t_end = 0.0
+        self.tokenizer = tokenizer
+        self.lp: Optional[List[Dict[str, Any]]] = None if logprobs is None else []
+        self.n_top = logprobs or 0
+        self.n_piece_bytes = 0  # bytes of the text of the tokens recorded so far
+
+    def record(self, tok: int, ctx: Context, row: int, model: Model) -> None:
+        """Keeps the token's log-probabilities (logprobs requested), as the server's scheduler does."""
+        if self.lp is None or (not self.ignore_eos and model.is_eog(tok)):
+            return
+        self.lp.append({"token": tok, "logprob": ctx.logprob(row), "top": ctx.top_logprobs(row)[:self.n_top],
+                        "offset": self.n_piece_bytes})
+        if self.tokenizer is not None and not self.tokenizer.is_special(tok):
+            self.n_piece_bytes += len(self.tokenizer.token_to_piece(tok))
+
+    def released_logprobs(self, n_emitted: int, done: bool) -> int:
+        """How many recorded entries belong to text handed out (n_emitted bytes), as the server releases them:
+        every one once the request is done, unless a stop string cut the text."""
+        if done and not self.stops.stopped:
+            return len(self.lp or [])
+        return sum(1 for e in self.lp or [] if e["offset"] < n_emitted)
 
     def accept(self, tok: int, now: float, model: Model, n_ctx: int) -> str:
         """Takes a generated token as the server's scheduler does; returns the text that became final and
@@ -112,6 +137,8 @@ class _Request:
             index=self.index, prompt=self.prompt if isinstance(self.prompt, str) else None,
             prompt_token_ids=list(self.ids), text="".join(self.text), token_ids=self.generated,
             finish_reason=self.finish or "length",
+            logprobs=None if self.lp is None else
+            self.lp[:self.released_logprobs(len("".join(self.text).encode()), True)],
             timings={"queued_ms": (self.t_admit - self.t_submit) * 1e3,
                      "prompt_ms": (self.t_first - self.t_admit) * 1e3, "decode_ms": decode_ms,
                      "n_prompt": len(self.ids), "n_generated": n,
@@ -226,21 +253,23 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling: Union[SamplingParams, Dict[str, Any], Sequence[SamplingParams], None] = None, *,
                  max_tokens: int = 16, stop: Union[str, Sequence[str], None] = None, ignore_eos: bool = False,
-                 **fields) -> List[GenerationOutput]:
+                 logprobs: Optional[int] = None, **fields) -> List[GenerationOutput]:
         """Generates for every prompt (a str or token ids), n_slots at a time by continuous batching.
 
         sampling: one SamplingParams (or dict) for all, or one per prompt; keyword fields (temperature=...,
         seed=...) override it. Default: SamplingParams() (llama.cpp's defaults, seed 0xdeadbeef).
+        logprobs: N in [0, 20] keeps each token's log-probability and the N best alternatives.
         Returns one GenerationOutput per prompt, in order.
         """
         outs: List[Optional[GenerationOutput]] = []
-        for req, _, _ in self._events(prompts, sampling, max_tokens, stop, ignore_eos, fields, per_token=False):
+        for req, _, _ in self._events(prompts, sampling, max_tokens, stop, ignore_eos, fields, per_token=False,
+                                      logprobs=logprobs):
             if len(outs) <= req.index:
                 outs.extend([None] * (req.index + 1 - len(outs)))
             outs[req.index] = req.output()
         return outs  # type: ignore[return-value]
 
-    def _requests(self, prompts, sampling, max_tokens, stop, ignore_eos, fields) -> List[_Request]:
+    def _requests(self, prompts, sampling, max_tokens, stop, ignore_eos, fields, logprobs) -> List[_Request]:
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and
                                         isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -252,6 +281,15 @@ class LLM:
         else:
             sp = sampling_params(sampling, **fields)
             sps = [sp] * len(prompts)
+        if logprobs is not None:
+            if not isinstance(logprobs, int) or isinstance(logprobs, bool):
+                raise TypeError(f"logprobs must be an int, not {type(logprobs).__name__}")
+            if not 0 <= logprobs <= SamplingParams.MAX_PROBS:
+                raise InvalidArgument(f"logprobs must be in [0, {SamplingParams.MAX_PROBS}], not {logprobs}")
+            if self._speculative:
+                raise InvalidArgument("logprobs are not available with speculative decoding (tokens come in rounds)")
+            # >= 1: a greedy row computes its log-probability only then.
+            sps = [sampling_params(sp, n_probs=max(1, logprobs)) for sp in sps]
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
             raise TypeError(f"max_tokens must be an int, not {type(max_tokens).__name__}")
         if max_tokens < 1:
@@ -264,14 +302,14 @@ class LLM:
             stops = list(stop)
             if not all(isinstance(s, str) for s in stops):
                 raise TypeError("stop must be a str or a list of str")
-        return [_Request(i, p, self._prompt_ids(p), sps[i], max_tokens, stops, bool(ignore_eos), self.tokenizer)
-                for i, p in enumerate(prompts)]
+        return [_Request(i, p, self._prompt_ids(p), sps[i], max_tokens, stops, bool(ignore_eos), self.tokenizer,
+                         logprobs) for i, p in enumerate(prompts)]
 
-    def _events(self, prompts, sampling, max_tokens, stop, ignore_eos, fields,
-                per_token: bool) -> Iterator[tuple]:
+    def _events(self, prompts, sampling, max_tokens, stop, ignore_eos, fields, per_token: bool,
+                logprobs: Optional[int] = None) -> Iterator[tuple]:
         """Runs the requests; yields (request, token, text) per generated token when per_token, and
         (request, None, None) when a request finishes."""
-        reqs = self._requests(prompts, sampling, max_tokens, stop, ignore_eos, fields)
+        reqs = self._requests(prompts, sampling, max_tokens, stop, ignore_eos, fields, logprobs)
         if self._busy:
             raise _core.Error("this LLM is already generating (one generation at a time; finish or close "
                               "the other stream first)")
@@ -323,6 +361,8 @@ class LLM:
                     tok = ctx.sampled(row)
                     if not r.generated:
                         r.t_first = now
+                    if r.lp is not None:
+                        r.record(tok, ctx, row, model)
                     piece = r.accept(tok, now, model, n_ctx)
                     if per_token:
                         yield r, tok, piece
@@ -388,21 +428,29 @@ class LLM:
 
     def complete(self, prompt: Prompt, *, max_tokens: Optional[int] = None,
                  stop: Union[str, Sequence[str], None] = None, ignore_eos: bool = False, stream: bool = False,
-                 **sampling) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+                 logprobs: Optional[int] = None, **sampling) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """A text completion as the server's /v1/completions answers it ({"id", "object": "text_completion",
         "created", "model", "choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}); with
         stream=True a generator of the server's chunks, the last one carrying finish_reason.
-        max_tokens: default the room left in the context (as the server)."""
-        return self._openai(prompt, False, max_tokens, stop, ignore_eos, stream, sampling)
+        max_tokens: default the room left in the context (as the server). logprobs: N alternatives per token
+        ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}). Sampling fields as keywords
+        (temperature, top_k, top_p, min_p, repeat_penalty / repetition_penalty, repeat_last_n,
+        presence_penalty, frequency_penalty, seed)."""
+        return self._openai(prompt, False, max_tokens, stop, ignore_eos, stream, logprobs, sampling)
 
     def chat(self, messages: Sequence[Dict[str, Any]], *, max_tokens: Optional[int] = None,
              stop: Union[str, Sequence[str], None] = None, ignore_eos: bool = False, stream: bool = False,
-             chat_template_kwargs: Optional[Dict[str, Any]] = None, **sampling
-             ) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+             logprobs: bool = False, top_logprobs: int = 0, chat_template_kwargs: Optional[Dict[str, Any]] = None,
+             **sampling) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """A chat completion as the server's /v1/chat/completions answers it (the prompt rendered and
-        tokenized by the same code, ultra.ChatFormatter); stream=True: "chat.completion.chunk" chunks."""
+        tokenized by the same code, ultra.ChatFormatter); stream=True: "chat.completion.chunk" chunks.
+        logprobs / top_logprobs: OpenAI's chat log-probabilities ({"content": [{token, logprob, bytes,
+        top_logprobs}]})."""
+        if top_logprobs and not logprobs:
+            raise InvalidArgument("'top_logprobs' needs 'logprobs': True")
         ids = self.chat_prompt_ids(messages, chat_template_kwargs=chat_template_kwargs)
-        return self._openai(ids, True, max_tokens, stop, ignore_eos, stream, sampling)
+        return self._openai(ids, True, max_tokens, stop, ignore_eos, stream, top_logprobs if logprobs else None,
+                            sampling)
 
     def chat_prompt(self, messages: Sequence[Dict[str, Any]], add_generation_prompt: bool = True,
                     chat_template_kwargs: Optional[Dict[str, Any]] = None) -> str:
@@ -430,7 +478,23 @@ class LLM:
         except TypeError as e:
             raise TypeError(f"messages must be JSON-serializable: {e}") from None
 
-    def _openai(self, prompt, chat, max_tokens, stop, ignore_eos, stream, sampling):
+    def _logprobs_json(self, chat: bool, entries: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The server's logprobs object of a choice (server.cpp's logprobs_json)."""
+        tok = self._tok()
+
+        def text(i):
+            return tok.token_to_piece(i).decode("utf-8", "replace")
+
+        if chat:
+            return {"content": [{"token": text(e["token"]), "logprob": e["logprob"],
+                                 "bytes": list(tok.token_to_piece(e["token"])),
+                                 "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(tok.token_to_piece(t))}
+                                                  for t, lp in e["top"]]} for e in entries]}
+        return {"tokens": [text(e["token"]) for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{text(t): lp for t, lp in e["top"]} for e in entries],
+                "text_offset": [e["offset"] for e in entries]}
+
+    def _openai(self, prompt, chat, max_tokens, stop, ignore_eos, stream, logprobs, sampling):
         ids = self._prompt_ids(prompt)
         if max_tokens is None:
             max_tokens = self.n_ctx - len(ids)
@@ -445,9 +509,11 @@ class LLM:
             sampling["seed"] = int.from_bytes(os.urandom(8), "little")
         args = ([ids], None, max_tokens, stop, ignore_eos, sampling)
         if stream:
-            return self._stream(head, chat, args)
-        out = self.generate(*args[:2], max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos, **sampling)[0]
-        choice: Dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+            return self._stream(head, chat, args, logprobs)
+        out = self.generate([ids], max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos, logprobs=logprobs,
+                            **sampling)[0]
+        choice: Dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason,
+                                  "logprobs": None if out.logprobs is None else self._logprobs_json(chat, out.logprobs)}
         if chat:
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
@@ -456,9 +522,9 @@ class LLM:
         return dict(head, choices=[choice], timings=out.timings,
                     usage={"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n})
 
-    def _stream(self, head, chat, args) -> Iterator[Dict[str, Any]]:
-        def chunk(text, finish, first=False):
-            c: Dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    def _stream(self, head, chat, args, logprobs) -> Iterator[Dict[str, Any]]:
+        def chunk(text, finish, first=False, lp=None):
+            c: Dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": lp}
             if chat:
                 delta: Dict[str, Any] = {"role": "assistant"} if first else {}
                 if text or first:
@@ -469,12 +535,23 @@ class LLM:
             return dict(head, choices=[c])
 
         first = True
-        for r, tok, piece in self._events(*args, per_token=True):
+        emitted = released = 0  # bytes of text handed out; log-probability entries handed out
+        for r, tok, piece in self._events(*args, per_token=True, logprobs=logprobs):
             if tok is None:
                 yield chunk("", r.finish or "length")
-            elif piece or (first and chat):
-                yield chunk(piece, None, first)
-                first = False
+                continue
+            emitted += len(piece.encode())
+            lp = None
+            if r.lp is not None:
+                n = r.released_logprobs(emitted, r.finish is not None)
+                lp = self._logprobs_json(chat, r.lp[released:n])
+                if n == released and not piece and not (first and chat):
+                    continue
+                released = n
+            elif not piece and not (first and chat):
+                continue
+            yield chunk(piece, None, first, lp)
+            first = False
 
     def __repr__(self) -> str:
         return f"ultra.LLM({self.model.info.path!r}, n_ctx={self.n_ctx}, n_slots={self.n_slots}, " \
