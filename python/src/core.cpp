@@ -4,8 +4,9 @@
 //
 // Rules kept here:
 //  * The GIL is released for every call that runs the model or reads model files (Model.load,
-//    Context(...), step, submit, wait); a Context is used by one thread at a time (a second thread's call
-//    while a step runs raises ultra.Error instead of racing).
+//    Context(...), step, submit, wait, generate, generate_speculative) and for Tokenizer.encode; a Context
+//    is used by one thread at a time (a second thread's call while a step runs raises ultra.Error instead
+//    of racing), and a Batch must not be changed by another thread while a step reads it.
 //  * Every ultra::Error becomes a Python exception with the C++ message: ultra.ModelError from loading a
 //    model or tokenizer, ultra.InvalidArgument (also a ValueError) from a call whose arguments the engine
 //    refuses (context parameters, batch rows, sampling fields, token ids, chat messages), ultra.Error (a
@@ -229,7 +230,12 @@ void bind_model(py::module_& m) {
       .def(
           "encode",
           [](const Tokenizer& t, std::string_view text, bool add_special, bool parse_special) {
-            return t.encode(text, add_special, parse_special);
+            std::vector<int32_t> ids;
+            {
+              py::gil_scoped_release nogil;  // a long text takes a while; the str is immutable
+              ids = t.encode(text, add_special, parse_special);
+            }
+            return ids;
           },
           py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true,
           "Token ids of text. add_special: BOS/EOS as the vocabulary asks; parse_special: recognise control "
