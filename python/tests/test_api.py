@@ -193,6 +193,16 @@ def test_interrupt_during_a_stream_leaves_the_llm_usable(llm):
         llm.generate("JULIET:")
     stream.close()  # an abandoned stream frees its slot
     assert llm.generate("JULIET:", temperature=0, max_tokens=4)[0].finish_reason == "length"
+    with pytest.raises(TypeError):  # checked at the call, not at the first chunk
+        llm.complete("ROMEO:", stream=True, temperature="hot")
+    reference = llm.complete("ROMEO:", temperature=0, max_tokens=16)["choices"][0]["text"]
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(llm.complete("ROMEO:", temperature=0, max_tokens=N_CTX - 8, ignore_eos=True,
+                                           stream=True)):
+            if i == 3:
+                _thread.interrupt_main()
+    text = "".join(c["choices"][0]["text"] for c in llm.complete("ROMEO:", temperature=0, max_tokens=16, stream=True))
+    assert text == reference
 
 
 def test_low_level_snapshot_restore_and_stream(model):

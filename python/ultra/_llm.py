@@ -262,8 +262,8 @@ class LLM:
         Returns one GenerationOutput per prompt, in order.
         """
         outs: List[Optional[GenerationOutput]] = []
-        for req, _, _ in self._events(prompts, sampling, max_tokens, stop, ignore_eos, fields, per_token=False,
-                                      logprobs=logprobs):
+        reqs = self._requests(prompts, sampling, max_tokens, stop, ignore_eos, fields, logprobs)
+        for req, _, _ in self._events(reqs, per_token=False):
             if len(outs) <= req.index:
                 outs.extend([None] * (req.index + 1 - len(outs)))
             outs[req.index] = req.output()
@@ -305,11 +305,9 @@ class LLM:
         return [_Request(i, p, self._prompt_ids(p), sps[i], max_tokens, stops, bool(ignore_eos), self.tokenizer,
                          logprobs) for i, p in enumerate(prompts)]
 
-    def _events(self, prompts, sampling, max_tokens, stop, ignore_eos, fields, per_token: bool,
-                logprobs: Optional[int] = None) -> Iterator[tuple]:
+    def _events(self, reqs: List[_Request], per_token: bool) -> Iterator[tuple]:
         """Runs the requests; yields (request, token, text) per generated token when per_token, and
         (request, None, None) when a request finishes."""
-        reqs = self._requests(prompts, sampling, max_tokens, stop, ignore_eos, fields, logprobs)
         if self._busy:
             raise _core.Error("this LLM is already generating (one generation at a time; finish or close "
                               "the other stream first)")
@@ -507,9 +505,9 @@ class LLM:
                 "created": int(time.time()), "model": self.name}
         if "seed" not in sampling or sampling["seed"] is None:  # the server draws a seed per request
             sampling["seed"] = int.from_bytes(os.urandom(8), "little")
-        args = ([ids], None, max_tokens, stop, ignore_eos, sampling)
-        if stream:
-            return self._stream(head, chat, args, logprobs)
+        if stream:  # the arguments are checked now, not at the first chunk
+            return self._stream(head, chat, self._requests([ids], None, max_tokens, stop, ignore_eos, sampling,
+                                                           logprobs))
         out = self.generate([ids], max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos, logprobs=logprobs,
                             **sampling)[0]
         choice: Dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason,
@@ -522,7 +520,7 @@ class LLM:
         return dict(head, choices=[choice], timings=out.timings,
                     usage={"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n})
 
-    def _stream(self, head, chat, args, logprobs) -> Iterator[Dict[str, Any]]:
+    def _stream(self, head, chat, reqs: List[_Request]) -> Iterator[Dict[str, Any]]:
         def chunk(text, finish, first=False, lp=None):
             c: Dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": lp}
             if chat:
@@ -536,7 +534,7 @@ class LLM:
 
         first = True
         emitted = released = 0  # bytes of text handed out; log-probability entries handed out
-        for r, tok, piece in self._events(*args, per_token=True, logprobs=logprobs):
+        for r, tok, piece in self._events(reqs, per_token=True):
             if tok is None:
                 yield chunk("", r.finish or "length")
                 continue
