@@ -15,6 +15,7 @@ cleared, the context stays usable, and the exception reaches the caller.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import queue
 import threading
@@ -22,7 +23,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _core
 from ._core import Batch, ChatFormatter, Context, InvalidArgument, Model, Output, SamplingParams, StopStrings, TextStream
@@ -168,6 +169,12 @@ def sampling_params(sampling: Union[SamplingParams, Dict[str, Any], None] = None
     return SamplingParams(**out)
 
 
+def _one_prompt(p) -> bool:
+    """A single prompt (text, a list of ids or a 1-D array of ids) rather than a list of prompts."""
+    return (isinstance(p, str) or getattr(p, "ndim", 0) == 1 or
+            (isinstance(p, (list, tuple)) and len(p) > 0 and isinstance(p[0], numbers.Integral)))
+
+
 def _load(model, mmap: bool) -> Model:
     if isinstance(model, Model):
         return model
@@ -233,7 +240,9 @@ class LLM:
     def _prompt_ids(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt)
-        elif isinstance(prompt, (list, tuple)) or hasattr(prompt, "__array__"):
+        elif isinstance(prompt, (list, tuple)) or getattr(prompt, "ndim", 0) == 1:
+            if not all(isinstance(t, numbers.Integral) for t in prompt):
+                raise TypeError("a prompt of token ids holds ints")
             ids = [int(t) for t in prompt]
         else:
             raise TypeError(f"a prompt is a str or a list of token ids, not {type(prompt).__name__}")
@@ -270,8 +279,7 @@ class LLM:
         return outs  # type: ignore[return-value]
 
     def _requests(self, prompts, sampling, max_tokens, stop, ignore_eos, fields, logprobs) -> List[_Request]:
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and
-                                        isinstance(prompts[0], int)):
+        if _one_prompt(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if isinstance(sampling, (list, tuple)):
