@@ -9,7 +9,8 @@
 
 namespace ultra {
 
-namespace {
+// A named namespace: ultra_app is compiled in unity units, where anonymous namespaces of several files meet.
+namespace chat_api {
 
 nlohmann::json parse_json(std::string_view text, const char* what) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -37,7 +38,7 @@ nlohmann::json parse_kwargs(std::string_view text) {
   return j;
 }
 
-}  // namespace
+}  // namespace chat_api
 
 struct ChatFormatter::Impl {
   Model model;
@@ -60,16 +61,16 @@ bool ChatFormatter::has_template() const {
 
 std::string ChatFormatter::render(std::string_view messages_json, bool add_generation_prompt,
                                   std::string_view kwargs_json) const {
-  const nlohmann::json messages = parse_messages(messages_json);
+  const nlohmann::json messages = chat_api::parse_messages(messages_json);
   return server::render_chat(impl_->tmpl ? &*impl_->tmpl : nullptr, messages, add_generation_prompt,
-                             parse_kwargs(kwargs_json));
+                             chat_api::parse_kwargs(kwargs_json));
 }
 
 std::vector<int32_t> ChatFormatter::encode(std::string_view messages_json, bool add_generation_prompt,
                                            bool allow_special_in_content,
                                            std::string_view kwargs_json) const {
-  const nlohmann::json messages = parse_messages(messages_json);
-  const nlohmann::json kwargs = parse_kwargs(kwargs_json);
+  const nlohmann::json messages = chat_api::parse_messages(messages_json);
+  const nlohmann::json kwargs = chat_api::parse_kwargs(kwargs_json);
   const ChatTemplate* t = impl_->tmpl ? &*impl_->tmpl : nullptr;
   return server::encode_chat(
       *impl_->model.tokenizer(), messages,
