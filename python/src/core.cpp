@@ -660,6 +660,35 @@ void bind_generate(py::module_& m) {
       "model, "
       "or None) and/or prompt lookup (lookup > 0). The target needs n_outputs >= n_draft + 1.");
   m.def(
+      "perplexity",
+      [](PyContext& c, const std::vector<int32_t>& tokens, int n_window, bool all_positions, int32_t bos,
+         int max_windows, bool allow_short, int seq) {
+        PerplexityParams p;
+        p.n_window = n_window;
+        p.mode = all_positions ? PerplexityParams::Mode::AllPositions : PerplexityParams::Mode::SecondHalf;
+        p.bos = bos;
+        p.max_windows = max_windows;
+        p.allow_short = allow_short;
+        p.seq = seq;
+        const PerplexityResult r = released(c, [&] { return perplexity(c.ctx, tokens, p); });
+        py::dict d;
+        d["ppl"] = r.ppl;
+        d["ppl_err"] = r.ppl_err;
+        d["mean_nll"] = r.mean_nll;
+        d["n_scored"] = r.n_scored;
+        d["n_windows"] = r.n_windows;
+        d["n_window"] = r.n_window;
+        d["n_dropped"] = r.n_dropped;
+        d["running_ppl"] = r.running_ppl;
+        return d;
+      },
+      py::arg("ctx"), py::arg("tokens"), py::kw_only(), py::arg("n_window") = 512,
+      py::arg("all_positions") = false, py::arg("bos") = -1, py::arg("max_windows") = -1,
+      py::arg("allow_short") = true, py::arg("seq") = 0,
+      "llama.cpp's perplexity (include/ultra/perplexity.h) of the tokens in windows of n_window, as `ultra "
+      "perplexity` computes it; the context needs n_ctx >= n_window and n_outputs >= min(n_window, "
+      "n_batch).");
+  m.def(
       "check_draft_compatible",
       [](const Model& target, const Model& draft) {
         as<InvalidArgumentError>([&] { check_draft_compatible(target, draft); });

@@ -97,3 +97,29 @@ def test_generate_eight_prompts_equals_eight_runs(llm, temperature):
         assert together[i].text == alone.text
         assert together[i].finish_reason == alone.finish_reason
     assert {o.finish_reason for o in together} <= {"stop", "length"}
+
+
+def test_perplexity_equals_ultra_perplexity_and_a_numpy_loop(model):
+    text = (TARGET.parent / "README.md").read_text()
+    out = run_cli("perplexity", "-m", str(TARGET), "-f", str(TARGET.parent / "README.md"), "--all-positions",
+                  "-c", "64", "--chunks", "3", "--json")
+    cli = json.loads(out.stdout)
+    ids = model.tokenizer.encode(text, add_special=False, parse_special=False)
+    ctx = ultra.Context(model, n_ctx=64, n_batch=64, n_outputs=64)
+    r = ultra.perplexity(ctx, ids, n_window=64, all_positions=True, max_windows=3)
+    assert r["ppl"] == cli["ppl"] and r["n_scored"] == cli["n_tokens_scored"]
+    # The same number from the logits in Python (examples/python/perplexity.py's loop).
+    batch = ultra.Batch(64)
+    nll = 0.0
+    for w in range(3):
+        chunk = ids[64 * w:64 * (w + 1)]
+        ctx.clear(0)
+        batch.clear()
+        for pos, tok in enumerate(chunk):  # every row asks for its logits
+            batch.add(tok, pos, 0, ultra.Output.logits)
+        ctx.step(batch)
+        for row in range(63):
+            x = ctx.logits(row).astype(np.float64)
+            m = x.max()
+            nll += m + np.log(np.exp(x - m).sum()) - x[chunk[row + 1]]
+    assert abs(np.exp(nll / (3 * 63)) - r["ppl"]) < 1e-9 * r["ppl"]

@@ -16,12 +16,12 @@ Wrong Python types raise TypeError.
 
 from ._core import (Batch, ChatFormatter, Context, Error, InvalidArgument, Model, ModelError, ModelInfo, Output,
                     RowToken, SamplingParams, SeqSnapshot, StopStrings, TextStream, Tokenizer)
-from ._core import check_draft_compatible, generate, generate_speculative
+from ._core import check_draft_compatible, generate, generate_speculative, perplexity
 from ._llm import LLM, GenerationOutput, sampling_params
 
 __version__ = "0.1.0"
 
 __all__ = ["Batch", "ChatFormatter", "Context", "Error", "GenerationOutput", "InvalidArgument", "LLM", "Model",
            "ModelError", "ModelInfo", "Output", "RowToken", "SamplingParams", "SeqSnapshot", "StopStrings",
-           "TextStream", "Tokenizer", "check_draft_compatible", "generate", "generate_speculative", "sampling_params",
+           "TextStream", "Tokenizer", "check_draft_compatible", "generate", "generate_speculative", "perplexity", "sampling_params",
            "__version__"]

@@ -227,3 +227,7 @@ def generate_speculative(target: Context, draft: Optional[Context], prompt: Sequ
     """generate() with a draft model and/or prompt lookup; the target needs n_outputs >= n_draft + 1."""
 
 def check_draft_compatible(target: Model, draft: Model) -> None: ...
+
+def perplexity(ctx: Context, tokens: Sequence[int], *, n_window: int = 512, all_positions: bool = False, bos: int = -1,
+               max_windows: int = -1, allow_short: bool = True, seq: int = 0) -> Dict[str, Union[float, int, List[float]]]:
+    """llama.cpp's perplexity of the tokens, as `ultra perplexity`: ppl, ppl_err, mean_nll, n_scored, ..."""
