@@ -289,3 +289,31 @@ def test_logprobs_equal_the_servers_and_stream_alike(llm, server):
         llm.chat(MESSAGES, top_logprobs=2)
     with pytest.raises(ultra.InvalidArgument):
         llm.complete("ROMEO:", logprobs=21)
+
+
+def test_a_step_releases_the_gil(model):
+    ctx = ultra.Context(model, n_ctx=256, threads=1)
+    batch = ultra.Batch(256)
+    batch.add_sequence(list(range(1, 201)), 0, 0, ultra.Output.sample)  # a long prefill step
+    seen = []  # when another Python thread ran
+    done = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            seen.append(time.perf_counter())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    spans = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ctx.step(batch)
+        spans.append((t0, time.perf_counter()))
+        ctx.clear(0)
+    done.set()
+    t.join()
+    # With the GIL held through the step, the other thread could run only just before the call (after t0,
+    # at most once); released, it wakes every millisecond of the step.
+    inside = [sum(1 for x in seen if t0 < x < t1) for t0, t1 in spans]
+    assert max(inside) >= 5, (inside, [t1 - t0 for t0, t1 in spans])
