@@ -275,8 +275,18 @@ void bind_model(py::module_& m) {
       .def_property_readonly("bos", &Tokenizer::bos, "BOS id, -1 if none")
       .def_property_readonly("eos", &Tokenizer::eos, "EOS id, -1 if none")
       .def_property_readonly("add_bos", &Tokenizer::add_bos)
-      .def("is_special", &Tokenizer::is_special, py::arg("id"))
-      .def("is_eog", &Tokenizer::is_eog, py::arg("id"))
+      .def(
+          "is_special",
+          [](const Tokenizer& t, int32_t id) {
+            return as<InvalidArgumentError>([&] { return t.is_special(id); });
+          },
+          py::arg("id"))
+      .def(
+          "is_eog",
+          [](const Tokenizer& t, int32_t id) {
+            return as<InvalidArgumentError>([&] { return t.is_eog(id); });
+          },
+          py::arg("id"))
       .def("__len__", &Tokenizer::n_vocab);
 
   py::class_<PyTextStream>(m, "TextStream",

@@ -107,6 +107,14 @@ def test_bad_input_raises_the_documented_exception(model, llm, tmp_path):
         model.tokenizer.decode([model.tokenizer.n_vocab])
     with pytest.raises(TypeError):
         model.tokenizer.decode(["a"])
+    with pytest.raises(ultra.InvalidArgument):
+        model.tokenizer.is_special(model.tokenizer.n_vocab)
+    with pytest.raises(ultra.InvalidArgument):
+        model.tokenizer.token_to_piece(-1)
+    with pytest.raises(ultra.ModelError, match="nonexistent"):
+        ultra.Tokenizer.load("/nonexistent/tokenizer.json")
+    with pytest.raises(ultra.InvalidArgument, match="chat template"):
+        ultra.ChatFormatter(model, "{% if %}")
     with pytest.raises(ultra.InvalidArgument, match="temperature"):
         ultra.SamplingParams(temperature=-1)
     with pytest.raises(ultra.InvalidArgument):
