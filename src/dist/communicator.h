@@ -1,0 +1,61 @@
+// The collectives that tensor parallelism needs (Megatron-style: an all-reduce after each row-split
+// projection, an all-gather of vocabulary shards, the step's batch broadcast from rank 0), behind one seam
+// with one implementation per transport: MPI here (ranks started by `mpirun`, across hosts by its hostfile);
+// NCCL later, bootstrapped over this one.
+//
+// Every collective works on the caller's buffers and on scratch allocated when the communicator is made
+// (capacity: the most floats one collective carries), so that a step allocates nothing. Every collective
+// waits at most DistOptions::timeout_s: a rank that died or stopped answering ends the wait with an
+// ultra::Error naming the collective, instead of a hang; the communicator is then unusable, and the caller
+// ends the job (abort()).
+//
+// all_reduce_sum gives every rank the same bits, and the same bits whatever the number of ranks' transport
+// algorithm: the shards are gathered and summed in rank order (x_0 + x_1 + ... + x_{n-1}, left to right),
+// not reduced in the order the transport's algorithm picks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace ultra::dist {
+
+struct DistOptions {
+  size_t capacity = size_t{1} << 20;  // most floats in one collective (per rank)
+  double timeout_s = 60;              // longest wait of one collective
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  size_t capacity() const { return capacity_; }
+
+  // x[0, n) = the sum over ranks of every rank's x[0, n), in rank order; n <= capacity().
+  virtual void all_reduce_sum(float* x, size_t n) = 0;
+  // out[r * n + i] = rank r's in[i], for every rank r; n <= capacity(). in may not alias out.
+  virtual void all_gather(const float* in, size_t n, float* out) = 0;
+  // bytes of data from rank root to every rank (bytes <= 4 * capacity()).
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // After a timeout: waits up to seconds for the collective that timed out to complete (the late rank
+  // arrived after all); true when it did, and the communicator is usable again (the timed-out collective's
+  // results are not delivered: the call has already thrown).
+  virtual bool settle(double seconds) = 0;
+  // Ends every rank's process (after an error: a rank that cannot go on must not leave the others
+  // waiting). Does not return.
+  [[noreturn]] virtual void abort(int code) = 0;
+
+ protected:
+  size_t capacity_ = 0;
+};
+
+// Whether this build has the MPI transport (CMake found MPI: ULTRA_MPI).
+bool have_mpi();
+// The MPI transport over MPI_COMM_WORLD (initialising MPI, with MPI_THREAD_FUNNELED, unless the program did);
+// MPI is finalised when the last communicator is destroyed. Throws ultra::Error without MPI in the build.
+std::unique_ptr<Communicator> make_mpi_communicator(const DistOptions& options = {});
+
+}  // namespace ultra::dist
