@@ -21,7 +21,8 @@
 //   lowbit_bulk  the tensor-core low-bit gemv with register loads against its bulk-copy variant (1-6 ring
 //              slots per warp), F8_E4M3 and TERNARY, n = 1 and 4.
 //   kquant     gemv on the GGUF block types (gemv_kquant.h) and Q8_0 against BF16, Llama-3-8B shapes,
-//              n = 1, 2, 4, 8, and the one-row tiles of gemv_kquant.
+//              n = 1, 2, 4, 8; gemv_kquant with x staged in shared memory against x through L1; its
+//              one-row tiles.
 //   fp8_gemm   prefill matmuls (n = 128, 512, 2048) of F8_E4M3 weights: the BF16 copy + BF16 GEMM against
 //              cuBLASLt's FP8 GEMM (x quantised per row), BF16 weights for reference.
 // Times: CUDA events around graph replays (median of 7 trials, 5 with --sweep). Prints a table; --out DIR
@@ -683,6 +684,18 @@ void bench_kquant(cudaStream_t st, double ceiling) {
       }
       out("\n");
     }
+    for (int ti = 1; ti < 5; ++ti)  // x staged in shared memory against x through L1
+      for (int n : {1, 2}) {
+        out("  %-22s n=%d  %s", s.name, n, names[ti]);
+        for (int stage : {1, 0}) {
+          set_kquant_stage(stage);
+          const double ms = run(ti, n);
+          const double gbs = ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
+          out(" | %s %6.2f (%4.1f%%)", stage ? "x staged:" : "x via L1:", ms * 1e3, 100.0 * gbs / ceiling);
+        }
+        set_kquant_stage(-1);
+        out("\n");
+      }
     for (int ti : {1, 2}) {
       out("  %-22s n=1  %s tiles", s.name, names[ti]);
       for (int t : tiles) {

@@ -17,11 +17,13 @@
 // 24 bytes) are split likewise into their codes, high bits and scales: the same bytes as the file.
 //
 // Dequantisation: one thread per unit, two 32-byte stores of BF16.
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kquant.cuh"
+#include "backend/cuda/tuning.h"
 #include "core/quants.h"
 
 namespace ultra::cuda {
@@ -110,7 +112,9 @@ static_assert(offsetof(BlockQ6_K, d) == 208, "Q6_K: ql, qh, scales first");
 
 constexpr int kKqWarps = 4;
 constexpr int kKqThreads = kKqWarps * 32;
-constexpr int kKqMaxN = 8;  // rows of x per launch
+constexpr int kKqMaxN = 8;                 // rows of x per launch
+constexpr size_t kKqMaxStage = 96u << 10;  // most bytes of x the staged kernel copies to shared memory
+int g_stage = -1;                          // set_kquant_stage; -1: kernel_tuning().kq_stage
 
 struct KqArgs {
   const uint8_t* w;  // [rows, row_bytes] device layout
@@ -138,86 +142,139 @@ __device__ __forceinline__ void kq_x16(const KqArgs& a, int t, int c0, float (&x
   }
 }
 
-template <GgmlType T, int NMAX, int R, int U>
+// S (staged): the block first copies x into shared memory in unit order (xs, below), so that the lanes'
+// reads of x, consecutive units, are consecutive 16-byte words (from L1, each lane's 16-column groups lie
+// 64 to 256 bytes apart: a warp's float4 load touched 16 to 32 lines); the block then loops over row tiles
+// (a grid of a few blocks per SM, each staging x once). Otherwise x is read from L1 and a block has one tile.
+// xs[((t * 2 + g) * 4 + q) * n_units + k] = x[t, kq_col(k, g) + 4 q .. + 4) (float4).
+template <GgmlType T, int NMAX, int R, int U, bool S>
 __global__ void __launch_bounds__(kKqThreads) gemv_kquant_kernel(KqArgs a) {
+  extern __shared__ float4 xs[];
   const int lane = threadIdx.x & 31;
-  const int64_t row0 = ((int64_t)blockIdx.x * kKqWarps + (threadIdx.x >> 5)) * R;
-  if (row0 >= a.rows) return;  // the whole warp
   const int n_units = kq_units(a.cols);
-  const uint8_t* wrow[R];  // the warp's rows (row0 again for rows past the end: loaded, never stored)
+  if constexpr (S) {
+    const int quads = (int)(a.cols >> 2);
+    for (int m = threadIdx.x; m < a.n * quads; m += kKqThreads) {
+      const int t = m / quads, c = (m - t * quads) * 4;
+      int k, g, e;
+      kq_locate<T>(c, &k, &g, &e);
+      xs[((t * 2 + g) * 4 + (e >> 2)) * n_units + k] =
+          __ldg(reinterpret_cast<const float4*>(a.x + (int64_t)t * a.cols + c));
+    }
+    __syncthreads();
+  }
+  const int64_t n_tiles = (a.rows + (int64_t)R * kKqWarps - 1) / ((int64_t)R * kKqWarps);
+  for (int64_t tile = blockIdx.x; tile < n_tiles; tile += S ? gridDim.x : n_tiles) {
+    const int64_t row0 = (tile * kKqWarps + (threadIdx.x >> 5)) * R;
+    if (row0 >= a.rows) break;  // the whole warp (later tiles are further)
+    const uint8_t* wrow[R];     // the warp's rows (row0 again for rows past the end: loaded, never stored)
 #pragma unroll
-  for (int j = 0; j < R; ++j) wrow[j] = a.w + (row0 + j < a.rows ? row0 + j : row0) * a.row_bytes;
-  float acc[R][NMAX];
+    for (int j = 0; j < R; ++j) wrow[j] = a.w + (row0 + j < a.rows ? row0 + j : row0) * a.row_bytes;
+    float acc[R][NMAX];
 #pragma unroll
-  for (int j = 0; j < R; ++j)
+    for (int j = 0; j < R; ++j)
 #pragma unroll
-    for (int t = 0; t < NMAX; ++t) acc[j][t] = 0.0f;
+      for (int t = 0; t < NMAX; ++t) acc[j][t] = 0.0f;
 
-  for (int k0 = lane; k0 < n_units; k0 += 32 * U) {
-    KqUnit u[U][R];
+    for (int k0 = lane; k0 < n_units; k0 += 32 * U) {
+      KqUnit u[U][R];
 #pragma unroll
-    for (int v = 0; v < U; ++v)
+      for (int v = 0; v < U; ++v)
 #pragma unroll
-      for (int j = 0; j < R; ++j)
-        if (k0 + 32 * v < n_units) u[v][j] = kq_load<T>(wrow[j], a.cols, k0 + 32 * v);
+        for (int j = 0; j < R; ++j)
+          if (k0 + 32 * v < n_units) u[v][j] = kq_load<T>(wrow[j], a.cols, k0 + 32 * v);
 #pragma unroll
-    for (int v = 0; v < U; ++v) {
-      const int k = k0 + 32 * v;
-      if (k >= n_units) break;
-      float qf[R][2][16], sa[R][2], sb[R][2];
+      for (int v = 0; v < U; ++v) {
+        const int k = k0 + 32 * v;
+        if (k >= n_units) break;
+        float qf[R][2][16], sa[R][2], sb[R][2];
 #pragma unroll
-      for (int j = 0; j < R; ++j) kq_codes<T>(u[v][j], k, qf[j], sa[j], sb[j]);
+        for (int j = 0; j < R; ++j) kq_codes<T>(u[v][j], k, qf[j], sa[j], sb[j]);
 #pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        const int c0 = kq_col<T>(k, g);
+        for (int g = 0; g < 2; ++g) {
+          const int c0 = kq_col<T>(k, g);
 #pragma unroll
-        for (int t = 0; t < NMAX; ++t) {
-          if (t >= a.n) break;
-          float xf[16];
-          kq_x16(a, t, c0, xf);
-          float sx = 0.0f;  // sum of x over the group (the minimum's term), shared by the R rows
-          if constexpr (kq_has_min(T)) {
-            float s0 = 0.0f, s1 = 0.0f;
+          for (int t = 0; t < NMAX; ++t) {
+            if (t >= a.n) break;
+            float xf[16];
+            if constexpr (S) {
 #pragma unroll
-            for (int e = 0; e < 16; e += 2) s0 += xf[e], s1 += xf[e + 1];
-            sx = s0 + s1;
-          }
+              for (int q = 0; q < 4; ++q) {
+                const float4 v = xs[((t * 2 + g) * 4 + q) * n_units + k];
+                xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
+              }
+            } else {
+              kq_x16(a, t, c0, xf);
+            }
+            float sx = 0.0f;  // sum of x over the group (the minimum's term), shared by the R rows
+            if constexpr (kq_has_min(T)) {
+              float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-          for (int j = 0; j < R; ++j) {
-            float p0 = 0.0f, p1 = 0.0f;  // two chains: sum of code * x
+              for (int e = 0; e < 16; e += 2) s0 += xf[e], s1 += xf[e + 1];
+              sx = s0 + s1;
+            }
 #pragma unroll
-            for (int e = 0; e < 16; e += 2)
-              p0 = fmaf(qf[j][g][e], xf[e], p0), p1 = fmaf(qf[j][g][e + 1], xf[e + 1], p1);
-            float r = sa[j][g] * (p0 + p1);
-            if constexpr (kq_has_min(T)) r = fmaf(sb[j][g], sx, r);
-            acc[j][t] += r;
+            for (int j = 0; j < R; ++j) {
+              float p0 = 0.0f, p1 = 0.0f;  // two chains: sum of code * x
+#pragma unroll
+              for (int e = 0; e < 16; e += 2)
+                p0 = fmaf(qf[j][g][e], xf[e], p0), p1 = fmaf(qf[j][g][e + 1], xf[e + 1], p1);
+              float r = sa[j][g] * (p0 + p1);
+              if constexpr (kq_has_min(T)) r = fmaf(sb[j][g], sx, r);
+              acc[j][t] += r;
+            }
           }
         }
       }
     }
-  }
 
 #pragma unroll
-  for (int j = 0; j < R; ++j)
+    for (int j = 0; j < R; ++j)
 #pragma unroll
-    for (int t = 0; t < NMAX; ++t) {
-      if (t >= a.n) break;
-      const float v = warp_sum(acc[j][t]);
-      if (lane == ((j * NMAX + t) & 31) && row0 + j < a.rows) {
-        const int64_t r = row0 + j;
-        float s = v;
-        if (a.bias) s += a.bias[r];
-        float* yp = a.y + (int64_t)t * a.rows + r;
-        *yp = a.accumulate ? *yp + s : s;
+      for (int t = 0; t < NMAX; ++t) {
+        if (t >= a.n) break;
+        const float v = warp_sum(acc[j][t]);
+        if (lane == ((j * NMAX + t) & 31) && row0 + j < a.rows) {
+          const int64_t r = row0 + j;
+          float s = v;
+          if (a.bias) s += a.bias[r];
+          float* yp = a.y + (int64_t)t * a.rows + r;
+          *yp = a.accumulate ? *yp + s : s;
+        }
       }
-    }
+  }
+}
+
+// Shared memory of the staged kernel (0: x too large for it, or not 16-byte aligned: the L1 kernel).
+size_t kq_stage_bytes(const KqArgs& a) {
+  const size_t b = (size_t)a.n * (size_t)a.cols * sizeof(float);
+  const bool on = g_stage >= 0 ? g_stage != 0 : kernel_tuning().kq_stage;
+  return a.x_vec && on && b <= kKqMaxStage ? b : 0;
 }
 
 template <GgmlType T, int NMAX, int R, int U>
 cudaError_t launch_kq(const KqArgs& a, cudaStream_t stream) {
   const int64_t rows_per_block = (int64_t)R * kKqWarps;
-  const int64_t blocks = (a.rows + rows_per_block - 1) / rows_per_block;
-  gemv_kquant_kernel<T, NMAX, R, U><<<(unsigned)blocks, kKqThreads, 0, stream>>>(a);
+  const int64_t tiles = (a.rows + rows_per_block - 1) / rows_per_block;
+  if (const size_t smem = kq_stage_bytes(a)) {
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(gemv_kquant_kernel<T, NMAX, R, U, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kKqMaxStage);
+    if (attr != cudaSuccess) return attr;
+    static int n_sms = 0;
+    if (!n_sms) {
+      int dev = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n_sms <= 0)
+        n_sms = 132;
+    }
+    // Blocks per SM: 4 where shared memory allows (227 KB per SM), at least 1.
+    const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(4, (int64_t)(220u << 10) / (int64_t)smem));
+    const int64_t blocks = std::min<int64_t>(tiles, per_sm * n_sms);
+    gemv_kquant_kernel<T, NMAX, R, U, true><<<(unsigned)blocks, kKqThreads, smem, stream>>>(a);
+  } else {
+    gemv_kquant_kernel<T, NMAX, R, U, false><<<(unsigned)tiles, kKqThreads, 0, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
@@ -290,6 +347,10 @@ __global__ void __launch_bounds__(256) kquant_dequant_kernel(WeightView w, __nv_
 
 void set_kquant_tile(int ru) {
   g_tile = ru;
+}
+
+void set_kquant_stage(int on) {
+  g_stage = on;
 }
 
 cudaError_t gemv_kquant(const WeightView& w, const float* x, int n, float* y, const float* bias,

@@ -57,6 +57,10 @@ cudaError_t gemv_kquant(const WeightView& w,  // [rows, cols], device layout
 // Timing experiments (bench_cuda_kernels --only kquant): the one-row tile, R rows per warp and U units in
 // flight per lane, as the number 10 R + U (11, 12, 14, 21, 22, 24, 41, 42); 0: automatic.
 void set_kquant_tile(int ru);
+// The staged variant (gemv_kquant.cu: x copied to shared memory in the lanes' order, a few blocks per SM
+// looping over the rows; n * cols * 4 <= 96 KB): 1 on, 0 off, -1 as ULTRA_CUDA_KQ_STAGE (default off: not yet
+// timed on a GPU).
+void set_kquant_stage(int on);
 
 // out[r, c] = bf16(W[r, c]) (round to nearest even), out [rows, ld] BF16, ld = lowbit_bf16_ld(cols) (cols:
 // a multiple of 32, so ld == cols), 16-byte aligned.
