@@ -19,6 +19,7 @@
 // Dequantisation: one thread per unit, two 32-byte stores of BF16.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -311,6 +312,27 @@ cudaError_t dispatch_kq(const KqArgs& a, cudaStream_t stream) {
   return small ? launch_kq<T, 8, 1, 2>(a, stream) : launch_kq<T, 8, 2, 1>(a, stream);
 }
 
+// f(std::integral_constant<GgmlType, t>) for the block type t (Q6_K for any other).
+template <class F>
+cudaError_t kq_switch(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q4_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_0>{});
+    case GgmlType::Q4_1:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_1>{});
+    case GgmlType::Q5_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_0>{});
+    case GgmlType::Q5_1:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_1>{});
+    case GgmlType::Q4_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{});
+    case GgmlType::Q5_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_K>{});
+    default:
+      return f(std::integral_constant<GgmlType, GgmlType::Q6_K>{});
+  }
+}
+
 bool kquant_view_ok(const WeightView& w) {
   const size_t rb = kquant_row_bytes(w.type, w.cols);
   return rb && w.rows > 0 && w.cols <= 0x7fffffff && w.data && aligned16(w.data) && w.row_bytes >= rb &&
@@ -368,30 +390,8 @@ cudaError_t gemv_kquant(const WeightView& w, const float* x, int n, float* y, co
     a.x = x + (int64_t)t0 * w.cols;
     a.y = y + (int64_t)t0 * w.rows;
     a.n = n - t0 < kKqMaxN ? n - t0 : kKqMaxN;
-    cudaError_t e;
-    switch (w.type) {
-      case GgmlType::Q4_0:
-        e = dispatch_kq<GgmlType::Q4_0>(a, stream);
-        break;
-      case GgmlType::Q4_1:
-        e = dispatch_kq<GgmlType::Q4_1>(a, stream);
-        break;
-      case GgmlType::Q5_0:
-        e = dispatch_kq<GgmlType::Q5_0>(a, stream);
-        break;
-      case GgmlType::Q5_1:
-        e = dispatch_kq<GgmlType::Q5_1>(a, stream);
-        break;
-      case GgmlType::Q4_K:
-        e = dispatch_kq<GgmlType::Q4_K>(a, stream);
-        break;
-      case GgmlType::Q5_K:
-        e = dispatch_kq<GgmlType::Q5_K>(a, stream);
-        break;
-      default:
-        e = dispatch_kq<GgmlType::Q6_K>(a, stream);
-        break;
-    }
+    const cudaError_t e =
+        kq_switch(w.type, [&](auto type) { return dispatch_kq<decltype(type)::value>(a, stream); });
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -404,30 +404,10 @@ cudaError_t kquant_dequant_bf16(const WeightView& w, void* out, cudaStream_t str
   const int64_t blocks = (units + 255) / 256;
   __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out);
   const unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
-  switch (w.type) {
-    case GgmlType::Q4_0:
-      kquant_dequant_kernel<GgmlType::Q4_0><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-    case GgmlType::Q4_1:
-      kquant_dequant_kernel<GgmlType::Q4_1><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-    case GgmlType::Q5_0:
-      kquant_dequant_kernel<GgmlType::Q5_0><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-    case GgmlType::Q5_1:
-      kquant_dequant_kernel<GgmlType::Q5_1><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-    case GgmlType::Q4_K:
-      kquant_dequant_kernel<GgmlType::Q4_K><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-    case GgmlType::Q5_K:
-      kquant_dequant_kernel<GgmlType::Q5_K><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-    default:
-      kquant_dequant_kernel<GgmlType::Q6_K><<<grid, 256, 0, stream>>>(w, o, ld);
-      break;
-  }
-  return cudaGetLastError();
+  return kq_switch(w.type, [&](auto type) {
+    kquant_dequant_kernel<decltype(type)::value><<<grid, 256, 0, stream>>>(w, o, ld);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace ultra::cuda
