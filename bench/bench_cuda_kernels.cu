@@ -20,14 +20,17 @@
 //              bytes / time against the read ceiling (random codes: the arithmetic is that of any codes).
 //   lowbit_bulk  the tensor-core low-bit gemv with register loads against its bulk-copy variant (1-6 ring
 //              slots per warp), F8_E4M3 and TERNARY, n = 1 and 4.
+//   kquant     gemv on the GGUF block types (gemv_kquant.h) and Q8_0 against BF16, Llama-3-8B shapes,
+//              n = 1, 2, 4, 8; gemv_kquant with x staged in shared memory against x through L1; its
+//              one-row tiles.
 //   fp8_gemm   prefill matmuls (n = 128, 512, 2048) of F8_E4M3 weights: the BF16 copy + BF16 GEMM against
 //              cuBLASLt's FP8 GEMM (x quantised per row), BF16 weights for reference.
 // Times: CUDA events around graph replays (median of 7 trials, 5 with --sweep). Prints a table; --out DIR
 // also writes DIR/bench_cuda_kernels.txt.
 // --sweep adds columns: gemv variants (no PDL, the 2026-11 kernel, TF32 instead of BF16x3, other block
 // shapes and split counts; see src/backend/cuda/tuning.h), attention and sampler without PDL. --only SECTION
-// (read, gemv, attention, prefill, sampler, lowbit, lowbit_bulk, fp8_gemm; repeatable) runs those sections
-// only (the read ceiling always runs).
+// (read, gemv, attention, prefill, sampler, lowbit, lowbit_bulk, kquant, fp8_gemm; repeatable) runs those
+// sections only (the read ceiling always runs).
 //   bench_cuda_kernels [--out DIR] [--quick] [--sweep] [--only SECTION]...
 #include <cuda_runtime.h>
 
@@ -628,6 +631,89 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
   }
 }
 
+// The GGUF block types (gemv_kquant.h: Q4_K, Q6_K, Q5_K, Q4_0) and Q8_0 against BF16, through gemv(), on
+// the Llama-3-8B shapes: us per call and bytes read (weights in the device layout + x + y) / time against
+// the read ceiling, n = 1, 2, 4, 8; then the one-row tiles of gemv_kquant (set_kquant_tile) for Q4_K / Q6_K.
+void bench_kquant(cudaStream_t st, double ceiling) {
+  const std::vector<LowbitShape>& shapes = lowbit_shapes();
+  const GgmlType types[] = {GgmlType::BF16, GgmlType::Q4_K, GgmlType::Q6_K,
+                            GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q8_0};
+  const char* names[] = {"bf16", "q4_k", "q6_k", "q5_k", "q4_0", "q8_0"};
+  constexpr int kTypes = 6;
+  const int tiles[] = {0, 12, 14, 22, 24, 42};
+  out("\n  kquant gemv (f32 activations): us/call (%% of read ceiling) | bf16 | q4_k | q6_k | q5_k | q4_0 | "
+      "q8_0\n");
+  for (const LowbitShape& s : shapes) {
+    if (s.rows > 16384) continue;
+    struct Mat {
+      std::vector<uint8_t*> w;
+      size_t rb = 0, bytes = 0;
+    } m[kTypes];
+    for (int ti = 0; ti < kTypes; ++ti) {
+      m[ti].rb = types[ti] == GgmlType::BF16 ? (size_t)s.cols * 2 : lowbit_row_bytes(types[ti], s.cols);
+      m[ti].bytes = (size_t)s.rows * m[ti].rb;
+      const int copies = (int)std::max<size_t>(2, (4 * g_dev.l2_bytes + m[ti].bytes - 1) / m[ti].bytes);
+      for (int i = 0; i < copies; ++i) {
+        m[ti].w.push_back(dalloc<uint8_t>(m[ti].bytes));
+        fill(m[ti].w.back(), m[ti].bytes, 500 + i, 0x3c3c3c3cu);  // finite codes and scales (timing only)
+      }
+    }
+    float* x = dalloc<float>((size_t)8 * s.cols);
+    float* y = dalloc<float>((size_t)8 * s.rows);
+    fill(x, (size_t)8 * s.cols * 4, 7, 0x3f7fffffu);
+    auto run = [&](int ti, int n) {
+      return time_graph(st, 32, [&](int i) {
+        WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb};
+        CK(gemv(wv, x, n, y, nullptr, false, st));
+      });
+    };
+    for (int n : {1, 2, 4, 8}) {
+      out("  %-22s n=%-2d", s.name, n);
+      double bf16_ms = 0;
+      for (int ti = 0; ti < kTypes; ++ti) {
+        const double ms = run(ti, n);
+        if (ti == 0) bf16_ms = ms;
+        const double gbs = ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
+        out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
+        if (n == 1 || n == 4)
+          g_summary.push_back(std::string("kquant gemv ") + names[ti] + " " + s.name +
+                              " n=" + std::to_string(n) + ": " + std::to_string(ms * 1e3).substr(0, 6) +
+                              " us, " + std::to_string((int)gbs) +
+                              " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read, " +
+                              std::to_string(bf16_ms / ms).substr(0, 4) + "x bf16");
+      }
+      out("\n");
+    }
+    for (int ti = 1; ti < 5; ++ti)  // x staged in shared memory against x through L1
+      for (int n : {1, 2}) {
+        out("  %-22s n=%d  %s", s.name, n, names[ti]);
+        for (int stage : {1, 0}) {
+          set_kquant_stage(stage);
+          const double ms = run(ti, n);
+          const double gbs = ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
+          out(" | %s %6.2f (%4.1f%%)", stage ? "x staged:" : "x via L1:", ms * 1e3, 100.0 * gbs / ceiling);
+        }
+        set_kquant_stage(-1);
+        out("\n");
+      }
+    for (int ti : {1, 2}) {
+      out("  %-22s n=1  %s tiles", s.name, names[ti]);
+      for (int t : tiles) {
+        set_kquant_tile(t);
+        const double ms = run(ti, 1);
+        const double gbs = ((double)m[ti].bytes + (double)s.cols * 4 + (double)s.rows * 4) / ms / 1e6;
+        out(" | %d: %6.2f (%4.1f%%)", t, ms * 1e3, 100.0 * gbs / ceiling);
+      }
+      set_kquant_tile(0);
+      out("\n");
+    }
+    for (auto& mm : m)
+      for (auto p : mm.w) CK(cudaFree(p));
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+  }
+}
+
 // The tensor-core low-bit gemv (gemv_lowbit_tc) with the weights loaded by the lanes into registers (slots
 // 0) against its bulk-copy variant (cp.async.bulk into a ring of 1-6 slots per warp), F8_E4M3 with a scale
 // per row and TERNARY with one per tensor, n = 1 and 4.
@@ -779,6 +865,7 @@ int main(int argc, char** argv) {
   if (section("sampler")) bench_sampler(st);
   if (section("lowbit")) bench_lowbit(st, ceiling);
   if (section("lowbit_bulk")) bench_lowbit_bulk(st, ceiling);
+  if (section("kquant")) bench_kquant(st, ceiling);
   if (section("fp8_gemm")) bench_fp8_gemm(st);
   out("\nsummary\n");
   for (const auto& s : g_summary) out("  %s\n", s.c_str());

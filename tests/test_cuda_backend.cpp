@@ -1128,8 +1128,10 @@ TEST(CudaBackend, SampledSpeculativeRoundsFollowTheTargetDistribution) {
 
 // Low-bit weights: the bundled model (tied embeddings: the quantised token_embd is the LM head too) through
 // quantize_model into Q8_0, F8_E4M3 (a scale per row), TERNARY (per tensor and per row) and TQ2_0 (loaded as
-// TERNARY with a scale per 256 columns; its 384-column matrices fall back to Q8_0), on the CUDA backend
-// against the CPU backend on the same file:
+// TERNARY with a scale per 256 columns; its 384-column matrices fall back to Q8_0) and llama.cpp's mixes
+// q4_0, q4_1, q5_0, q5_1, q4_k_m, q5_k_m and q6_k (io/quant_mix.h: the 384-column matrices fall back to
+// Q5_0 / Q5_1 / Q8_0, the 1024-column ffn_down is Q4_K / Q5_K / Q6_K; gemv_kquant.h), on the CUDA backend
+// against the CPU backend (f32-exact numerics: tests/pin_exact_numerics.cpp) on the same file:
 //  * a 4-row step (the low-bit GEMV: f32 products and sums on both backends, in different orders): logits
 //    within a relative L2 error of 1e-4 per row (measured ~5e-7; the bound leaves room for the 8 layers'
 //    amplification);
@@ -1146,7 +1148,9 @@ TEST(CudaBackend, LowbitWeightsMatchCpu) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 48; ++i) prompt.push_back((int32_t)((i * 577 + 11) % 4000 + 5));
   for (const Case& c : {Case{"q8_0", false}, Case{"fp8", false}, Case{"ternary", false},
-                        Case{"ternary", true}, Case{"tq2_0", false}}) {
+                        Case{"ternary", true}, Case{"tq2_0", false}, Case{"q4_0", false}, Case{"q4_1", false},
+                        Case{"q5_0", false}, Case{"q5_1", false}, Case{"q4_k_m", false}, Case{"q5_k_m", false},
+                        Case{"q6_k", false}}) {
     const fs::path path = fs::temp_directory_path() / fmt::format("ultra_cuda_lowbit_{}{}_{}.gguf", c.type,
                                                                   c.per_row ? "_row" : "", getpid());
     ConvertOptions opt;

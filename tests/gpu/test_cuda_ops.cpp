@@ -5,8 +5,9 @@
 //   matmul       CudaMatmul::matmul, the backend's entry for every step size: gemv up to kGemvMaxRows rows,
 //                the low-bit gemv (SIMT or tensor-core) up to kLowbitGemvMaxRows rows or where
 //                gemv_lowbit_tc_ok, above that the BF16 copy of low-bit weights, cuBLASLt above kGemvMaxRows
-//                rows; F32 / F16 / BF16 weights as stored, Q8_0 / F8_E4M3 / TERNARY repacked into the
-//                device layout (lowbit_pack_rows). The FP8 GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is turned off:
+//                rows; F32 / F16 / BF16 weights as stored, Q8_0 / F8_E4M3 / TERNARY and the GGUF block
+//                types of gemv_kquant.h repacked into the device layout (lowbit_pack_rows); the block
+//                types' GEMV runs twice, x through L1 and staged in shared memory (set_kquant_stage). The FP8 GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is turned off:
 //                another numerics, which test_cuda_kernels checks.
 //   rmsnorm, silu_mul, gelu_mul, softcap, rope (q only), f16_convert (convert_f32 to F16)
 //   attention    the history uploaded from the CPU's cache, this step's rows written by cuda::kv_write (the
@@ -288,6 +289,18 @@ Outcome run_matmul(const OpCase& c, int drop_cols = 0) {
   const bool lowbit = cuda::is_lowbit(c.type);
   const bool tc = lowbit && cuda::gemv_lowbit_tc_ok(dw->view, nt);
   const bool direct = nt <= (lowbit ? cuda::kLowbitGemvMaxRows : cuda::kGemvMaxRows) || tc;
+  // The GGUF block types' GEMV both ways (gemv_kquant.h: x through L1 and staged in shared memory), each
+  // held to the rule below.
+  std::vector<float> y_staged;
+  if (direct && cuda::is_kquant(c.type)) {
+    DevBuf<float> dy2 = guarded(ny, kGuard);
+    cuda::set_kquant_stage(1);
+    const cudaError_t e2 = g_mm->matmul(dw->view, dx.get(), nt, dy2.get(), b ? db.get() : nullptr, false, 0);
+    cuda::set_kquant_stage(-1);
+    if (!launch_ok(o, "CudaMatmul::matmul (x staged)", e2)) return o;
+    CK(cudaDeviceSynchronize());
+    y_staged = dy2.all();
+  }
   WeightView rv = in->wt.view;
   const std::vector<double>* wv = &in->wv;
   std::vector<uint16_t> w16;
@@ -319,6 +332,7 @@ Outcome run_matmul(const OpCase& c, int drop_cols = 0) {
     cpu::matmul_ref(rv, xr.data(), nt, ref.data(), b);
     const auto mag = dot_magnitudes(*wv, c.rows, c.cols, xr.data(), nt, b);
     compare(out, "y", tol_cuda(c), y, ref.data(), mag.data(), ny);
+    if (!y_staged.empty()) compare(out, "y (x staged)", tol_cuda(c), y_staged, ref.data(), mag.data(), ny);
   };
   check(o, x);
   if (o.bad && x != in->x) {

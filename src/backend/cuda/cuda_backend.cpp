@@ -39,6 +39,14 @@ int64_t lowbit_bf16_elems(const WeightView& w) {
   return cuda::is_lowbit(w.type) ? w.rows * cuda::lowbit_bf16_ld(w.cols) : 0;
 }
 
+// Bytes the device layout of a low-bit matrix adds to the file's (rows padded to 16 bytes; 0 for others).
+size_t lowbit_padding(const WeightView& w) {
+  if (!cuda::is_lowbit(w.type) || !w.data) return 0;
+  const size_t dev = cuda::lowbit_row_bytes(w.type, w.cols) * (size_t)w.rows;
+  const size_t host = w.row_bytes * (size_t)w.rows;
+  return dev > host ? dev - host : 0;
+}
+
 std::string mib(size_t b) {
   return fmt::format("{:.1f} MiB", b / 1048576.0);
 }
@@ -176,13 +184,18 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
                    (size_t)p_.n_slots * p_.n_ctx * sizeof(int32_t) + ring_bytes;
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "memory query");
-  const size_t need = m_.weight_bytes + kv_bytes_ + scratch_bytes_;
+  weight_bytes_ = m_.weight_bytes + lowbit_padding(m_.output) +
+                  (m_.tok_embd.data != m_.output.data ? lowbit_padding(m_.tok_embd) : 0);
+  for (const LayerWeights& l : m_.layers)
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      weight_bytes_ += lowbit_padding(*w);
+  const size_t need = weight_bytes_ + kv_bytes_ + scratch_bytes_;
   if (need > free_b)
     fail(
         "CUDA backend: the context needs {} (weights {}, KV cache {}, scratch {}) but the device has {} free "
         "of "
         "{}; lower -c or the number of slots",
-        mib(need), mib(m_.weight_bytes), mib(kv_bytes_), mib(scratch_bytes_), mib(free_b), mib(total_b));
+        mib(need), mib(weight_bytes_), mib(kv_bytes_), mib(scratch_bytes_), mib(free_b), mib(total_b));
 
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
   upload_weights();
@@ -294,12 +307,13 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-// Weights: every matrix in its own type (F32 / F16 / BF16; Q8_0 / F8_E4M3 / TERNARY repacked on the host
-// into the device layout of gemv_lowbit.h, their f32 scales copied as they are), norms and biases as f32,
-// in one allocation; a matrix used twice (tied embeddings) is uploaded once. Each layer's Wq, Wk, Wv are
-// placed back to back, as are W_gate and W_up, and the biases bq, bk, bv (zeros for a missing one): one view
-// then covers the fused matrix [Wq; Wk; Wv] or [W_gate; W_up] for the single-row step, while the separate
-// views (row ranges of it) serve the others. No weight is stored twice.
+// Weights: every matrix in its own type (F32 / F16 / BF16; Q8_0 / F8_E4M3 / TERNARY and the GGUF block types
+// Q4_0 .. Q5_1, Q4_K .. Q6_K repacked on the host into the device layout of gemv_lowbit.h, their f32 scales
+// copied as they are), norms and biases as f32, in one allocation; a matrix used twice (tied embeddings) is
+// uploaded once. Each layer's Wq, Wk, Wv are placed back to back, as are W_gate and W_up, and the biases bq,
+// bk, bv (zeros for a missing one): one view then covers the fused matrix [Wq; Wk; Wv] or [W_gate; W_up] for
+// the single-row step, while the separate views (row ranges of it) serve the others. No weight is stored
+// twice.
 void CudaBackend::upload_weights() {
   const HParams& hp = m_.hp;
   struct Part {
@@ -339,8 +353,9 @@ void CudaBackend::upload_weights() {
     }
     if (w.type != GgmlType::F32 && w.type != GgmlType::F16 && w.type != GgmlType::BF16)
       fail(
-          "CUDA backend: {} weights are not supported (use F32, F16, BF16, Q8_0, F8_E4M3 or TERNARY weights, "
-          "or the CPU backend)",
+          "CUDA backend: {} weights are not supported (use F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+          "Q4_K, "
+          "Q5_K, Q6_K, F8_E4M3 or TERNARY weights, or the CPU backend)",
           type_name(w.type));
     return {w.data, w.row_bytes * (size_t)w.rows};
   };
@@ -351,15 +366,16 @@ void CudaBackend::upload_weights() {
     if (!keep.empty()) blocks.push_back(keep);
   };
   // Matrices that can share one view: same type, columns and row size, 16-byte rows. Of the low-bit types
-  // Q8_0, whose scales are inside its device rows, and F8_E4M3 / TERNARY with one scale per row or tensor,
-  // whose scale arrays are then placed back to back as one per row (one block, below): one launch for
-  // [Wq; Wk; Wv] and [W_gate; W_up].
+  // Q8_0 and the GGUF block types (gemv_kquant.h), whose scales are inside their device rows, and F8_E4M3 /
+  // TERNARY with one scale per row or tensor, whose scale arrays are then placed back to back as one per row
+  // (one block, below): one launch for [Wq; Wk; Wv] and [W_gate; W_up].
   auto fusable = [&](std::initializer_list<const WeightView*> ws) {
     const WeightView& a = **ws.begin();
     if (cuda::is_lowbit(a.type)) {
       for (const WeightView* w : ws)
         if (w->cols != a.cols || w->type != a.type ||
-            (a.type != GgmlType::Q8_0 && !cuda::lowbit_scale_per_row_or_tensor(*w)))
+            (a.type != GgmlType::Q8_0 && !cuda::is_kquant(a.type) &&
+             !cuda::lowbit_scale_per_row_or_tensor(*w)))
           return false;
       return true;
     }
@@ -377,7 +393,7 @@ void CudaBackend::upload_weights() {
     fuse_gu.push_back(fusable({&l.w_gate, &l.w_up}));
     if (fuse_qkv.back()) {
       add({mat(l.wq), mat(l.wk), mat(l.wv)});
-      if (l.wq.type != GgmlType::Q8_0) group_scales({&l.wq, &l.wk, &l.wv});
+      if (cuda::lowbit_scale_count(l.wq) > 0) group_scales({&l.wq, &l.wk, &l.wv});
     } else {
       add({mat(l.wq)});
       add({mat(l.wk)});
@@ -386,7 +402,7 @@ void CudaBackend::upload_weights() {
     add({mat(l.wo)});
     if (fuse_gu.back()) {
       add({mat(l.w_gate), mat(l.w_up)});
-      if (l.w_gate.type != GgmlType::Q8_0) group_scales({&l.w_gate, &l.w_up});
+      if (cuda::lowbit_scale_count(l.w_gate) > 0) group_scales({&l.w_gate, &l.w_up});
     } else {
       add({mat(l.w_gate)});
       add({mat(l.w_up)});
@@ -586,7 +602,7 @@ void CudaBackend::poison_kv(int seq, int from) {
 
 Footprint CudaBackend::footprint() const {
   Footprint f;
-  f.weights = m_.weight_bytes;
+  f.weights = weight_bytes_;
   f.kv = kv_bytes_;
   f.scratch = scratch_bytes_ + (1 + kInFlight) * (lay_.in_bytes + lay_.out_bytes);
   return f;

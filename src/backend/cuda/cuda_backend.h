@@ -172,6 +172,7 @@ class CudaBackend final : public Backend, private ForwardOps {
   float rope_mscale_ = 1.0f;      // longrope's attention factor on cos and sin
   std::vector<KvLayerView> kv_;   // [n_layers] the KV cache, device memory in the layout of kv/layout.h
   size_t kv_bytes_ = 0;           // kv_cache_bytes(.., KvMemory::device)
+  size_t weight_bytes_ = 0;       // the weights on the device: the model's, plus the low-bit rows' padding
   StepBuffers b_;                 // device
   int32_t* token_log_ = nullptr;  // [n_slots, n_ctx] device copy of the sequences' tokens
   CudaBackend* link_ = nullptr;   // the backend whose tokens this one's steps may read (link())

@@ -213,8 +213,17 @@ cudaError_t embed(const WeightView& tok_embd, const int32_t* tokens, int n, floa
     case GgmlType::Q8_0:
     case GgmlType::F8_E4M3:
     case GgmlType::TERNARY:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
       if (!tok_embd.data || tok_embd.row_bytes < lowbit_row_bytes(tok_embd.type, tok_embd.cols) ||
-          (tok_embd.type != GgmlType::Q8_0 && (!tok_embd.scale || tok_embd.scale_group <= 0)))
+          tok_embd.row_bytes % 16 != 0 ||
+          (tok_embd.type != GgmlType::Q8_0 && !is_kquant(tok_embd.type) &&
+           (!tok_embd.scale || tok_embd.scale_group <= 0)))
         return cudaErrorInvalidValue;
       if (cudaError_t e = launch_ex(embed_lowbit_kernel, dim3(n), dim3(kRowThreads), 0, stream, 1, kPdlAll,
                                     tok_embd, tokens, x))

@@ -49,7 +49,7 @@ size_t lowbit_row_bytes(GgmlType t, int64_t cols) {
     case GgmlType::TERNARY:
       return cols % 16 == 0 ? up16(cols / 4) : 0;
     default:
-      return 0;
+      return kquant_row_bytes(t, cols);
   }
 }
 
@@ -59,6 +59,7 @@ int64_t lowbit_scale_count(const WeightView& w) {
 }
 
 bool lowbit_pack_rows(const WeightView& w, int64_t r0, int64_t r1, void* out) {
+  if (is_kquant(w.type)) return kquant_pack_rows(w, r0, r1, out);
   const size_t rb = lowbit_row_bytes(w.type, w.cols);
   if (!rb || !w.data || r0 < 0 || r1 > w.rows || r0 > r1) return false;
   uint8_t* o = static_cast<uint8_t*>(out);
@@ -378,6 +379,7 @@ __global__ void __launch_bounds__(256) dequant_bf16_kernel(WeightView w, __nv_bf
 
 cudaError_t gemv_lowbit(const WeightView& w, const float* x, int n, float* y, const float* bias,
                         bool accumulate, cudaStream_t stream) {
+  if (is_kquant(w.type)) return gemv_kquant(w, x, n, y, bias, accumulate, stream);
   if (n < 1 || n > kGemvMaxRows || !x || !y || !lowbit_view_ok(w) || w.rows > (int64_t)0x7fffffff * kLbWarps)
     return cudaErrorInvalidValue;
   LbArgs a{};
@@ -418,6 +420,7 @@ cudaError_t gemv_lowbit(const WeightView& w, const float* x, int n, float* y, co
 }
 
 cudaError_t lowbit_dequant_bf16(const WeightView& w, void* out, cudaStream_t stream) {
+  if (is_kquant(w.type)) return kquant_dequant_bf16(w, out, stream);
   if (!lowbit_view_ok(w) || !out || !aligned16(out)) return cudaErrorInvalidValue;
   const int64_t ld = lowbit_bf16_ld(w.cols);
   const int64_t groups = w.rows * ((ld + 15) / 16);

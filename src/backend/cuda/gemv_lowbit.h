@@ -21,13 +21,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/gemv_kquant.h"
 #include "core/views.h"
 
 namespace ultra::cuda {
 
-// Q8_0, F8_E4M3 or TERNARY.
+// Q8_0, F8_E4M3 or TERNARY, or one of the GGUF block types of gemv_kquant.h (Q4_0, Q4_K, Q5_K, Q6_K), whose
+// device layout, GEMV and BF16 dequantisation the functions below dispatch to.
 inline bool is_lowbit(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::F8_E4M3 || t == GgmlType::TERNARY;
+  return t == GgmlType::Q8_0 || t == GgmlType::F8_E4M3 || t == GgmlType::TERNARY || is_kquant(t);
 }
 
 // Bytes of one row in the device layout (a multiple of 16); 0 for a type that is not low-bit or a cols the

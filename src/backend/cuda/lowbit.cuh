@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kquant.cuh"
 #include "core/views.h"
 
 namespace ultra::cuda::detail {
@@ -54,6 +55,8 @@ __device__ __forceinline__ void decode16_ternary(uint32_t w, float (&f)[16]) {
 // One weight W[r, c] of a low-bit view in the device layout (the embedding lookup, the BF16 dequantisation
 // of partial groups): the f32 product decode * scale, as the CPU's dequant_row.
 __device__ __forceinline__ float lowbit_elem(const WeightView& w, int64_t r, int64_t c) {
+  if (w.type != GgmlType::Q8_0 && w.type != GgmlType::F8_E4M3 && w.type != GgmlType::TERNARY)
+    return kq_elem(w, r, c);  // the GGUF block types (gemv_kquant.h)
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * (int64_t)w.row_bytes;
   if (w.type == GgmlType::Q8_0) {
     const uint16_t d = *reinterpret_cast<const uint16_t*>(row + w.cols + 2 * (c / 32));
