@@ -226,6 +226,34 @@ void Matcher::restore(const Snapshot& s) {
   partial_ = s.partial, n_remain_ = s.n_remain, n_len_ = s.n_len;
 }
 
+void Matcher::restore_trusted(const Snapshot& s) {
+  set_heads(s.heads);
+  partial_ = s.partial, n_remain_ = s.n_remain, n_len_ = s.n_len;
+}
+
+void Matcher::set_single_head(uint32_t node) {
+  heads_.clear();
+  heads_.push_back(node);
+  complete_ = node == kEmptyStack;
+  partial_ = 0, n_remain_ = 0, n_len_ = 0;
+}
+
+uint32_t Matcher::cut_stack(uint32_t node, int depth, bool* cut) {
+  uint32_t elems[32];
+  depth = std::clamp(depth, 1, 32);
+  uint32_t n = node;
+  int k = 0;
+  for (; k < depth && n != kEmptyStack; ++k) {
+    elems[k] = nodes_[n].elem;
+    n = nodes_[n].parent;
+  }
+  *cut = n != kEmptyStack;
+  if (!*cut) return node;
+  uint32_t p = kEmptyStack;
+  while (k > 0) p = intern(elems[--k], p);
+  return p;
+}
+
 bool grammar_accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
   Matcher m(g);
   return m.accept_bytes(text) == text.size() && m.is_complete();

@@ -72,6 +72,15 @@ class Matcher {
   }
   // Throws ultra::Error when s holds nodes this matcher never made (a snapshot of another grammar).
   void restore(const Snapshot& s);
+  // restore() without the checks, for a snapshot this matcher saved (token_mask.h's trie walks).
+  void restore_trusted(const Snapshot& s);
+  // The state whose only stack is `node` (a head this matcher made, or kEmptyStack), nothing pending.
+  void set_single_head(uint32_t node);
+  // The stack made of the top `depth` entries of stack `node` (a head) with nothing beneath them: input
+  // that matches from it without reaching its bottom matches the same way from `node`, whatever lies
+  // beneath (token_mask.h's context-independent tokens). Returns node itself when its stack has at most
+  // `depth` entries (*cut = false), else the cut stack (*cut = true). depth in [1, 32].
+  uint32_t cut_stack(uint32_t node, int depth, bool* cut);
 
   const Grammar& grammar() const { return *g_; }
   const std::vector<uint32_t>& heads() const { return heads_; }  // node ids; kEmptyStack = complete
