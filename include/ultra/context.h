@@ -223,8 +223,28 @@ class Context {
   void clear(int seq) { crop(seq, 0); }
 
   // --- sampling: one sampler per sequence ---
-  void set_sampling(int seq, const SamplingParams& p);  // validates; allocates nothing
+  // Validates (logit_bias tokens below n_sample_vocab()); allocates nothing. A logit bias is applied on the
+  // CPU backend only: on another, a sampler with one throws.
+  void set_sampling(int seq, const SamplingParams& p);
   const SamplingParams& sampling(int seq) const;
+  // A grammar constraint (llama.cpp's GBNF syntax, root rule "root"): the tokens the sequence's sample
+  // rows draw from now on form a prefix of a sentence of the grammar; end-of-generation tokens are allowed
+  // exactly when the text so far is a whole sentence, and are the only ones allowed at a dead end (or after
+  // a token the grammar refuses was given as input), so a constrained sequence always ends cleanly.
+  //  * It covers the tokens from the one drawn by the next sample row on, given or drawn, and follows the
+  //    sequence: crop() / restore() roll it back with the tokens (the matcher is fed again from its start
+  //    at the next sample row), so speculative rollback and regeneration compose with it.
+  //  * The mask is computed on the host before the step (src/grammar/token_mask.h) and applied to the
+  //    row's logits before the sampler's chain (then a logit bias). Steps with constrained rows allocate
+  //    nothing once the grammar states they meet were seen before.
+  //  * CPU backend only (a GPU context throws: the mask would have to be copied to the device each step),
+  //    and only Output::sample rows (not propose / verify). Needs the model's tokenizer.
+  // Throws ultra::Error with the parser's message (line, column, what was expected) for a bad grammar,
+  // and while steps are queued. Setting a grammar replaces the previous one.
+  void set_grammar(int seq, std::string_view gbnf);
+  void clear_grammar(int seq);
+  bool has_grammar(int seq) const;
+
   SeqSnapshot snapshot(int seq) const;          // O(1)
   void restore(int seq, const SeqSnapshot& s);  // O(1); s.n_tokens <= seq_len(seq)
 

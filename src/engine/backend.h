@@ -32,6 +32,10 @@ struct SampleJob {
   // the linked backend's ring entry of sequence q_src (q_src >= 0) or a point mass on it (q_src < 0).
   Output kind = Output::sample;
   int32_t q_src = -1;
+  // A grammar constraint's allowed tokens (bit t of word t / 32), host memory valid for the step; null:
+  // none. Set only on backends that apply it (the CPU's); with it or a logit bias the CPU backend applies
+  // apply_logit_rules() to the row's logits before sampling.
+  const uint32_t* allow = nullptr;
 };
 // Ring entries of kept proposals per sequence: a verification reads up to K of them (K <= 64).
 constexpr int kProposalRing = 64;

@@ -1,0 +1,50 @@
+// A sequence's grammar constraint (Context::set_grammar): the grammar's matcher and token mask, kept in
+// step with the sequence's tokens.
+//
+// The constraint covers the tokens from `start` on: the position of the token drawn by the first sample row
+// after the constraint was set (or after a crop below it). Its state is derived from the sequence, like the
+// rest of the sampling state: before a sample row at position p (which draws the token of p + 1) the
+// matcher is fed the sequence's tokens [consumed, p + 1), so tokens given as input (a forced prefix, a
+// speculative draft) count like drawn ones; a crop below `consumed` resets the matcher and the tokens are
+// fed again at the next sample row (seen input: no allocation). A token the grammar refuses (given as
+// input, or a control token) breaks the constraint: until a crop before it, only end-of-generation tokens
+// are allowed, and so are they at a dead end (no token can continue the input), so a sequence always ends
+// cleanly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "grammar/grammar_matcher.h"
+#include "grammar/mask_vocab.h"
+#include "grammar/token_mask.h"
+
+namespace ultra {
+
+class SeqConstraint {
+ public:
+  // Throws ultra::Error with the parser's message for a bad grammar.
+  SeqConstraint(std::string_view gbnf, std::shared_ptr<const grammar::MaskVocab> vocab);
+
+  // The allowed tokens for the token drawn at row position pos (tokens: the sequence's, by position,
+  // [0, pos] known): out[vocab.n_words()]. Allocates nothing once the states met were seen before.
+  void mask(const int32_t* tokens, int pos, uint32_t* out);
+  // The sequence was cropped to n tokens.
+  void crop(int n);
+
+  const grammar::Matcher& matcher() const { return m_; }
+  bool broken() const { return broken_at_ >= 0; }
+
+ private:
+  std::shared_ptr<const grammar::MaskVocab> vocab_;
+  grammar::Matcher m_;
+  grammar::TokenMask tm_;
+  int start_ = -1;      // position of the first constrained token (-1: set at the next sample row)
+  int consumed_ = 0;    // tokens [start_, consumed_) are fed to the matcher
+  int broken_at_ = -1;  // position of a refused token (-1: none)
+
+  void end_only(uint32_t* out) const;  // only the end-of-generation tokens
+};
+
+}  // namespace ultra

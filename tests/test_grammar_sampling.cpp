@@ -1,0 +1,218 @@
+// Grammar-constrained sampling and logit bias in the engine (Context::set_grammar, SamplingParams::
+// logit_bias) on the bundled model: constrained output is a sentence of the grammar (it parses as JSON),
+// a constrained and an unconstrained sequence share a step without affecting each other, crop / restore
+// roll the constraint back with the sequence, a dead end ends the sequence, bad grammars and biases are
+// refused with clear errors, and a -100 bias bans a token.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "ultra/context.h"
+#include "ultra/model.h"
+
+using namespace ultra;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kBundled = fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf";
+
+// A small JSON object grammar whose sentences are short, so that a model of random taste ends it soon.
+const char* kObject =
+    R"(root ::= "{\"name\": \"" [a-z]{1,8} "\", \"n\": " [0-9]{1,3} ", \"ok\": " ("true" | "false") "}")";
+
+struct Gen {
+  std::vector<int32_t> tokens;
+  bool ended = false;  // an end-of-generation token was drawn
+};
+
+// Decodes sequences seqs (each after `prompt`) in the same steps, one sample row each, up to n tokens
+// each or an end-of-generation token.
+std::vector<Gen> generate_together(Context& ctx, const Tokenizer& tk, const std::vector<int>& seqs,
+                                   const std::vector<int32_t>& prompt, int n) {
+  std::vector<Gen> out(seqs.size());
+  std::vector<int> row(seqs.size(), -1);
+  Batch b(ctx.params().n_batch);
+  for (size_t j = 0; j < seqs.size(); ++j) {
+    b.add_sequence(prompt, 0, seqs[j], Output::sample);
+    row[j] = b.size() - 1;
+  }
+  ctx.step(b);
+  for (int k = 0; k < n; ++k) {
+    b.clear();
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      if (out[j].ended) continue;
+      const int32_t t = ctx.sampled(row[j]);
+      if (tk.is_eog(t)) {
+        out[j].ended = true;
+        continue;
+      }
+      out[j].tokens.push_back(t);
+      row[j] = b.add(t, ctx.seq_len(seqs[j]), seqs[j], Output::sample);
+    }
+    if (b.empty()) break;
+    ctx.step(b);
+  }
+  return out;
+}
+
+SamplingParams warm(uint64_t seed) {
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.seed = seed;
+  return sp;
+}
+
+}  // namespace
+
+TEST(GrammarSampling, ConstrainedBesideUnconstrainedInOneStep) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::vector<int32_t> prompt = tk.encode("The weather today is", true, false);
+  // Sequence 1 alone, unconstrained: the reference.
+  Context solo(m, {.n_ctx = 256, .n_slots = 2, .n_threads = 2});
+  solo.set_sampling(1, warm(7));
+  const std::vector<Gen> ref = generate_together(solo, tk, {1}, prompt, 60);
+  for (uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE(seed);
+    Context ctx(m, {.n_ctx = 256, .n_slots = 2, .n_threads = 2});
+    ctx.set_sampling(0, warm(seed));
+    ctx.set_sampling(1, warm(7));
+    ctx.set_grammar(0, kObject);
+    EXPECT_TRUE(ctx.has_grammar(0));
+    EXPECT_FALSE(ctx.has_grammar(1));
+    const std::vector<Gen> g = generate_together(ctx, tk, {0, 1}, prompt, 60);
+    ASSERT_TRUE(g[0].ended) << tk.decode(g[0].tokens);
+    const std::string text = tk.decode(g[0].tokens);
+    const nlohmann::json j = nlohmann::json::parse(text);  // throws if it is not JSON
+    EXPECT_TRUE(j["ok"].is_boolean()) << text;
+    EXPECT_TRUE(j["n"].is_number_integer()) << text;
+    // The unconstrained sequence drew exactly what it draws alone.
+    EXPECT_EQ(g[1].tokens, ref[0].tokens);
+  }
+}
+
+TEST(GrammarSampling, CropAndRestoreRollTheConstraintBack) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::vector<int32_t> prompt = tk.encode("Data:", true, false);
+  Context ctx(m, {.n_ctx = 256, .n_threads = 2});
+  ctx.set_sampling(0, warm(11));
+  ctx.set_grammar(0, kObject);
+  const Gen first = generate_together(ctx, tk, {0}, prompt, 60)[0];
+  ASSERT_TRUE(first.ended);
+  // Back to the middle of the object, and on again: the same seeded tokens, a valid object again.
+  const int keep = (int)prompt.size() + (int)first.tokens.size() / 2;
+  ctx.crop(0, keep);
+  Batch b(8);
+  b.add(first.tokens[keep - prompt.size() - 1], keep - 1, 0, Output::sample);
+  ctx.crop(0, keep - 1);
+  std::vector<int32_t> again(first.tokens.begin(), first.tokens.begin() + (keep - (int)prompt.size()));
+  for (int k = 0; k < 60; ++k) {
+    ctx.step(b);
+    const int32_t t = ctx.sampled(0);
+    if (tk.is_eog(t)) break;
+    again.push_back(t);
+    b.clear();
+    b.add(t, ctx.seq_len(0), 0, Output::sample);
+  }
+  EXPECT_EQ(again, first.tokens);
+  // Below the constraint's start: it starts afresh at the next sample row.
+  SeqSnapshot snap = ctx.snapshot(0);
+  snap.n_tokens = (int)prompt.size();
+  ctx.restore(0, snap);
+  b.clear();
+  b.add(prompt.back(), (int)prompt.size() - 1, 0, Output::sample);
+  ctx.crop(0, (int)prompt.size() - 1);
+  std::vector<int32_t> third;
+  for (int k = 0; k < 60; ++k) {
+    ctx.step(b);
+    const int32_t t = ctx.sampled(0);
+    if (tk.is_eog(t)) break;
+    third.push_back(t);
+    b.clear();
+    b.add(t, ctx.seq_len(0), 0, Output::sample);
+  }
+  EXPECT_EQ(third, first.tokens);
+}
+
+TEST(GrammarSampling, DeadEndAndRefusedInputEndTheSequence) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::vector<int32_t> prompt = tk.encode("Say yes:", true, false);
+  Context ctx(m, {.n_ctx = 128, .n_threads = 2});
+  ctx.set_sampling(0, warm(3));
+  ctx.set_grammar(0, R"(root ::= "yes")");
+  const Gen g = generate_together(ctx, tk, {0}, prompt, 20)[0];
+  EXPECT_TRUE(g.ended);
+  EXPECT_EQ(tk.decode(g.tokens), "yes");
+  // A token given as input that the grammar refuses: only end-of-generation tokens after it.
+  ctx.clear(0);
+  ctx.set_grammar(0, R"(root ::= [a-z]+)");
+  Batch b(64);
+  b.add_sequence(prompt, 0, 0, Output::sample);
+  ctx.step(b);
+  b.clear();
+  const std::vector<int32_t> digits = tk.encode("123", false, false);
+  b.add_sequence(digits, ctx.seq_len(0), 0, Output::sample);
+  ctx.step(b);
+  EXPECT_TRUE(tk.is_eog(ctx.sampled(b.size() - 1)));
+}
+
+TEST(GrammarSampling, BadGrammarsAndBiasesAreRefused) {
+  const Model m = Model::load(kBundled.string());
+  Context ctx(m, {.n_ctx = 64, .n_threads = 1});
+  try {
+    ctx.set_grammar(0, "root ::= \"a\" | (");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 1"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(ctx.has_grammar(0));
+  EXPECT_THROW(ctx.set_grammar(1, "root ::= \"a\""), Error);  // no sequence 1
+  SamplingParams sp;
+  sp.add_logit_bias(ctx.n_sample_vocab(), 1.0f);
+  EXPECT_THROW(ctx.set_sampling(0, sp), Error);
+  sp.n_logit_bias = 0;
+  sp.add_logit_bias(-1, 1.0f);
+  EXPECT_THROW(ctx.set_sampling(0, sp), Error);
+  sp.n_logit_bias = 0;
+  sp.add_logit_bias(0, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_THROW(ctx.set_sampling(0, sp), Error);
+  sp.n_logit_bias = 0;
+  for (int i = 0; i < SamplingParams::kMaxLogitBias; ++i) sp.add_logit_bias(i, 0.5f);
+  EXPECT_THROW(sp.add_logit_bias(0, 1.0f), Error);
+  EXPECT_NO_THROW(ctx.set_sampling(0, sp));
+}
+
+TEST(GrammarSampling, LogitBiasBansAndFavours) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::vector<int32_t> prompt = tk.encode("Once upon a time", true, false);
+  Context ctx(m, {.n_ctx = 64, .n_threads = 2});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  Batch b(64);
+  b.add_sequence(prompt, 0, 0, Output::sample);
+  ctx.step(b);
+  const int32_t best = ctx.sampled(b.size() - 1);
+  SamplingParams sp = SamplingParams::greedy();
+  sp.add_logit_bias(best, -100.0f);
+  ctx.set_sampling(0, sp);
+  ctx.crop(0, 0);
+  ctx.step(b);
+  const int32_t second = ctx.sampled(b.size() - 1);
+  EXPECT_NE(second, best);
+  sp.n_logit_bias = 0;
+  sp.add_logit_bias(42, 1000.0f);
+  ctx.set_sampling(0, sp);
+  ctx.crop(0, 0);
+  ctx.step(b);
+  EXPECT_EQ(ctx.sampled(b.size() - 1), 42);
+}
