@@ -43,6 +43,8 @@ Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_qu
   ctx_ = std::make_unique<Context>(model, params);
   for (const std::string& w : ctx_->warnings()) warnings_.push_back(w);
   n_ctx_ = ctx_->params().n_ctx;
+  n_sample_ = ctx_->n_sample_vocab();
+  cpu_ = ctx_->params().backend == BackendKind::cpu;
   n_slots_ = ctx_->params().n_slots;
   n_batch_ = ctx_->params().n_batch;
   slots_.resize((size_t)n_slots_);
@@ -118,6 +120,11 @@ void Scheduler::admit() {
     const int seq = (int)(&s - slots_.data());
     ctx_->crop(seq, (int)best_prefix);
     ctx_->set_sampling(seq, req->sampling);
+    if (!req->grammar.empty()) {
+      ctx_->set_grammar(seq, req->grammar);  // parsed when the request came: it parses
+    } else if (ctx_->has_grammar(seq)) {
+      ctx_->clear_grammar(seq);
+    }
     {
       std::lock_guard lk(req->m);
       req->n_cached = (int)best_prefix;
