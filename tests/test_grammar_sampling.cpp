@@ -19,7 +19,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kBundled = fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf";
+// The bundled model (loaded once) and its tokenizer.
+const Model& bundled() {
+  static const Model m = Model::load((fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string());
+  return m;
+}
+const Tokenizer& bundled_tok() {
+  return *bundled().tokenizer();
+}
 
 // A small JSON object grammar whose sentences are short, so that a model of random taste ends it soon.
 const char* kObject =
@@ -60,21 +67,36 @@ std::vector<Gen> generate_together(Context& ctx, const Tokenizer& tk, const std:
   return out;
 }
 
+// The model's own distribution, seeded.
 SamplingParams warm(uint64_t seed) {
   SamplingParams sp;
-  sp.temperature = 1.0f;
+  sp.temperature = sp.top_p = 1.0f;
   sp.top_k = 0;
-  sp.top_p = 1.0f;
   sp.min_p = 0.0f;
   sp.seed = seed;
   return sp;
 }
 
+// Steps b (one sample row of sequence 0), then feeds each drawn token back, up to n tokens or an
+// end-of-generation token; returns the tokens drawn.
+std::vector<int32_t> continue_from(Context& ctx, const Tokenizer& tk, Batch& b, int n) {
+  std::vector<int32_t> out;
+  for (int k = 0; k < n; ++k) {
+    ctx.step(b);
+    const int32_t t = ctx.sampled(0);
+    if (tk.is_eog(t)) break;
+    out.push_back(t);
+    b.clear();
+    b.add(t, ctx.seq_len(0), 0, Output::sample);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST(GrammarSampling, ConstrainedBesideUnconstrainedInOneStep) {
-  const Model m = Model::load(kBundled.string());
-  const Tokenizer& tk = *m.tokenizer();
+  const Model& m = bundled();
+  const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("The weather today is", true, false);
   // Sequence 1 alone, unconstrained: the reference.
   Context solo(m, {.n_ctx = 256, .n_slots = 2, .n_threads = 2});
@@ -100,8 +122,8 @@ TEST(GrammarSampling, ConstrainedBesideUnconstrainedInOneStep) {
 }
 
 TEST(GrammarSampling, CropAndRestoreRollTheConstraintBack) {
-  const Model m = Model::load(kBundled.string());
-  const Tokenizer& tk = *m.tokenizer();
+  const Model& m = bundled();
+  const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("Data:", true, false);
   Context ctx(m, {.n_ctx = 256, .n_threads = 2});
   ctx.set_sampling(0, warm(11));
@@ -115,14 +137,8 @@ TEST(GrammarSampling, CropAndRestoreRollTheConstraintBack) {
   b.add(first.tokens[keep - prompt.size() - 1], keep - 1, 0, Output::sample);
   ctx.crop(0, keep - 1);
   std::vector<int32_t> again(first.tokens.begin(), first.tokens.begin() + (keep - (int)prompt.size()));
-  for (int k = 0; k < 60; ++k) {
-    ctx.step(b);
-    const int32_t t = ctx.sampled(0);
-    if (tk.is_eog(t)) break;
-    again.push_back(t);
-    b.clear();
-    b.add(t, ctx.seq_len(0), 0, Output::sample);
-  }
+  const std::vector<int32_t> rest = continue_from(ctx, tk, b, 60);
+  again.insert(again.end(), rest.begin(), rest.end());
   EXPECT_EQ(again, first.tokens);
   // Below the constraint's start: it starts afresh at the next sample row.
   SeqSnapshot snap = ctx.snapshot(0);
@@ -131,21 +147,12 @@ TEST(GrammarSampling, CropAndRestoreRollTheConstraintBack) {
   b.clear();
   b.add(prompt.back(), (int)prompt.size() - 1, 0, Output::sample);
   ctx.crop(0, (int)prompt.size() - 1);
-  std::vector<int32_t> third;
-  for (int k = 0; k < 60; ++k) {
-    ctx.step(b);
-    const int32_t t = ctx.sampled(0);
-    if (tk.is_eog(t)) break;
-    third.push_back(t);
-    b.clear();
-    b.add(t, ctx.seq_len(0), 0, Output::sample);
-  }
-  EXPECT_EQ(third, first.tokens);
+  EXPECT_EQ(continue_from(ctx, tk, b, 60), first.tokens);
 }
 
 TEST(GrammarSampling, DeadEndAndRefusedInputEndTheSequence) {
-  const Model m = Model::load(kBundled.string());
-  const Tokenizer& tk = *m.tokenizer();
+  const Model& m = bundled();
+  const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("Say yes:", true, false);
   Context ctx(m, {.n_ctx = 128, .n_threads = 2});
   ctx.set_sampling(0, warm(3));
@@ -167,7 +174,7 @@ TEST(GrammarSampling, DeadEndAndRefusedInputEndTheSequence) {
 }
 
 TEST(GrammarSampling, BadGrammarsAndBiasesAreRefused) {
-  const Model m = Model::load(kBundled.string());
+  const Model& m = bundled();
   Context ctx(m, {.n_ctx = 64, .n_threads = 1});
   try {
     ctx.set_grammar(0, "root ::= \"a\" | (");
@@ -193,8 +200,8 @@ TEST(GrammarSampling, BadGrammarsAndBiasesAreRefused) {
 }
 
 TEST(GrammarSampling, LogitBiasBansAndFavours) {
-  const Model m = Model::load(kBundled.string());
-  const Tokenizer& tk = *m.tokenizer();
+  const Model& m = bundled();
+  const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("Once upon a time", true, false);
   Context ctx(m, {.n_ctx = 64, .n_threads = 2});
   ctx.set_sampling(0, SamplingParams::greedy());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "alloc_counter.h"
+#include "cli/common.h"
 #include "grammar/gbnf_parser.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/mask_vocab.h"
@@ -26,10 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return cli::read_text_file(p.string(), "grammar");
 }
 
 fs::path fixtures() {
