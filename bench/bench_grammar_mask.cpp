@@ -4,8 +4,9 @@
 // tokenized with the vocabulary and a matcher is driven through each document token by token; before every
 // token the allowed-token mask (grammar/token_mask.h) is computed and timed (thread CPU time), and the
 // token is checked to be allowed. Prints per grammar the median and p99 mask time of the first pass over
-// the documents (cold: per-top tables built on first use) and of a second pass over them (the tables built,
-// the mask cache cleared before each document), and the cache hit rate.
+// the documents (cold: the grammar's tables built on first use) and of a second pass with a fresh matcher
+// and mask per document sharing the tables (a new request with the same grammar: mask cache empty), and
+// the cache hit rate. BENCH_DEPTH: the tables' context depth (default 3); BENCH_VERBOSE: the slow steps.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "core/error.h"
 #include "grammar/gbnf_parser.h"
 #include "grammar/grammar_matcher.h"
+#include "grammar/mask_tables.h"
 #include "grammar/mask_vocab.h"
 #include "grammar/token_mask.h"
 #include "tokenizer/tokenizer.h"
@@ -95,27 +97,34 @@ int main(int argc, char** argv) {
           std::make_shared<const Grammar>(parse_gbnf(slurp(gdir / (std::string(c.grammar) + ".gbnf"))));
       std::vector<std::vector<int32_t>> docs;
       for (const std::string& d : c.docs) docs.push_back(tk.encode(d));
-      TokenMask::Options opt;
-      if (const char* d = std::getenv("BENCH_DEPTH")) opt.context_depth = std::atoi(d);
+      // Pass 1: cold (one matcher and mask for all the documents, as one sequence would see them, the
+      // grammar's tables built as met). Pass 2: a fresh matcher and mask per document sharing those tables
+      // (a new request with the same grammar), its mask cache empty.
+      int depth = 3;
+      if (const char* d = std::getenv("BENCH_DEPTH")) depth = std::atoi(d);
+      const auto tables = std::make_shared<MaskTables>(g, v, depth);
       std::vector<uint32_t> mask(v->n_words());
-      // Pass 1: cold (one matcher and mask for all the documents, as one sequence would see them). Pass 2:
-      // the same again, the per-top tables built, the mask cache cleared before each document.
-      Matcher m(g);
-      TokenMask tm(v, m, opt);
       for (int pass = 0; pass < 2; ++pass) {
         std::vector<double> times;
-        const TokenMaskStats before = tm.stats();
+        int64_t hits = 0, calls = 0;
+        const int64_t built = tables->tables_built();
+        auto m = std::make_unique<Matcher>(g);
+        auto tm = std::make_unique<TokenMask>(tables, *m);
         for (const auto& ids : docs) {
-          m.reset();
-          if (pass == 1) tm.clear_cache();
+          m->reset();
+          if (pass == 1) {
+            hits += tm->stats().cache_hits, calls += tm->stats().calls;
+            m = std::make_unique<Matcher>(g);
+            tm = std::make_unique<TokenMask>(tables, *m);
+          }
           for (size_t i = 0; i <= ids.size(); ++i) {
             t0 = now_us();
-            const int64_t walked = tm.stats().dependent_walked;
-            tm.compute(mask.data());
+            const int64_t walked = tm->stats().dependent_walked;
+            tm->compute(mask.data());
             times.push_back(now_us() - t0);
             if (std::getenv("BENCH_VERBOSE") && times.back() > 500)
               fmt::print("  slow: {:.0f} us, {} heads, {} dependent tokens walked, before '{}'\n",
-                         times.back(), m.heads().size(), tm.stats().dependent_walked - walked,
+                         times.back(), m->heads().size(), tm->stats().dependent_walked - walked,
                          i < ids.size() ? tk.token_to_piece(ids[i]) : "<end>");
             if (i == ids.size()) {
               if (!mask_allows(mask.data(), tk.eos())) fail("{}: end of document not allowed", c.grammar);
@@ -124,18 +133,17 @@ int main(int argc, char** argv) {
             if (!mask_allows(mask.data(), ids[i]))
               fail("{}: token {} '{}' refused by the mask", c.grammar, ids[i], tk.token_to_piece(ids[i]));
             const std::string_view piece = tk.token_to_piece(ids[i]);
-            if (m.accept_bytes(piece) != piece.size()) fail("{}: token refused by the matcher", c.grammar);
+            if (m->accept_bytes(piece) != piece.size()) fail("{}: token refused by the matcher", c.grammar);
           }
         }
-        const int64_t hits = tm.stats().cache_hits - before.cache_hits;
-        const int64_t calls = tm.stats().calls - before.calls;
+        hits += tm->stats().cache_hits, calls += tm->stats().calls;
         if (pass == 1) all_warm.insert(all_warm.end(), times.begin(), times.end());
         fmt::print(
             "{:<11} {} {:4} tokens: mask median {:7.1f} us  p99 {:8.1f} us  max {:8.1f} us  cache hits "
             "{:3.0f}%  ({} tables built)\n",
             c.grammar, pass == 0 ? "cold" : "warm", times.size(), pct(times, 0.5), pct(times, 0.99),
             pct(times, 1.0), 100.0 * (double)hits / (double)std::max<int64_t>(calls, 1),
-            tm.stats().tables_built - before.tables_built);
+            tables->tables_built() - built);
       }
     }
     fmt::print("all grammars, warm: {} tokens, median {:.1f} us, p99 {:.1f} us\n", all_warm.size(),

@@ -14,8 +14,10 @@
 
 #include "alloc_counter.h"
 #include "cli/common.h"
+#include "core/error.h"
 #include "grammar/gbnf_parser.h"
 #include "grammar/grammar_matcher.h"
+#include "grammar/mask_tables.h"
 #include "grammar/mask_vocab.h"
 #include "grammar/token_mask.h"
 #include "tokenizer/tokenizer.h"
@@ -87,20 +89,20 @@ void check_document(Matcher& m, TokenMask& tm, const tok::Tokenizer& tk,
   EXPECT_GT(tm.stats().cache_hits, 0);
 }
 
-// Each document twice with one matcher and mask, the cache cleared between the rounds (the per-top tables
-// built in the first round serve the second), at several context depths.
+// Each document twice at several context depths: first with one matcher (the tables built as met), then
+// with a fresh matcher and mask sharing those tables (built with other stack ids), its cache empty.
 void check_documents(const tok::Tokenizer& tk, const std::shared_ptr<const MaskVocab>& v,
                      const std::shared_ptr<const Grammar>& g, const std::vector<std::string>& docs,
                      int stride) {
   for (int depth : {1, 3}) {
     SCOPED_TRACE(::testing::Message() << "context depth " << depth);
-    Matcher m(g);
-    TokenMask::Options opt;
-    opt.context_depth = depth;
-    TokenMask tm(v, m, opt);
+    const auto tables = std::make_shared<MaskTables>(g, v, depth);
     for (int round = 0; round < 2; ++round) {
-      tm.clear_cache();
+      Matcher m(g);
+      TokenMask tm(tables, m);
+      const int64_t built = tables->tables_built();
       for (const std::string& doc : docs) check_document(m, tm, tk, v, doc, stride);
+      if (round == 1) EXPECT_EQ(tables->tables_built(), built) << "the second round builds no table";
     }
   }
 }
@@ -174,6 +176,7 @@ TEST(TokenMask, WarmMasksAllocateNothing) {
   TokenMask::Options opt;
   opt.cache_entries = 0;  // every mask computed, none served from the cache
   TokenMask tm(v, m, opt);
+  EXPECT_THROW(TokenMask(std::make_shared<MaskTables>(load("list"), v), m), Error);  // another grammar
   std::vector<uint32_t> mask(tm.n_words());
   const Matcher::Snapshot start = m.snapshot();
   Matcher::Snapshot snap;

@@ -313,7 +313,8 @@ void Context::set_grammar(int seq, std::string_view gbnf) {
     im.mask_vocab = grammar::MaskVocab::from_tokenizer(detail::impl(*t).t);
     im.masks.assign((size_t)im.p.n_outputs * im.mask_vocab->n_words(), 0);
   }
-  im.constraints[seq] = std::make_unique<SeqConstraint>(gbnf, im.mask_vocab);
+  im.constraints[seq] =
+      std::make_unique<SeqConstraint>(grammar_tables(im.grammar_tables, gbnf, im.mask_vocab));
 }
 void Context::clear_grammar(int seq) {
   impl_->seqs.check(seq, "clear_grammar");

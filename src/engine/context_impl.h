@@ -45,6 +45,7 @@ struct Context::Impl {
   // see it and the masks of a step's sample rows, [n_outputs, n_words] (allocated with the first grammar).
   std::vector<std::unique_ptr<SeqConstraint>> constraints;
   std::shared_ptr<const grammar::MaskVocab> mask_vocab;
+  GrammarTablesCache grammar_tables;  // by grammar text: the sequences using one share its tables
   std::vector<uint32_t> masks;
   StepStats stats;
 

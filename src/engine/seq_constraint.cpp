@@ -1,5 +1,6 @@
 #include "engine/seq_constraint.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -7,16 +8,23 @@
 
 namespace ultra {
 
-namespace {
-
-std::shared_ptr<const grammar::Grammar> parse(std::string_view gbnf) {
-  return std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(gbnf));
+std::shared_ptr<grammar::MaskTables> grammar_tables(GrammarTablesCache& cache, std::string_view gbnf,
+                                                    const std::shared_ptr<const grammar::MaskVocab>& vocab) {
+  auto& e = cache.entries;
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i].first != gbnf) continue;
+    std::rotate(e.begin() + (std::ptrdiff_t)i, e.begin() + (std::ptrdiff_t)i + 1,
+                e.end());  // most recent last
+    return e.back().second;
+  }
+  auto g = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(gbnf));
+  if (e.size() >= GrammarTablesCache::kMaxGrammars) e.erase(e.begin());
+  e.emplace_back(std::string(gbnf), std::make_shared<grammar::MaskTables>(std::move(g), vocab));
+  return e.back().second;
 }
 
-}  // namespace
-
-SeqConstraint::SeqConstraint(std::string_view gbnf, std::shared_ptr<const grammar::MaskVocab> vocab)
-    : vocab_(std::move(vocab)), m_(parse(gbnf)), tm_(vocab_, m_) {}
+SeqConstraint::SeqConstraint(std::shared_ptr<grammar::MaskTables> tables)
+    : vocab_(tables->vocab()), m_(tables->grammar()), tm_(std::move(tables), m_) {}
 
 void SeqConstraint::end_only(uint32_t* out) const {
   std::memset(out, 0, vocab_->n_words() * sizeof(uint32_t));

@@ -14,18 +14,33 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "grammar/grammar_matcher.h"
+#include "grammar/mask_tables.h"
 #include "grammar/mask_vocab.h"
 #include "grammar/token_mask.h"
 
 namespace ultra {
 
+// The tables of a grammar text for a vocabulary: one per text, kept in `cache` (the most recent kMaxGrammars
+// texts; tables in use by a sequence stay alive with it). Throws ultra::Error with the parser's message for
+// a bad grammar.
+struct GrammarTablesCache {
+  static constexpr size_t kMaxGrammars = 16;
+  std::vector<std::pair<std::string, std::shared_ptr<grammar::MaskTables>>> entries;  // most recent last
+};
+std::shared_ptr<grammar::MaskTables> grammar_tables(GrammarTablesCache& cache, std::string_view gbnf,
+                                                    const std::shared_ptr<const grammar::MaskVocab>& vocab);
+
 class SeqConstraint {
  public:
-  // Throws ultra::Error with the parser's message for a bad grammar.
-  SeqConstraint(std::string_view gbnf, std::shared_ptr<const grammar::MaskVocab> vocab);
+  // tables: of the grammar and the vocabulary (grammar_tables()), shared with the other sequences that use
+  // the same grammar.
+  explicit SeqConstraint(std::shared_ptr<grammar::MaskTables> tables);
 
   // The allowed tokens for the token drawn at row position pos (tokens: the sequence's, by position,
   // [0, pos] known): out[vocab.n_words()]. Allocates nothing once the states met were seen before.

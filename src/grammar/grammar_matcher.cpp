@@ -238,19 +238,24 @@ void Matcher::set_single_head(uint32_t node) {
   partial_ = 0, n_remain_ = 0, n_len_ = 0;
 }
 
-uint32_t Matcher::cut_stack(uint32_t node, int depth, bool* cut) {
-  uint32_t elems[32];
-  depth = std::clamp(depth, 1, 32);
-  uint32_t n = node;
+int Matcher::stack_top(uint32_t node, int depth, uint32_t* elems, bool* cut) const {
   int k = 0;
-  for (; k < depth && n != kEmptyStack; ++k) {
-    elems[k] = nodes_[n].elem;
-    n = nodes_[n].parent;
+  for (; k < depth && node != kEmptyStack; ++k) {
+    elems[k] = nodes_[node].elem;
+    node = nodes_[node].parent;
   }
-  *cut = n != kEmptyStack;
-  if (!*cut) return node;
+  *cut = node != kEmptyStack;
+  return k;
+}
+
+uint32_t Matcher::push_stack(const uint32_t* elems, int n) {
+  for (int k = 0; k < n; ++k) {
+    const bool ok = elems[k] < g_->elements.size() && (g_->elements[elems[k]].op == Op::Chars ||
+                                                       (k > 0 && g_->elements[elems[k]].op == Op::Rule));
+    if (!ok) fail("grammar matcher: element {} cannot be a stack entry here", elems[k]);
+  }
   uint32_t p = kEmptyStack;
-  while (k > 0) p = intern(elems[--k], p);
+  while (n > 0) p = intern(elems[--n], p);
   return p;
 }
 
