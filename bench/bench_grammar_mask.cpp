@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "core/error.h"
@@ -139,11 +140,12 @@ int main(int argc, char** argv) {
         hits += tm->stats().cache_hits, calls += tm->stats().calls;
         if (pass == 1) all_warm.insert(all_warm.end(), times.begin(), times.end());
         fmt::print(
-            "{:<11} {} {:4} tokens: mask median {:7.1f} us  p99 {:8.1f} us  max {:8.1f} us  cache hits "
-            "{:3.0f}%  ({} tables built)\n",
+            "{:<11} {} {:4} tokens: mask median {:7.1f} us  p99 {:8.1f} us  max {:8.1f} us  total {:7.1f} ms "
+            " "
+            "cache hits {:3.0f}%  ({} tables built)\n",
             c.grammar, pass == 0 ? "cold" : "warm", times.size(), pct(times, 0.5), pct(times, 0.99),
-            pct(times, 1.0), 100.0 * (double)hits / (double)std::max<int64_t>(calls, 1),
-            tables->tables_built() - built);
+            pct(times, 1.0), std::accumulate(times.begin(), times.end(), 0.0) / 1e3,
+            100.0 * (double)hits / (double)std::max<int64_t>(calls, 1), tables->tables_built() - built);
       }
     }
     fmt::print("all grammars, warm: {} tokens, median {:.1f} us, p99 {:.1f} us\n", all_warm.size(),
