@@ -267,3 +267,52 @@ item ::= "{\"k\": " [0-9] ", \"who\": \"" [a-z ]{1,6} "\"}")";
   EXPECT_EQ(run(1), plain);
   EXPECT_EQ(run(2), plain);
 }
+
+// Sampled speculative rounds on the CPU draw from the target's logits on the host (Output::logits rows):
+// those carry the sequence's grammar and logit bias too, so the output stays a sentence of the grammar and
+// a banned token never appears.
+TEST(GrammarSampling, SampledSpeculativeRoundsKeepTheRules) {
+  const Model& m = bundled();
+  const Tokenizer& tk = bundled_tok();
+  const Model dm = Model::load((fs::path(ULTRA_SOURCE_DIR) / "models" / "draft.gguf").string());
+  const std::vector<int32_t> prompt = tk.encode("Once upon a time", true, false);
+  const int32_t banned = tk.encode(" the", false, false)[0];
+  for (uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE(seed);
+    Context target(m, {.n_ctx = 256, .n_batch = 16, .n_outputs = 16, .n_threads = 2});
+    Context draft(dm, {.n_ctx = 256, .n_threads = 1});
+    SamplingParams sp = warm(seed);
+    sp.add_logit_bias(banned, -100.0f);
+    target.set_sampling(0, sp);
+    target.set_grammar(0, kObject);
+    std::vector<int32_t> out;
+    SpeculativeParams spp;
+    spp.n_draft = 4;
+    SpeculativeStats st;
+    generate_speculative(
+        target, &draft, prompt, {.n_predict = 80}, spp,
+        [&](int32_t t, Context&, int) {
+          if (!tk.is_eog(t)) out.push_back(t);
+          return true;
+        },
+        &st);
+    EXPECT_GT(st.drafted, 0);
+    const std::string text = tk.decode(out);
+    EXPECT_TRUE(nlohmann::json::parse(text, nullptr, false).is_object()) << text;
+    EXPECT_EQ(std::count(out.begin(), out.end(), banned), 0);
+  }
+  // Unconstrained and sampled, the bias alone: the banned token never appears in a long text.
+  Context target(m, {.n_ctx = 256, .n_batch = 16, .n_outputs = 16, .n_threads = 2});
+  Context draft(dm, {.n_ctx = 256, .n_threads = 1});
+  SamplingParams sp = warm(9);
+  sp.add_logit_bias(banned, -100.0f);
+  target.set_sampling(0, sp);
+  std::vector<int32_t> out;
+  SpeculativeParams spp;
+  spp.n_draft = 4;
+  generate_speculative(target, &draft, prompt, {.n_predict = 150}, spp, [&](int32_t t, Context&, int) {
+    out.push_back(t);
+    return true;
+  });
+  EXPECT_EQ(std::count(out.begin(), out.end(), banned), 0);
+}

@@ -268,7 +268,9 @@ class Context {
   // of exp over the vocabulary) only when the sampler's n_probs > 0, and give NaN otherwise.
   float logprob(int row) const;
   std::span<const TokenLogprob> top_logprobs(int row) const;  // n_probs best, best first
-  // Output::logits and Output::sample rows: [n_vocab]. On a GPU backend this copies them to the host.
+  // Output::logits and Output::sample rows: [n_vocab]. On a GPU backend this copies them to the host. For a
+  // sequence with a grammar or a logit bias they are the logits its sampler sees: refused and banned tokens
+  // at -infinity, biases added (penalties and temperature not applied).
   std::span<const float> logits(int row);
 
   const StepStats& stats() const;

@@ -12,8 +12,8 @@
 #include <random>
 
 #include "chat/builtin_templates.h"
-#include "grammar/gbnf_parser.h"
 #include "server/constraints.h"
+#include "ultra/grammar.h"
 
 namespace ultra::cli {
 
@@ -84,7 +84,7 @@ std::string resolve_grammar(const GrammarFlags& f) {
   if (!f.grammar_file.empty()) {
     text = read_text_file(f.grammar_file, "--grammar");
     try {
-      grammar::parse_gbnf(text);
+      check_grammar(text);
     } catch (const Error& e) {
       fail("--grammar {}: {}", f.grammar_file, e.what());
     }

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "core/error.h"
 #include "model/forward.h"
 #include "sampling/sampler.h"
 #include "ultra/context.h"
@@ -93,6 +94,11 @@ class Backend {
 
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;
+  // apply_logit_rules() on output k's logits of the last step (a logits row of a sequence with a grammar or
+  // a logit bias). Only backends that apply them (the CPU's); the others throw.
+  virtual void apply_rules(int /*k*/, const SamplingParams& /*p*/, const uint32_t* /*allow*/) {
+    fail("{}: grammar constraints and logit bias run on the CPU backend only", name());
+  }
   // Tests only: fills positions [from, max_ctx) of slot seq in every layer's K and V with NaN, so that a
   // read of any position past a sequence's length shows in its outputs.
   virtual void poison_kv(int seq, int from) = 0;

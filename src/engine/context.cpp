@@ -104,6 +104,7 @@ Context::Impl::Impl(const Model& model_, const ContextParams& params)
   next_pos = Buffer<int32_t>(p.n_slots);
   last_row = Buffer<int32_t>(p.n_slots);
   constraints.resize(p.n_slots);
+  rule_rows.resize(p.n_outputs);
 }
 
 size_t Context::Impl::engine_bytes(const ContextParams& p) {
@@ -120,7 +121,7 @@ void Context::Impl::submit(const Batch& b) {
   const int ri = queue.next_index();
   StepRecord& r = queue.next();
   const int n = b.size();
-  int n_out = 0, n_jobs = 0;
+  int n_out = 0, n_jobs = 0, n_rules = 0;
   bool reads = false;
   for (int i = 0; i < n; ++i) {
     const int32_t s = b.seq(i), ps = b.pos(i);
@@ -156,13 +157,24 @@ void Context::Impl::submit(const Batch& b) {
     if (o == Output::none) continue;
     r.row_out[i] = n_out;
     r.out_row[n_out] = i;
+    if (o == Output::logits && (constraints[s] || seqs.sampling(s).n_logit_bias > 0)) {
+      // The sequence's rules apply to the logits it shows too (speculative decoding samples from them on
+      // the host): after the step, on the host.
+      const uint32_t* mask = nullptr;
+      if (SeqConstraint* c = constraints[s].get()) {
+        uint32_t* m = masks.data() + (size_t)n_out * mask_vocab->n_words();
+        c->mask(seqs.tokens(s), ps, m);
+        mask = m;
+      }
+      rule_rows[n_rules++] = {n_out, &seqs.sampling(s), mask};
+    }
     if (o == Output::sample || o == Output::propose || o == Output::verify) {
       const SamplingParams& sp = seqs.sampling(s);
       const auto win = penalty_window(sp, {seqs.tokens(s), (size_t)ps + 1});
       SampleJob& job = r.jobs[n_jobs];
       job = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
       if (SeqConstraint* c = constraints[s].get()) {
-        uint32_t* mask = masks.data() + (size_t)n_jobs * mask_vocab->n_words();
+        uint32_t* mask = masks.data() + (size_t)n_out * mask_vocab->n_words();
         c->mask(seqs.tokens(s), ps, mask);
         job.allow = mask;
       }
@@ -191,6 +203,10 @@ void Context::Impl::submit(const Batch& b) {
     be->submit(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
   else
     be->step(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
+  for (int k = 0; k < n_rules; ++k) {  // only on the CPU (set_grammar and logit_bias refuse the others)
+    const RuleRow& rr = rule_rows[k];
+    be->apply_rules(rr.out, *rr.params, rr.allow);
+  }
   // The step is the backend's now: the sequences' new lengths, and what kSampled will mean for them.
   ++stats.n_steps;
   stats.n_rows += n;

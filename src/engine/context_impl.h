@@ -46,6 +46,14 @@ struct Context::Impl {
   std::vector<std::unique_ptr<SeqConstraint>> constraints;
   std::shared_ptr<const grammar::MaskVocab> mask_vocab;
   GrammarTablesCache grammar_tables;  // by grammar text: the sequences using one share its tables
+  // Output::logits rows of sequences with a grammar or a logit bias, in a step: their logits get the rules
+  // after it (sample rows get them in the backend, before sampling). [n_outputs]
+  struct RuleRow {
+    int out;
+    const SamplingParams* params;
+    const uint32_t* allow;
+  };
+  std::vector<RuleRow> rule_rows;
   std::vector<uint32_t> masks;
   StepStats stats;
 

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "grammar/gbnf_parser.h"
+#include "ultra/grammar.h"
 
 namespace ultra::server {
 
@@ -81,7 +81,7 @@ std::string request_grammar(const json& body) {
   }
   if (!text.empty()) {
     try {
-      grammar::parse_gbnf(text);
+      check_grammar(text);
     } catch (const Error& e) {
       throw FieldError(given, fmt::format("'{}': {}", given, e.what()));
     }
