@@ -1,17 +1,29 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 
 #include "core/error.h"
 
 namespace ultra::grammar {
 
+namespace {
+
+// Set bits of x without a popcount instruction (the library is built for any x86-64, where std::popcount
+// is a call into libgcc); the loop below vectorises.
+inline uint32_t bits32(uint32_t x) {
+  x = x - ((x >> 1) & 0x55555555u);
+  x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+  x = (x + (x >> 4)) & 0x0F0F0F0Fu;
+  return (x * 0x01010101u) >> 24;
+}
+
+}  // namespace
+
 int count_allowed(const uint32_t* mask, size_t n_words) {
-  int n = 0;
-  for (size_t w = 0; w < n_words; ++w) n += std::popcount(mask[w]);
-  return n;
+  uint32_t n = 0;
+  for (size_t w = 0; w < n_words; ++w) n += bits32(mask[w]);
+  return (int)n;
 }
 
 TokenMask::TokenMask(std::shared_ptr<const MaskVocab> vocab, Matcher& m, Options opt)
