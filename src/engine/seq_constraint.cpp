@@ -24,7 +24,16 @@ std::shared_ptr<grammar::MaskTables> grammar_tables(GrammarTablesCache& cache, s
 }
 
 SeqConstraint::SeqConstraint(std::shared_ptr<grammar::MaskTables> tables)
-    : vocab_(tables->vocab()), m_(tables->grammar()), tm_(std::move(tables), m_) {}
+    : vocab_(tables->vocab()), m_(tables->grammar()), tm_(std::move(tables), m_) {
+  ring_.resize(kRing);
+  for (grammar::Matcher::Snapshot& s : ring_) s.heads.reserve(64);
+  ring_pos_.assign(kRing, -1);
+}
+
+void SeqConstraint::keep_state(int pos) {
+  m_.save(ring_[(size_t)pos % kRing]);
+  ring_pos_[(size_t)pos % kRing] = pos;
+}
 
 void SeqConstraint::end_only(uint32_t* out) const {
   std::memset(out, 0, vocab_->n_words() * sizeof(uint32_t));
@@ -38,17 +47,30 @@ void SeqConstraint::crop(int n) {
   } else if (n >= consumed_) {
     return;
   }
+  if (broken_at_ >= n) broken_at_ = -1;
+  if (start_ >= 0 && ring_pos_[(size_t)n % kRing] == n) {  // the state after the tokens [start, n) was kept
+    m_.restore_trusted(ring_[(size_t)n % kRing]);
+    consumed_ = n;
+    return;
+  }
   m_.reset();
   consumed_ = start_;
-  if (broken_at_ >= n) broken_at_ = -1;
 }
 
 void SeqConstraint::mask(const int32_t* tokens, int pos, uint32_t* out) {
-  if (start_ < 0) start_ = consumed_ = pos + 1;
+  if (start_ < 0) {
+    start_ = consumed_ = pos + 1;
+    std::fill(ring_pos_.begin(), ring_pos_.end(), -1);
+    keep_state(start_);
+  }
   for (; consumed_ <= pos && broken_at_ < 0; ++consumed_) {
     const int32_t t = tokens[consumed_];
     const bool text = t >= 0 && t < vocab_->n_vocab && !vocab_->bytes[t].empty();
-    if (!text || m_.accept_bytes(vocab_->bytes[t]) != vocab_->bytes[t].size()) broken_at_ = consumed_;
+    if (!text || m_.accept_bytes(vocab_->bytes[t]) != vocab_->bytes[t].size()) {
+      broken_at_ = consumed_;
+    } else {
+      keep_state(consumed_ + 1);
+    }
   }
   if (broken_at_ >= 0 || tm_.compute(out) == 0) end_only(out);
 }

@@ -5,11 +5,12 @@
 // after the constraint was set (or after a crop below it). Its state is derived from the sequence, like the
 // rest of the sampling state: before a sample row at position p (which draws the token of p + 1) the
 // matcher is fed the sequence's tokens [consumed, p + 1), so tokens given as input (a forced prefix, a
-// speculative draft) count like drawn ones; a crop below `consumed` resets the matcher and the tokens are
-// fed again at the next sample row (seen input: no allocation). A token the grammar refuses (given as
-// input, or a control token) breaks the constraint: until a crop before it, only end-of-generation tokens
-// are allowed, and so are they at a dead end (no token can continue the input), so a sequence always ends
-// cleanly.
+// speculative draft) count like drawn ones. The matcher's states after the last kRing positions are kept,
+// so a crop back among them (a speculative rollback) restores one; a crop further back resets the matcher
+// and the tokens are fed again at the next sample row (seen input: no allocation). A token the grammar
+// refuses (given as input, or a control token) breaks the constraint: until a crop before it, only
+// end-of-generation tokens are allowed, and so are they at a dead end (no token can continue the input), so a
+// sequence always ends cleanly.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,12 @@ class SeqConstraint {
   int start_ = -1;      // position of the first constrained token (-1: set at the next sample row)
   int consumed_ = 0;    // tokens [start_, consumed_) are fed to the matcher
   int broken_at_ = -1;  // position of a refused token (-1: none)
+  static constexpr int kRing = 64;
+  std::vector<grammar::Matcher::Snapshot>
+      ring_;                   // [kRing] the state after the tokens [start_, p), at p % kRing
+  std::vector<int> ring_pos_;  // [kRing] the p of each entry (-1: none)
+
+  void keep_state(int pos);
 
   void end_only(uint32_t* out) const;  // only the end-of-generation tokens
 };
