@@ -316,3 +316,28 @@ TEST(GrammarSampling, SampledSpeculativeRoundsKeepTheRules) {
   });
   EXPECT_EQ(std::count(out.begin(), out.end(), banned), 0);
 }
+
+// A crop back past the kept states (more than 64 positions) feeds the tokens since the constraint's start
+// again; one among them restores a kept state: both regenerate the same seeded tokens.
+TEST(GrammarSampling, CropFarBackFeedsTheTokensAgain) {
+  const Tokenizer& tk = bundled_tok();
+  const std::vector<int32_t> prompt = tk.encode("Letters:", true, false);
+  Context ctx(bundled(), {.n_ctx = 512, .n_threads = 2});
+  ctx.set_sampling(0, warm(5));
+  ctx.set_grammar(0, R"(root ::= ([a-z] [a-z]? " "){100,120})");
+  const Gen first = generate_together(ctx, tk, {0}, prompt, 300)[0];
+  ASSERT_TRUE(first.ended);
+  ASSERT_GT(first.tokens.size(), 100u);
+  const int p = (int)prompt.size();
+  for (int back : {5, 90}) {  // positions before the end: within the kept states, and past them
+    SCOPED_TRACE(back);
+    const int keep = p + (int)first.tokens.size() - back;
+    ctx.crop(0, keep - 1);
+    Batch b(8);
+    b.add(first.tokens[keep - 1 - p], keep - 1, 0, Output::sample);
+    std::vector<int32_t> again(first.tokens.begin(), first.tokens.begin() + (keep - p));
+    const std::vector<int32_t> rest = continue_from(ctx, tk, b, 300);
+    again.insert(again.end(), rest.begin(), rest.end());
+    EXPECT_EQ(again, first.tokens);
+  }
+}
