@@ -79,6 +79,14 @@ SamplingParams warm(uint64_t seed) {
   return sp;
 }
 
+// A context on the bundled model whose sequence 0 samples with warm(seed) under the grammar g.
+Context constrained(const char* g, uint64_t seed, int n_ctx) {
+  Context ctx(bundled(), {.n_ctx = n_ctx, .n_threads = 2});
+  ctx.set_sampling(0, warm(seed));
+  ctx.set_grammar(0, g);
+  return ctx;
+}
+
 // Steps b (one sample row of sequence 0), then feeds each drawn token back, up to n tokens or an
 // end-of-generation token; returns the tokens drawn.
 std::vector<int32_t> continue_from(Context& ctx, const Tokenizer& tk, Batch& b, int n) {
@@ -124,12 +132,9 @@ TEST(GrammarSampling, ConstrainedBesideUnconstrainedInOneStep) {
 }
 
 TEST(GrammarSampling, CropAndRestoreRollTheConstraintBack) {
-  const Model& m = bundled();
   const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("Data:", true, false);
-  Context ctx(m, {.n_ctx = 256, .n_threads = 2});
-  ctx.set_sampling(0, warm(11));
-  ctx.set_grammar(0, kObject);
+  Context ctx = constrained(kObject, 11, 256);
   const Gen first = generate_together(ctx, tk, {0}, prompt, 60)[0];
   ASSERT_TRUE(first.ended);
   // Back to the middle of the object, and on again: the same seeded tokens, a valid object again.
@@ -153,12 +158,9 @@ TEST(GrammarSampling, CropAndRestoreRollTheConstraintBack) {
 }
 
 TEST(GrammarSampling, DeadEndAndRefusedInputEndTheSequence) {
-  const Model& m = bundled();
   const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("Say yes:", true, false);
-  Context ctx(m, {.n_ctx = 128, .n_threads = 2});
-  ctx.set_sampling(0, warm(3));
-  ctx.set_grammar(0, R"(root ::= "yes")");
+  Context ctx = constrained(R"(root ::= "yes")", 3, 128);
   const Gen g = generate_together(ctx, tk, {0}, prompt, 20)[0];
   EXPECT_TRUE(g.ended);
   EXPECT_EQ(tk.decode(g.tokens), "yes");
@@ -322,9 +324,7 @@ TEST(GrammarSampling, SampledSpeculativeRoundsKeepTheRules) {
 TEST(GrammarSampling, CropFarBackFeedsTheTokensAgain) {
   const Tokenizer& tk = bundled_tok();
   const std::vector<int32_t> prompt = tk.encode("Letters:", true, false);
-  Context ctx(bundled(), {.n_ctx = 512, .n_threads = 2});
-  ctx.set_sampling(0, warm(5));
-  ctx.set_grammar(0, R"(root ::= ([a-z] [a-z]? " "){100,120})");
+  Context ctx = constrained(R"(root ::= ([a-z] [a-z]? " "){100,120})", 5, 512);
   const Gen first = generate_together(ctx, tk, {0}, prompt, 300)[0];
   ASSERT_TRUE(first.ended);
   ASSERT_GT(first.tokens.size(), 100u);
