@@ -41,13 +41,13 @@ struct SamplingParams {
   int n_probs = 0;  // > 0: also report the top n_probs log-probabilities (at most kMaxProbs)
   // Per-token additive biases (logit_bias[0, n_logit_bias)); held inline so that setting and snapshotting
   // a sampler allocates nothing. A token listed twice: the biases add up.
+  static constexpr int kMaxLogitBias = 300;  // entries of logit_bias
   int n_logit_bias = 0;
-  LogitBias logit_bias[300];
+  LogitBias logit_bias[kMaxLogitBias] = {};
 
   static constexpr int kMaxProbs = 20;
   static constexpr int kMaxSpeculativeTopK = 1024;  // Output::propose / verify rows (context.h)
   static constexpr int kMaxHistory = 32768;         // the window of repeat_last_n = -1
-  static constexpr int kMaxLogitBias = 300;         // entries of logit_bias
 
   // Appends a bias; throws ultra::Error when kMaxLogitBias are set already.
   void add_logit_bias(int32_t token, float bias);
