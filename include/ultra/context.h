@@ -231,9 +231,10 @@ class Context {
   // rows draw from now on form a prefix of a sentence of the grammar; end-of-generation tokens are allowed
   // exactly when the text so far is a whole sentence, and are the only ones allowed at a dead end (or after
   // a token the grammar refuses was given as input), so a constrained sequence always ends cleanly.
-  //  * It covers the tokens from the one drawn by the next sample row on, given or drawn, and follows the
-  //    sequence: crop() / restore() roll it back with the tokens (the matcher is fed again from its start
-  //    at the next sample row), so speculative rollback and regeneration compose with it.
+  //  * It covers the tokens from the one after the next row with an output (Output::sample, or
+  //    Output::logits, whose logits it masks too) on, given or drawn, and follows the sequence: crop() /
+  //    restore() roll it back with the tokens, so speculative rollback and regeneration compose with it.
+  //    (Give the prompt's rows before the last no output, as generate() does.)
   //  * The mask is computed on the host before the step (src/grammar/token_mask.h) and applied to the
   //    row's logits before the sampler's chain (then a logit bias). Steps with constrained rows allocate
   //    nothing once the grammar states they meet were seen before.

@@ -1,9 +1,9 @@
 // A sequence's grammar constraint (Context::set_grammar): the grammar's matcher and token mask, kept in
 // step with the sequence's tokens.
 //
-// The constraint covers the tokens from `start` on: the position of the token drawn by the first sample row
-// after the constraint was set (or after a crop below it). Its state is derived from the sequence, like the
-// rest of the sampling state: before a sample row at position p (which draws the token of p + 1) the
+// The constraint covers the tokens from `start` on: the position after the first row with an output (sample
+// or logits) after the constraint was set (or after a crop below it). Its state is derived from the sequence,
+// like the rest of the sampling state: before a sample row at position p (which draws the token of p + 1) the
 // matcher is fed the sequence's tokens [consumed, p + 1), so tokens given as input (a forced prefix, a
 // speculative draft) count like drawn ones. The matcher's states after the last kRing positions are kept,
 // so a crop back among them (a speculative rollback) restores one; a crop further back resets the matcher
@@ -43,8 +43,9 @@ class SeqConstraint {
   // the same grammar.
   explicit SeqConstraint(std::shared_ptr<grammar::MaskTables> tables);
 
-  // The allowed tokens for the token drawn at row position pos (tokens: the sequence's, by position,
-  // [0, pos] known): out[vocab.n_words()]. Allocates nothing once the states met were seen before.
+  // The allowed tokens for the token after row position pos (a sample or logits row; tokens: the
+  // sequence's, by position, [0, pos] known): out[vocab.n_words()]. Allocates nothing once the states met
+  // were seen before.
   void mask(const int32_t* tokens, int pos, uint32_t* out);
   // The sequence was cropped to n tokens.
   void crop(int n);

@@ -120,11 +120,6 @@ void Scheduler::admit() {
     const int seq = (int)(&s - slots_.data());
     ctx_->crop(seq, (int)best_prefix);
     ctx_->set_sampling(seq, req->sampling);
-    if (!req->grammar.empty()) {
-      ctx_->set_grammar(seq, req->grammar);  // parsed when the request came: it parses
-    } else if (ctx_->has_grammar(seq)) {
-      ctx_->clear_grammar(seq);
-    }
     {
       std::lock_guard lk(req->m);
       req->n_cached = (int)best_prefix;
@@ -141,6 +136,15 @@ void Scheduler::admit() {
     stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
     stats_.prompt_tokens_cached_total += (int64_t)best_prefix;
     ++stats_.busy_slots;
+    try {  // the grammar was checked when the request came; this builds its matcher
+      if (!s.req->grammar.empty()) {
+        ctx_->set_grammar(seq, s.req->grammar);
+      } else if (ctx_->has_grammar(seq)) {
+        ctx_->clear_grammar(seq);
+      }
+    } catch (const std::exception& e) {
+      finish(s, "stop", e.what());
+    }
   }
   stats_.queue_depth = (int)queue_.size();
 }
