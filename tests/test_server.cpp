@@ -353,6 +353,30 @@ TEST_F(ServerTest, GrammarResponseFormatAndLogitBias) {
       EXPECT_TRUE(parsed["name"].is_string() && parsed["n"].is_number_integer()) << text;
     }
   }
+  // Streamed chat: the deltas make up the same kind of object.
+  {
+    auto c = client();
+    const json body = {{"messages", json::array({{{"role", "user"}, {"content", "JSON please"}}})},
+                       {"grammar", g},
+                       {"temperature", 1.0},
+                       {"seed", 8},
+                       {"max_tokens", 60},
+                       {"stream", true}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    const std::vector<std::string> ev = sse_events(r->body);
+    ASSERT_GE(ev.size(), 2u);
+    std::string text, finish;
+    for (size_t i = 0; i + 1 < ev.size(); ++i) {
+      const json j = json::parse(ev[i]);
+      const json& d = j["choices"][0]["delta"];
+      if (d.contains("content") && d["content"].is_string()) text += d["content"].get<std::string>();
+      if (j["choices"][0]["finish_reason"].is_string()) finish = j["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(finish, "stop");
+    EXPECT_TRUE(json::parse(text, nullptr, false).is_object()) << text;
+  }
   // json_object: any JSON object; a short answer may stop at max_tokens, and is then a prefix of one.
   const auto jg = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(server::kJsonObjectGrammar));
   for (int seed : {4, 5}) {
