@@ -878,3 +878,43 @@ TEST(Cli, BenchTakesCommaLists) {
 }
 
 }  // namespace
+
+namespace {
+
+// --grammar FILE constrains `ultra run` and `ultra chat` (the reply is a sentence of the grammar); a bad
+// grammar is an error with the parser's message; --json-schema is accepted and refused for now.
+TEST(Cli, GrammarFlags) {
+  const TmpDir tmp("ultra_cli_grammar");
+  const std::string g = tmp.file("obj.gbnf"), bad = tmp.file("bad.gbnf");
+  std::ofstream(g) << R"(root ::= "{\"n\": " [0-9]{1,3} "}")"
+                   << "\n";
+  std::ofstream(bad) << "root ::= (\n";
+  const std::string model = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf").string();
+  const Out o = ultra("run -m " + model + " -p 'Once upon a time' -n 30 --temp 0.9 -s 4 --grammar " + g);
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::string reply = o.out.substr(o.out.find("Once upon a time") + 16);
+  EXPECT_TRUE(nlohmann::json::parse(reply, nullptr, false).is_object()) << o.out;
+  const std::string in = tmp.file("in.txt");
+  std::ofstream(in) << "hello\nagain\n";
+  const Out c = ultra("chat -m " + model + " -n 30 -s 4 --grammar " + g + " < " + in);
+  EXPECT_EQ(c.code, 0) << c.err;
+  size_t at = 0;
+  for (int turn = 0; turn < 2; ++turn) {  // each reply is an object of the grammar
+    at = c.out.find("{\"n\": ", at);
+    ASSERT_NE(at, std::string::npos) << c.out;
+    const size_t end = c.out.find('}', at);
+    ASSERT_NE(end, std::string::npos) << c.out;
+    EXPECT_TRUE(nlohmann::json::parse(c.out.substr(at, end + 1 - at), nullptr, false).is_object()) << c.out;
+    at = end;
+  }
+  const Out b = ultra("run -m " + model + " -p x --grammar " + bad);
+  EXPECT_NE(b.code, 0);
+  EXPECT_NE(b.err.find("line 2, column 1"), std::string::npos) << b.err;
+  const Out s = ultra("run -m " + model + " -p x --json-schema '{\"type\": \"object\"}'");
+  EXPECT_NE(s.code, 0);
+  EXPECT_NE(s.err.find("json_schema: not supported yet"), std::string::npos) << s.err;
+  const Out both = ultra("run -m " + model + " -p x --json-schema '{}' --grammar " + g);
+  EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
+}
+
+}  // namespace

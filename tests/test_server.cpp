@@ -20,9 +20,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "grammar/gbnf_parser.h"
+#include "grammar/grammar_matcher.h"
 #include "raw_conn.h"
 #include "sanitized.h"
 #include "server/chat.h"
+#include "server/constraints.h"
 #include "server/server.h"
 #include "swa_fixture.h"
 #include "ultra/generate.h"
@@ -326,6 +329,125 @@ TEST_F(ServerTest, Errors) {
   r = c.Post("/v1/completions", std::string(100 * 1024, ' '), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
+}
+
+// Constrained output (grammar, response_format json_object) is a sentence of its grammar and parses as
+// JSON; bad grammars and fields are a 400 naming the field with the parser's message; a -100 logit_bias
+// bans the token greedy decoding would pick.
+TEST_F(ServerTest, GrammarResponseFormatAndLogitBias) {
+  const char* g = R"(root ::= "{\"name\": \"" [a-z]{1,8} "\", \"n\": " [0-9]{1,3} "}")";
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    for (int seed : {1, 2, 3}) {
+      json body = {{"grammar", g}, {"temperature", 1.0}, {"seed", seed}, {"max_tokens", 60}};
+      if (std::string(path) == "/v1/completions") {
+        body["prompt"] = "The answer is";
+      } else {
+        body["messages"] = json::array({{{"role", "user"}, {"content", "Give me JSON"}}});
+      }
+      const json r = post(path, body);
+      const json& c = r["choices"][0];
+      const std::string text = c.contains("text") ? c["text"] : c["message"]["content"];
+      EXPECT_EQ(c["finish_reason"], "stop") << text;
+      const json parsed = json::parse(text, nullptr, false);
+      ASSERT_FALSE(parsed.is_discarded()) << text;
+      EXPECT_TRUE(parsed["name"].is_string() && parsed["n"].is_number_integer()) << text;
+    }
+  }
+  // Streamed chat: the deltas make up the same kind of object.
+  {
+    auto c = client();
+    const json body = {{"messages", json::array({{{"role", "user"}, {"content", "JSON please"}}})},
+                       {"grammar", g},
+                       {"temperature", 1.0},
+                       {"seed", 8},
+                       {"max_tokens", 60},
+                       {"stream", true}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    const std::vector<std::string> ev = sse_events(r->body);
+    ASSERT_GE(ev.size(), 2u);
+    std::string text, finish;
+    for (size_t i = 0; i + 1 < ev.size(); ++i) {
+      const json j = json::parse(ev[i]);
+      const json& d = j["choices"][0]["delta"];
+      if (d.contains("content") && d["content"].is_string()) text += d["content"].get<std::string>();
+      if (j["choices"][0]["finish_reason"].is_string()) finish = j["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(finish, "stop");
+    EXPECT_TRUE(json::parse(text, nullptr, false).is_object()) << text;
+  }
+  // json_object: any JSON object; a short answer may stop at max_tokens, and is then a prefix of one.
+  const auto jg = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(server::kJsonObjectGrammar));
+  for (int seed : {4, 5}) {
+    const json r =
+        post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "JSON"}}})},
+                                      {"response_format", {{"type", "json_object"}}},
+                                      {"temperature", 0.7},
+                                      {"seed", seed},
+                                      {"max_tokens", 48}});
+    const std::string text = r["choices"][0]["message"]["content"];
+    if (r["choices"][0]["finish_reason"] == "stop") {
+      EXPECT_TRUE(json::parse(text, nullptr, false).is_object()) << text;
+    } else {
+      EXPECT_TRUE(grammar::grammar_accepts_prefix(jg, text)) << text;
+    }
+    EXPECT_FALSE(text.empty());
+    EXPECT_EQ(text[0], '{') << text;
+  }
+
+  json e =
+      post("/v1/completions", {{"prompt", "x"}, {"grammar", "root ::= \"a\" ("}, {"max_tokens", 2}}, 400);
+  EXPECT_EQ(e["error"]["param"], "grammar");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("line 1"), std::string::npos) << e;
+  e = post("/v1/completions", {{"prompt", "x"}, {"grammar", "root ::= undefined_rule"}}, 400);
+  EXPECT_EQ(e["error"]["param"], "grammar");
+  e = post("/v1/completions", {{"prompt", "x"}, {"json_schema", {{"type", "object"}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "json_schema");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("not supported yet"), std::string::npos) << e;
+  e = post("/v1/chat/completions",
+           {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+            {"response_format",
+             {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}}},
+           400);
+  EXPECT_EQ(e["error"]["param"], "response_format");
+  e = post("/v1/chat/completions",
+           {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+            {"response_format", {{"type", "yaml"}}}},
+           400);
+  EXPECT_EQ(e["error"]["param"], "response_format");
+  e = post("/v1/completions",
+           {{"prompt", "x"}, {"grammar", g}, {"response_format", {{"type", "json_object"}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "response_format");
+  e = post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"99999999", -100}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "logit_bias");
+  e = post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"abc", -100}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "logit_bias");
+  e = post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"5", 300}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "logit_bias");
+
+  // logit_bias: the greedy first token, banned, is not drawn; a +100 bias forces a token.
+  const Tokenizer& tok = *env->model.tokenizer();
+  const std::string prompt = "Once upon a time";
+  Context ctx(env->model, {.n_ctx = kCtx, .n_slots = 1, .n_threads = 2});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  Batch b(64);
+  b.add_sequence(tok.encode(prompt, true, true), 0, 0, Output::sample);
+  ctx.step(b);
+  const int32_t best = ctx.sampled(b.size() - 1);
+  const json plain = post("/v1/completions", {{"prompt", prompt}, {"temperature", 0}, {"max_tokens", 1}});
+  EXPECT_EQ(plain["choices"][0]["text"], tok.decode(std::vector<int32_t>{best}, true));
+  const json banned = post("/v1/completions", {{"prompt", prompt},
+                                               {"temperature", 0},
+                                               {"max_tokens", 1},
+                                               {"logit_bias", {{std::to_string(best), -100}}}});
+  EXPECT_NE(banned["choices"][0]["text"], plain["choices"][0]["text"]);
+  const int32_t forced = tok.encode(" zebra", false, false)[0];
+  const json favoured = post("/v1/completions", {{"prompt", prompt},
+                                                 {"temperature", 0},
+                                                 {"max_tokens", 1},
+                                                 {"logit_bias", json::array({json::array({forced, 100})})}});
+  EXPECT_EQ(favoured["choices"][0]["text"], tok.decode(std::vector<int32_t>{forced}, true));
 }
 
 TEST_F(ServerTest, DisconnectFreesTheSlot) {

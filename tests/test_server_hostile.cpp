@@ -279,11 +279,17 @@ TEST_F(Hostile, RangesUnknownAndUnimplementedFields) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"prompt": "x", "logit_bias": {"1": 5}})", "logit_bias"},
+           {R"({"prompt": "x", "logit_bias": {"1": "five"}})", "logit_bias"},
+           {R"({"prompt": "x", "logit_bias": {"1": 5, "x1": 2}})", "logit_bias"},
+           {R"({"prompt": "x", "logit_bias": [[1]]})", "logit_bias"},
            {R"({"prompt": "x", "echo": true})", "echo"},
            {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", "tools"},
-           {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
-            "response_format"}}) {
+           {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})",
+            "response_format"},
+           {R"({"messages": [{"role": "user", "content": "x"}], "response_format": "json"})",
+            "response_format"},
+           {R"({"prompt": "x", "grammar": 5})", "grammar"},
+           {R"({"prompt": "x", "grammar": "root ::= [z-a]"})", "grammar"}}) {
     r = c.Post(body.starts_with(R"({"prompt")") ? "/v1/completions" : "/v1/chat/completions", body,
                "application/json");
     ASSERT_TRUE(r);

@@ -223,8 +223,29 @@ class Context {
   void clear(int seq) { crop(seq, 0); }
 
   // --- sampling: one sampler per sequence ---
-  void set_sampling(int seq, const SamplingParams& p);  // validates; allocates nothing
+  // Validates (logit_bias tokens below n_sample_vocab()); allocates nothing. A logit bias is applied on the
+  // CPU backend only: on another, a sampler with one throws.
+  void set_sampling(int seq, const SamplingParams& p);
   const SamplingParams& sampling(int seq) const;
+  // A grammar constraint (llama.cpp's GBNF syntax, root rule "root"): the tokens the sequence's sample
+  // rows draw from now on form a prefix of a sentence of the grammar; end-of-generation tokens are allowed
+  // exactly when the text so far is a whole sentence, and are the only ones allowed at a dead end (or after
+  // a token the grammar refuses was given as input), so a constrained sequence always ends cleanly.
+  //  * It covers the tokens from the one after the next row with an output (Output::sample, or
+  //    Output::logits, whose logits it masks too) on, given or drawn, and follows the sequence: crop() /
+  //    restore() roll it back with the tokens, so speculative rollback and regeneration compose with it.
+  //    (Give the prompt's rows before the last no output, as generate() does.)
+  //  * The mask is computed on the host before the step (src/grammar/token_mask.h) and applied to the
+  //    row's logits before the sampler's chain (then a logit bias). Steps with constrained rows allocate
+  //    nothing once the grammar states they meet were seen before.
+  //  * CPU backend only (a GPU context throws: the mask would have to be copied to the device each step),
+  //    and only Output::sample rows (not propose / verify). Needs the model's tokenizer.
+  // Throws ultra::Error with the parser's message (line, column, what was expected) for a bad grammar,
+  // and while steps are queued. Setting a grammar replaces the previous one.
+  void set_grammar(int seq, std::string_view gbnf);
+  void clear_grammar(int seq);
+  bool has_grammar(int seq) const;
+
   SeqSnapshot snapshot(int seq) const;          // O(1)
   void restore(int seq, const SeqSnapshot& s);  // O(1); s.n_tokens <= seq_len(seq)
 
@@ -248,7 +269,9 @@ class Context {
   // of exp over the vocabulary) only when the sampler's n_probs > 0, and give NaN otherwise.
   float logprob(int row) const;
   std::span<const TokenLogprob> top_logprobs(int row) const;  // n_probs best, best first
-  // Output::logits and Output::sample rows: [n_vocab]. On a GPU backend this copies them to the host.
+  // Output::logits and Output::sample rows: [n_vocab]. On a GPU backend this copies them to the host. For a
+  // sequence with a grammar or a logit bias they are the logits its sampler sees: refused and banned tokens
+  // at -infinity, biases added (penalties and temperature not applied).
   std::span<const float> logits(int row);
 
   const StepStats& stats() const;

@@ -11,6 +11,9 @@
 //  * Otherwise candidates are ordered by (penalised logit desc, id asc); top_k <= 0 keeps all. The kept
 //    logits are divided by the temperature and soft-maxed; min-p keeps p >= min_p * p_max; top-p keeps the
 //    smallest prefix whose cumulative probability is >= top_p. Each filter keeps at least one token.
+//  * Logit bias (OpenAI's logit_bias) is added to the logits first, before the penalties; a bias <= -100
+//    bans the token (its logit becomes -infinity), as OpenAI documents -100. A grammar constraint
+//    (Context::set_grammar) likewise sets the logits of the tokens it refuses to -infinity first.
 //  * The draw is u * total < cumulative probability with u a uniform double from Philox4x32-10 keyed by
 //    `seed` and counted by the position of the token being drawn: the output depends only on the seed and
 //    the sequence's tokens, so rolling a sequence back and sampling again repeats the same tokens.
@@ -19,6 +22,11 @@
 #include <cstdint>
 
 namespace ultra {
+
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;  // added to the token's logit; <= -100: banned
+};
 
 struct SamplingParams {
   float temperature = 0.8f;     // <= 0: greedy
@@ -31,10 +39,18 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   uint64_t seed = 0xdeadbeef;
   int n_probs = 0;  // > 0: also report the top n_probs log-probabilities (at most kMaxProbs)
+  // Per-token additive biases (logit_bias[0, n_logit_bias)); held inline so that setting and snapshotting
+  // a sampler allocates nothing. A token listed twice: the biases add up.
+  static constexpr int kMaxLogitBias = 300;  // entries of logit_bias
+  int n_logit_bias = 0;
+  LogitBias logit_bias[kMaxLogitBias] = {};
 
   static constexpr int kMaxProbs = 20;
   static constexpr int kMaxSpeculativeTopK = 1024;  // Output::propose / verify rows (context.h)
   static constexpr int kMaxHistory = 32768;         // the window of repeat_last_n = -1
+
+  // Appends a bias; throws ultra::Error when kMaxLogitBias are set already.
+  void add_logit_bias(int32_t token, float bias);
 
   static SamplingParams greedy() {
     SamplingParams p;
@@ -43,7 +59,8 @@ struct SamplingParams {
   }
 
   // Throws ultra::Error naming the first field out of range (NaN, negative temperature or penalty, ...).
-  void validate() const;
+  // n_vocab > 0: logit_bias tokens must be below it (Context::set_sampling passes its n_sample_vocab()).
+  void validate(int n_vocab = 0) const;
 };
 
 struct TokenLogprob {

@@ -113,6 +113,8 @@ int cmd_chat(int argc, char** argv) {
   SamplingParams sp;
   int64_t seed = -1;
   add_sampling_flags(app, sp, seed);
+  GrammarFlags grammar_flags;
+  add_grammar_flags(app, grammar_flags);
   std::string system_prompt, template_file;
   std::vector<std::string> stops;
   int n_predict = -1;
@@ -144,6 +146,7 @@ int cmd_chat(int argc, char** argv) {
   const bool bundled = mf.model.empty() && (!mf.model_opt || mf.model_opt->count() == 0);
   mf.resolve_model();
   resolve_sampling(sp, seed);
+  const std::string gbnf = resolve_grammar(grammar_flags);  // each reply follows it
   for (std::string& s : stops) s = unescape(s);
   std::erase_if(stops, [](const std::string& s) { return s.empty(); });
   // The bundled play-script model never writes an end-of-text token: a speech ends at a blank line.
@@ -260,6 +263,7 @@ int cmd_chat(int argc, char** argv) {
     if (!no_cache)
       while (keep < cached.size() && keep + 1 < prompt.size() && cached[keep] == prompt[keep]) ++keep;
     ctx.crop(0, (int)keep);
+    if (!gbnf.empty()) ctx.set_grammar(0, gbnf);  // afresh: the reply starts at the prompt's last row
     t.n_cached = (int)keep;
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = keep; i < prompt.size() && !g_interrupted;) {

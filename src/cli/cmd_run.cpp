@@ -30,6 +30,7 @@ struct RunFlags {
   std::string model_draft;
   bool speculative = false;  // the bundled draft
   SpeculativeParams spec;
+  GrammarFlags grammar;
   bool speculating() const { return !model_draft.empty() || speculative || spec.lookup_ngram > 0; }
 };
 
@@ -70,6 +71,7 @@ int cmd_run(int argc, char** argv) {
   RunFlags F;
   F.model.add(app);
   app.add_option("-p,--prompt", F.prompt, "prompt text");
+  add_grammar_flags(app, F.grammar);
   app.add_option("--prompt-ids", F.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
   app.add_option("-n,--n-predict", F.n_predict, "tokens to generate (0: prefill the prompt only)")
       ->check(CLI::Range(0, 1 << 24));
@@ -105,6 +107,7 @@ int cmd_run(int argc, char** argv) {
   }
   F.model.resolve_model();
   resolve_sampling(F.sp, F.seed);
+  const std::string gbnf = resolve_grammar(F.grammar);
   if (!F.prompt.empty() && !F.prompt_ids.empty()) fail("give either -p or --prompt-ids, not both");
   if (!F.speculating())
     for (const char* flag : {"--draft-max", "--draft-min", "--draft-p-min"})
@@ -143,6 +146,7 @@ int cmd_run(int argc, char** argv) {
   Context ctx(model, cp);
   print_warnings(ctx);
   ctx.set_sampling(0, F.sp);
+  if (!gbnf.empty()) ctx.set_grammar(0, gbnf);
   std::optional<Model> draft_model;
   std::optional<Context> draft;
   if (!F.model_draft.empty()) {

@@ -12,6 +12,8 @@
 #include <random>
 
 #include "chat/builtin_templates.h"
+#include "server/constraints.h"
+#include "ultra/grammar.h"
 
 namespace ultra::cli {
 
@@ -66,6 +68,40 @@ void add_sampling_flags(CLI::App& app, SamplingParams& sp, int64_t& seed) {
   app.add_option_function<std::string>(
          "-s,--seed", [&seed](const std::string& v) { seed = parse_seed(v); }, "RNG seed (-1: random)")
       ->type_name("INT");
+}
+
+void add_grammar_flags(CLI::App& app, GrammarFlags& f) {
+  app.add_option("--grammar", f.grammar_file, "a GBNF grammar (llama.cpp's syntax) the output must follow")
+      ->type_name("FILE");
+  app.add_option("--json-schema", f.json_schema, "a JSON schema the output must follow (a file or the JSON)")
+      ->type_name("FILE|JSON");
+}
+
+std::string resolve_grammar(const GrammarFlags& f) {
+  if (!f.grammar_file.empty() && !f.json_schema.empty())
+    fail("give either --grammar or --json-schema, not both");
+  std::string text;
+  if (!f.grammar_file.empty()) {
+    text = read_text_file(f.grammar_file, "--grammar");
+    try {
+      check_grammar(text);
+    } catch (const Error& e) {
+      fail("--grammar {}: {}", f.grammar_file, e.what());
+    }
+  } else if (!f.json_schema.empty()) {
+    const std::string src = std::filesystem::exists(f.json_schema)
+                                ? read_text_file(f.json_schema, "--json-schema")
+                                : f.json_schema;
+    const nlohmann::json schema = nlohmann::json::parse(src, nullptr, false);
+    if (schema.is_discarded())
+      fail("--json-schema: neither a file nor valid JSON: {}", f.json_schema.substr(0, 80));
+    try {
+      text = server::json_schema_to_gbnf(schema, "json_schema");
+    } catch (const server::FieldError& e) {
+      fail("--json-schema: {}", e.what());
+    }
+  }
+  return text;
 }
 
 void resolve_sampling(SamplingParams& sp, int64_t seed) {

@@ -48,6 +48,17 @@ void add_sampling_flags(CLI::App& app, SamplingParams& sp, int64_t& seed);
 // sp.seed from seed (< 0: a random one), then sp.validate() (ultra::Error naming the bad field).
 void resolve_sampling(SamplingParams& sp, int64_t seed);
 
+// --grammar FILE (GBNF) and --json-schema FILE|JSON (ultra run, ultra chat): what the output must follow.
+struct GrammarFlags {
+  std::string grammar_file;
+  std::string json_schema;
+};
+void add_grammar_flags(CLI::App& app, GrammarFlags& f);
+// The GBNF text the flags ask for ("" for none), checked by parsing it. Throws ultra::Error for both flags,
+// a file that cannot be read, a bad grammar (the parser's line, column and message), a schema that is not
+// JSON, and for now any schema (server::json_schema_to_gbnf: not supported yet).
+std::string resolve_grammar(const GrammarFlags& f);
+
 // "8G", "512M", "1048576" -> bytes (K/M/G/T: powers of 1024); throws ultra::Error otherwise.
 size_t parse_bytes(const std::string& s, const char* flag);
 

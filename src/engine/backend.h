@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "core/error.h"
 #include "model/forward.h"
 #include "sampling/sampler.h"
 #include "ultra/context.h"
@@ -32,6 +33,10 @@ struct SampleJob {
   // the linked backend's ring entry of sequence q_src (q_src >= 0) or a point mass on it (q_src < 0).
   Output kind = Output::sample;
   int32_t q_src = -1;
+  // A grammar constraint's allowed tokens (bit t of word t / 32), host memory valid for the step; null:
+  // none. Set only on backends that apply it (the CPU's); with it or a logit bias the CPU backend applies
+  // apply_logit_rules() to the row's logits before sampling.
+  const uint32_t* allow = nullptr;
 };
 // Ring entries of kept proposals per sequence: a verification reads up to K of them (K <= 64).
 constexpr int kProposalRing = 64;
@@ -89,6 +94,11 @@ class Backend {
 
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;
+  // apply_logit_rules() on output k's logits of the last step (a logits row of a sequence with a grammar or
+  // a logit bias). Only backends that apply them (the CPU's); the others throw.
+  virtual void apply_rules(int /*k*/, const SamplingParams& /*p*/, const uint32_t* /*allow*/) {
+    fail("{}: grammar constraints and logit bias run on the CPU backend only", name());
+  }
   // Tests only: fills positions [from, max_ctx) of slot seq in every layer's K and V with NaN, so that a
   // read of any position past a sequence's length shows in its outputs.
   virtual void poison_kv(int seq, int from) = 0;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "engine/access.h"
 #include "engine/context_impl.h"
 
 namespace ultra {
@@ -102,6 +103,8 @@ Context::Impl::Impl(const Model& model_, const ContextParams& params)
   queue = StepQueue(p.n_batch, p.n_outputs);
   next_pos = Buffer<int32_t>(p.n_slots);
   last_row = Buffer<int32_t>(p.n_slots);
+  constraints.resize(p.n_slots);
+  rule_rows.resize(p.n_outputs);
 }
 
 size_t Context::Impl::engine_bytes(const ContextParams& p) {
@@ -118,7 +121,7 @@ void Context::Impl::submit(const Batch& b) {
   const int ri = queue.next_index();
   StepRecord& r = queue.next();
   const int n = b.size();
-  int n_out = 0, n_jobs = 0;
+  int n_out = 0, n_jobs = 0, n_rules = 0;
   bool reads = false;
   for (int i = 0; i < n; ++i) {
     const int32_t s = b.seq(i), ps = b.pos(i);
@@ -154,11 +157,27 @@ void Context::Impl::submit(const Batch& b) {
     if (o == Output::none) continue;
     r.row_out[i] = n_out;
     r.out_row[n_out] = i;
+    if (o == Output::logits && (constraints[s] || seqs.sampling(s).n_logit_bias > 0)) {
+      // The sequence's rules apply to the logits it shows too (speculative decoding samples from them on
+      // the host): after the step, on the host.
+      const uint32_t* mask = nullptr;
+      if (SeqConstraint* c = constraints[s].get()) {
+        uint32_t* m = masks.data() + (size_t)n_out * mask_vocab->n_words();
+        c->mask(seqs.tokens(s), ps, m);
+        mask = m;
+      }
+      rule_rows[n_rules++] = {n_out, &seqs.sampling(s), mask};
+    }
     if (o == Output::sample || o == Output::propose || o == Output::verify) {
       const SamplingParams& sp = seqs.sampling(s);
       const auto win = penalty_window(sp, {seqs.tokens(s), (size_t)ps + 1});
       SampleJob& job = r.jobs[n_jobs];
       job = {n_out, &sp, win.data(), (int)win.size(), (int64_t)ps + 1};
+      if (SeqConstraint* c = constraints[s].get()) {
+        uint32_t* mask = masks.data() + (size_t)n_out * mask_vocab->n_words();
+        c->mask(seqs.tokens(s), ps, mask);
+        job.allow = mask;
+      }
       const bool greedy = !(sp.temperature > 0.0f);
       if (o == Output::propose && !greedy) job.kind = o;
       if (o == Output::propose) proposals.keep(s, ps + 1, greedy);
@@ -184,6 +203,10 @@ void Context::Impl::submit(const Batch& b) {
     be->submit(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
   else
     be->step(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
+  for (int k = 0; k < n_rules; ++k) {  // only on the CPU (set_grammar and logit_bias refuse the others)
+    const RuleRow& rr = rule_rows[k];
+    be->apply_rules(rr.out, *rr.params, rr.allow);
+  }
   // The step is the backend's now: the sequences' new lengths, and what kSampled will mean for them.
   ++stats.n_steps;
   stats.n_rows += n;
@@ -280,12 +303,43 @@ void Context::crop(int seq, int n) {
   if (n < impl_->seqs.len(seq)) {
     impl_->sampled.forget(seq);
     impl_->proposals.crop(seq, n);
+    if (impl_->constraints[seq]) impl_->constraints[seq]->crop(n);
   }
   impl_->seqs.crop(seq, n);
 }
 
 void Context::set_sampling(int seq, const SamplingParams& p) {
+  p.validate(impl_->n_sample);
+  if (p.n_logit_bias > 0 && impl_->p.backend != BackendKind::cpu)
+    fail("set_sampling: logit_bias is applied on the CPU backend only (this context runs on {})",
+         impl_->be->name());
   impl_->seqs.set_sampling(seq, p);
+}
+
+void Context::set_grammar(int seq, std::string_view gbnf) {
+  Impl& im = *impl_;
+  im.seqs.check(seq, "set_grammar");
+  im.queue.check_idle("set_grammar");
+  if (im.p.backend != BackendKind::cpu)
+    fail("set_grammar: grammar constraints run on the CPU backend only (this context runs on {})",
+         im.be->name());
+  const Tokenizer* t = im.model.tokenizer();
+  if (!t) fail("set_grammar: the model has no tokenizer (a grammar constrains text)");
+  if (!im.mask_vocab) {
+    im.mask_vocab = grammar::MaskVocab::from_tokenizer(detail::impl(*t).t);
+    im.masks.assign((size_t)im.p.n_outputs * im.mask_vocab->n_words(), 0);
+  }
+  im.constraints[seq] =
+      std::make_unique<SeqConstraint>(grammar_tables(im.grammar_tables, gbnf, im.mask_vocab));
+}
+void Context::clear_grammar(int seq) {
+  impl_->seqs.check(seq, "clear_grammar");
+  impl_->queue.check_idle("clear_grammar");
+  impl_->constraints[seq].reset();
+}
+bool Context::has_grammar(int seq) const {
+  impl_->seqs.check(seq, "has_grammar");
+  return impl_->constraints[seq] != nullptr;
 }
 const SamplingParams& Context::sampling(int seq) const {
   impl_->seqs.check(seq, "sampling");

@@ -15,6 +15,7 @@
 #include "engine/backend.h"
 #include "engine/model_impl.h"
 #include "engine/proposal_ring.h"
+#include "engine/seq_constraint.h"
 #include "engine/step_queue.h"
 #include "kv/sequences.h"
 #include "ultra/context.h"
@@ -40,6 +41,20 @@ struct Context::Impl {
   int queued_reads = 0;        // queued steps that read the source's device state
   Buffer<int32_t> next_pos;    // [n_slots] validation: the position the next row of a sequence must have
   Buffer<int32_t> last_row;    // [n_slots] scratch of submit(): the last row of each sequence in the step
+  // Grammar constraints (Context::set_grammar): per sequence (null: none), the vocabulary as their masks
+  // see it and the masks of a step's sample rows, [n_outputs, n_words] (allocated with the first grammar).
+  std::vector<std::unique_ptr<SeqConstraint>> constraints;
+  std::shared_ptr<const grammar::MaskVocab> mask_vocab;
+  GrammarTablesCache grammar_tables;  // by grammar text: the sequences using one share its tables
+  // Output::logits rows of sequences with a grammar or a logit bias, in a step: their logits get the rules
+  // after it (sample rows get them in the backend, before sampling). [n_outputs]
+  struct RuleRow {
+    int out;
+    const SamplingParams* params;
+    const uint32_t* allow;
+  };
+  std::vector<RuleRow> rule_rows;
+  std::vector<uint32_t> masks;
   StepStats stats;
 
   Impl(const Model& model_, const ContextParams& params);

@@ -226,6 +226,39 @@ void Matcher::restore(const Snapshot& s) {
   partial_ = s.partial, n_remain_ = s.n_remain, n_len_ = s.n_len;
 }
 
+void Matcher::restore_trusted(const Snapshot& s) {
+  set_heads(s.heads);
+  partial_ = s.partial, n_remain_ = s.n_remain, n_len_ = s.n_len;
+}
+
+void Matcher::set_single_head(uint32_t node) {
+  heads_.clear();
+  heads_.push_back(node);
+  complete_ = node == kEmptyStack;
+  partial_ = 0, n_remain_ = 0, n_len_ = 0;
+}
+
+int Matcher::stack_top(uint32_t node, int depth, uint32_t* elems, bool* cut) const {
+  int k = 0;
+  for (; k < depth && node != kEmptyStack; ++k) {
+    elems[k] = nodes_[node].elem;
+    node = nodes_[node].parent;
+  }
+  *cut = node != kEmptyStack;
+  return k;
+}
+
+uint32_t Matcher::push_stack(const uint32_t* elems, int n) {
+  for (int k = 0; k < n; ++k) {
+    const bool ok = elems[k] < g_->elements.size() && (g_->elements[elems[k]].op == Op::Chars ||
+                                                       (k > 0 && g_->elements[elems[k]].op == Op::Rule));
+    if (!ok) fail("grammar matcher: element {} cannot be a stack entry here", elems[k]);
+  }
+  uint32_t p = kEmptyStack;
+  while (n > 0) p = intern(elems[--n], p);
+  return p;
+}
+
 bool grammar_accepts(const std::shared_ptr<const Grammar>& g, std::string_view text) {
   Matcher m(g);
   return m.accept_bytes(text) == text.size() && m.is_complete();

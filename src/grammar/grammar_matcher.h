@@ -72,8 +72,21 @@ class Matcher {
   }
   // Throws ultra::Error when s holds nodes this matcher never made (a snapshot of another grammar).
   void restore(const Snapshot& s);
+  // restore() without the checks, for a snapshot this matcher saved (token_mask.h's trie walks).
+  void restore_trusted(const Snapshot& s);
+  // The state whose only stack is `node` (a head this matcher made, or kEmptyStack), nothing pending.
+  void set_single_head(uint32_t node);
+  // The grammar elements of the top `depth` entries of stack `node` (a head), top first, into elems;
+  // returns how many; *cut: the stack is deeper than that. Input that matches from those entries alone
+  // without reaching their bottom matches the same way from `node`, whatever lies beneath (mask_tables.h).
+  int stack_top(uint32_t node, int depth, uint32_t* elems, bool* cut) const;
+  // The stack of elems[0..n) (top first) with nothing beneath, as made by stack_top() of some matcher of
+  // the same grammar. Throws ultra::Error unless elems[0] is a character class and the others classes or
+  // rule references.
+  uint32_t push_stack(const uint32_t* elems, int n);
 
   const Grammar& grammar() const { return *g_; }
+  const std::shared_ptr<const Grammar>& grammar_ptr() const { return g_; }
   const std::vector<uint32_t>& heads() const { return heads_; }  // node ids; kEmptyStack = complete
   size_t n_nodes() const { return nodes_.size(); }
   static constexpr uint32_t kEmptyStack = 0;

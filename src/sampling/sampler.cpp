@@ -32,7 +32,12 @@ inline bool better(const C& a, const C& b) {
 }  // namespace
 
 // Messages name the field and the llama.cpp-style flag that sets it.
-void SamplingParams::validate() const {
+void SamplingParams::add_logit_bias(int32_t token, float bias) {
+  if (n_logit_bias >= kMaxLogitBias) fail("sampling: logit_bias has more than {} entries", kMaxLogitBias);
+  logit_bias[n_logit_bias++] = {token, bias};
+}
+
+void SamplingParams::validate(int n_vocab) const {
   auto bad = [](const char* what, const char* flag, double v, const char* want) {
     fail("sampling: {} (--{}) = {} is out of range: {}", what, flag, v, want);
   };
@@ -49,6 +54,16 @@ void SamplingParams::validate() const {
   if (repeat_last_n < -1)
     bad("repeat_last_n", "repeat-last-n", repeat_last_n, ">= -1 (-1: the whole sequence)");
   if (n_probs < 0 || n_probs > kMaxProbs) bad("n_probs", "n-probs", n_probs, "[0, 20]");
+  if (n_logit_bias < 0 || n_logit_bias > kMaxLogitBias)
+    fail("sampling: logit_bias has {} entries (at most {})", n_logit_bias, kMaxLogitBias);
+  for (int i = 0; i < n_logit_bias; ++i) {
+    const LogitBias& b = logit_bias[i];
+    if (b.token < 0 || (n_vocab > 0 && b.token >= n_vocab))
+      fail("sampling: logit_bias token {} is out of range [0, {})", b.token,
+           n_vocab > 0 ? n_vocab : INT32_MAX);
+    if (std::isnan(b.bias) || b.bias == std::numeric_limits<float>::infinity())
+      fail("sampling: logit_bias of token {} is {} (want a number, <= -100 bans)", b.token, b.bias);
+  }
 }
 
 SamplerScratch::SamplerScratch(int n_vocab) : n_vocab_(n_vocab) {
@@ -278,6 +293,21 @@ struct SamplerImpl {
     return r;
   }
 };
+
+bool apply_logit_rules(const SamplingParams& p, const uint32_t* allow, float* logits, int n_sample) {
+  bool bad = false;
+  for (int i = 0; i < n_sample; ++i) bad |= !std::isfinite(logits[i]);
+  if (allow) {
+    for (int i = 0; i < n_sample; ++i)
+      if (!((allow[(uint32_t)i >> 5] >> (i & 31)) & 1u)) logits[i] = kNegInf;
+  }
+  for (int k = 0; k < p.n_logit_bias; ++k) {
+    const LogitBias& b = p.logit_bias[k];
+    if (b.token < 0 || b.token >= n_sample) continue;
+    logits[b.token] = b.bias <= -100.0f ? kNegInf : logits[b.token] + b.bias;
+  }
+  return bad;
+}
 
 SampleResult sample_row(const SamplingParams& p, const float* logits, int n_sample,
                         std::span<const int32_t> window, int64_t position, SamplerScratch& s,

@@ -55,6 +55,11 @@ struct SampleResult {
 // penalties are off).
 std::span<const int32_t> penalty_window(const SamplingParams& p, std::span<const int32_t> tokens);
 
+// Logit bias and a grammar's mask, in place on logits[0, n_sample): tokens not in allow (a bitmask,
+// [ceil(n_sample / 32)] words; null: all allowed) and banned ones get -infinity, the others their bias.
+// Returns whether any of the logits was not finite before (what sample_row would report as nonfinite).
+bool apply_logit_rules(const SamplingParams& p, const uint32_t* allow, float* logits, int n_sample);
+
 // Samples one token from logits [n_vocab] (not modified); candidates are ids < n_sample.
 //   window: penalty_window() of the sequence's tokens up to and including the row's own token
 //   position: the position the drawn token will occupy (the RNG counter)

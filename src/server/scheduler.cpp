@@ -43,6 +43,8 @@ Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_qu
   ctx_ = std::make_unique<Context>(model, params);
   for (const std::string& w : ctx_->warnings()) warnings_.push_back(w);
   n_ctx_ = ctx_->params().n_ctx;
+  n_sample_ = ctx_->n_sample_vocab();
+  cpu_ = ctx_->params().backend == BackendKind::cpu;
   n_slots_ = ctx_->params().n_slots;
   n_batch_ = ctx_->params().n_batch;
   slots_.resize((size_t)n_slots_);
@@ -134,6 +136,15 @@ void Scheduler::admit() {
     stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
     stats_.prompt_tokens_cached_total += (int64_t)best_prefix;
     ++stats_.busy_slots;
+    try {  // the grammar was checked when the request came; this builds its matcher
+      if (!s.req->grammar.empty()) {
+        ctx_->set_grammar(seq, s.req->grammar);
+      } else if (ctx_->has_grammar(seq)) {
+        ctx_->clear_grammar(seq);
+      }
+    } catch (const std::exception& e) {
+      finish(s, "stop", e.what());
+    }
   }
   stats_.queue_depth = (int)queue_.size();
 }

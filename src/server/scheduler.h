@@ -50,6 +50,7 @@ struct GenRequest {
   bool logprobs = false;
   int n_top = 0;
   bool cache_prompt = true;  // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
+  std::string grammar;       // GBNF the completion must follow (Context::set_grammar); "" for none
 
   // --- output, guarded by m ---
   std::mutex m;
@@ -114,6 +115,9 @@ class Scheduler {
 
   int n_ctx() const { return n_ctx_; }
   int n_slots() const { return n_slots_; }
+  int n_sample_vocab() const { return n_sample_; }
+  // Whether requests may carry a grammar or a logit bias (the context runs on the CPU).
+  bool constraints_supported() const { return cpu_; }
   const Model& model() const { return model_; }
   const SchedulerStats& stats() const { return stats_; }
   std::vector<std::string> warnings() const { return warnings_; }
@@ -129,7 +133,8 @@ class Scheduler {
 
   Model model_;
   std::unique_ptr<Context> ctx_;
-  int n_ctx_ = 0, n_slots_ = 0, n_batch_ = 0;
+  int n_ctx_ = 0, n_slots_ = 0, n_batch_ = 0, n_sample_ = 0;
+  bool cpu_ = false;
   size_t max_queue_;
   std::vector<std::string> warnings_;
 

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "server/chat.h"
+#include "server/constraints.h"
 #include "tokenizer/utf8.h"
 #include "ultra/error.h"
 
@@ -144,7 +145,10 @@ const std::set<std::string, std::less<>> kCommonFields = {"model",
                                                           "repetition_penalty",
                                                           "repeat_last_n",
                                                           "ignore_eos",
-                                                          "cache_prompt"};
+                                                          "cache_prompt",
+                                                          "grammar",
+                                                          "json_schema",
+                                                          "response_format"};
 const std::set<std::string, std::less<>> kCompletionFields = {"prompt", "echo", "best_of", "suffix"};
 const std::set<std::string, std::less<>> kChatFields = {"messages",
                                                         "max_completion_tokens",
@@ -152,7 +156,6 @@ const std::set<std::string, std::less<>> kChatFields = {"messages",
                                                         "tools",
                                                         "tool_choice",
                                                         "parallel_tool_calls",
-                                                        "response_format",
                                                         "functions",
                                                         "function_call",
                                                         "modalities",
@@ -175,8 +178,6 @@ void check_fields(const json& j, bool chat) {
     throw ApiError{400, fmt::format("'{}' is not supported: {}", k, what), "invalid_request_error", k,
                    "unsupported_parameter"};
   };
-  if (present(j, "logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
-    unsupported("logit_bias", "ultra does not bias logits yet");
   if (chat) {
     if (present(j, "tools") && !(j["tools"].is_array() && j["tools"].empty()))
       unsupported("tools", "ultra does not call tools yet");
@@ -185,8 +186,6 @@ void check_fields(const json& j, bool chat) {
     if (present(j, "functions")) unsupported("functions", "ultra does not call functions");
     if (present(j, "function_call") && j["function_call"] != "none")
       unsupported("function_call", "ultra does not call functions");
-    if (present(j, "response_format") && j["response_format"] != json{{"type", "text"}})
-      unsupported("response_format", "only {\"type\": \"text\"} (no JSON mode or schema yet)");
     if (present(j, "modalities") && j["modalities"] != json::array({"text"}))
       unsupported("modalities", "text only");
     if (present(j, "audio")) unsupported("audio", "text only");
@@ -301,6 +300,15 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     p.seed = std::random_device{}() | ((uint64_t)std::random_device{}() << 32);
   }
   if (r.logprobs) p.n_probs = std::max(1, r.n_top);  // >= 1: greedy rows compute the logprob only then
+  try {
+    if (present(j, "logit_bias")) parse_logit_bias(j["logit_bias"], sched.n_sample_vocab(), p);
+    r.grammar = request_grammar(j);
+  } catch (const FieldError& e) {
+    bad(e.param, e.what());
+  }
+  if ((!r.grammar.empty() || p.n_logit_bias > 0) && !sched.constraints_supported())
+    bad(r.grammar.empty() ? "logit_bias" : "grammar",
+        "grammars, response_format and logit_bias run on the CPU backend only (this server runs on the GPU)");
   try {
     p.validate();
   } catch (const Error& e) {

@@ -159,9 +159,12 @@ void CpuBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, S
   const int V = m_.hp.n_vocab;
   auto run_job = [&](int j, SamplerScratch& s) {
     const SampleJob& job = jobs[j];
-    results[j] = sample_row(*job.params, logits_.data() + (size_t)job.out * V, n_sample_,
-                            {job.window, (size_t)job.n_window}, job.position, s,
-                            top + (size_t)j * SamplingParams::kMaxProbs);
+    float* logits = logits_.data() + (size_t)job.out * V;
+    const bool rules = job.allow || job.params->n_logit_bias > 0;
+    const bool bad = rules && apply_logit_rules(*job.params, job.allow, logits, n_sample_);
+    results[j] = sample_row(*job.params, logits, n_sample_, {job.window, (size_t)job.n_window}, job.position,
+                            s, top + (size_t)j * SamplingParams::kMaxProbs);
+    if (rules) results[j].nonfinite = bad;  // -infinity from the rules is not a broken model
   };
   if (n_jobs == 1 || pool_.size() == 1) {
     for (int j = 0; j < n_jobs; ++j) run_job(j, *sampler_scratch_[0]);

@@ -27,6 +27,9 @@ class CpuBackend final : public Backend, private ForwardOps {
   void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results, TokenLogprob* top,
             StepStats& stats) override;
   const float* logits(int k) override { return logits_.data() + (size_t)k * m_.hp.n_vocab; }
+  void apply_rules(int k, const SamplingParams& p, const uint32_t* allow) override {
+    apply_logit_rules(p, allow, logits_.data() + (size_t)k * m_.hp.n_vocab, n_sample_);
+  }
   void poison_kv(int seq, int from) override;
 
   KvCache& kv() { return kv_; }
