@@ -1,8 +1,9 @@
 // The body of the JSON Schema compiler fuzz target (fuzz/fuzz_json_schema.cpp), shared with
 // tests/test_json_schema.cpp. Input: a JSON text (a schema), then optionally a NUL and a text to match.
 // The text either fails to parse as JSON, or compiles, or the compiler throws ultra::Error; a schema that
-// compiles has its grammar run over the text. Anything else (another exception, a crash, a stack
-// overflow, a sanitizer report, a hang) is a finding.
+// compiles has its grammar run over the text with fuzz_grammar.h's checks (snapshot, restore and replay
+// agree). Anything else (another exception, a crash, a stack overflow, a sanitizer report, a hang) is a
+// finding.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +14,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
-#include "grammar/grammar_matcher.h"
+#include "fuzz_grammar.h"
 #include "grammar/json_schema.h"
 
 namespace ultra::fuzz {
@@ -36,15 +37,7 @@ inline bool json_schema_one_input(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     return false;
   }
-  grammar::Matcher::Limits limits;
-  limits.reserve_nodes = 64;
-  limits.max_nodes = size_t{1} << 16;  // keeps each input fast; hitting it throws ultra::Error
-  try {
-    grammar::Matcher m(g, limits);
-    m.accept_bytes(text);
-  } catch (const Error&) {
-    // The node limit: a clean refusal.
-  }
+  grammar_match_checks(g, text);
   return true;
 }
 

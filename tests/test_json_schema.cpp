@@ -23,6 +23,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/numeric_range_gbnf.h"
 #include "tmp_dir.h"
+#include "tokenizer/utf8.h"
 
 using namespace ultra;
 using namespace ultra::grammar;
@@ -458,24 +459,6 @@ std::vector<uint64_t> min_costs(const Grammar& g) {
   return cost;
 }
 
-void append_utf8(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out += (char)c;
-  } else if (c < 0x800) {
-    out += (char)(0xC0 | (c >> 6));
-    out += (char)(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += (char)(0xE0 | (c >> 12));
-    out += (char)(0x80 | ((c >> 6) & 0x3F));
-    out += (char)(0x80 | (c & 0x3F));
-  } else {
-    out += (char)(0xF0 | (c >> 18));
-    out += (char)(0x80 | ((c >> 12) & 0x3F));
-    out += (char)(0x80 | ((c >> 6) & 0x3F));
-    out += (char)(0x80 | (c & 0x3F));
-  }
-}
-
 // A random sentence of g: alternatives chosen at random until the output is long, then the cheapest.
 std::string random_sentence(const Grammar& g, const std::vector<uint64_t>& cost, std::mt19937& rng) {
   std::string out;
@@ -498,7 +481,7 @@ std::string random_sentence(const Grammar& g, const std::vector<uint64_t>& cost,
       const CharRange pick = ascii ? printable[rng() % printable.size()] : r[rng() % el.b];
       uint32_t c = pick.lo + (uint32_t)(rng() % ((uint64_t)pick.hi - pick.lo + 1));
       if (c >= 0xD800 && c <= 0xDFFF) c = pick.lo;
-      append_utf8(out, c);
+      tok::utf8::append(out, c);
       ++n;
       continue;
     }
