@@ -127,6 +127,9 @@ TEST(JsonSchema, AdditionalProperties) {
   check(R"({"type":"object","additionalProperties":false})", {"{}"}, {R"({"x":1})"});
   // A required name that properties does not list: any value.
   check(R"({"type":"object","required":["id"]})", {R"({"id":[1]})", R"({"id":"x"})"}, {"{}"});
+  // ... or the additionalProperties schema when there is one.
+  check(R"({"type":"object","properties":{},"additionalProperties":{"type":"integer"},"required":["id"]})",
+        {R"({"id":1})", R"({"id":1,"x":2})"}, {R"({"id":[]})", R"({"id":1,"x":[]})"});
 }
 
 TEST(JsonSchema, PatternPropertiesApplyToListedProperties) {
@@ -171,6 +174,18 @@ TEST(JsonSchema, AnyOfOneOfAllOf) {
   check(R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":1}]})", {"1", R"("a")"},
         {R"("ab")", "true"});
   check(R"({"oneOf":[{"type":"boolean"},{"type":"null"}]})", {"true", "null"}, {"1"});
+  // oneOf alternatives told apart by `required`: an object of one must not also satisfy another.
+  check(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},
+            "oneOf":[{"required":["a"]},{"required":["b"]}]})",
+        {R"({"a":1})", R"({"b":1})"}, {R"({"a":1,"b":2})", "{}"});
+  // A tagged union: the tag (disjoint const / enum values) becomes required in each alternative.
+  check(R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}}},
+                     {"type":"object","properties":{"kind":{"enum":["b","c"]},"x":{"type":"integer"}}}]})",
+        {R"({"kind":"a"})", R"({"kind":"c","x":1})"}, {"{}", R"({"x":1})"});
+  // An alternative whose objects always satisfy another only-`required` one is left out.
+  check(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},
+            "oneOf":[{"required":["a","b"]},{"required":["a"]}]})",
+        {R"({"a":1})"}, {R"({"a":1,"b":2})"});
   // allOf merges properties and required.
   check(R"({"allOf":[{"properties":{"a":{"type":"integer"}},"required":["a"]},
                      {"properties":{"b":{"type":"string"}},"required":["b"]}]})",
@@ -213,6 +228,10 @@ TEST(JsonSchema, RefsAndRecursion) {
   EXPECT_NE(refusal(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})").find("left recursion"),
             std::string::npos)
       << refusal(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})");
+  // Recursion without a way out: no finite value matches, so a sampler could follow it forever.
+  EXPECT_NE(refusal(R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})")
+                .find("no finite JSON value"),
+            std::string::npos);
   EXPECT_NE(refusal(R"({"$ref":"#/$defs/missing"})").find("not found"), std::string::npos);
   EXPECT_NE(refusal(R"({"$ref":"https://example.com/s.json"})").find("remote $ref"), std::string::npos);
   EXPECT_NE(refusal(R"({"allOf":[{"$ref":"#"}]})").find("nested deeper"), std::string::npos);
@@ -263,6 +282,8 @@ TEST(JsonSchema, Patterns) {
   check(R"({"type":"string","pattern":"^\"\\\\$"})", {R"("\"\\")"}, {R"("x")"});
   check(R"({"type":"string","pattern":"^(?:[A-Z]{2})?\\s\\w*\\.?$"})", {R"(" x")", R"("AB _z.")"},
         {R"("A x")"});
+  // A negated class with a shorthand excludes what Python counts too (\x1c-\x1f are whitespace there).
+  check(R"({"type":"string","pattern":"^[^:\\s]+$"})", {R"("ab")"}, {R"("a:b")", R"("a b")", R"("\u001c")"});
   check(R"({"type":"string","pattern":"^a|b$"})", {R"("a")", R"("ax")", R"("xb")"}, {R"("xa")"});
   check(R"({"type":"string","pattern":"^[a-z]{2,3}$","minLength":2,"maxLength":3})", {R"("ab")"}, {R"("a")"});
   for (const char* p : {"(?=a)", "(?!a)", "(?<=a)b", "(a)\\1", "\\bword", "\\p{L}", "a^b", "(^a)"}) {
@@ -297,7 +318,13 @@ TEST(JsonSchema, Formats) {
   check(R"({"type":"string","format":"uri"})", {R"("https://example.com/a?b=c#d")", R"("urn:isbn:123")"},
         {R"("example")", R"("http://a b")"});
   // Formats JSON Schema leaves as annotations (and we do not implement) are ignored.
-  check(R"({"type":"string","format":"hostname"})", {R"("anything")"}, {"1"});
+  check(R"({"type":"string","format":"ipv4"})", {R"("192.168.0.1")", R"("0.0.0.0")"},
+        {R"("256.1.1.1")", R"("01.1.1.1")", R"("1.1.1")"});
+  check(R"({"type":"string","format":"ipv6"})", {R"("2001:db8:0:0:0:0:0:1")"}, {R"("2001:db8::1")"});
+  check(R"({"type":"string","format":"hostname"})", {R"("example.com")", R"("a")"},
+        {R"("-a.com")", R"("a b")"});
+  check(R"({"type":"string","format":"regex"})", {R"("abc 1_2")"}, {R"("(")", R"("a*")"});
+  check(R"({"type":"string","format":"color"})", {R"("anything")"}, {"1"});
   // Lengths beside a format: supported when every string of the format meets them.
   check(R"({"type":"string","format":"date","maxLength":10})", {R"("2024-01-01")"}, {});
   EXPECT_NE(refusal(R"({"type":"string","format":"email","maxLength":20})").find("maxLength"),
@@ -450,7 +477,8 @@ std::vector<uint64_t> min_costs(const Grammar& g) {
       for (uint32_t a = g.rule_alts[r]; a < g.rule_alts[r + 1]; ++a) {
         uint64_t c = 0;
         for (uint32_t e = g.alt_start[a]; !g.ends_alternative(e); ++e) {
-          c += g.elements[e].op == Op::Rule ? cost[g.elements[e].a] : 1;
+          c = std::min<uint64_t>(c + (g.elements[e].op == Op::Rule ? cost[g.elements[e].a] : 1),
+                                 UINT64_MAX / 4);
         }
         if (c < cost[r]) cost[r] = c, changed = true;
       }
@@ -493,7 +521,8 @@ std::string random_sentence(const Grammar& g, const std::vector<uint64_t>& cost,
       for (uint32_t a = a0; a < a1; ++a) {
         uint64_t c = 0;
         for (uint32_t x = g.alt_start[a]; !g.ends_alternative(x); ++x) {
-          c += g.elements[x].op == Op::Rule ? cost[g.elements[x].a] : 1;
+          c = std::min<uint64_t>(c + (g.elements[x].op == Op::Rule ? cost[g.elements[x].a] : 1),
+                                 UINT64_MAX / 4);
         }
         if (c < best) best = c, alt = a;
       }

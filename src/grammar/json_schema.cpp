@@ -28,7 +28,7 @@ constexpr uint64_t kMaxCount = 2000;  // the GBNF parser's repetition limit
 constexpr size_t kMaxCrossProduct = 64;
 // Schemas visited and allOf parts merged in one compilation: distributing siblings into anyOf alternatives
 // and allOf cross products can multiply the work; past this the schema is refused, never a hang.
-constexpr size_t kMaxWork = 200000;
+constexpr size_t kMaxWork = 20000;
 constexpr size_t kMaxGrammarBytes = size_t{16} << 20;
 
 // Keywords that constrain values and are not implemented: refused, never ignored.
@@ -87,7 +87,8 @@ const char* const kPrimitiveNames[] = {
     "d28",        "d30",         "d31",     "year",      "leap-year",     "hh",           "mm",
     "email-atom", "email-label", "uri-char"};
 
-const std::set<std::string> kFormats = {"date", "time", "date-time", "uuid", "email", "uri"};
+const std::set<std::string> kFormats = {"date", "time", "date-time", "uuid",     "email",
+                                        "uri",  "ipv4", "ipv6",      "hostname", "regex"};
 
 std::string pointer_escape(const std::string& s) {
   std::string out;
@@ -281,6 +282,18 @@ class Compiler {
     } else if (name == "email") {
       body = prim("email-atom") + " (\".\" email-atom){0,3} \"@\" " + prim("email-label") +
              " (\".\" email-label){1,3}";
+    } else if (name == "octet") {
+      body = "\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]";
+    } else if (name == "ipv4") {
+      body = prim("octet") + " \".\" octet \".\" octet \".\" octet";
+    } else if (name == "h16") {
+      body = "[0-9a-f]{1,4}";
+    } else if (name == "ipv6") {
+      body = prim("h16") + " (\":\" h16){7}";
+    } else if (name == "hostname") {
+      body = prim("email-label") + " (\".\" email-label){0,3}";
+    } else if (name == "regex") {  // literal characters only: always a valid regular expression
+      body = "[A-Za-z0-9 _\\-]{0,64}";
     } else if (name == "uri-char") {
       prim("hex");
       body = "[A-Za-z0-9\\-._~:/?#@!$&'()*+,;=] | \"%\" hex hex";
@@ -501,7 +514,16 @@ class Compiler {
       } else if (k == "properties") {
         if (!va.is_object() || !vb.is_object()) bad("'properties' must be an object", path);
         for (auto p = vb.begin(); p != vb.end(); ++p) {
-          if (va.contains(p.key())) {
+          if (va.contains(p.key()) && (p->is_boolean() || va[p.key()].is_boolean())) {
+            // true is no constraint, false admits nothing
+            const bool b_false = p->is_boolean() && !p->template get<bool>();
+            const bool a_false = va[p.key()].is_boolean() && !va[p.key()].template get<bool>();
+            if (b_false || a_false) {
+              va[p.key()] = false;
+            } else if (va[p.key()].is_boolean()) {
+              va[p.key()] = *p;
+            }
+          } else if (va.contains(p.key())) {
             J both = J::object();
             both["allOf"] = J::array({va[p.key()], *p});
             va[p.key()] = both;
@@ -678,6 +700,8 @@ class Compiler {
     J rest = s;
     rest.erase(key);
     const bool siblings = has_constraints(rest);
+    const std::vector<J> exclusions =
+        key == std::string("oneOf") ? one_of_exclusions(alts, rest) : std::vector<J>();
     // An alternative that cannot be compiled (unsatisfiable after merging, or using a keyword we refuse) is
     // left out: the others still produce valid values. With none left, the first one's error is reported.
     std::vector<std::string> exprs;
@@ -685,14 +709,17 @@ class Compiler {
     for (size_t i = 0; i < alts.size(); ++i) {
       const std::string alt_path = fmt::format("{}/{}/{}", path, key, i);
       if (alts[i].is_boolean() && !alts[i].template get<bool>()) continue;  // matches nothing: no alternative
+      const bool exclude = !exclusions.empty() && !exclusions[i].empty();
+      if (exclude && exclusions[i].is_boolean()) continue;  // would match another alternative too
       const Mark m = mark();
       try {
-        if (!siblings) {
+        if (!siblings && !exclude) {
           exprs.push_back(visit(alts[i], alt_path, fmt::format("{}-{}", hint, i)));
           continue;
         }
         J both = J::object();
         both["allOf"] = J::array({rest, alts[i]});
+        if (exclude) both["allOf"].push_back(exclusions[i]);
         exprs.push_back(visit(merge_all(both, alt_path), alt_path, fmt::format("{}-{}", hint, i)));
       } catch (const Error& e) {
         if (work_ > kMaxWork || rule_bytes_ > kMaxGrammarBytes) throw;
@@ -706,6 +733,91 @@ class Compiler {
     std::string out = "(";
     for (size_t i = 0; i < exprs.size(); ++i) out += (i ? " | " : "") + exprs[i];
     return out + ")";
+  }
+
+  // oneOf alternatives told apart by `required` (a common idiom: oneOf [{"required": ["a"]},
+  // {"required": ["b"]}]): for alternative i, a schema that keeps out, for every other alternative j, one
+  // name that j requires and i does not ({"properties": {name: false}}), so that i's objects do not also
+  // match j, or, when a property has disjoint const / enum values in i and j (a tagged union), requires it
+  // in i; `false` when some j with only `required` asks for nothing beyond i's (i's objects always match
+  // j: i is left out); {} when nothing is needed. Alternatives not told apart these ways (by type, or
+  // overlapping optional properties) are not made exclusive.
+  std::vector<J> one_of_exclusions(const J& alts, const J& rest) const {
+    auto required_of = [](const J& a) {
+      std::set<std::string> out;
+      if (a.is_object() && a.contains("required") && a["required"].is_array()) {
+        for (const J& n : a["required"]) {
+          if (n.is_string()) out.insert(n.template get<std::string>());
+        }
+      }
+      return out;
+    };
+    std::vector<std::set<std::string>> req(alts.size());
+    std::vector<bool> only_required(alts.size(), false);
+    std::vector<std::map<std::string, J>> tags(alts.size());  // property -> its const / enum values
+    for (size_t i = 0; i < alts.size(); ++i) {
+      const J* a = &alts[i];
+      try {
+        if (a->is_object() && a->contains("$ref") && !has_constraints(*a, {"$ref"})) {
+          a = &resolve(ref_pointer((*a)["$ref"], ""), "");
+        }
+      } catch (const Error&) {
+        continue;  // reported when the alternative is compiled
+      }
+      req[i] = required_of(*a);
+      only_required[i] = a->is_object() && !req[i].empty() && !has_constraints(*a, {"required"});
+      if (a->is_object() && a->contains("properties") && (*a)["properties"].is_object()) {
+        for (auto p = (*a)["properties"].begin(); p != (*a)["properties"].end(); ++p) {
+          if (!p->is_object()) continue;
+          if (p->contains("const")) {
+            tags[i][p.key()] = J::array({(*p)["const"]});
+          } else if (p->contains("enum") && (*p)["enum"].is_array()) {
+            tags[i][p.key()] = (*p)["enum"];
+          }
+        }
+      }
+    }
+    // A property whose const / enum values in i and j are disjoint tells them apart once i requires it.
+    auto tag_apart = [&](size_t i, size_t j) -> std::string {
+      for (const auto& [name, vi] : tags[i]) {
+        auto it = tags[j].find(name);
+        if (it == tags[j].end()) continue;
+        bool disjoint = true;
+        for (const J& v : vi)
+          disjoint = disjoint && std::find(it->second.begin(), it->second.end(), v) == it->second.end();
+        if (disjoint) return name;
+      }
+      return "";
+    };
+    const std::set<std::string> sib = required_of(rest);
+    std::vector<J> out(alts.size(), J::object());
+    for (size_t i = 0; i < alts.size(); ++i) {
+      for (size_t j = 0; j < alts.size(); ++j) {
+        if (j == i) continue;
+        if (const std::string tag = tag_apart(i, j); !tag.empty()) {
+          if (!out[i].contains("required")) out[i]["required"] = J::array();
+          out[i]["required"].push_back(tag);
+          continue;
+        }
+        if (req[j].empty()) continue;
+        std::string pick;
+        for (const std::string& n : req[j]) {
+          if (!req[i].count(n) && !sib.count(n)) {
+            pick = n;
+            break;
+          }
+        }
+        if (pick.empty()) {
+          if (only_required[j]) {
+            out[i] = false;
+            break;
+          }
+          continue;
+        }
+        out[i]["properties"][pick] = false;
+      }
+    }
+    return out;
   }
 
   static bool value_has_type(const J& v, const std::string& t) {
@@ -795,8 +907,9 @@ class Compiler {
         fail("json schema: 'pattern' beside 'format' is not supported at {}", path + "/pattern");
       // Lengths: supported when every string of the format satisfies them.
       static const std::map<std::string, std::pair<uint64_t, uint64_t>> format_lengths = {
-          {"date", {10, 10}}, {"time", {9, 21}},   {"date-time", {20, 32}},
-          {"uuid", {36, 36}}, {"email", {5, 263}}, {"uri", {3, 619}}};
+          {"date", {10, 10}},     {"time", {9, 21}}, {"date-time", {20, 32}}, {"uuid", {36, 36}},
+          {"email", {5, 263}},    {"uri", {3, 619}}, {"ipv4", {7, 15}},       {"ipv6", {15, 39}},
+          {"hostname", {1, 131}}, {"regex", {0, 64}}};
       const auto [flo, fhi] = format_lengths.at(format);
       if ((min_len && *min_len > flo) || (max_len && *max_len < fhi)) {
         const bool lo_bad = min_len && *min_len > flo;
@@ -1037,12 +1150,13 @@ class Compiler {
         additional ? (additional->is_boolean() && !additional->template get<bool>()) : closed_by_default;
 
     // Properties in order: required ones (in properties' order, then the rest of `required`), optional.
-    std::vector<std::string> req_names, opt_names;
+    std::vector<std::string> req_names, opt_names, excluded;  // excluded: properties with schema false
     for (auto it = props.begin(); it != props.end(); ++it) {
       const bool is_req = std::find(required.begin(), required.end(), it.key()) != required.end();
       if (it->is_boolean() && !it->template get<bool>()) {
         if (is_req)
           bad(fmt::format("required property '{}' has schema false", it.key()), path + "/properties");
+        excluded.push_back(it.key());
         continue;
       }
       (is_req ? req_names : opt_names).push_back(it.key());
@@ -1124,6 +1238,7 @@ class Compiler {
       std::vector<std::string> names = req_names;  // and the dependencies' triggers: never additional
       names.insert(names.end(), opt_names.begin(), opt_names.end());
       names.insert(names.end(), dep_triggers.begin(), dep_triggers.end());
+      names.insert(names.end(), excluded.begin(), excluded.end());
       if (names.empty()) {
         extra = prim("string") + " \":\"" + sp() + " " + value_expr;
       } else {
@@ -1134,8 +1249,14 @@ class Compiler {
     }
 
     auto kv = [&](const std::string& name) {
-      const std::string value = visit(props.contains(name) ? props[name] : J(true),
-                                      path + "/properties/" + pointer_escape(name), hint + "-" + name);
+      // A required name that properties does not list is an additional property: its schema applies.
+      if (!props.contains(name)) {
+        const bool schema = additional && !additional->is_boolean();
+        return gbnf_literal(J(name).dump()) + sp() + " \":\"" + sp() + " " +
+               (schema ? visit(*additional, path + "/additionalProperties", hint + "-" + name) : any_value());
+      }
+      const std::string value =
+          visit(props[name], path + "/properties/" + pointer_escape(name), hint + "-" + name);
       return gbnf_literal(J(name).dump()) + sp() + " \":\"" + sp() + " " + value;
     };
 
@@ -1248,14 +1369,41 @@ std::string compile(const J& schema, const JsonSchemaOptions& options) {
   }
 }
 
+// Refuses a grammar with a rule that derives no finite string (a recursive schema without a way out, e.g.
+// a required property whose schema is the object itself): a sampler could follow it forever.
+void check_productive(const Grammar& g) {
+  std::vector<bool> productive(g.n_rules(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (uint32_t r = 0; r < g.n_rules(); ++r) {
+      if (productive[r]) continue;
+      for (uint32_t a = g.rule_alts[r]; a < g.rule_alts[r + 1] && !productive[r]; ++a) {
+        bool all = true;
+        for (uint32_t e = g.alt_start[a]; !g.ends_alternative(e) && all; ++e) {
+          all = g.elements[e].op != Op::Rule || productive[g.elements[e].a];
+        }
+        if (all) productive[r] = changed = true;
+      }
+    }
+  }
+  for (uint32_t r = 0; r < g.n_rules(); ++r) {
+    if (!productive[r]) {
+      fail("json schema: no finite JSON value matches the schema (rule '{}' only recurses)", g.rule_names[r]);
+    }
+  }
+}
+
 template <class J>
 Grammar compile_grammar(const J& schema, const JsonSchemaOptions& options) {
   const std::string text = compile(schema, options);
+  Grammar g;
   try {
-    return parse_gbnf(text);
+    g = parse_gbnf(text);
   } catch (const Error& e) {
     fail("json schema: the compiled grammar is refused: {}", e.what());
   }
+  check_productive(g);
+  return g;
 }
 
 }  // namespace json_schema_impl

@@ -3,7 +3,9 @@
 //
 // Supported: `type` (one or a list; null, boolean, object, array, string, number, integer), `enum`,
 // `const`, `properties` / `required` / `additionalProperties` (false, true, a schema), `anyOf` and `oneOf`
-// (both as alternation: oneOf's "exactly one" is not enforced), `allOf` (merged into one schema where the
+// (as alternation; an alternative that cannot be compiled is left out; for oneOf, alternatives told apart
+// by `required` or by a property with disjoint const / enum values are made exclusive, other overlaps are
+// not), `allOf` (merged into one schema where the
 // keywords can be combined; refused otherwise), `$ref` to local JSON pointers ("#", "#/$defs/x",
 // "#/definitions/x", "#/properties/a/items", ...; recursive references become recursive rules),
 // `patternProperties` (merged into the listed properties whose names match; no other property is
@@ -11,8 +13,8 @@
 // an optional property with unmet dependencies is not generated),
 // `items` / `prefixItems` / `additionalItems` / `minItems` / `maxItems`, string `minLength` / `maxLength`
 // / `pattern` (regex_to_gbnf.h's subset; a maxLength beside it lowers its repetition counts, a minLength
-// beside it must be implied by it) / `format` (date, time, date-time, uuid, email, uri; other
-// formats are annotations, as JSON Schema defines them by default, and are ignored), `minimum` /
+// beside it must be implied by it) / `format` (date, time, date-time, uuid, email, uri, ipv4, ipv6, hostname,
+// regex; other formats are annotations, as JSON Schema defines them by default, and are ignored), `minimum` /
 // `maximum` / `exclusiveMinimum` / `exclusiveMaximum` (exact for integers, numeric_range_gbnf.h; for
 // numbers a fractional bound is rounded inwards), and `{}` / `true` / `{"type": "object"}` for any JSON
 // value / object.
@@ -68,7 +70,8 @@ std::string json_schema_to_gbnf(const nlohmann::json& schema, const JsonSchemaOp
 std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 
 // The same, parsed (parse_gbnf). Throws ultra::Error, e.g. for a schema whose $refs make a rule refer to
-// itself before consuming input (left recursion).
+// itself before consuming input (left recursion), or one that no finite value matches (a rule that only
+// recurses: a sampler could follow it forever).
 Grammar json_schema_to_grammar(const nlohmann::json& schema, const JsonSchemaOptions& options = {});
 Grammar json_schema_to_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 

@@ -228,19 +228,20 @@ class Parser {
     const bool negate = peek() == '^';
     if (negate) ++pos_;
     std::vector<CharRange> set;
-    bool first = true;
+    bool shorthand = false;  // \d \w \s or a negation inside: Python and JavaScript differ beyond ASCII
     while (true) {
       if (at_end()) {
         pos_ = start;
         error("unterminated character class");
       }
-      if (peek() == ']' && !first) break;
-      if (peek() == ']' && first) break;  // [] (matches nothing) and []...: refused below when empty
-      first = false;
+      if (peek() == ']') break;  // [] matches nothing: refused below when empty
       std::vector<CharRange> lo_set;
       if (peek() == '\\') {
         ++pos_;
+        const char kind = peek();
         lo_set = escape(true);
+        shorthand = shorthand || kind == 'd' || kind == 'w' || kind == 's' || kind == 'D' || kind == 'W' ||
+                    kind == 'S';
       } else {
         const uint32_t v = next_code_point();
         lo_set = {{v, v}};
@@ -265,7 +266,14 @@ class Parser {
     }
     ++pos_;  // ]
     std::vector<CharRange> s = normalize_ranges(std::move(set));
-    if (negate) s = complement_ranges(s);
+    if (negate && shorthand) {
+      // [^\s...] must also exclude what Python's \s adds (\x1c-\x1f) and its Unicode digits / word /
+      // space characters: the complement is taken within ASCII.
+      s.push_back({0x1C, 0x1F});
+      s = subtract_ranges(kAscii, normalize_ranges(std::move(s)));
+    } else if (negate) {
+      s = complement_ranges(s);
+    }
     if (s.empty()) error("empty character class");
     return set_node(std::move(s));
   }
