@@ -324,7 +324,16 @@ TEST(JsonSchema, Formats) {
   check(R"({"type":"string","format":"hostname"})", {R"("example.com")", R"("a")"},
         {R"("-a.com")", R"("a b")"});
   check(R"({"type":"string","format":"regex"})", {R"("abc 1_2")"}, {R"("(")", R"("a*")"});
+  check(R"({"type":"string","format":"json-pointer"})", {R"("")", R"("/a/b~1c/0")"}, {R"("a")", R"("/~2")"});
+  check(R"({"type":"string","format":"relative-json-pointer"})", {R"("0#")", R"("1/a")"},
+        {R"("/a")", R"("01")"});
   check(R"({"type":"string","format":"color"})", {R"("anything")"}, {"1"});
+  // Definitions named like built-in rules (a rule is named after its $ref) do not clash with them.
+  check(R"({"$defs":{"octet":{"type":"boolean"},"date-string":{"type":"integer"},"h16":{"format":"ipv6"}},
+            "properties":{"a":{"$ref":"#/$defs/octet"},"b":{"$ref":"#/$defs/date-string"},"c":{"$ref":"#/$defs/h16"},
+                          "d":{"format":"date"},"e":{"format":"ipv4"}},"required":["a","b","c","d","e"]})",
+        {R"({"a":true,"b":1,"c":"1:2:3:4:5:6:7:8","d":"2024-01-01","e":"1.2.3.4"})"},
+        {R"({"a":1,"b":1,"c":"1:2:3:4:5:6:7:8","d":"2024-01-01","e":"1.2.3.4"})"});
   // Lengths beside a format: supported when every string of the format meets them.
   check(R"({"type":"string","format":"date","maxLength":10})", {R"("2024-01-01")"}, {});
   EXPECT_NE(refusal(R"({"type":"string","format":"email","maxLength":20})").find("maxLength"),

@@ -81,14 +81,16 @@ const std::set<std::string> kStringKeys = {"minLength", "maxLength", "pattern", 
 const std::set<std::string> kNumberKeys = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
 const char* const kPrimitiveNames[] = {
-    "root",       "space",       "value",   "object",    "array",         "string",       "number",
-    "integer",    "boolean",     "null",    "char",      "integral-part", "decimal-part", "key-char",
-    "hex",        "date",        "time",    "date-time", "uuid",          "email",        "uri",
-    "d28",        "d30",         "d31",     "year",      "leap-year",     "hh",           "mm",
-    "email-atom", "email-label", "uri-char"};
+    "root",         "space",     "value",   "object", "array",      "string",
+    "number",       "integer",   "boolean", "null",   "char",       "integral-part",
+    "decimal-part", "key-char",  "hex",     "date",   "time",       "date-time",
+    "uuid",         "email",     "uri",     "d28",    "d30",        "d31",
+    "year",         "leap-year", "hh",      "mm",     "email-atom", "email-label",
+    "uri-char",     "octet",     "h16"};  // and the formats (kFormats), below
 
-const std::set<std::string> kFormats = {"date", "time", "date-time", "uuid",     "email",
-                                        "uri",  "ipv4", "ipv6",      "hostname", "regex"};
+const std::set<std::string> kFormats = {"date",     "time",  "date-time",    "uuid",
+                                        "email",    "uri",   "ipv4",         "ipv6",
+                                        "hostname", "regex", "json-pointer", "relative-json-pointer"};
 
 std::string pointer_escape(const std::string& s) {
   std::string out;
@@ -128,6 +130,7 @@ class Compiler {
  public:
   Compiler(const J& root, const JsonSchemaOptions& opt) : root_(root), opt_(opt) {
     for (const char* p : kPrimitiveNames) used_.insert(p);
+    for (const std::string& f : kFormats) used_.insert({f, f + "-string"});
   }
 
   std::string run() {
@@ -294,6 +297,10 @@ class Compiler {
       body = prim("email-label") + " (\".\" email-label){0,3}";
     } else if (name == "regex") {  // literal characters only: always a valid regular expression
       body = "[A-Za-z0-9 _\\-]{0,64}";
+    } else if (name == "json-pointer") {  // RFC 6901: "/"-separated tokens, ~0 and ~1 escapes
+      body = "(\"/\" ([A-Za-z0-9_.:@$+\\- ] | \"~\" [01]){0,32}){0,8}";
+    } else if (name == "relative-json-pointer") {
+      body = "(\"0\" | [1-9] [0-9]{0,3}) (\"#\" | " + prim("json-pointer") + ")";
     } else if (name == "uri-char") {
       prim("hex");
       body = "[A-Za-z0-9\\-._~:/?#@!$&'()*+,;=] | \"%\" hex hex";
@@ -907,9 +914,18 @@ class Compiler {
         fail("json schema: 'pattern' beside 'format' is not supported at {}", path + "/pattern");
       // Lengths: supported when every string of the format satisfies them.
       static const std::map<std::string, std::pair<uint64_t, uint64_t>> format_lengths = {
-          {"date", {10, 10}},     {"time", {9, 21}}, {"date-time", {20, 32}}, {"uuid", {36, 36}},
-          {"email", {5, 263}},    {"uri", {3, 619}}, {"ipv4", {7, 15}},       {"ipv6", {15, 39}},
-          {"hostname", {1, 131}}, {"regex", {0, 64}}};
+          {"date", {10, 10}},
+          {"time", {9, 21}},
+          {"date-time", {20, 32}},
+          {"uuid", {36, 36}},
+          {"email", {5, 263}},
+          {"uri", {3, 619}},
+          {"ipv4", {7, 15}},
+          {"ipv6", {15, 39}},
+          {"hostname", {1, 131}},
+          {"regex", {0, 64}},
+          {"json-pointer", {0, 8 * 65}},
+          {"relative-json-pointer", {1, 4 + 8 * 65}}};
       const auto [flo, fhi] = format_lengths.at(format);
       if ((min_len && *min_len > flo) || (max_len && *max_len < fhi)) {
         const bool lo_bad = min_len && *min_len > flo;

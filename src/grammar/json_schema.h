@@ -1,23 +1,22 @@
 // JSON Schema -> GBNF (gbnf_parser.h's syntax): the grammar whose sentences are JSON texts that validate
 // against the schema, for constrained generation (response_format json_schema, tool call arguments).
 //
-// Supported: `type` (one or a list; null, boolean, object, array, string, number, integer), `enum`,
-// `const`, `properties` / `required` / `additionalProperties` (false, true, a schema), `anyOf` and `oneOf`
-// (as alternation; an alternative that cannot be compiled is left out; for oneOf, alternatives told apart
-// by `required` or by a property with disjoint const / enum values are made exclusive, other overlaps are
-// not), `allOf` (merged into one schema where the
-// keywords can be combined; refused otherwise), `$ref` to local JSON pointers ("#", "#/$defs/x",
-// "#/definitions/x", "#/properties/a/items", ...; recursive references become recursive rules),
-// `patternProperties` (merged into the listed properties whose names match; no other property is
-// generated), `dependencies` / `dependentRequired` (a required property's dependencies become required;
-// an optional property with unmet dependencies is not generated),
-// `items` / `prefixItems` / `additionalItems` / `minItems` / `maxItems`, string `minLength` / `maxLength`
-// / `pattern` (regex_to_gbnf.h's subset; a maxLength beside it lowers its repetition counts, a minLength
-// beside it must be implied by it) / `format` (date, time, date-time, uuid, email, uri, ipv4, ipv6, hostname,
-// regex; other formats are annotations, as JSON Schema defines them by default, and are ignored), `minimum` /
-// `maximum` / `exclusiveMinimum` / `exclusiveMaximum` (exact for integers, numeric_range_gbnf.h; for
-// numbers a fractional bound is rounded inwards), and `{}` / `true` / `{"type": "object"}` for any JSON
-// value / object.
+// Supported: `type` (one or a list; null, boolean, object, array, string, number, integer), `enum`, `const`,
+// `properties` / `required` / `additionalProperties` (false, true, a schema), `anyOf` and `oneOf` (as
+// alternation; an alternative that cannot be compiled is left out; for oneOf, alternatives told apart by
+// `required` or by a property with disjoint const / enum values are made exclusive, other overlaps are not),
+// `allOf` (merged into one schema where the keywords can be combined; refused otherwise), `$ref` to local
+// JSON pointers ("#", "#/$defs/x", "#/definitions/x", "#/properties/a/items", ...; recursive references
+// become recursive rules), `patternProperties` (merged into the listed properties whose names match; no other
+// property is generated), `dependencies` / `dependentRequired` (a required property's dependencies become
+// required; an optional property with unmet dependencies is not generated), `items` / `prefixItems` /
+// `additionalItems` / `minItems` / `maxItems`, string `minLength` / `maxLength` / `pattern`
+// (regex_to_gbnf.h's subset; a maxLength beside it lowers its repetition counts, a minLength beside it must
+// be implied by it) / `format` (date, time, date-time, uuid, email, uri, ipv4, ipv6, hostname, regex,
+// json-pointer, relative-json-pointer; other formats are annotations, as JSON Schema defines them by default,
+// and are ignored), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` (exact for integers,
+// numeric_range_gbnf.h; for numbers a fractional bound is rounded inwards), and `{}` / `true` / `{"type":
+// "object"}` for any JSON value / object.
 //
 // Refused with ultra::Error naming the keyword and its JSON pointer, e.g.
 //   json schema: unsupported keyword 'multipleOf' at /properties/price/multipleOf
@@ -43,12 +42,12 @@
 //   - Whitespace: between tokens, nothing, one space, or a newline and up to `max_indent` spaces / tabs
 //     (bounded, like llama.cpp's SPACE_RULE, so a sampler cannot loop on whitespace); none with
 //     `whitespace = false`.
-//   - Numbers: integer parts up to 16 digits, fractions up to 16 (6 in bounded ranges), exponents of up to 2
-//   digits and only
-//     without bounds; strings: \u escapes only outside the surrogates (each escape is one code point, so
-//     minLength / maxLength count exactly); lengths, counts and repetitions above 2000 (the GBNF parser's
-//     limit) are lowered to 2000, a minimum above it is refused.
-//   - `uniqueItems: true` arrays have at most one item.
+//   - Numbers: integer parts up to 16 digits, fractions up to 16 (6 in bounded ranges), exponents of up
+//     to 2 digits and only without bounds; strings: \u escapes only outside the surrogates (each escape is
+//     one code point, so minLength / maxLength count exactly); lengths, counts and repetitions above 2000
+//     (the GBNF parser's limit) are lowered to 2000, a minimum above it is refused.
+//   - patternProperties, dependencies and oneOf as described above.
+//   - `uniqueItems: true` arrays have at most one item (more would need comparing items).
 //   - `tuple` arrays (prefixItems / items as a list) without a schema for the rest have no further items.
 #pragma once
 
