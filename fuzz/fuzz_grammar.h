@@ -22,18 +22,9 @@ inline void grammar_require(bool ok, const char* what) {
   if (!ok) throw std::logic_error(std::string("fuzz invariant failed: ") + what);
 }
 
-// Returns true when the grammar parsed.
-inline bool grammar_one_input(const uint8_t* data, size_t size) {
-  const std::string_view all(reinterpret_cast<const char*>(data), size);
-  const size_t nul = all.find('\0');
-  const std::string_view gtext = all.substr(0, nul);
-  const std::string_view text = nul == std::string_view::npos ? std::string_view() : all.substr(nul + 1);
-  std::shared_ptr<const grammar::Grammar> g;
-  try {
-    g = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(gtext));
-  } catch (const Error&) {
-    return false;
-  }
+// Runs a parsed grammar over the text in two halves with a snapshot between them and checks that restore,
+// replay, one go and reset agree (a Matcher hitting its node limit throws ultra::Error: a clean refusal).
+inline void grammar_match_checks(const std::shared_ptr<const grammar::Grammar>& g, std::string_view text) {
   grammar::Matcher::Limits limits;
   limits.reserve_nodes = 64;
   limits.max_nodes = size_t{1} << 16;  // keeps each input fast; hitting it throws ultra::Error
@@ -42,7 +33,7 @@ inline bool grammar_one_input(const uint8_t* data, size_t size) {
     const std::string_view first = text.substr(0, text.size() / 2), second = text.substr(text.size() / 2);
     const size_t n1 = m.accept_bytes(first);
     grammar_require(n1 <= first.size(), "accepted count in range");
-    if (n1 < first.size()) return true;
+    if (n1 < first.size()) return;
     const grammar::Matcher::Snapshot mid = m.snapshot();
     const bool complete_mid = m.is_complete();
     const size_t n2 = m.accept_bytes(second);
@@ -59,6 +50,21 @@ inline bool grammar_one_input(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     // The node limit: a clean refusal.
   }
+}
+
+// Returns true when the grammar parsed.
+inline bool grammar_one_input(const uint8_t* data, size_t size) {
+  const std::string_view all(reinterpret_cast<const char*>(data), size);
+  const size_t nul = all.find('\0');
+  const std::string_view gtext = all.substr(0, nul);
+  const std::string_view text = nul == std::string_view::npos ? std::string_view() : all.substr(nul + 1);
+  std::shared_ptr<const grammar::Grammar> g;
+  try {
+    g = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(gtext));
+  } catch (const Error&) {
+    return false;
+  }
+  grammar_match_checks(g, text);
   return true;
 }
 
