@@ -882,7 +882,8 @@ TEST(Cli, BenchTakesCommaLists) {
 namespace {
 
 // --grammar FILE constrains `ultra run` and `ultra chat` (the reply is a sentence of the grammar); a bad
-// grammar is an error with the parser's message; --json-schema is accepted and refused for now.
+// grammar is an error with the parser's message; --json-schema constrains the reply to the schema, and a
+// keyword a grammar cannot express is an error naming it.
 TEST(Cli, GrammarFlags) {
   const TmpDir tmp("ultra_cli_grammar");
   const std::string g = tmp.file("obj.gbnf"), bad = tmp.file("bad.gbnf");
@@ -910,9 +911,22 @@ TEST(Cli, GrammarFlags) {
   const Out b = ultra("run -m " + model + " -p x --grammar " + bad);
   EXPECT_NE(b.code, 0);
   EXPECT_NE(b.err.find("line 2, column 1"), std::string::npos) << b.err;
-  const Out s = ultra("run -m " + model + " -p x --json-schema '{\"type\": \"object\"}'");
+  // --json-schema: the reply validates (an object with an integer n in [0, 99] and nothing else).
+  const Out js = ultra("run -m " + model +
+                       " -p 'Once upon a time' -n 256 --temp 0.9 -s 4 --json-schema '{\"type\": \"object\", "
+                       "\"properties\": {\"n\": {\"type\": \"integer\", \"minimum\": 0, \"maximum\": 99}}, "
+                       "\"required\": [\"n\"], \"additionalProperties\": false}'");
+  ASSERT_EQ(js.code, 0) << js.err;
+  const nlohmann::json obj =
+      nlohmann::json::parse(js.out.substr(js.out.find("Once upon a time") + 16), nullptr, false);
+  ASSERT_TRUE(obj.is_object()) << js.out;
+  ASSERT_EQ(obj.size(), 1u) << js.out;
+  ASSERT_TRUE(obj["n"].is_number_integer()) << js.out;
+  EXPECT_GE(obj["n"].get<int>(), 0);
+  EXPECT_LE(obj["n"].get<int>(), 99);
+  const Out s = ultra("run -m " + model + " -p x --json-schema '{\"type\": \"number\", \"multipleOf\": 3}'");
   EXPECT_NE(s.code, 0);
-  EXPECT_NE(s.err.find("json_schema: not supported yet"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("unsupported keyword 'multipleOf' at /multipleOf"), std::string::npos) << s.err;
   const Out both = ultra("run -m " + model + " -p x --json-schema '{}' --grammar " + g);
   EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
 }

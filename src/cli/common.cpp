@@ -92,12 +92,11 @@ std::string resolve_grammar(const GrammarFlags& f) {
     const std::string src = std::filesystem::exists(f.json_schema)
                                 ? read_text_file(f.json_schema, "--json-schema")
                                 : f.json_schema;
-    const nlohmann::json schema = nlohmann::json::parse(src, nullptr, false);
-    if (schema.is_discarded())
+    if (nlohmann::json::parse(src, nullptr, false).is_discarded())
       fail("--json-schema: neither a file nor valid JSON: {}", f.json_schema.substr(0, 80));
     try {
-      text = server::json_schema_to_gbnf(schema, "json_schema");
-    } catch (const server::FieldError& e) {
+      text = json_schema_to_gbnf(src);  // the file's own property order
+    } catch (const Error& e) {
       fail("--json-schema: {}", e.what());
     }
   }

@@ -56,7 +56,7 @@ struct GrammarFlags {
 void add_grammar_flags(CLI::App& app, GrammarFlags& f);
 // The GBNF text the flags ask for ("" for none), checked by parsing it. Throws ultra::Error for both flags,
 // a file that cannot be read, a bad grammar (the parser's line, column and message), a schema that is not
-// JSON, and for now any schema (server::json_schema_to_gbnf: not supported yet).
+// JSON or uses a keyword a grammar cannot express (include/ultra/grammar.h's json_schema_to_gbnf).
 std::string resolve_grammar(const GrammarFlags& f);
 
 // "8G", "512M", "1048576" -> bytes (K/M/G/T: powers of 1024); throws ultra::Error otherwise.

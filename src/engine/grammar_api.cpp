@@ -1,11 +1,21 @@
 // The public grammar calls of include/ultra/grammar.h over src/grammar.
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 #include "grammar/gbnf_parser.h"
+#include "grammar/json_schema.h"
 #include "ultra/grammar.h"
 
 namespace ultra {
 
 void check_grammar(std::string_view gbnf) {
   grammar::parse_gbnf(gbnf);
+}
+
+std::string json_schema_to_gbnf(std::string_view schema_json) {
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(schema_json, nullptr, false);
+  if (schema.is_discarded()) fail("json schema: not valid JSON");
+  return grammar::json_schema_to_gbnf(schema);
 }
 
 }  // namespace ultra

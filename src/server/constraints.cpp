@@ -18,8 +18,13 @@ number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1
 ws     ::= | " " | "\n" [ \t]{0,20}
 )";
 
-std::string json_schema_to_gbnf(const json& /*schema*/, const std::string& param) {
-  throw FieldError(param, "json_schema: not supported yet");
+std::string json_schema_to_gbnf(const json& schema, const std::string& param) {
+  // The request was parsed with sorted object keys: properties are generated in name order.
+  try {
+    return ultra::json_schema_to_gbnf(schema.dump());
+  } catch (const Error& e) {
+    throw FieldError(param, e.what());
+  }
 }
 
 namespace {

@@ -27,7 +27,8 @@ extern const char* const kJsonObjectGrammar;
 std::string request_grammar(const nlohmann::json& body);
 
 // The one place a request's JSON schema becomes GBNF (param: the field it came from, for messages).
-// Not implemented yet: throws FieldError "json_schema: not supported yet".
+// The schema compiled to GBNF (include/ultra/grammar.h); what it cannot express: FieldError naming the
+// keyword and its JSON pointer (a 400).
 std::string json_schema_to_gbnf(const nlohmann::json& schema, const std::string& param);
 
 // Reads logit_bias into p (appended); token ids must be in [0, n_vocab), biases in [-100, 100].
