@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "sanitized.h"
 #include "ultra/context.h"
 #include "ultra/generate.h"
 #include "ultra/model.h"
@@ -280,6 +281,7 @@ TEST(GrammarSampling, SampledSpeculativeRoundsKeepTheRules) {
   const std::vector<int32_t> prompt = tk.encode("Once upon a time", true, false);
   const int32_t banned = tk.encode(" the", false, false)[0];
   for (uint64_t seed : {1, 2, 3}) {
+    if (test::kSanitized && seed > 1) break;  // one seed under the sanitizers (tests/sanitized.h)
     SCOPED_TRACE(seed);
     Context target(m, {.n_ctx = 256, .n_batch = 16, .n_outputs = 16, .n_threads = 2});
     Context draft(dm, {.n_ctx = 256, .n_threads = 1});
