@@ -690,7 +690,8 @@ void bench_kquant(cudaStream_t st, double ceiling) {
         for (int stage : {1, 0}) {
           set_kquant_stage(stage);
           const double ms = run(ti, n);
-          const double gbs = ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
+          const double gbs =
+              ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
           out(" | %s %6.2f (%4.1f%%)", stage ? "x staged:" : "x via L1:", ms * 1e3, 100.0 * gbs / ceiling);
         }
         set_kquant_stage(-1);

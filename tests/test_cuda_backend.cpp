@@ -1147,10 +1147,10 @@ TEST(CudaBackend, LowbitWeightsMatchCpu) {
   };
   std::vector<int32_t> prompt;
   for (int i = 0; i < 48; ++i) prompt.push_back((int32_t)((i * 577 + 11) % 4000 + 5));
-  for (const Case& c : {Case{"q8_0", false}, Case{"fp8", false}, Case{"ternary", false},
-                        Case{"ternary", true}, Case{"tq2_0", false}, Case{"q4_0", false}, Case{"q4_1", false},
-                        Case{"q5_0", false}, Case{"q5_1", false}, Case{"q4_k_m", false}, Case{"q5_k_m", false},
-                        Case{"q6_k", false}}) {
+  for (const Case& c :
+       {Case{"q8_0", false}, Case{"fp8", false}, Case{"ternary", false}, Case{"ternary", true},
+        Case{"tq2_0", false}, Case{"q4_0", false}, Case{"q4_1", false}, Case{"q5_0", false},
+        Case{"q5_1", false}, Case{"q4_k_m", false}, Case{"q5_k_m", false}, Case{"q6_k", false}}) {
     const fs::path path = fs::temp_directory_path() / fmt::format("ultra_cuda_lowbit_{}{}_{}.gguf", c.type,
                                                                   c.per_row ? "_row" : "", getpid());
     ConvertOptions opt;

@@ -7,8 +7,9 @@
 //                gemv_lowbit_tc_ok, above that the BF16 copy of low-bit weights, cuBLASLt above kGemvMaxRows
 //                rows; F32 / F16 / BF16 weights as stored, Q8_0 / F8_E4M3 / TERNARY and the GGUF block
 //                types of gemv_kquant.h repacked into the device layout (lowbit_pack_rows); the block
-//                types' GEMV runs twice, x through L1 and staged in shared memory (set_kquant_stage). The FP8 GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is turned off:
-//                another numerics, which test_cuda_kernels checks.
+//                types' GEMV runs twice, x through L1 and staged in shared memory (set_kquant_stage). The FP8
+//                GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is turned off: another numerics, which test_cuda_kernels
+//                checks.
 //   rmsnorm, silu_mul, gelu_mul, softcap, rope (q only), f16_convert (convert_f32 to F16)
 //   attention    the history uploaded from the CPU's cache, this step's rows written by cuda::kv_write (the
 //                device cache then bit-identical to the CPU's), cuda::attention with the plan's split count,
