@@ -1,9 +1,11 @@
 // Mixture-of-experts kernels (moe.h): routing, grouping by expert, the experts' FFN, the weighted sum.
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_lowbit.h"
+#include "backend/cuda/lowbit.cuh"
 #include "backend/cuda/moe.h"
 
 namespace ultra::cuda {
@@ -197,14 +199,12 @@ __device__ __forceinline__ void decode8(const Raw<T>& r, float (&f)[8]) {
     for (int i = 0; i < 4; ++i)
       f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
   } else {
-    // decode4_q8 (lowbit.cuh): the code's byte offset into the mantissa of 2^23, exact
     const float d = __half2float(__ushort_as_half((unsigned short)r.d));
-    const uint32_t u0 = r.q.x ^ 0x80808080u, u1 = r.q.y ^ 0x80808080u;
+    float a[4], b[4];
+    decode4_q8(r.q.x, a);
+    decode4_q8(r.q.y, b);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[i] = (__uint_as_float(__byte_perm(u0, 0x4B000000u, 0x7540u | i)) - 8388736.0f) * d;
-      f[4 + i] = (__uint_as_float(__byte_perm(u1, 0x4B000000u, 0x7540u | i)) - 8388736.0f) * d;
-    }
+    for (int i = 0; i < 4; ++i) f[i] = a[i] * d, f[4 + i] = b[i] * d;
   }
 }
 
@@ -526,6 +526,22 @@ cudaError_t launch_ffn(const ExpertWeights& gate, const ExpertWeights& up, const
   return cudaGetLastError();
 }
 
+// f(std::integral_constant<GgmlType, T>{}) for the expert kernels' weight type t (F32, F16, BF16, else Q8_0:
+// moe_weights_ok has refused the others).
+template <class F>
+cudaError_t with_type(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::F32:
+      return f(std::integral_constant<GgmlType, GgmlType::F32>{});
+    case GgmlType::F16:
+      return f(std::integral_constant<GgmlType, GgmlType::F16>{});
+    case GgmlType::BF16:
+      return f(std::integral_constant<GgmlType, GgmlType::BF16>{});
+    default:
+      return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{});
+  }
+}
+
 }  // namespace
 
 bool moe_weights_ok(const ExpertWeights& w) {
@@ -578,25 +594,11 @@ cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* lo
   if (!moe_weights_ok(r)) return cudaErrorInvalidValue;
   const dim3 grid((unsigned)((r.rows + kGemvWarps - 1) / kGemvWarps),
                   (unsigned)((n + kMoeTilePairs - 1) / kMoeTilePairs));
-  switch (r.type) {
-    case GgmlType::F32:
-      moe_gemv_kernel<GgmlType::F32, false><<<grid, kGemvWarps * 32, 0, stream>>>(
-          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
-      break;
-    case GgmlType::F16:
-      moe_gemv_kernel<GgmlType::F16, false><<<grid, kGemvWarps * 32, 0, stream>>>(
-          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
-      break;
-    case GgmlType::BF16:
-      moe_gemv_kernel<GgmlType::BF16, false><<<grid, kGemvWarps * 32, 0, stream>>>(
-          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
-      break;
-    default:
-      moe_gemv_kernel<GgmlType::Q8_0, false><<<grid, kGemvWarps * 32, 0, stream>>>(
-          r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
-      break;
-  }
-  return cudaGetLastError();
+  return with_type(r.type, [&](auto t) {
+    moe_gemv_kernel<decltype(t)::value, false><<<grid, kGemvWarps * 32, 0, stream>>>(
+        r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
@@ -620,16 +622,9 @@ cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const Ex
       n_expert > kMoeMaxExperts || k < 1 || k > n_expert)
     return cudaErrorInvalidValue;
   if (n == 1 && tiles_ready) {  // decode: moe_route made a tile per slot
-    switch (gate.type) {
-      case GgmlType::F32:
-        return launch_ffn1<GgmlType::F32>(gate, up, down, xn, ids, w, k, x, s, stream);
-      case GgmlType::F16:
-        return launch_ffn1<GgmlType::F16>(gate, up, down, xn, ids, w, k, x, s, stream);
-      case GgmlType::BF16:
-        return launch_ffn1<GgmlType::BF16>(gate, up, down, xn, ids, w, k, x, s, stream);
-      default:
-        return launch_ffn1<GgmlType::Q8_0>(gate, up, down, xn, ids, w, k, x, s, stream);
-    }
+    return with_type(gate.type, [&](auto t) {
+      return launch_ffn1<decltype(t)::value>(gate, up, down, xn, ids, w, k, x, s, stream);
+    });
   }
   const int n_pairs = n * k, dim = (int)down.rows;
   // More than 32 rows: tensor cores over tiles of up to 64 pairs (BF16 operands, as the dense prefill).
@@ -639,36 +634,11 @@ cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const Ex
   const int threads = (n_expert + 31) / 32 * 32;
   moe_group_kernel<<<1, threads, (3 * n_expert + 2) * sizeof(int32_t), stream>>>(
       ids, n_pairs, k, n_expert, tile_pairs, s.tiles, s.n_tiles, s.pair_row, s.slot_pair);
-  cudaError_t e = cudaSuccess;
-  if (mma) switch (gate.type) {
-      case GgmlType::F32:
-        e = launch_ffn_mma<GgmlType::F32>(gate, up, down, xn, s, max_tiles, stream);
-        break;
-      case GgmlType::F16:
-        e = launch_ffn_mma<GgmlType::F16>(gate, up, down, xn, s, max_tiles, stream);
-        break;
-      case GgmlType::BF16:
-        e = launch_ffn_mma<GgmlType::BF16>(gate, up, down, xn, s, max_tiles, stream);
-        break;
-      default:
-        e = launch_ffn_mma<GgmlType::Q8_0>(gate, up, down, xn, s, max_tiles, stream);
-        break;
-    }
-  else
-    switch (gate.type) {
-      case GgmlType::F32:
-        e = launch_ffn<GgmlType::F32>(gate, up, down, xn, n, k, s, max_tiles, stream);
-        break;
-      case GgmlType::F16:
-        e = launch_ffn<GgmlType::F16>(gate, up, down, xn, n, k, s, max_tiles, stream);
-        break;
-      case GgmlType::BF16:
-        e = launch_ffn<GgmlType::BF16>(gate, up, down, xn, n, k, s, max_tiles, stream);
-        break;
-      default:
-        e = launch_ffn<GgmlType::Q8_0>(gate, up, down, xn, n, k, s, max_tiles, stream);
-        break;
-    }
+  const cudaError_t e = with_type(gate.type, [&](auto t) {
+    constexpr GgmlType T = decltype(t)::value;
+    return mma ? launch_ffn_mma<T>(gate, up, down, xn, s, max_tiles, stream)
+               : launch_ffn<T>(gate, up, down, xn, n, k, s, max_tiles, stream);
+  });
   if (e != cudaSuccess) return e;
   moe_combine_kernel<<<n, kCombineThreads, 0, stream>>>(s.y, s.slot_pair, w, k, dim, x);
   return cudaGetLastError();
