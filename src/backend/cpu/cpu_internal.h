@@ -152,6 +152,10 @@ void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, 
 void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+// The 32-element blocks T (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; B its block struct): x's sums per 32 (a.xs32).
+template <GgmlType T, class B>
+void matmul_b32_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 // The kernel of a block type above (nullptr for the others); its scalar reference.
 MatmulRangeFn kquant_int8_vnni(GgmlType t);
 void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1);

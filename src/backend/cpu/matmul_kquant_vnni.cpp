@@ -17,6 +17,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -166,6 +167,98 @@ float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float*
   return hsum(_mm256_add_ps(acc0, acc1)) - 128.0f * hsum(offs);
 }
 
+float row_q5k(const BlockQ5_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
+  for (int64_t i = 0; i < nb; ++i) {
+    prefetch_block(b + i, sizeof(BlockQ5_K));
+    __m256 sc, mn;
+    q4k_scales_mins(b[i].scales, &sc, &mn);
+    const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);
+    alignas(32) float f[8];  // d * sc_j * xd_j
+    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), sc), xdv));
+    mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].dmin)), mn),
+                           _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32 + 8 * i)), mins);
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)b[i].qh);
+    const int8_t* x = xq + 256 * i;
+    for (int g = 0; g < 4; ++g) {
+      const __m256i q = _mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g));
+      // the fifth bits: bit 2 g (low half) and 2 g + 1 (high half) of qh[l], moved to bit 4
+      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), m1), 4);
+      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), m1), 4);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
+      acc0 = _mm256_fmadd_ps(fsum(dot32(lo, x + 64 * g)), _mm256_broadcast_ss(f + 2 * g), acc0);
+      acc1 = _mm256_fmadd_ps(fsum(dot32(hi, x + 64 * g + 32)), _mm256_broadcast_ss(f + 2 * g + 1), acc1);
+    }
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) - hsum(mins);
+}
+
+// The 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): per block the 32 codes as unsigned bytes c (element
+// j: low nibble of qs[j], element j + 16: high nibble, Q5's fifth bit from qh), w = d * (c - K) (+ m for
+// Q4_1 / Q5_1; IQ4_NL: c = level + 128, K = 128). One vpdpbusd per block, then d * xd times its sum, and
+// (m - d K) * xd times the block's sum of xq.
+template <GgmlType T>
+inline __m256i codes32(const uint8_t* blk, const __m256i& table) {
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const uint8_t* qs = blk + (T == GgmlType::Q4_0 || T == GgmlType::IQ4_NL ? 2
+                             : T == GgmlType::Q4_1 || T == GgmlType::Q5_0 ? (T == GgmlType::Q4_1 ? 4 : 6)
+                                                                          : 8);
+  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
+  __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+  if constexpr (T == GgmlType::IQ4_NL) c = _mm256_shuffle_epi8(table, c);
+  if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + (T == GgmlType::Q5_0 ? 2 : 4), 4);
+    // byte j of the vector: bit j of qh (byte j / 8 of qh broadcast, tested against 1 << (j % 8))
+    const __m256i bytes = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)qh),
+        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    c = _mm256_or_si256(c, _mm256_and_si256(on, _mm256_set1_epi8(0x10)));
+  }
+  return c;
+}
+
+template <GgmlType T, class B>
+float row_b32(const B* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
+  __m256i table = _mm256_setzero_si256();
+  if constexpr (T == GgmlType::IQ4_NL) {
+    alignas(16) int8_t lv[16];  // the levels + 128, as unsigned bytes
+    for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
+    table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
+  }
+  constexpr float K = T == GgmlType::Q4_0     ? 8.0f
+                      : T == GgmlType::Q5_0   ? 16.0f
+                      : T == GgmlType::IQ4_NL ? 128.0f
+                                              : 0.0f;
+  constexpr bool has_m = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  float offs = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    if (i % 4 == 0) prefetch_block(b + i, 4 * sizeof(B));
+    const uint8_t* blk = reinterpret_cast<const uint8_t*>(b + i);
+    uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    const float dx = _cvtsh_ss(dh) * xd[i];
+    float c = -K * dx;  // the constant per unit of the block's sum of xq
+    if constexpr (has_m) {
+      uint16_t mh;
+      std::memcpy(&mh, blk + 2, 2);
+      c = _cvtsh_ss(mh) * xd[i];
+    }
+    offs = std::fma(c, xs32[i], offs);
+    const __m256 s = fsum(dot32(codes32<T>(blk, table), xq + 32 * i));
+    if (i % 2)
+      acc1 = _mm256_fmadd_ps(s, _mm256_set1_ps(dx), acc1);
+    else
+      acc0 = _mm256_fmadd_ps(s, _mm256_set1_ps(dx), acc0);
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + offs;
+}
+
 template <class B, class F>
 void rows(const MatmulArgs& a, int64_t r0, int64_t r1, F row) {
   const int64_t nb = a.cols / kQK_K;
@@ -185,6 +278,25 @@ void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ6_K>(a, r0, r1,
                   [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd, a.xs16); });
 }
+void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  rows<BlockQ5_K>(a, r0, r1,
+                  [&](const BlockQ5_K* b, int64_t nb) { return row_q5k(b, nb, a.xq, a.xd, a.xs32); });
+}
+
+template <GgmlType T, class B>
+void matmul_b32_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  const int64_t nb = a.cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float s = row_b32<T>((const B*)(a.w + r * a.row_bytes), nb, a.xq, a.xd, a.xs32);
+    a.y[r] = a.bias ? s + a.bias[r] : s;
+  }
+}
+template void matmul_b32_int8_vnni<GgmlType::Q4_0, BlockQ4_0>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_vnni<GgmlType::Q4_1, BlockQ4_1>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_vnni<GgmlType::Q5_0, BlockQ5_0>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_vnni<GgmlType::Q5_1, BlockQ5_1>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_vnni<GgmlType::IQ4_NL, BlockIQ4_NL>(const MatmulArgs&, int64_t, int64_t);
+
 void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockIQ4_XS>(a, r0, r1,
                     [&](const BlockIQ4_XS* b, int64_t nb) { return row_iq4xs(b, nb, a.xq, a.xd, a.xs32); });
