@@ -403,6 +403,8 @@ TEST(GptOss, HfCheckpointMatchesFloat64Reference) {
     ASSERT_GT((int)kPrompt.size(), 2 * s.window);
     const Model m = Model::load(p.string());
     EXPECT_EQ(m.info().n_vocab, s.vocab);
+    EXPECT_EQ(m.info().arch, "gpt-oss");
+    EXPECT_EQ(m.info().n_expert, s.n_expert);
     const double e_prefill = max_err(engine_logits(m, kPrompt, false), want);
     const double e_decode = max_err(engine_logits(m, kPrompt, true), want);
     std::printf("[gpt-oss] %s: prefill max-abs %.3g, decode max-abs %.3g\n", mxfp4 ? "mxfp4" : "f32",
