@@ -51,9 +51,21 @@ struct Spec {
 // A checkpoint's tensors in HF's layout, f32 values (the MXFP4 experts as codes and exponents besides).
 struct Tensor {
   std::vector<uint64_t> shape;
-  std::vector<float> f;    // F32 values
-  std::vector<uint8_t> u;  // or U8 bytes
+  std::vector<float> f;    // F32 values (of BF16 ones: the values they hold)
+  std::vector<uint8_t> u;  // U8 bytes, or the BF16 ones
+  std::string dtype;       // "BF16", or empty: F32 (f) / U8 (u)
 };
+
+// t's values rounded to BF16 and stored so.
+void to_bf16(Tensor& t) {
+  t.u.resize(t.f.size() * 2);
+  for (size_t i = 0; i < t.f.size(); ++i) {
+    const uint16_t h = fp32_to_bf16(t.f[i]);
+    std::memcpy(t.u.data() + 2 * i, &h, 2);
+    t.f[i] = bf16_to_fp32(h);
+  }
+  t.dtype = "BF16";
+}
 using Weights = std::map<std::string, Tensor>;
 
 std::string L(int il, const char* rest) {
@@ -192,8 +204,8 @@ void write_checkpoint(const fs::path& dir, const Weights& w, const nlohmann::jso
   for (const auto& [name, t] : w) {
     if (name == drop) continue;
     const uint64_t n = t.u.empty() ? t.f.size() * 4 : t.u.size();
-    header[name] = {
-        {"dtype", t.u.empty() ? "F32" : "U8"}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    const std::string dtype = !t.dtype.empty() ? t.dtype : t.u.empty() ? "F32" : "U8";
+    header[name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   std::string h = header.dump();
@@ -385,16 +397,21 @@ double max_err(const std::vector<std::vector<float>>& got, const std::vector<Vec
 const std::vector<int32_t> kPrompt = {5,  17, 90, 33, 3,  3, 61, 8, 44, 12,
                                       70, 71, 2,  29, 50, 9, 88, 1, 64, 23};
 
-// The engine on the HF checkpoint (dense f32 experts, and MXFP4 experts) against the float64 reference, on
-// the prefill path (every position in one step: experts grouped by row) and the decode path (one token a
-// step). The logits are ~3 in magnitude; f32 arithmetic differs from float64 by ~1e-5 here.
+// The engine on the HF checkpoint (dense F32 or BF16 experts, and MXFP4 experts) against the float64
+// reference, on the prefill path (every position in one step: experts grouped by row) and the decode path
+// (one token a step). The logits are ~3 in magnitude; f32 arithmetic differs from float64 by ~1e-5 here.
 TEST(GptOss, HfCheckpointMatchesFloat64Reference) {
   test::TmpDir dir("ultra_gptoss");
   const Spec s;
-  for (bool mxfp4 : {false, true}) {
-    SCOPED_TRACE(mxfp4 ? "mxfp4" : "f32");
-    const Weights w = random_weights(s, mxfp4 ? 11 : 10, mxfp4);
-    const fs::path p = dir.path() / (mxfp4 ? "mxfp4" : "f32");
+  for (const char* kind : {"f32", "bf16", "mxfp4"}) {
+    SCOPED_TRACE(kind);
+    const bool mxfp4 = std::string(kind) == "mxfp4";
+    Weights w = random_weights(s, mxfp4 ? 11 : 10, mxfp4);
+    if (std::string(kind) == "bf16")
+      for (int il = 0; il < s.n_layers; ++il)
+        for (const char* name : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"})
+          to_bf16(w[L(il, name)]);
+    const fs::path p = dir.path() / kind;
     write_checkpoint(p, w, config(s, mxfp4));
     RefStats st;
     const std::vector<Vec> want = reference(s, dense_view(w, s), kPrompt, &st);
@@ -407,8 +424,7 @@ TEST(GptOss, HfCheckpointMatchesFloat64Reference) {
     EXPECT_EQ(m.info().n_expert, s.n_expert);
     const double e_prefill = max_err(engine_logits(m, kPrompt, false), want);
     const double e_decode = max_err(engine_logits(m, kPrompt, true), want);
-    std::printf("[gpt-oss] %s: prefill max-abs %.3g, decode max-abs %.3g\n", mxfp4 ? "mxfp4" : "f32",
-                e_prefill, e_decode);
+    std::printf("[gpt-oss] %s: prefill max-abs %.3g, decode max-abs %.3g\n", kind, e_prefill, e_decode);
     EXPECT_LT(e_prefill, 2e-4);
     EXPECT_LT(e_decode, 2e-4);
   }
