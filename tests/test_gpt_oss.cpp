@@ -27,6 +27,7 @@
 #include "io/gguf.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "moe_gguf.h"
 #include "run_ultra.h"
 #include "sanitized.h"
 #include "tmp_dir.h"
@@ -821,6 +822,34 @@ TEST(GptOss, LoaderErrors) {
   c = config(s, true);
   c["rope_scaling"].erase("factor");
   bad(w, c, "yarn rope scaling needs a 'factor'");
+
+  // GGUF files (tests/moe_gguf.h's gpt-oss): a missing sink tensor, expert biases of the wrong shape, a
+  // yarn knob of llama.cpp's that ultra does not apply.
+  auto bad_gguf = [&](std::function<void(gguf::Writer&, std::vector<test::MoeSpec::Tensor>&)> edit,
+                      const std::string& phrase) {
+    test::MoeSpec ms;
+    ms.arch = "gpt-oss";
+    ms.edit = std::move(edit);
+    const std::string g = dir.file("b" + std::to_string(i++) + ".gguf");
+    test::write_moe_gguf(g, ms);
+    test::expect_error([&] { load_model(g); }, phrase);
+  };
+  bad_gguf(
+      [](gguf::Writer&, std::vector<test::MoeSpec::Tensor>& ts) {
+        std::erase_if(ts, [](const auto& t) { return t.name == "blk.1.attn_sinks.weight"; });
+      },
+      "missing tensor 'blk.1.attn_sinks.weight'");
+  bad_gguf(
+      [](gguf::Writer&, std::vector<test::MoeSpec::Tensor>& ts) {
+        for (auto& t : ts)
+          if (t.name == "blk.0.ffn_up_exps.bias") t.ne = {t.ne[1], t.ne[0]};
+      },
+      "tensor 'blk.0.ffn_up_exps.bias' has shape [4, 64], expected [64, 4]");
+  bad_gguf(
+      [](gguf::Writer& w, std::vector<test::MoeSpec::Tensor>&) {
+        w.set_f32("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1f);
+      },
+      "yarn with gpt-oss.rope.scaling.yarn_log_multiplier is not supported");
 }
 
 }  // namespace
