@@ -822,6 +822,9 @@ TEST(GptOss, LoaderErrors) {
   c = config(s, true);
   c["rope_scaling"].erase("factor");
   bad(w, c, "yarn rope scaling needs a 'factor'");
+  c = config(s, true);
+  c["max_position_embeddings"] = 40960;
+  bad(w, c, "yarn factor 32 differs from max_position_embeddings / original_max_position_embeddings");
 
   // GGUF files (tests/moe_gguf.h's gpt-oss): a missing sink tensor, expert biases of the wrong shape, a
   // yarn knob of llama.cpp's that ultra does not apply.

@@ -512,6 +512,17 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
     // factor to 0.1 ln(factor) + 1 (get_mscale)
     RopeScaling& rs = hp.rope_scaling;
     if (rs.original_max_position_embeddings <= 0) rs.original_max_position_embeddings = hp.train_ctx;
+    // transformers takes the factor from max_position_embeddings / original_max_position_embeddings where the
+    // config gives the latter (DeepSeek's convention), in some versions instead of 'factor': only configs on
+    // which both readings agree (gpt-oss's: 131072 / 4096 = 32) are taken.
+    if (std::fabs((double)hp.train_ctx / rs.original_max_position_embeddings - rs.factor) >
+            1e-6 * rs.factor &&
+        rs.original_max_position_embeddings != hp.train_ctx)
+      fail(
+          "{}: yarn factor {} differs from max_position_embeddings / original_max_position_embeddings = {} / "
+          "{}; "
+          "transformers versions disagree on which applies, so this config is not supported",
+          path, rs.factor, hp.train_ctx, rs.original_max_position_embeddings);
     if (rs.attention_factor == 0)
       rs.attention_factor = rs.factor <= 1 ? 1.0f : (float)(0.1 * std::log((double)rs.factor) + 1.0);
   }
