@@ -128,7 +128,7 @@ void Scheduler::admit() {
     s.n_prefilled = best_prefix;
     s.last_used = ++n_admitted_;
     s.decoding = false;
-    s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
+    s.stream.emplace(*model_.tokenizer(), /*skip_special=*/!s.req->keep_special);
     s.stops.emplace(s.req->stop);
     s.n_gen = 0;
     s.pending.clear();
@@ -222,7 +222,7 @@ void Scheduler::on_token(Slot& s, int32_t tok, int row) {
     e.top.assign(top.begin(), top.begin() + std::min<ptrdiff_t>((ptrdiff_t)top.size(), r.n_top));
     e.offset = s.n_piece_bytes;
     const Tokenizer& tk = *model_.tokenizer();
-    if (!tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
+    if (r.keep_special || !tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
     s.pending.push_back(std::move(e));
   }
   // Text that could begin a stop string is held back until it is known not to.

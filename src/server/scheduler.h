@@ -49,8 +49,9 @@ struct GenRequest {
   // computed) and n_top of the alternatives.
   bool logprobs = false;
   int n_top = 0;
-  bool cache_prompt = true;  // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
-  std::string grammar;       // GBNF the completion must follow (Context::set_grammar); "" for none
+  bool cache_prompt = true;   // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
+  std::string grammar;        // GBNF the completion must follow (Context::set_grammar); "" for none
+  bool keep_special = false;  // the text keeps control tokens' text (tool-call markers such as [TOOL_CALLS])
 
   // --- output, guarded by m ---
   std::mutex m;

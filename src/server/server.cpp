@@ -8,11 +8,13 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 
 #include "server/chat.h"
 #include "server/constraints.h"
+#include "server/tool_calls.h"
 #include "tokenizer/utf8.h"
 #include "ultra/error.h"
 
@@ -120,7 +122,7 @@ json parse_body(const http::Request& req) {
 }
 
 // The fields a completion request may carry. Known and implemented fields are read below; known fields
-// that ask for something ultra does not do are refused when they ask for it (logit_bias, tools, ...);
+// that ask for something ultra does not do are refused when they ask for it (functions, echo, ...);
 // unknown ones are ignored with a line in the log.
 const std::set<std::string, std::less<>> kCommonFields = {"model",
                                                           "max_tokens",
@@ -168,6 +170,19 @@ const std::set<std::string, std::less<>> kChatFields = {"messages",
                                                         "add_generation_prompt",
                                                         "allow_special_in_content"};
 
+// A chat request's messages: a list (non-empty for a completion) of objects with a string role.
+void check_messages(const json& j, bool non_empty) {
+  if (!j.contains("messages") || !j["messages"].is_array() || (non_empty && j["messages"].empty()))
+    bad("messages", "'messages' must be a non-empty list of {role, content} objects");
+  for (const auto& m : j["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad("messages", "each message must be an object with a string 'role'");
+    if (m.contains("content") && !m["content"].is_null() && !m["content"].is_string() &&
+        !m["content"].is_array())
+      bad("messages", "a message's 'content' must be a string or a list of parts");
+  }
+}
+
 bool present(const json& j, const char* k) {
   return j.contains(k) && !j[k].is_null();
 }
@@ -179,10 +194,6 @@ void check_fields(const json& j, bool chat) {
                    "unsupported_parameter"};
   };
   if (chat) {
-    if (present(j, "tools") && !(j["tools"].is_array() && j["tools"].empty()))
-      unsupported("tools", "ultra does not call tools yet");
-    if (present(j, "tool_choice") && j["tool_choice"] != "none")
-      unsupported("tool_choice", "ultra does not call tools yet");
     if (present(j, "functions")) unsupported("functions", "ultra does not call functions");
     if (present(j, "function_call") && j["function_call"] != "none")
       unsupported("function_call", "ultra does not call functions");
@@ -257,6 +268,8 @@ struct Job {
   std::string id;
   int64_t created = 0;
   int n_prompt = 0;
+  ToolRequest tools;  // active(): the output is parsed for tool calls
+  ToolFamily tool_family;
 };
 
 // Fills the sampling and stopping fields of `job` from the body; checks prompt + max_tokens <= n_ctx.
@@ -303,12 +316,24 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   try {
     if (present(j, "logit_bias")) parse_logit_bias(j["logit_bias"], sched.n_sample_vocab(), p);
     r.grammar = request_grammar(j);
+    if (job.tools.forced()) {  // the call is enforced by a grammar
+      if (!r.grammar.empty())
+        throw FieldError("tool_choice",
+                         "'tool_choice' \"required\" or a named function constrains the output, and so does "
+                         "'grammar' / 'json_schema' / 'response_format': give one");
+      r.grammar = tool_call_grammar(job.tools, job.tool_family);
+    }
   } catch (const FieldError& e) {
     bad(e.param, e.what());
   }
   if ((!r.grammar.empty() || p.n_logit_bias > 0) && !sched.constraints_supported())
-    bad(r.grammar.empty() ? "logit_bias" : "grammar",
-        "grammars, response_format and logit_bias run on the CPU backend only (this server runs on the GPU)");
+    bad(job.tools.forced()  ? "tool_choice"
+        : r.grammar.empty() ? "logit_bias"
+                            : "grammar",
+        "grammars, response_format, logit_bias and forced tool calls run on the CPU backend only (this "
+        "server "
+        "runs on the GPU)");
+  r.keep_special = job.tools.active();  // the families' markers may be control tokens
   try {
     p.validate();
   } catch (const Error& e) {
@@ -436,6 +461,19 @@ json chunk_json(const Job& job, const std::string& text, const json& finish, boo
           {"choices", json::array({choice})}};
 }
 
+// message.tool_calls (streamed: delta.tool_calls, whose entries carry their index).
+json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+  json a = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (streamed) c["index"] = i;
+    a.push_back(std::move(c));
+  }
+  return a;
+}
+
 std::string sse(const json& j) {
   return "data: " + to_text(j) + "\n\n";
 }
@@ -444,7 +482,9 @@ std::string sse(const json& j) {
 // SSE events as text becomes final. Polled on the HTTP layer's I/O thread whenever the scheduler wakes it.
 class GenProducer final : public http::Producer {
  public:
-  GenProducer(Job job, Tokenizer tok) : job_(std::move(job)), tok_(std::move(tok)) {}
+  GenProducer(Job job, Tokenizer tok) : job_(std::move(job)), tok_(std::move(tok)) {
+    if (job_.tools.active()) tool_stream_.emplace(job_.tool_family, job_.tools);
+  }
 
   bool streamed() const override { return job_.stream; }
 
@@ -457,7 +497,7 @@ class GenProducer final : public http::Producer {
     GenRequest& r = *job_.req;
     std::string part;
     std::vector<TokenLogprobs> lp;
-    bool done;
+    bool done, failed = false;
     {
       std::lock_guard lk(r.m);
       part = std::move(r.text);
@@ -467,6 +507,15 @@ class GenProducer final : public http::Producer {
       r.logprobs_out.clear();
       done = r.done;
       if (done) r.on_update = nullptr;
+      failed = done && (!r.error.empty() || r.finish_reason == "cancelled");
+    }
+    if (tool_stream_) {  // text that may be a tool call is held back until the output is parsed
+      part = tool_stream_->push(part);
+      if (done && !failed) {
+        ToolParse fin = tool_stream_->finish();
+        part += fin.content;
+        calls_ = std::move(fin.calls);
+      }
     }
     if (!job_.stream) {
       text_ += part;
@@ -480,6 +529,11 @@ class GenProducer final : public http::Producer {
       out.body += sse(chunk_json(job_, part, nullptr, first_, lpj));
       first_ = false;
     }
+    if (!calls_.empty()) {  // OpenAI's delta.tool_calls: each call whole, with its index
+      json c = chunk_json(job_, "", nullptr, false);
+      c["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(calls_, true)}};
+      out.body += sse(c);
+    }
     if (!done) return false;
     std::lock_guard lk(r.m);
     if (!r.error.empty()) {
@@ -489,7 +543,7 @@ class GenProducer final : public http::Producer {
       out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
                                           "unavailable_error", "", "shutdown"}));
     } else {
-      out.body += sse(chunk_json(job_, "", r.finish_reason, false));
+      out.body += sse(chunk_json(job_, "", calls_.empty() ? r.finish_reason : "tool_calls", false));
       if (job_.include_usage) {
         json u = chunk_json(job_, "", nullptr, false);
         u["choices"] = json::array();
@@ -516,8 +570,12 @@ class GenProducer final : public http::Producer {
       return error_reply(ApiError{503, "the server is shutting down", "unavailable_error", "", "shutdown"});
     json choice = {{"index", 0},
                    {"logprobs", r.logprobs ? logprobs_json(tok_, job_.chat, lp_) : json(nullptr)},
-                   {"finish_reason", r.finish_reason}};
-    if (job_.chat)
+                   {"finish_reason", calls_.empty() ? r.finish_reason : "tool_calls"}};
+    if (job_.chat && !calls_.empty())
+      choice["message"] = {{"role", "assistant"},
+                           {"content", text_.empty() ? json(nullptr) : json(text_)},
+                           {"tool_calls", tool_calls_json(calls_, false)}};
+    else if (job_.chat)
       choice["message"] = {{"role", "assistant"}, {"content", text_}};
     else
       choice["text"] = text_;
@@ -534,6 +592,8 @@ class GenProducer final : public http::Producer {
   bool first_ = true;
   std::string text_;  // not streamed: the text so far
   std::vector<TokenLogprobs> lp_;
+  std::optional<ToolCallStream> tool_stream_;  // tools active: finds the calls in the output
+  std::vector<ToolCall> calls_;                // the parsed calls, once the generation is done
 };
 
 }  // namespace
@@ -579,6 +639,7 @@ void Server::attach(std::shared_ptr<Scheduler> scheduler) {
     }
     tmpl_source_ = opts_.chat_template.empty() ? "model" : opts_.chat_template_label;
   }
+  tmpl_family_ = detect_tool_family(src);
   sched_ = std::move(scheduler);
   ready_ = true;
 }
@@ -592,11 +653,20 @@ const std::string& Server::chat_template_source() const {
 // (default true). The fields are checked and the request's own template parsed once, here; the function
 // renders any messages array with them (encode_chat renders more than once).
 std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nlohmann::json& j,
-                                                                        const http::Request& req) const {
+                                                                        const http::Request& req,
+                                                                        const nlohmann::json* tools) const {
   static const json kNoKwargs = json::object();
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
     bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   const json* kwargs = j.contains("chat_template_kwargs") ? &j["chat_template_kwargs"] : &kNoKwargs;
+  // The template's `tools` variable (chat_template_kwargs cannot override it).
+  std::shared_ptr<const json> with_tools;
+  if (tools) {
+    json extra = *kwargs;
+    extra["tools"] = *tools;
+    with_tools = std::make_shared<const json>(std::move(extra));
+    kwargs = with_tools.get();
+  }
   const bool agp = get_bool(j, "add_generation_prompt", true);
   std::shared_ptr<const ChatTemplate> own;
   if (j.contains("chat_template")) {
@@ -611,13 +681,35 @@ std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nl
   RenderBudget budget;
   budget.cancel = req.gone.get();
   const ChatTemplate* t = own ? own.get() : tmpl_.get();
-  return [own, t, kwargs, agp, budget](const json& messages) {
+  return [own, with_tools, t, kwargs, agp, budget](const json& messages) {
     try {
       return render_chat(t, messages, agp, *kwargs, budget);
     } catch (const Error& e) {
       bad("messages", std::string("the chat template refused the conversation: ") + e.what());
     }
   };
+}
+
+// A chat request's tools: checked, and the messages and the renderer prepared for them (the family is the
+// request's own template's when it brings one, else the server's).
+Server::ChatInput Server::chat_input(const nlohmann::json& j, const http::Request& req) const {
+  ChatInput in;
+  try {
+    in.tools = parse_tool_request(j);
+  } catch (const FieldError& e) {
+    bad(e.param, e.what());
+  }
+  in.family = j.contains("chat_template") && j["chat_template"].is_string()
+                  ? detect_tool_family(j["chat_template"].get<std::string>())
+                  : tmpl_family_;
+  try {
+    in.messages = prepare_tool_messages(j["messages"], in.family, in.tools);
+  } catch (const FieldError& e) {
+    bad(e.param, e.what());
+  }
+  const bool give = in.tools.active() && in.family.template_takes_tools;
+  in.render = chat_renderer(j, req, give ? &in.tools.tools : nullptr);
+  return in;
 }
 
 http::Handlers Server::handlers() {
@@ -729,9 +821,9 @@ http::Reply Server::handle(http::Request& req) {
     }
     return json_reply({{"content", tok.decode(ids)}});
   }
-  if (!j.contains("messages") || !j["messages"].is_array())
-    bad("messages", "'messages' must be a list of {role, content} objects");
-  return json_reply({{"prompt", chat_renderer(j, req)(j["messages"])}});  // /apply-template
+  check_messages(j, false);
+  const ChatInput in = chat_input(j, req);
+  return json_reply({{"prompt", in.render(in.messages)}});  // /apply-template
 }
 
 http::Reply Server::complete(http::Request& req, bool chat) {
@@ -744,24 +836,18 @@ http::Reply Server::complete(http::Request& req, bool chat) {
   job.id = random_id(chat ? "chatcmpl-" : "cmpl-");
   job.created = now_s();
   if (chat) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
-      bad("messages", "'messages' must be a non-empty list of {role, content} objects");
-    for (const auto& m : j["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        bad("messages", "each message must be an object with a string 'role'");
-      if (m.contains("content") && !m["content"].is_null() && !m["content"].is_string() &&
-          !m["content"].is_array())
-        bad("messages", "a message's 'content' must be a string or a list of parts");
-    }
+    check_messages(j, true);
     // The template's own text may hold control tokens, the messages' text does not (unless allowed): a
     // message cannot forge a turn. No double BOS.
     const bool allow = get_bool(j, "allow_special_in_content", opts_.allow_special_in_content);
-    const auto render = chat_renderer(j, req);
+    ChatInput in = chat_input(j, req);
     try {
-      job.req->prompt = encode_chat(tok, j["messages"], render, allow);
+      job.req->prompt = encode_chat(tok, in.messages, in.render, allow);
     } catch (const Error& e) {
       bad("messages", e.what());
     }
+    job.tools = std::move(in.tools);
+    job.tool_family = in.family;
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];
