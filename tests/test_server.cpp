@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "grammar/gbnf_parser.h"
@@ -53,10 +54,10 @@ std::string model_path() {
 }
 
 // A server on the model at path, listening on a free loopback port.
-Env* start_env(const std::string& path) {
+Env* start_env(const std::string& path, int n_ctx = kCtx) {
   Env* e = new Env{Model::load(path), nullptr, nullptr, {}, 0};
   ContextParams cp;
-  cp.n_ctx = kCtx;
+  cp.n_ctx = n_ctx;
   cp.n_slots = 4;
   cp.n_batch = 64;  // small, so that prefill chunks share steps with decodes
   cp.n_threads = 2;
@@ -488,6 +489,256 @@ TEST_F(ServerTest, GrammarResponseFormatAndLogitBias) {
                                                  {"max_tokens", 1},
                                                  {"logit_bias", json::array({json::array({forced, 100})})}});
   EXPECT_EQ(favoured["choices"][0]["text"], tok.decode(std::vector<int32_t>{forced}, true));
+}
+
+// The server on a context of 1024 tokens (beyond the bundled model's 256 positions: its output is
+// constrained here), room for the tools' fallback prompt.
+class ToolServerTest : public ServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    if (env || !std::filesystem::exists(model_path())) return;
+    env = start_env(model_path(), 1024);
+  }
+};
+
+// Tool calls with the bundled model (its play-script template does not render tools: the fallback prompt and
+// Hermes tags). A named or required tool_choice is enforced: the reply's tool_calls parse and their arguments
+// validate against the function's parameters, finish_reason "tool_calls", streamed as delta.tool_calls with
+// no content leaked; bad tool definitions are a 400 naming the field.
+const json kTimeTool = {{"type", "function"},
+                        {"function",
+                         {{"name", "get_time"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties", {{"zone", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+                            {"required", {"zone"}}}}}}};
+const json kDayTool = {{"type", "function"},
+                       {"function",
+                        {{"name", "set_day"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"day", {{"enum", {"mon", "tue", "sun"}}}}}},
+                           {"required", {"day"}},
+                           {"additionalProperties", false}}}}}};
+
+bool valid_tool_call(const json& c) {
+  if (!c.is_object() || c["type"] != "function" || !c["id"].is_string() || c["id"].get<std::string>().empty())
+    return false;
+  const json a = json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+  if (!a.is_object() || a.size() != 1) return false;
+  if (c["function"]["name"] == "get_time")
+    return a.contains("zone") && a["zone"].is_number_integer() && a["zone"] >= 0 && a["zone"] <= 9;
+  if (c["function"]["name"] == "set_day")
+    return a.contains("day") && (a["day"] == "mon" || a["day"] == "tue" || a["day"] == "sun");
+  return false;
+}
+
+TEST_F(ToolServerTest, ForcedToolCallsParseAndValidate) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "What time is it?"}}});
+  const json tools = json::array({kTimeTool, kDayTool});
+  for (int seed : {1, 2, 3}) {
+    // Named: that function, one call (parallel_tool_calls false: the grammar ends after it).
+    json r = post("/v1/chat/completions",
+                  {{"messages", msgs},
+                   {"tools", tools},
+                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "set_day"}}}}},
+                   {"parallel_tool_calls", false},
+                   {"temperature", 1.0},
+                   {"seed", seed},
+                   {"max_tokens", 120}});
+    json c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    EXPECT_TRUE(c["message"]["content"].is_null()) << r;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r;
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "set_day");
+    EXPECT_TRUE(valid_tool_call(c["message"]["tool_calls"][0])) << r;
+    // Required: either function.
+    r = post("/v1/chat/completions", {{"messages", msgs},
+                                      {"tools", tools},
+                                      {"tool_choice", "required"},
+                                      {"parallel_tool_calls", false},
+                                      {"temperature", 1.0},
+                                      {"seed", seed},
+                                      {"max_tokens", 120}});
+    c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r;
+    EXPECT_TRUE(valid_tool_call(c["message"]["tool_calls"][0])) << r;
+  }
+  // Parallel calls: the output ends by itself ("tool_calls": every call validates) or at max_tokens
+  // ("length": a call cut short leaves the whole text as content).
+  for (int seed : {4, 5}) {
+    const json r = post("/v1/chat/completions", {{"messages", msgs},
+                                                 {"tools", tools},
+                                                 {"tool_choice", "required"},
+                                                 {"temperature", 1.0},
+                                                 {"seed", seed},
+                                                 {"max_tokens", 120}});
+    const json& c = r["choices"][0];
+    if (c["finish_reason"] == "length") {
+      EXPECT_EQ(c["message"]["content"].get<std::string>().rfind("<tool_call>\n{\"name\": \"", 0), 0u) << r;
+      continue;
+    }
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    ASSERT_GE(c["message"]["tool_calls"].size(), 1u) << r;
+    for (const json& tc : c["message"]["tool_calls"]) EXPECT_TRUE(valid_tool_call(tc)) << r;
+  }
+}
+
+TEST_F(ToolServerTest, StreamedToolCallsAreDeltas) {
+  auto cl = client();
+  const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Which day?"}}})},
+                     {"tools", json::array({kTimeTool, kDayTool})},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}},
+                     {"parallel_tool_calls", false},
+                     {"temperature", 1.0},
+                     {"seed", 11},
+                     {"max_tokens", 120},
+                     {"stream", true}};
+  auto r = cl.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const std::vector<std::string> ev = sse_events(r->body);
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  std::string content, finish;
+  json calls = json::array();
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json j = json::parse(ev[i]);
+    const json& d = j["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls"))
+      for (const json& tc : d["tool_calls"]) calls.push_back(tc);
+    if (j["choices"][0]["finish_reason"].is_string()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(content, "");  // the call's text is not leaked as content
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 1u) << r->body;
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_time");
+  EXPECT_TRUE(valid_tool_call(calls[0])) << r->body;
+}
+
+// tool_choice auto leaves the output free and parses it: a grammar (the client's) that writes text and then a
+// Hermes call gives the text as content (streamed as it comes) and the call as tool_calls.
+TEST_F(ToolServerTest, AutoToolCallsAreParsedFromFreeOutput) {
+  const char* g =
+      R"(root ::= "Sure. <tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": " [1-9] "}}\n</tool_call>")";
+  const json msgs = json::array({{{"role", "user"}, {"content", "Time?"}}});
+  json r =
+      post("/v1/chat/completions",
+           {{"messages", msgs}, {"tools", {kTimeTool}}, {"grammar", g}, {"seed", 1}, {"max_tokens", 120}});
+  const json& m = r["choices"][0]["message"];
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r;
+  EXPECT_EQ(m["content"], "Sure. ");
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_TRUE(valid_tool_call(m["tool_calls"][0])) << r;
+  // Streamed: the content first, then the call.
+  auto cl = client();
+  auto s = cl.Post("/v1/chat/completions",
+                   json({{"messages", msgs},
+                         {"tools", {kTimeTool}},
+                         {"grammar", g},
+                         {"seed", 1},
+                         {"max_tokens", 120},
+                         {"stream", true}})
+                       .dump(),
+                   "application/json");
+  ASSERT_TRUE(s);
+  std::string content;
+  int call_event = -1, last_content_event = -1;
+  const std::vector<std::string> ev = sse_events(s->body);
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json d = json::parse(ev[i])["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string() && !d["content"].get<std::string>().empty()) {
+      content += d["content"].get<std::string>();
+      last_content_event = (int)i;
+    }
+    if (d.contains("tool_calls")) call_event = (int)i;
+  }
+  EXPECT_EQ(content, "Sure. ");
+  EXPECT_GT(call_event, last_content_event);
+  // tool_choice none: no parsing, the text is content.
+  r = post("/v1/chat/completions", {{"messages", msgs},
+                                    {"tools", {kTimeTool}},
+                                    {"tool_choice", "none"},
+                                    {"grammar", g},
+                                    {"seed", 1},
+                                    {"max_tokens", 120}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(r["choices"][0]["message"]["content"].get<std::string>().rfind("Sure. <tool_call>", 0), 0u) << r;
+}
+
+// The tools reach the template: the request's own Qwen2.5 template renders them and the history's call and
+// result (/apply-template); the bundled template gets the fallback prompt.
+TEST_F(ToolServerTest, ToolsAndHistoryRenderThroughTheTemplate) {
+  const std::string qwen = [] {
+    std::ifstream f(std::string(ULTRA_SOURCE_DIR) +
+                    "/tests/fixtures/templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }();
+  const json msgs = json::parse(R"([{"role": "user", "content": "Time?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_time", "arguments": "{\"zone\": 3}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "noon"}])");
+  json r = post("/apply-template", {{"messages", msgs}, {"tools", {kTimeTool}}, {"chat_template", qwen}});
+  const std::string p = r["prompt"];
+  EXPECT_NE(p.find("<tools>\n{\"function\": {\"name\": \"get_time\""), std::string::npos) << p;
+  EXPECT_NE(p.find("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 3}}\n</tool_call>"),
+            std::string::npos)
+      << p;
+  EXPECT_NE(p.find("<tool_response>\nnoon\n</tool_response>"), std::string::npos) << p;
+  r = post("/apply-template", {{"messages", msgs}, {"tools", {kTimeTool}}});
+  const std::string b = r["prompt"];
+  EXPECT_EQ(b.rfind("You can call these functions", 0), 0u) << b;
+  EXPECT_NE(
+      b.find("JULIET:\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\":3}}\n</tool_call>"),
+      std::string::npos)
+      << b;
+  EXPECT_NE(b.find("ROMEO:\n<tool_response>\nnoon\n</tool_response>"), std::string::npos) << b;
+}
+
+TEST_F(ToolServerTest, BadToolRequestsName400Fields) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+  const auto err = [&](json extra) {
+    json body = {{"messages", msgs}, {"max_tokens", 4}};
+    body.update(extra);
+    return post("/v1/chat/completions", body, 400)["error"];
+  };
+  json e = err({{"tools", {{{"type", "function"}, {"function", {{"name", "bad name"}}}}}}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("tools[0].function.name"), std::string::npos) << e;
+  e = err({{"tools", {kTimeTool, {{"type", "retrieval"}}}}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("tools[1].type"), std::string::npos) << e;
+  e = err({{"tools", "get_time"}});
+  EXPECT_EQ(e["param"], "tools");
+  e = err(
+      {{"tools", {kTimeTool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}});
+  EXPECT_EQ(e["param"], "tool_choice");
+  EXPECT_NE(e["message"].get<std::string>().find("'nope'"), std::string::npos) << e;
+  e = err({{"tool_choice", "required"}});
+  EXPECT_EQ(e["param"], "tool_choice");
+  e = err({{"tools", {kTimeTool}}, {"tool_choice", "required"}, {"json_schema", {{"type", "object"}}}});
+  EXPECT_EQ(e["param"], "tool_choice");
+  e = err({{"tools", {kTimeTool}}, {"parallel_tool_calls", 1}});
+  EXPECT_EQ(e["param"], "parallel_tool_calls");
+  json bad_params = kTimeTool;
+  bad_params["function"]["parameters"]["properties"]["zone"]["multipleOf"] = 2;
+  e = err({{"tools", {bad_params}}, {"tool_choice", "required"}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("multipleOf"), std::string::npos) << e;
+  e = post("/v1/chat/completions",
+           {{"messages", json::parse(R"([{"role": "assistant", "tool_calls": "x"}])")}, {"max_tokens", 4}},
+           400)["error"];
+  EXPECT_EQ(e["param"], "messages");
+  // The old refusal is gone: tools with auto on the bundled model answer 200.
+  const json ok =
+      post("/v1/chat/completions", {{"messages", msgs}, {"tools", {kTimeTool}}, {"max_tokens", 4}});
+  EXPECT_EQ(ok["choices"][0]["finish_reason"], "length") << ok;
 }
 
 TEST_F(ServerTest, DisconnectFreesTheSlot) {

@@ -543,7 +543,7 @@ class GenProducer final : public http::Producer {
       out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
                                           "unavailable_error", "", "shutdown"}));
     } else {
-      out.body += sse(chunk_json(job_, "", calls_.empty() ? r.finish_reason : "tool_calls", false));
+      out.body += sse(chunk_json(job_, "", finish_reason(r), false));
       if (job_.include_usage) {
         json u = chunk_json(job_, "", nullptr, false);
         u["choices"] = json::array();
@@ -570,7 +570,7 @@ class GenProducer final : public http::Producer {
       return error_reply(ApiError{503, "the server is shutting down", "unavailable_error", "", "shutdown"});
     json choice = {{"index", 0},
                    {"logprobs", r.logprobs ? logprobs_json(tok_, job_.chat, lp_) : json(nullptr)},
-                   {"finish_reason", calls_.empty() ? r.finish_reason : "tool_calls"}};
+                   {"finish_reason", finish_reason(r)}};
     if (job_.chat && !calls_.empty())
       choice["message"] = {{"role", "assistant"},
                            {"content", text_.empty() ? json(nullptr) : json(text_)},
@@ -585,6 +585,12 @@ class GenProducer final : public http::Producer {
                        {"model", job_.model},
                        {"choices", json::array({choice})},
                        {"usage", usage_json(job_, r.n_completion, r.n_cached)}});
+  }
+
+  // "tool_calls" when the output held calls and ended by itself (not at max_tokens: "length" then, with the
+  // calls that were complete).
+  std::string finish_reason(const GenRequest& r) const {  // with r.m held
+    return !calls_.empty() && r.finish_reason == "stop" ? "tool_calls" : r.finish_reason;
   }
 
   Job job_;

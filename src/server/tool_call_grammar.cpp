@@ -67,7 +67,8 @@ std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family
     if (tools.choice == ToolChoice::Named && name != tools.named) continue;
     std::string args;
     try {
-      args = ultra::json_schema_to_gbnf(parameters_of(tools.tools[i]).dump());
+      // At most one space or newline between tokens: a call spends its tokens on the arguments.
+      args = ultra::json_schema_to_gbnf(parameters_of(tools.tools[i]).dump(), /*max_indent=*/0);
     } catch (const Error& e) {
       throw FieldError("tools", fmt::format("'tools[{}].function.parameters' ('{}'): {}", i, name, e.what()));
     }

@@ -77,7 +77,9 @@ std::string fallback_tool_prompt(const ToolRequest& tools);
 
 // GBNF whose sentences are calls in the family's syntax to the allowed functions (the named one, or any),
 // one, or with parallel calls one or more (Llama3: always one), with arguments that validate against the
-// function's parameters (the JSON Schema compiler's grammar). Control-token markers ([TOOL_CALLS] of Nemo,
+// function's parameters (the JSON Schema compiler's grammar, with at most one space or newline between JSON
+// tokens: a sampler cannot spend the call's tokens on indentation). Control-token markers ([TOOL_CALLS] of
+// Nemo,
 // <|python_tag|>) are left out where the syntax does not need them: a grammar only produces text.
 // FieldError("tools") naming the function when its parameters cannot be compiled.
 std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family);
