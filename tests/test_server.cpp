@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -299,7 +300,7 @@ TEST_F(ServerTest, Errors) {
   EXPECT_EQ(e["error"]["param"], "temperature");
   e = post("/v1/completions", {{"prompt", 5}}, 400);
   EXPECT_EQ(e["error"]["param"], "prompt");
-  e = post("/v1/completions", {{"prompt", "x"}, {"n", 2}}, 400);
+  e = post("/v1/completions", {{"prompt", "x"}, {"n", 17}}, 400);
   EXPECT_EQ(e["error"]["param"], "n");
   e = post("/v1/chat/completions", {{"messages", "hi"}}, 400);
   EXPECT_EQ(e["error"]["param"], "messages");
@@ -585,6 +586,24 @@ TEST_F(ToolServerTest, ForcedToolCallsParseAndValidate) {
   }
 }
 
+TEST_F(ToolServerTest, ForcedToolCallsInEachOfSeveralChoices) {
+  const json r =
+      post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "Day?"}}})},
+                                    {"tools", json::array({kTimeTool, kDayTool})},
+                                    {"tool_choice", "required"},
+                                    {"parallel_tool_calls", false},
+                                    {"n", 3},
+                                    {"temperature", 1.0},
+                                    {"seed", 21},
+                                    {"max_tokens", 120}});
+  ASSERT_EQ(r["choices"].size(), 3u) << r;
+  for (const json& c : r["choices"]) {
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r;
+    EXPECT_TRUE(valid_tool_call(c["message"]["tool_calls"][0])) << r;
+  }
+}
+
 TEST_F(ToolServerTest, StreamedToolCallsAreDeltas) {
   auto cl = client();
   const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Which day?"}}})},
@@ -739,6 +758,68 @@ TEST_F(ToolServerTest, BadToolRequestsName400Fields) {
   const json ok =
       post("/v1/chat/completions", {{"messages", msgs}, {"tools", {kTimeTool}}, {"max_tokens", 4}});
   EXPECT_EQ(ok["choices"][0]["finish_reason"], "length") << ok;
+}
+
+// n > 1: n completions of one prompt, each in a slot of its own with seed + i: greedy ones equal
+// generate()'s, sampled ones follow their seeds (choice i of a request is the single request with seed + i);
+// streamed, every chunk names its choice and each choice ends with its own finish_reason; usage adds the
+// completions.
+TEST_F(ServerTest, SeveralChoices) {
+  json r =
+      post("/v1/completions", {{"prompt", kPrompts[0]}, {"n", 3}, {"temperature", 0}, {"max_tokens", 12}});
+  ASSERT_EQ(r["choices"].size(), 3u) << r;
+  const std::string greedy = reference(kPrompts[0], 12);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["text"], greedy);
+    EXPECT_EQ(r["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 36);
+  const json msgs = json::array({{{"role", "user"}, {"content", "Hello"}}});
+  r = post("/v1/chat/completions",
+           {{"messages", msgs}, {"n", 4}, {"temperature", 1.0}, {"seed", 40}, {"max_tokens", 10}});
+  ASSERT_EQ(r["choices"].size(), 4u) << r;
+  std::set<std::string> distinct;
+  for (int i = 0; i < 4; ++i) {
+    const json one = post("/v1/chat/completions",
+                          {{"messages", msgs}, {"temperature", 1.0}, {"seed", 40 + i}, {"max_tokens", 10}});
+    EXPECT_EQ(r["choices"][i]["message"]["content"], one["choices"][0]["message"]["content"]) << i;
+    distinct.insert(r["choices"][i]["message"]["content"].get<std::string>());
+  }
+  EXPECT_GT(distinct.size(), 1u);
+  // Streamed.
+  auto c = client();
+  auto s = c.Post("/v1/chat/completions",
+                  json({{"messages", msgs},
+                        {"n", 2},
+                        {"temperature", 1.0},
+                        {"seed", 40},
+                        {"max_tokens", 10},
+                        {"stream", true},
+                        {"stream_options", {{"include_usage", true}}}})
+                      .dump(),
+                  "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200);
+  std::string text[2];
+  int finishes[2] = {0, 0};
+  int completion_tokens = -1;
+  for (const std::string& ev : sse_events(s->body)) {
+    if (ev == "[DONE]") break;
+    const json j = json::parse(ev);
+    if (j.contains("usage") && j["usage"].is_object()) completion_tokens = j["usage"]["completion_tokens"];
+    for (const json& ch : j["choices"]) {
+      const int i = ch["index"];
+      ASSERT_TRUE(i == 0 || i == 1) << ev;
+      if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+      if (ch["finish_reason"].is_string()) ++finishes[i];
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(text[i], r["choices"][i]["message"]["content"]) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+  EXPECT_EQ(completion_tokens, 20);
 }
 
 TEST_F(ServerTest, DisconnectFreesTheSlot) {

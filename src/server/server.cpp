@@ -268,9 +268,14 @@ struct Job {
   std::string id;
   int64_t created = 0;
   int n_prompt = 0;
-  ToolRequest tools;  // active(): the output is parsed for tool calls
+  int n = 1;                                      // choices
+  std::vector<std::shared_ptr<GenRequest>> reqs;  // [n] req and its copies, one per choice
+  ToolRequest tools;                              // active(): the output is parsed for tool calls
   ToolFamily tool_family;
 };
+
+// Completions per request (n): each runs in a KV slot of its own, with seed + i.
+constexpr int kMaxChoices = 16;
 
 // Fills the sampling and stopping fields of `job` from the body; checks prompt + max_tokens <= n_ctx.
 void parse_generation(const json& j, Job& job, const Scheduler& sched) {
@@ -281,7 +286,7 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     if (!j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
     job.include_usage = get_bool(j["stream_options"], "include_usage", false);
   }
-  if (get_int(j, "n", 1, 1, 1 << 20) != 1) bad("n", "only n = 1 is supported");
+  job.n = (int)get_int(j, "n", 1, 1, kMaxChoices);
   // logprobs: chat takes a boolean and top_logprobs (0..20), completions an integer (the alternatives).
   constexpr int kMaxTop = SamplingParams::kMaxProbs;
   if (job.chat) {
@@ -382,6 +387,23 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   }
 }
 
+// Choice i of n: the request's input with seed + i.
+std::shared_ptr<GenRequest> choice_copy(const GenRequest& r, int i) {
+  auto c = std::make_shared<GenRequest>();
+  c->prompt = r.prompt;
+  c->sampling = r.sampling;
+  c->sampling.seed = r.sampling.seed + (uint64_t)i;
+  c->max_tokens = r.max_tokens;
+  c->stop = r.stop;
+  c->ignore_eos = r.ignore_eos;
+  c->logprobs = r.logprobs;
+  c->n_top = r.n_top;
+  c->cache_prompt = r.cache_prompt;
+  c->grammar = r.grammar;
+  c->keep_special = r.keep_special;
+  return c;
+}
+
 // A token's bytes as a JSON string: ill-formed UTF-8 (a piece of a multi-byte character) becomes U+FFFD;
 // the exact bytes go in "bytes".
 std::string valid_utf8(std::string_view s) {
@@ -444,8 +466,8 @@ json usage_json(const Job& job, int n_completion, int n_cached) {
 }
 
 json chunk_json(const Job& job, const std::string& text, const json& finish, bool first,
-                const json& logprobs = nullptr) {
-  json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", logprobs}};
+                const json& logprobs = nullptr, size_t index = 0) {
+  json choice = {{"index", index}, {"finish_reason", finish}, {"logprobs", logprobs}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -483,123 +505,167 @@ std::string sse(const json& j) {
 class GenProducer final : public http::Producer {
  public:
   GenProducer(Job job, Tokenizer tok) : job_(std::move(job)), tok_(std::move(tok)) {
-    if (job_.tools.active()) tool_stream_.emplace(job_.tool_family, job_.tools);
+    for (const auto& r : job_.reqs) {
+      Choice c;
+      c.req = r;
+      if (job_.tools.active()) c.tool_stream.emplace(job_.tool_family, job_.tools);
+      choices_.push_back(std::move(c));
+    }
   }
 
   bool streamed() const override { return job_.stream; }
 
   void subscribe(std::function<void()> wake) override {
-    std::lock_guard lk(job_.req->m);
-    job_.req->on_update = std::move(wake);
+    for (Choice& c : choices_) {
+      std::lock_guard lk(c.req->m);
+      c.req->on_update = wake;
+    }
   }
 
   bool poll(http::Reply& out) override {
-    GenRequest& r = *job_.req;
-    std::string part;
-    std::vector<TokenLogprobs> lp;
-    bool done, failed = false;
-    {
-      std::lock_guard lk(r.m);
-      part = std::move(r.text);
-      r.text.clear();
-      lp.assign(std::make_move_iterator(r.logprobs_out.begin()),
-                std::make_move_iterator(r.logprobs_out.end()));
-      r.logprobs_out.clear();
-      done = r.done;
-      if (done) r.on_update = nullptr;
-      failed = done && (!r.error.empty() || r.finish_reason == "cancelled");
-    }
-    if (tool_stream_) {  // text that may be a tool call is held back until the output is parsed
-      part = tool_stream_->push(part);
-      if (done && !failed) {
-        ToolParse fin = tool_stream_->finish();
-        part += fin.content;
-        calls_ = std::move(fin.calls);
+    bool all_done = true;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      if (c.done) continue;
+      GenRequest& r = *c.req;
+      std::string part;
+      std::vector<TokenLogprobs> lp;
+      {
+        std::lock_guard lk(r.m);
+        part = std::move(r.text);
+        r.text.clear();
+        lp.assign(std::make_move_iterator(r.logprobs_out.begin()),
+                  std::make_move_iterator(r.logprobs_out.end()));
+        r.logprobs_out.clear();
+        if (r.done) {
+          r.on_update = nullptr;
+          c.done = true;
+          c.finish_reason = r.finish_reason;
+          c.error = r.error;
+          c.n_completion = r.n_completion;
+          c.n_cached = r.n_cached;
+        }
       }
+      const bool failed = c.done && (!c.error.empty() || c.finish_reason == "cancelled");
+      if (c.tool_stream) {  // text that may be a tool call is held back until the output is parsed
+        part = c.tool_stream->push(part);
+        if (c.done && !failed) {
+          ToolParse fin = c.tool_stream->finish();
+          part += fin.content;
+          c.calls = std::move(fin.calls);
+          if (!c.calls.empty() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+        }
+      }
+      if (!c.done) all_done = false;
+      if (!job_.stream) {
+        c.text += part;
+        c.lp.insert(c.lp.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
+        continue;
+      }
+      if (!part.empty() || !lp.empty() || (c.first && job_.chat)) {
+        const json lpj = r.logprobs ? logprobs_json(tok_, job_.chat, lp) : json(nullptr);
+        out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i));
+        c.first = false;
+      }
+      if (!c.calls.empty()) {  // OpenAI's delta.tool_calls: each call whole, with its index
+        json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
+        chunk["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(c.calls, true)}};
+        out.body += sse(chunk);
+      }
+      if (c.done && !failed) out.body += sse(chunk_json(job_, "", c.finish_reason, false, nullptr, i));
     }
+    if (!all_done) return false;
     if (!job_.stream) {
-      text_ += part;
-      lp_.insert(lp_.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
-      if (!done) return false;
       out = whole_reply();
       return true;
     }
-    if (!part.empty() || !lp.empty() || (first_ && job_.chat)) {
-      const json lpj = r.logprobs ? logprobs_json(tok_, job_.chat, lp) : json(nullptr);
-      out.body += sse(chunk_json(job_, part, nullptr, first_, lpj));
-      first_ = false;
-    }
-    if (!calls_.empty()) {  // OpenAI's delta.tool_calls: each call whole, with its index
-      json c = chunk_json(job_, "", nullptr, false);
-      c["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(calls_, true)}};
-      out.body += sse(c);
-    }
-    if (!done) return false;
-    std::lock_guard lk(r.m);
-    if (!r.error.empty()) {
-      out.body += sse(error_body(ApiError{500, r.error, "server_error"}));
-    } else if (r.finish_reason ==
-               "cancelled") {  // the server is shutting down (a client that left reads nothing)
-      out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
-                                          "unavailable_error", "", "shutdown"}));
-    } else {
-      out.body += sse(chunk_json(job_, "", finish_reason(r), false));
-      if (job_.include_usage) {
-        json u = chunk_json(job_, "", nullptr, false);
-        u["choices"] = json::array();
-        u["usage"] = usage_json(job_, r.n_completion, r.n_cached);
-        out.body += sse(u);
-      }
+    if (const Choice* f = failed_choice()) {
+      if (!f->error.empty())
+        out.body += sse(error_body(ApiError{500, f->error, "server_error"}));
+      else  // the server is shutting down (a client that left reads nothing)
+        out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
+                                            "unavailable_error", "", "shutdown"}));
+    } else if (job_.include_usage) {
+      json u = chunk_json(job_, "", nullptr, false);
+      u["choices"] = json::array();
+      u["usage"] = usage();
+      out.body += sse(u);
     }
     out.body += "data: [DONE]\n\n";
     return true;
   }
 
   void cancel() override {
-    job_.req->cancelled = true;  // the scheduler frees the slot before its next step
-    std::lock_guard lk(job_.req->m);
-    job_.req->on_update = nullptr;
+    for (Choice& c : choices_) {
+      c.req->cancelled = true;  // the scheduler frees the slot before its next step
+      std::lock_guard lk(c.req->m);
+      c.req->on_update = nullptr;
+    }
   }
 
  private:
+  // One of the n completions.
+  struct Choice {
+    std::shared_ptr<GenRequest> req;
+    bool first = true;  // streamed: the role is sent with the first chunk
+    bool done = false;  // the request's results below are read
+    std::string finish_reason, error;
+    int n_completion = 0, n_cached = 0;
+    std::string text;  // not streamed: the text so far
+    std::vector<TokenLogprobs> lp;
+    std::optional<ToolCallStream> tool_stream;  // tools active: finds the calls in the output
+    // The parsed calls, once the generation is done (finish_reason "tool_calls" when it ended by itself; at
+    // max_tokens it stays "length").
+    std::vector<ToolCall> calls;
+  };
+
+  const Choice* failed_choice() const {
+    for (const Choice& c : choices_)
+      if (!c.error.empty()) return &c;
+    for (const Choice& c : choices_)
+      if (c.finish_reason == "cancelled") return &c;
+    return nullptr;
+  }
+
+  // The prompt once; the completions' tokens added up; the cached prompt tokens of the first choice.
+  json usage() const {
+    int n = 0;
+    for (const Choice& c : choices_) n += c.n_completion;
+    return usage_json(job_, n, choices_[0].n_cached);
+  }
+
   http::Reply whole_reply() {
-    GenRequest& r = *job_.req;
-    std::lock_guard lk(r.m);
-    if (!r.error.empty()) return error_reply(ApiError{500, r.error, "server_error"});
-    if (r.finish_reason == "cancelled")
+    if (const Choice* f = failed_choice()) {
+      if (!f->error.empty()) return error_reply(ApiError{500, f->error, "server_error"});
       return error_reply(ApiError{503, "the server is shutting down", "unavailable_error", "", "shutdown"});
-    json choice = {{"index", 0},
-                   {"logprobs", r.logprobs ? logprobs_json(tok_, job_.chat, lp_) : json(nullptr)},
-                   {"finish_reason", finish_reason(r)}};
-    if (job_.chat && !calls_.empty())
-      choice["message"] = {{"role", "assistant"},
-                           {"content", text_.empty() ? json(nullptr) : json(text_)},
-                           {"tool_calls", tool_calls_json(calls_, false)}};
-    else if (job_.chat)
-      choice["message"] = {{"role", "assistant"}, {"content", text_}};
-    else
-      choice["text"] = text_;
+    }
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& c = choices_[i];
+      json choice = {{"index", i},
+                     {"logprobs", c.req->logprobs ? logprobs_json(tok_, job_.chat, c.lp) : json(nullptr)},
+                     {"finish_reason", c.finish_reason}};
+      if (job_.chat && !c.calls.empty())
+        choice["message"] = {{"role", "assistant"},
+                             {"content", c.text.empty() ? json(nullptr) : json(c.text)},
+                             {"tool_calls", tool_calls_json(c.calls, false)}};
+      else if (job_.chat)
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      else
+        choice["text"] = c.text;
+      choices.push_back(std::move(choice));
+    }
     return json_reply({{"id", job_.id},
                        {"object", job_.chat ? "chat.completion" : "text_completion"},
                        {"created", job_.created},
                        {"model", job_.model},
-                       {"choices", json::array({choice})},
-                       {"usage", usage_json(job_, r.n_completion, r.n_cached)}});
-  }
-
-  // "tool_calls" when the output held calls and ended by itself (not at max_tokens: "length" then, with the
-  // calls that were complete).
-  std::string finish_reason(const GenRequest& r) const {  // with r.m held
-    return !calls_.empty() && r.finish_reason == "stop" ? "tool_calls" : r.finish_reason;
+                       {"choices", std::move(choices)},
+                       {"usage", usage()}});
   }
 
   Job job_;
   Tokenizer tok_;  // a handle: the reply keeps the vocabulary alive
-  bool first_ = true;
-  std::string text_;  // not streamed: the text so far
-  std::vector<TokenLogprobs> lp_;
-  std::optional<ToolCallStream> tool_stream_;  // tools active: finds the calls in the output
-  std::vector<ToolCall> calls_;                // the parsed calls, once the generation is done
+  std::vector<Choice> choices_;
 };
 
 }  // namespace
@@ -881,9 +947,14 @@ http::Reply Server::complete(http::Request& req, bool chat) {
   }
   parse_generation(j, job, *sched_);
   if (*req.gone) throw ApiError{499, "the client went away"};  // nothing is sent; the slot is not taken
-  if (!sched_->submit(job.req))
-    throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
-                   "", "queue_full"};
+  job.reqs.push_back(job.req);
+  for (int i = 1; i < job.n; ++i) job.reqs.push_back(choice_copy(*job.req, i));
+  for (size_t i = 0; i < job.reqs.size(); ++i)
+    if (!sched_->submit(job.reqs[i])) {
+      for (size_t k = 0; k < i; ++k) job.reqs[k]->cancelled = true;  // freed before the next step
+      throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
+                     "", "queue_full"};
+    }
   const bool stream = job.stream;
   http::Reply r;
   if (stream) {
