@@ -210,6 +210,7 @@ TEST(ToolRequest, BadDefinitionsNameTheField) {
   EXPECT_TRUE(request().parallel);
   EXPECT_FALSE(parse_tool_request(json::object()).active());
   EXPECT_FALSE(request({{"tool_choice", "none"}}).active());
+  EXPECT_EQ(parse_tool_request({{"tools", json::array()}, {"tool_choice", "auto"}}).choice, ToolChoice::None);
 }
 
 TEST(ToolParse, HermesCalls) {

@@ -141,8 +141,9 @@ ToolRequest parse_tool_request(const json& body) {
     } else {
       throw FieldError("tool_choice", "'tool_choice' must be a string or an object");
     }
-    if (r.choice != ToolChoice::None && r.names.empty())
+    if (r.forced() && r.names.empty())
       throw FieldError("tool_choice", "'tool_choice' asks for tool calls but no 'tools' are given");
+    if (r.names.empty()) r.choice = ToolChoice::None;  // "auto" without tools
   }
   if (given(body, "parallel_tool_calls")) {
     if (!body["parallel_tool_calls"].is_boolean())

@@ -58,7 +58,8 @@ struct ToolRequest {
 
 // Reads `tools`, `tool_choice` and `parallel_tool_calls` from a chat request. Each tool must be {"type":
 // "function", "function": {"name": [a-zA-Z0-9_-]{1,64}, "description"?: string, "parameters"?: object,
-// "strict"?: bool}}, names distinct; tool_choice without tools (other than "none") and a named function
+// "strict"?: bool}}, names distinct; "required" or a named function without tools ("auto" without them is
+// "none") and a named function
 // that is not among them are refused. FieldError names the field ("tools", "tool_choice",
 // "parallel_tool_calls") and the message the element (tools[1].function.name).
 ToolRequest parse_tool_request(const nlohmann::json& body);
