@@ -86,6 +86,9 @@ TEST(ToolFamily, DetectedFromRealTemplates) {
   const std::pair<const char*, ToolSyntax> cases[] = {
       {"Qwen-Qwen2.5-7B-Instruct", ToolSyntax::Hermes},
       {"Qwen-Qwen3-0.6B", ToolSyntax::Hermes},
+      {"Qwen3-Coder", ToolSyntax::Hermes},
+      {"Qwen3.5-4B", ToolSyntax::Hermes},
+      {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", ToolSyntax::Hermes},
       {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", ToolSyntax::Hermes},
       {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", ToolSyntax::Hermes},
       {"meta-llama-Llama-3.1-8B-Instruct", ToolSyntax::Llama3},
@@ -143,7 +146,7 @@ TEST(ToolRender, ConversationsWithCallsAndResultsMatchJinja2) {
       ++n;
     }
   }
-  EXPECT_EQ(n, 18);
+  EXPECT_EQ(n, 24);
 }
 
 TEST(ToolRender, FallbackRewritesHistoryAndAddsThePrompt) {
@@ -246,6 +249,43 @@ TEST(ToolParse, HermesCalls) {
   r = parse_tool_calls("Just text.", f, tools);
   EXPECT_TRUE(r.calls.empty());
   EXPECT_EQ(r.content, "Just text.");
+}
+
+// Qwen3-Coder's XML inside the tag: values typed by the parameter's schema.
+TEST(ToolParse, QwenXmlCalls) {
+  json num = kTime;
+  num["function"]["name"] = "mix";
+  num["function"]["parameters"]["properties"] = {{"zone", {{"type", "integer"}}},
+                                                 {"label", {{"type", "string"}}},
+                                                 {"flag", {{"type", "boolean"}}},
+                                                 {"list", {{"type", "array"}}}};
+  const ToolRequest tools = parse_tool_request({{"tools", {kWeather, num}}});
+  const ToolFamily f = family(ToolSyntax::Hermes);
+  ToolParse r = parse_tool_calls(
+      "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=mix>\n"
+      "<parameter=zone>\n7\n</parameter>\n<parameter=label>\n42\n</parameter>\n<parameter=flag>\nTrue\n"
+      "</parameter>\n<parameter=list>\n[1, "
+      "\"a\"]\n</parameter>\n<parameter=other>\ntwo\nlines\n</parameter>\n"
+      "</function>\n</tool_call>",
+      f, tools);
+  ASSERT_EQ(r.calls.size(), 2u) << r.content;
+  EXPECT_EQ(r.content, "I will check.\n");
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, "{\"city\":\"Paris\",\"unit\":\"c\"}");
+  EXPECT_EQ(r.calls[1].arguments,
+            "{\"zone\":7,\"label\":\"42\",\"flag\":true,\"list\":[1,\"a\"],\"other\":\"two\\nlines\"}");
+  for (const char* bad :
+       {"<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>",
+        "<tool_call>\n<function=f\n</tool_call>", "<tool_call>\n<function=>\n</function></tool_call>",
+        "<tool_call>\n<function=f>\n<param=a>\n1\n</param>\n</function>\n</tool_call>"})
+    EXPECT_TRUE(parse_tool_calls(bad, f, tools).calls.empty()) << bad;
+  // Deep nesting in a value stays a string.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  r = parse_tool_calls(
+      "<tool_call><function=mix><parameter=list>" + deep + "</parameter></function></tool_call>", f, tools);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(json::parse(r.calls[0].arguments)["list"], deep);
 }
 
 TEST(ToolParse, Llama3Calls) {
@@ -363,13 +403,14 @@ TEST(ToolParse, FuzzedOutputs) {
       "{\"name\": \"get_time\", \"parameters\": {\"zone\": 2}}",
       "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"zone\": 2}, \"id\": \"abcdefghi\"}]",
       "[TOOL_CALLS]get_time[ARGS]{\"zone\": 2}",
+      "<tool_call>\n<function=get_time>\n<parameter=zone>\n2\n</parameter>\n</function>\n</tool_call>",
   };
   const char alphabet[] = "<>{}[]\":,\\ \nabc_/|TOOL_CALS";
   std::mt19937 rng(7);
   const int n = ultra::test::kSanitized ? 2000 : 20000;
   int n_calls = 0;
   for (int it = 0; it < n; ++it) {
-    std::string s = seeds[rng() % 4];
+    std::string s = seeds[rng() % std::size(seeds)];
     const int edits = 1 + (int)(rng() % 4);
     for (int e = 0; e < edits && !s.empty(); ++e) {
       const size_t at = rng() % s.size();

@@ -24,7 +24,8 @@ from make_template_fixtures import environment
 TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
              "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "meta-llama-Llama-3.1-8B-Instruct",
              "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
-             "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506"]
+             "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506", "Qwen3-Coder",
+             "Qwen3.5-4B", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"]
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",

@@ -142,8 +142,72 @@ bool bare_json_calls(std::string_view s, size_t i, ToolSyntax syntax, const Tool
   return true;
 }
 
-// <tool_call> JSON </tool_call> ... from `at` (where the first tag is). Text between and after the calls is
-// content. A missing last close tag is allowed at the very end (a stop string may have eaten it).
+// The type a function's parameters schema gives a parameter ("" when it gives none).
+std::string parameter_type(const ToolRequest& tools, const std::string& fn, const std::string& param) {
+  for (size_t k = 0; k < tools.names.size(); ++k) {
+    if (tools.names[k] != fn) continue;
+    const nlohmann::json& f = tools.tools[k]["function"];
+    if (!f.contains("parameters") || !f["parameters"].is_object()) return "";
+    const nlohmann::json& props = f["parameters"].value("properties", nlohmann::json::object());
+    if (!props.is_object() || !props.contains(param) || !props[param].is_object()) return "";
+    const nlohmann::json& t = props[param].value("type", nlohmann::json());
+    return t.is_string() ? t.get<std::string>() : "";
+  }
+  return "";
+}
+
+// A parameter's text as its JSON value: a string where the schema says so (or the text is no JSON), else
+// the JSON it holds (Python's True / False for booleans, as templates print them).
+ojson parameter_value(std::string_view text, const std::string& type) {
+  if (type == "string") return ojson(std::string(text));
+  if (type == "boolean" && (text == "True" || text == "False")) return ojson(text == "True");
+  const size_t b = skip_ws(text, 0);  // an object or array: at most kMaxDepth levels
+  if (b < text.size() && (text[b] == '{' || text[b] == '[') &&
+      skip_ws(text, json_value_end(text, b)) != text.size())
+    return ojson(std::string(text));
+  ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  return v.is_discarded() ? ojson(std::string(text)) : v;
+}
+
+// Qwen3-Coder's XML call (Qwen3.5, Nemotron 3 Nano, StepFun 3.5 too) at s[i] = "<function=":
+//   <function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>
+bool xml_call(std::string_view s, size_t& i, const ToolRequest& tools, ToolCall& c) {
+  constexpr std::string_view kFn = "<function=", kFnEnd = "</function>",
+                             kParam = "<parameter=", kParamEnd = "</parameter>";
+  const auto tag_name = [&](std::string_view open, std::string& name) {
+    if (s.compare(i, open.size(), open) != 0) return false;
+    const size_t gt = s.find('>', i + open.size());
+    if (gt == std::string_view::npos || gt - i - open.size() > 64) return false;
+    name.assign(s.substr(i + open.size(), gt - i - open.size()));
+    i = gt + 1;
+    return !name.empty() && std::all_of(name.begin(), name.end(),
+                                        [](char ch) { return is_alnum(ch) || ch == '_' || ch == '-'; });
+  };
+  if (!tag_name(kFn, c.name)) return false;
+  ojson args = ojson::object();
+  for (;;) {
+    i = skip_ws(s, i);
+    if (s.compare(i, kFnEnd.size(), kFnEnd) == 0) {
+      i += kFnEnd.size();
+      break;
+    }
+    std::string param;
+    if (!tag_name(kParam, param)) return false;
+    if (i < s.size() && s[i] == '\n') ++i;
+    const size_t end = s.find(kParamEnd, i);
+    if (end == std::string_view::npos) return false;
+    std::string_view value = s.substr(i, end - i);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    args[param] = parameter_value(value, parameter_type(tools, c.name, param));
+    i = end + kParamEnd.size();
+  }
+  c.arguments = args.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  c.id = new_id(ToolSyntax::Hermes);
+  return true;
+}
+
+// <tool_call> JSON or XML </tool_call> ... from `at` (where the first tag is). Text between and after the
+// calls is content. A missing last close tag is allowed at the very end (a stop string may have eaten it).
 bool hermes(std::string_view s, size_t at, ToolSyntax syntax, const ToolRequest& tools, ToolParse& r) {
   r.content.assign(s.substr(0, at));
   size_t i = at;
@@ -157,7 +221,11 @@ bool hermes(std::string_view s, size_t at, ToolSyntax syntax, const ToolRequest&
     }
     i = skip_ws(s, i + kHermesOpen.size());
     ToolCall c;
-    if (!call_from(take_json(s, i), syntax, tools, false, c)) return false;
+    if (s.compare(i, 10, "<function=") == 0) {
+      if (!xml_call(s, i, tools, c)) return false;
+    } else if (!call_from(take_json(s, i), syntax, tools, false, c)) {
+      return false;
+    }
     r.calls.push_back(std::move(c));
     i = skip_ws(s, i);
     if (s.compare(i, kHermesClose.size(), kHermesClose) == 0) {

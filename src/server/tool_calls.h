@@ -7,7 +7,11 @@
 // Families (detected from the template's text, as llama.cpp's common/chat.cpp does):
 //   Hermes      <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>, one or more (Hermes 2 Pro / 3,
 //               Qwen2.5, Qwen3, QwQ, and every template that does not render `tools` at all: those get the
-//               fallback system prompt below and this syntax)
+//               fallback system prompt below and this syntax); the tag may hold Qwen3-Coder's XML instead
+//               (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano, StepFun 3.5): <function=N>\n<parameter=P>\nVALUE\n
+//               </parameter>\n...</function>, a VALUE a string where the parameter's schema type says
+//               string, else the JSON it holds (or the string when it holds none). Parsed only: a forced
+//               call is written in the JSON form.
 //   Llama3      {"name": N, "parameters": {...}}, optionally after <|python_tag|> (Llama 3.1 / 3.2 / 3.3);
 //               one call per turn (the template refuses more)
 //   Mistral     [TOOL_CALLS][{"name": N, "arguments": {...}, "id": ...}, ...] (Mistral Nemo / 7B v0.3)
