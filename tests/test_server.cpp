@@ -760,6 +760,46 @@ TEST_F(ToolServerTest, BadToolRequestsName400Fields) {
   EXPECT_EQ(ok["choices"][0]["finish_reason"], "length") << ok;
 }
 
+// The scheduler's lazy grammar (tool_choice "auto"): free until the text ends with the trigger, then the
+// grammar writes the rest. The trigger here is the start of the greedy text, so the output is that start
+// and then the grammar's sentence (without the lazy grammar: the greedy text).
+TEST_F(ServerTest, LazyGrammarTakesOverAfterItsTrigger) {
+  const Tokenizer& tok = *env->model.tokenizer();
+  const std::vector<int32_t> prompt = tok.encode(kPrompts[1], true, true);
+  const std::string greedy = reference(kPrompts[1], 12);
+  // The text of the greedy output's first 3 tokens (a token boundary).
+  Context ctx(env->model, {.n_ctx = kCtx, .n_slots = 1, .n_threads = 2});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  std::vector<int32_t> out;
+  generate(ctx, prompt, {.n_predict = 3}, [&](int32_t t, Context&, int) {
+    out.push_back(t);
+    return true;
+  });
+  const std::string trigger = tok.decode(out, true);
+  ASSERT_FALSE(trigger.empty());
+  ASSERT_EQ(greedy.rfind(trigger, 0), 0u);
+  for (const bool lazy : {true, false}) {
+    auto r = std::make_shared<server::GenRequest>();
+    r->prompt = prompt;
+    r->sampling = SamplingParams::greedy();
+    r->max_tokens = 40;
+    if (lazy) {
+      r->lazy_trigger = trigger;
+      r->lazy_grammar = "root ::= \" zebra zebra\"";
+    }
+    ASSERT_TRUE(env->sched->submit(r));
+    std::string text, part;
+    while (!r->wait_text(part, 5000)) text += part;
+    text += part;
+    if (lazy) {
+      EXPECT_EQ(text, trigger + " zebra zebra");
+      EXPECT_EQ(r->finish_reason, "stop");
+    } else {
+      EXPECT_EQ(text.substr(0, greedy.size()), greedy);
+    }
+  }
+}
+
 // n > 1: n completions of one prompt, each in a slot of its own with seed + i: greedy ones equal
 // generate()'s, sampled ones follow their seeds (choice i of a request is the single request with seed + i);
 // streamed, every chunk names its choice and each choice ends with its own finish_reason; usage adds the

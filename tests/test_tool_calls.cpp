@@ -564,3 +564,40 @@ TEST(ToolGrammar, ForcedCallsParseAndValidate) {
   EXPECT_TRUE(grammar::grammar_accepts(
       gb, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {\"a\": [1]}}\n</tool_call>"));
 }
+
+// The lazy grammar of "auto": after the marker, the rest of a call to a declared function with valid
+// arguments (and, with parallel calls, more of them); none where the family has no usable marker.
+TEST(ToolGrammar, LazyGrammarAfterTheMarker) {
+  const ToolRequest tools = request();
+  const LazyToolGrammar h = lazy_tool_grammar(tools, family(ToolSyntax::Hermes));
+  EXPECT_EQ(h.trigger, "<tool_call>");
+  const auto g = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(h.grammar));
+  EXPECT_TRUE(
+      grammar::grammar_accepts(g, "\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}\n</tool_call>"));
+  EXPECT_TRUE(
+      grammar::grammar_accepts(g,
+                               "{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}</tool_call>\n"
+                               "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}\n"
+                               "</tool_call>"));
+  EXPECT_FALSE(
+      grammar::grammar_accepts(g, "\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 77}}\n</tool_call>"));
+  EXPECT_FALSE(grammar::grammar_accepts(g, "\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>"));
+  const LazyToolGrammar one =
+      lazy_tool_grammar(request({{"parallel_tool_calls", false}}), family(ToolSyntax::Hermes));
+  const auto g1 = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(one.grammar));
+  EXPECT_FALSE(grammar::grammar_accepts(g1,
+                                        "{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}</tool_call>\n"
+                                        "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}"
+                                        "</tool_call>"));
+  const LazyToolGrammar m = lazy_tool_grammar(tools, family(ToolSyntax::Mistral));
+  EXPECT_EQ(m.trigger, "[TOOL_CALLS]");
+  const auto gm = std::make_shared<const grammar::Grammar>(grammar::parse_gbnf(m.grammar));
+  EXPECT_TRUE(grammar::grammar_accepts(gm, "[{\"name\": \"get_time\", \"arguments\": {\"zone\": 3}}]"));
+  EXPECT_TRUE(lazy_tool_grammar(tools, family(ToolSyntax::Llama3)).trigger.empty());
+  EXPECT_TRUE(lazy_tool_grammar(tools, family(ToolSyntax::MistralV11)).trigger.empty());
+  EXPECT_TRUE(lazy_tool_grammar(tools, detect_tool_family(template_source("Qwen3-Coder"))).trigger.empty());
+  json p = kWeather;
+  p["function"]["parameters"]["properties"]["n"] = {{"type", "integer"}, {"multipleOf", 3}};
+  EXPECT_TRUE(
+      lazy_tool_grammar(parse_tool_request({{"tools", {p}}}), family(ToolSyntax::Hermes)).trigger.empty());
+}

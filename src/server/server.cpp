@@ -339,6 +339,11 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
         "server "
         "runs on the GPU)");
   r.keep_special = job.tools.active();  // the families' markers may be control tokens
+  if (job.tools.active() && !job.tools.forced() && r.grammar.empty() && sched.constraints_supported()) {
+    LazyToolGrammar lazy = lazy_tool_grammar(job.tools, job.tool_family);  // "auto": a call once begun
+    r.lazy_trigger = std::move(lazy.trigger);                              // is well formed
+    r.lazy_grammar = std::move(lazy.grammar);
+  }
   try {
     p.validate();
   } catch (const Error& e) {
@@ -401,6 +406,8 @@ std::shared_ptr<GenRequest> choice_copy(const GenRequest& r, int i) {
   c->cache_prompt = r.cache_prompt;
   c->grammar = r.grammar;
   c->keep_special = r.keep_special;
+  c->lazy_trigger = r.lazy_trigger;
+  c->lazy_grammar = r.lazy_grammar;
   return c;
 }
 

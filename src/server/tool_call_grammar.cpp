@@ -56,10 +56,8 @@ const json& parameters_of(const json& tool) {
   return f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : kAny;
 }
 
-}  // namespace
-
-std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family) {
-  const ToolSyntax syntax = family.syntax;
+// "call-obj ::= ..." over the allowed functions (the named one, or all) and their renamed parameter rules.
+std::string call_rules(const ToolRequest& tools, ToolSyntax syntax) {
   const bool llama3 = syntax == ToolSyntax::Llama3, v11 = syntax == ToolSyntax::MistralV11;
   std::string rules, alts;
   for (size_t i = 0; i < tools.names.size(); ++i) {
@@ -81,8 +79,15 @@ std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family
                           alts.empty() ? "" : " | ", name, llama3 ? "parameters" : "arguments", p);
     }
   }
+  return "call-obj ::= " + alts + "\n" + rules;
+}
+
+}  // namespace
+
+std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family) {
+  const ToolSyntax syntax = family.syntax;
   std::string root;
-  const bool many = tools.parallel && !llama3;
+  const bool many = tools.parallel && syntax != ToolSyntax::Llama3;
   switch (syntax) {
     case ToolSyntax::Hermes:
     case ToolSyntax::Generic:
@@ -100,9 +105,42 @@ std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family
       root = many ? "root ::= (\"[TOOL_CALLS]\" call-obj)+\n" : "root ::= \"[TOOL_CALLS]\" call-obj\n";
       break;
   }
-  std::string g = root + "call-obj ::= " + alts + "\n" + rules;
+  std::string g = root + call_rules(tools, syntax);
   check_grammar(g);  // a composition error is ours, not the request's: ultra::Error
   return g;
+}
+
+LazyToolGrammar lazy_tool_grammar(const ToolRequest& tools, const ToolFamily& family) {
+  LazyToolGrammar lazy;
+  if (family.xml_calls) return lazy;  // the calls are XML, the grammar would write JSON
+  std::string root;
+  // Whitespace around the JSON inside the tag: nothing, a space or a newline (Qwen writes newlines).
+  const char* ws = "tws ::= [ \\n]?\n";
+  switch (family.syntax) {
+    case ToolSyntax::Hermes:
+    case ToolSyntax::Generic:
+      lazy.trigger = "<tool_call>";
+      root = tools.parallel
+                 ? "root ::= tws call-obj tws \"</tool_call>\" (tws \"<tool_call>\" tws call-obj tws "
+                   "\"</tool_call>\")*\n"
+                 : "root ::= tws call-obj tws \"</tool_call>\"\n";
+      break;
+    case ToolSyntax::Mistral:
+      lazy.trigger = "[TOOL_CALLS]";
+      root = tools.parallel ? "root ::= tws \"[\" call-obj (\", \" call-obj)* \"]\"\n"
+                            : "root ::= tws \"[\" call-obj \"]\"\n";
+      break;
+    case ToolSyntax::Llama3:      // the call is bare JSON from the first token: no marker to wait for
+    case ToolSyntax::MistralV11:  // [ARGS] inside the call is a control token, which a grammar cannot write
+      return lazy;
+  }
+  try {
+    lazy.grammar = root + ws + call_rules(tools, family.syntax);
+    check_grammar(lazy.grammar);
+  } catch (const std::exception&) {  // a parameters schema the compiler refuses: "auto" stays free
+    return LazyToolGrammar{};
+  }
+  return lazy;
 }
 
 }  // namespace ultra::server

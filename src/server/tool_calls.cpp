@@ -48,6 +48,7 @@ ToolFamily detect_tool_family(std::string_view src) {
   if (!f.template_takes_tools) return f;  // the fallback prompt teaches Hermes tags
   if (has(src, "<tool_call>")) {
     f.syntax = ToolSyntax::Hermes;
+    f.xml_calls = has(src, "<function=") && has(src, "<parameter=");
   } else if (has(src, "[TOOL_CALLS]")) {
     f.syntax = has(src, "[ARGS]") ? ToolSyntax::MistralV11 : ToolSyntax::Mistral;
   } else if (has(src, "<|start_header_id|>") && (has(src, "ipython") || has(src, "<|python_tag|>")) &&

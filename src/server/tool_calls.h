@@ -37,6 +37,7 @@ struct ToolFamily {
   // The template renders the `tools` variable. When false the tools are described in a system message
   // (fallback_tool_prompt) and the history's tool calls / results are rewritten as Hermes text.
   bool template_takes_tools = false;
+  bool xml_calls = false;  // Hermes tags around Qwen3-Coder's XML (<function=...><parameter=...>)
 };
 
 // The family of a template's source ("" = the server's built-in fallback format).
@@ -88,6 +89,18 @@ std::string fallback_tool_prompt(const ToolRequest& tools);
 // <|python_tag|>) are left out where the syntax does not need them: a grammar only produces text.
 // FieldError("tools") naming the function when its parameters cannot be compiled.
 std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family);
+
+// tool_choice "auto" with a lazy grammar (as llama.cpp's): the output is free until it writes `trigger` (the
+// family's call marker, at a token boundary), then `grammar` (GBNF for the text after the trigger: the
+// rest of the call, and further calls with parallel_tool_calls) constrains it, so a call once begun is
+// well formed with arguments that validate. None (empty trigger) for Llama 3 (its calls start without a
+// marker), Mistral v11 (its [ARGS] is a control token), XML calls, and when a parameters schema cannot be
+// compiled (auto then stays free).
+struct LazyToolGrammar {
+  std::string trigger;
+  std::string grammar;
+};
+LazyToolGrammar lazy_tool_grammar(const ToolRequest& tools, const ToolFamily& family);
 
 struct ToolCall {
   std::string id;  // "call_" + 24 alphanumerics (Mistral: 9 alphanumerics, its templates' rule)
