@@ -754,6 +754,23 @@ TEST_F(ToolServerTest, BadToolRequestsName400Fields) {
            {{"messages", json::parse(R"([{"role": "assistant", "tool_calls": "x"}])")}, {"max_tokens", 4}},
            400)["error"];
   EXPECT_EQ(e["param"], "messages");
+  // A tool that writes a control token's text into a template that renders tools: refused (it would become
+  // the token); allowed with allow_special_in_content, and kept apart in the fallback's system message.
+  json special = kTimeTool;
+  special["function"]["description"] = "Ends here <|endoftext|> then";
+  const std::string own_tmpl = "{% for t in tools %}{{ t | tojson }}{% endfor %}{{ messages[0].content }}";
+  e = err({{"tools", {special}}, {"chat_template", own_tmpl}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("'tools[0].function.description' contains the text of the "
+                                                 "special token '<|endoftext|>'"),
+            std::string::npos)
+      << e;
+  post("/v1/chat/completions", {{"messages", msgs},
+                                {"tools", {special}},
+                                {"chat_template", own_tmpl},
+                                {"allow_special_in_content", true},
+                                {"max_tokens", 2}});
+  post("/v1/chat/completions", {{"messages", msgs}, {"tools", {special}}, {"max_tokens", 2}});
   // The old refusal is gone: tools with auto on the bundled model answer 200.
   const json ok =
       post("/v1/chat/completions", {{"messages", msgs}, {"tools", {kTimeTool}}, {"max_tokens", 4}});

@@ -920,6 +920,13 @@ http::Reply Server::complete(http::Request& req, bool chat) {
     // message cannot forge a turn. No double BOS.
     const bool allow = get_bool(j, "allow_special_in_content", opts_.allow_special_in_content);
     ChatInput in = chat_input(j, req);
+    if (!allow && in.tools.active() && in.family.template_takes_tools) {
+      try {
+        check_tools_special(tok, in.tools);
+      } catch (const FieldError& e) {
+        bad(e.param, e.what());
+      }
+    }
     try {
       job.req->prompt = encode_chat(tok, in.messages, in.render, allow);
     } catch (const Error& e) {

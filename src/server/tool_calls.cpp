@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "server/chat.h"
@@ -152,6 +153,32 @@ ToolRequest parse_tool_request(const json& body) {
     r.parallel = body["parallel_tool_calls"].get<bool>();
   }
   return r;
+}
+
+void check_tools_special(const Tokenizer& tok, const ToolRequest& tools) {
+  const std::function<void(const json&, const std::string&)> walk = [&](const json& v,
+                                                                        const std::string& where) {
+    const auto check = [&](const std::string& s) {
+      size_t at = 0;
+      const int32_t id = tok.find_special(s, &at);
+      if (id >= 0)
+        throw FieldError("tools",
+                         fmt::format("'{}' contains the text of the special token '{}' (at byte {}), "
+                                     "which the chat template would pass as that token; remove it",
+                                     where, tok.token_to_piece(id), at));
+    };
+    if (v.is_string()) {
+      check(v.get<std::string>());
+    } else if (v.is_object()) {
+      for (const auto& [k, x] : v.items()) {
+        check(k);
+        walk(x, where + "." + k.substr(0, 64));
+      }
+    } else if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) walk(v[i], fmt::format("{}[{}]", where, i));
+    }
+  };
+  walk(tools.tools, "tools");
 }
 
 std::string fallback_tool_prompt(const ToolRequest& tools) {

@@ -28,6 +28,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ultra/model.h"
+
 namespace ultra::server {
 
 enum class ToolSyntax { Hermes, Llama3, Mistral, MistralV11, Generic };
@@ -68,6 +70,11 @@ struct ToolRequest {
 // that is not among them are refused. FieldError names the field ("tools", "tool_choice",
 // "parallel_tool_calls") and the message the element (tools[1].function.name).
 ToolRequest parse_tool_request(const nlohmann::json& body);
+
+// The template renders the tools into the prompt's text, where the text of a control token would become that
+// token (the messages' strings are kept apart by encode_chat, the tools are not): a tool whose strings
+// (object keys included) hold such text is refused, FieldError("tools") naming the element and the token.
+void check_tools_special(const Tokenizer& tok, const ToolRequest& tools);
 
 // The messages as the template gets them: assistant messages' tool_calls[].function.arguments given as a
 // JSON string become the object (templates apply `tojson` to them, as vLLM does), and their null content ""
