@@ -2,7 +2,8 @@
 // with JSON-Schema parameters), `tool_choice` ("none" | "auto" | "required" | {"type": "function",
 // "function": {"name"}}) and `parallel_tool_calls`; the model's own chat template renders the tools and the
 // history's tool calls / tool results; the model's output is parsed into message.tool_calls in the syntax of
-// its template's family; "required" and a named function are enforced by a grammar.
+// its template's family; "required" and a named function are enforced by a grammar, "auto" by a lazy one
+// once a call begins (lazy_tool_grammar).
 //
 // Families (detected from the template's text, as llama.cpp's common/chat.cpp does):
 //   Hermes      <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>, one or more (Hermes 2 Pro / 3,
