@@ -335,9 +335,8 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     bad(job.tools.forced()  ? "tool_choice"
         : r.grammar.empty() ? "logit_bias"
                             : "grammar",
-        "grammars, response_format, logit_bias and forced tool calls run on the CPU backend only (this "
-        "server "
-        "runs on the GPU)");
+        "grammars, response_format, logit_bias and forced tool calls run on the CPU backend only "
+        "(this server runs on the GPU)");
   r.keep_special = job.tools.active();  // the families' markers may be control tokens
   if (job.tools.active() && !job.tools.forced() && r.grammar.empty() && sched.constraints_supported()) {
     LazyToolGrammar lazy = lazy_tool_grammar(job.tools, job.tool_family);  // "auto": a call once begun
