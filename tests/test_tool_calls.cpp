@@ -52,7 +52,10 @@ ToolRequest request(json extra = json::object()) {
 }
 
 ToolFamily family(ToolSyntax s, bool takes = true) {
-  return ToolFamily{s, takes};
+  ToolFamily f;
+  f.syntax = s;
+  f.template_takes_tools = f.template_takes_calls = takes;
+  return f;
 }
 
 // The parameters of get_weather / get_time, checked by hand (what the schemas say).
@@ -100,6 +103,8 @@ TEST(ToolFamily, DetectedFromRealTemplates) {
       {"meetkai-functionary-medium-v3.1", ToolSyntax::Generic},
       {"meetkai-functionary-medium-v3.2", ToolSyntax::Generic},
       {"CohereForAI-c4ai-command-r-plus-tool_use", ToolSyntax::Generic},
+      {"ibm-granite-granite-3.3-2B-Instruct", ToolSyntax::Granite},
+      {"ibm-granite-granite-4.0", ToolSyntax::Hermes},
   };
   for (const auto& [name, syntax] : cases) {
     const ToolFamily f = detect_tool_family(template_source(name));
@@ -111,6 +116,13 @@ TEST(ToolFamily, DetectedFromRealTemplates) {
     const ToolFamily f = detect_tool_family(template_source(name));
     EXPECT_FALSE(f.template_takes_tools) << name;
     EXPECT_EQ(f.syntax, ToolSyntax::Hermes) << name;
+  }
+  // DeepSeek's templates render the history's calls in its own tokens, not the tools.
+  for (const char* name : {"deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"}) {
+    const ToolFamily f = detect_tool_family(template_source(name));
+    EXPECT_EQ(f.syntax, ToolSyntax::DeepSeek) << name;
+    EXPECT_FALSE(f.template_takes_tools) << name;
+    EXPECT_TRUE(f.template_takes_calls) << name;
   }
   EXPECT_FALSE(detect_tool_family("").template_takes_tools);
   EXPECT_FALSE(detect_tool_family(read_file(std::string(ULTRA_SOURCE_DIR) + "/models/chat_template.jinja"))
@@ -332,6 +344,55 @@ TEST(ToolParse, MistralCalls) {
   EXPECT_EQ(r.calls[1].name, "get_time");
 }
 
+TEST(ToolParse, GraniteAndDeepSeekCalls) {
+  const ToolRequest tools = request();
+  ToolParse r = parse_tool_calls(
+      "<|tool_call|>[{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}, "
+      "{\"name\": \"other\", \"arguments\": {}}]",
+      family(ToolSyntax::Granite), tools);
+  ASSERT_EQ(r.calls.size(), 2u);  // after the marker any name; a bare array names declared functions
+  EXPECT_EQ(r.calls[1].name, "other");
+  EXPECT_EQ(parse_tool_calls("[{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}]",
+                             family(ToolSyntax::Granite), tools)
+                .calls.size(),
+            1u);
+  EXPECT_TRUE(
+      parse_tool_calls("[{\"name\": \"other\", \"arguments\": {}}]", family(ToolSyntax::Granite), tools)
+          .calls.empty());
+  const ToolFamily ds = family(ToolSyntax::DeepSeek, false);
+  r = parse_tool_calls(
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"
+      "\"city\": "
+      "\"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"
+      "\"zone\": 2}\n"
+      "```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      ds, tools);
+  ASSERT_EQ(r.calls.size(), 2u) << r.content;
+  EXPECT_EQ(r.content, "Checking.");
+  EXPECT_EQ(r.calls[0].arguments, "{\"city\":\"Oslo\"}");
+  EXPECT_EQ(r.calls[1].name, "get_time");
+  r = parse_tool_calls(
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": 3}<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>",
+      ds, tools);  // V3.1
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{\"zone\":3}");
+  EXPECT_EQ(parse_tool_calls("<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>", ds, tools)
+                .calls.size(),
+            1u);  // the fallback prompt's syntax
+  for (const char* bad :
+       {"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time{}<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get time<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜>"})
+    EXPECT_TRUE(parse_tool_calls(bad, ds, tools).calls.empty()) << bad;
+  // Streamed: content up to DeepSeek's marker.
+  ToolCallStream st(ds, tools);
+  EXPECT_EQ(st.push("Checking.<｜tool"), "Checking.");
+  EXPECT_EQ(st.push("▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"), "");
+  EXPECT_EQ(st.finish().calls.size(), 1u);
+}
+
 TEST(ToolParse, GenericTakesTagsOrBareJson) {
   const ToolRequest tools = request();
   const ToolFamily f = family(ToolSyntax::Generic);
@@ -378,9 +439,15 @@ TEST(ToolParse, MalformedAndHostileInputs) {
       std::string(1 << 20, '{'),
       std::string(1 << 20, '"'),
       std::string("\0<tool_call>\0", 13),
+      "<|tool_call|>",
+      "<|tool_call|>[{\"name\": 1}]",
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>",
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+      "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}",
   };
-  for (const ToolSyntax s : {ToolSyntax::Hermes, ToolSyntax::Llama3, ToolSyntax::Mistral,
-                             ToolSyntax::MistralV11, ToolSyntax::Generic})
+  for (const ToolSyntax s :
+       {ToolSyntax::Hermes, ToolSyntax::Llama3, ToolSyntax::Mistral, ToolSyntax::MistralV11,
+        ToolSyntax::Granite, ToolSyntax::DeepSeek, ToolSyntax::Generic})
     for (const std::string& c : cases) {
       const ToolParse r = parse_tool_calls(c, family(s), tools);
       EXPECT_TRUE(r.calls.empty()) << tool_syntax_name(s) << ": " << c.substr(0, 80);
@@ -404,6 +471,9 @@ TEST(ToolParse, FuzzedOutputs) {
       "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"zone\": 2}, \"id\": \"abcdefghi\"}]",
       "[TOOL_CALLS]get_time[ARGS]{\"zone\": 2}",
       "<tool_call>\n<function=get_time>\n<parameter=zone>\n2\n</parameter>\n</function>\n</tool_call>",
+      "<|tool_call|>[{\"name\": \"get_time\", \"arguments\": {\"zone\": 2}}]",
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": 2}\n```"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
   };
   const char alphabet[] = "<>{}[]\":,\\ \nabc_/|TOOL_CALS";
   std::mt19937 rng(7);
@@ -429,7 +499,7 @@ TEST(ToolParse, FuzzedOutputs) {
           break;
       }
     }
-    const ToolSyntax syn = (ToolSyntax)(rng() % 5);
+    const ToolSyntax syn = (ToolSyntax)(rng() % 7);
     const ToolParse r = parse_tool_calls(s, family(syn), tools);
     if (r.calls.empty()) {
       EXPECT_EQ(r.content, s);

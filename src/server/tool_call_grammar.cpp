@@ -91,6 +91,7 @@ std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family
   switch (syntax) {
     case ToolSyntax::Hermes:
     case ToolSyntax::Generic:
+    case ToolSyntax::DeepSeek:  // its markers are control tokens: Hermes tags, which its parser takes
       root = many
                  ? "root ::= call (\"\\n\" call)*\ncall ::= \"<tool_call>\\n\" call-obj \"\\n</tool_call>\"\n"
                  : "root ::= \"<tool_call>\\n\" call-obj \"\\n</tool_call>\"\n";
@@ -99,6 +100,7 @@ std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family
       root = "root ::= call-obj\n";
       break;
     case ToolSyntax::Mistral:
+    case ToolSyntax::Granite:  // the array without its marker
       root = many ? "root ::= \"[\" call-obj (\", \" call-obj)* \"]\"\n" : "root ::= \"[\" call-obj \"]\"\n";
       break;
     case ToolSyntax::MistralV11:
@@ -119,6 +121,7 @@ LazyToolGrammar lazy_tool_grammar(const ToolRequest& tools, const ToolFamily& fa
   switch (family.syntax) {
     case ToolSyntax::Hermes:
     case ToolSyntax::Generic:
+    case ToolSyntax::DeepSeek:
       lazy.trigger = "<tool_call>";
       root = tools.parallel
                  ? "root ::= tws call-obj tws \"</tool_call>\" (tws \"<tool_call>\" tws call-obj tws "
@@ -126,7 +129,8 @@ LazyToolGrammar lazy_tool_grammar(const ToolRequest& tools, const ToolFamily& fa
                  : "root ::= tws call-obj tws \"</tool_call>\"\n";
       break;
     case ToolSyntax::Mistral:
-      lazy.trigger = "[TOOL_CALLS]";
+    case ToolSyntax::Granite:
+      lazy.trigger = family.syntax == ToolSyntax::Granite ? "<|tool_call|>" : "[TOOL_CALLS]";
       root = tools.parallel ? "root ::= tws \"[\" call-obj (\", \" call-obj)* \"]\"\n"
                             : "root ::= tws \"[\" call-obj \"]\"\n";
       break;

@@ -18,6 +18,10 @@ constexpr int kMaxDepth = 128;  // deeper JSON in a call is not a call
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>", kMistralCalls = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kGraniteCall = "<|tool_call|>";
+constexpr std::string_view kDsCalls = "<｜tool▁calls▁begin｜>", kDsCall = "<｜tool▁call▁begin｜>",
+                           kDsSep = "<｜tool▁sep｜>", kDsCallEnd = "<｜tool▁call▁end｜>",
+                           kDsCallsEnd = "<｜tool▁calls▁end｜>";
 
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -122,12 +126,12 @@ bool call_from(const ojson& v, ToolSyntax syntax, const ToolRequest& tools, bool
 
 // Bare JSON at s[i]: one call object, or an array of them. All names declared.
 bool bare_json_calls(std::string_view s, size_t i, ToolSyntax syntax, const ToolRequest& tools,
-                     std::vector<ToolCall>& calls, size_t& end) {
+                     std::vector<ToolCall>& calls, size_t& end, bool must_declare = true) {
   const ojson v = take_json(s, i);
   if (v.is_discarded()) return false;
   const auto one = [&](const ojson& x) {
     ToolCall c;
-    if (!call_from(x, syntax, tools, true, c)) return false;
+    if (!call_from(x, syntax, tools, must_declare, c)) return false;
     calls.push_back(std::move(c));
     return true;
   };
@@ -309,12 +313,78 @@ bool mistral(std::string_view s, const ToolRequest& tools, ToolParse& r) {
   return true;
 }
 
+// Granite 3: <|tool_call|> and a JSON array of calls (or one call); the bare array at the start (what the
+// grammar writes). Text before the marker is content.
+bool granite(std::string_view s, const ToolRequest& tools, ToolParse& r) {
+  size_t i = s.find(kGraniteCall);
+  const bool marked = i != std::string_view::npos;
+  if (marked) {
+    r.content.assign(s.substr(0, i));
+    i += kGraniteCall.size();
+  } else {
+    i = 0;
+  }
+  size_t end = 0;
+  return bare_json_calls(s, skip_ws(s, i), ToolSyntax::Granite, tools, r.calls, end,
+                         /*must_declare=*/!marked) &&
+         skip_ws(s, end) == s.size();
+}
+
+// DeepSeek: <｜tool▁calls▁begin｜> then per call <｜tool▁call▁begin｜> [function<｜tool▁sep｜>NAME\n```json\n
+// {...}\n```] or [NAME<｜tool▁sep｜>{...}] <｜tool▁call▁end｜>, then <｜tool▁calls▁end｜>. Text before is
+// content.
+bool deepseek(std::string_view s, size_t at, const ToolRequest& tools, ToolParse& r) {
+  r.content.assign(s.substr(0, at));
+  size_t i = at;
+  if (s.compare(i, kDsCalls.size(), kDsCalls) == 0) i += kDsCalls.size();
+  for (;;) {
+    i = skip_ws(s, i);
+    if (s.compare(i, kDsCall.size(), kDsCall) != 0) break;
+    i += kDsCall.size();
+    ToolCall c;
+    const size_t sep = s.find(kDsSep, i);
+    if (sep == std::string_view::npos) return false;
+    const std::string_view head = s.substr(i, sep - i);
+    i = sep + kDsSep.size();
+    size_t name_end = i;
+    if (head == "function") {  // V3 / R1: the name on its line, the arguments in a ```json fence
+      name_end = s.find('\n', i);
+      if (name_end == std::string_view::npos) return false;
+      c.name.assign(s.substr(i, name_end - i));
+      i = skip_ws(s, name_end);
+      if (s.compare(i, 7, "```json") == 0)
+        i += 7;
+      else if (s.compare(i, 3, "```") == 0)
+        i += 3;
+    } else {  // V3.1: NAME<｜tool▁sep｜>{...}
+      c.name.assign(head);
+    }
+    if (c.name.empty() || c.name.size() > 64 || !std::all_of(c.name.begin(), c.name.end(), [](char ch) {
+          return is_alnum(ch) || ch == '_' || ch == '-';
+        }))
+      return false;
+    i = skip_ws(s, i);
+    if (!arguments_text(take_json(s, i), c.arguments)) return false;
+    i = skip_ws(s, i);
+    if (s.compare(i, 3, "```") == 0) i = skip_ws(s, i + 3);
+    if (s.compare(i, kDsCallEnd.size(), kDsCallEnd) != 0) return false;
+    i += kDsCallEnd.size();
+    c.id = new_id(ToolSyntax::DeepSeek);
+    r.calls.push_back(std::move(c));
+  }
+  if (s.compare(i, kDsCallsEnd.size(), kDsCallsEnd) == 0) i = skip_ws(s, i + kDsCallsEnd.size());
+  return !r.calls.empty() && i == s.size();
+}
+
 // The marker a call of this family begins with ("" for none).
 std::string_view marker(ToolSyntax s) {
   switch (s) {
     case ToolSyntax::Hermes:
     case ToolSyntax::Generic:
+    case ToolSyntax::DeepSeek:  // and kDsCalls (ToolCallStream::push)
       return kHermesOpen;
+    case ToolSyntax::Granite:
+      return kGraniteCall;
     case ToolSyntax::Llama3:
       return kPythonTag;
     case ToolSyntax::Mistral:
@@ -345,6 +415,18 @@ ToolParse parse_tool_calls(std::string_view text, const ToolFamily& family, cons
     case ToolSyntax::Llama3:
       ok = llama3(text, tools, r);
       break;
+    case ToolSyntax::Granite:
+      ok = granite(text, tools, r);
+      break;
+    case ToolSyntax::DeepSeek: {
+      const size_t ds = std::min(text.find(kDsCalls), text.find(kDsCall));
+      const size_t at = text.find(kHermesOpen);
+      if (ds != std::string_view::npos && (at == std::string_view::npos || ds < at))
+        ok = deepseek(text, ds, tools, r);
+      else if (at != std::string_view::npos)
+        ok = hermes(text, at, family.syntax, tools, r);
+      break;
+    }
     case ToolSyntax::Mistral:
     case ToolSyntax::MistralV11:
       ok = mistral(text, tools, r);
@@ -361,11 +443,14 @@ ToolCallStream::ToolCallStream(ToolFamily family, const ToolRequest& tools)
 std::string ToolCallStream::push(std::string_view text) {
   buf_.append(text);
   if (holding_) return {};
+  // The markers a call may begin with: the family's, and DeepSeek's own beside the Hermes tag.
   const std::string_view m = marker(family_.syntax);
+  const std::string_view m2 = family_.syntax == ToolSyntax::DeepSeek ? kDsCall.substr(0, kDsCall.size() - 12)
+                                                                     : std::string_view{};  // "<｜tool▁call"
   const std::string_view b = buf_;
-  // A call at the start without a marker: bare JSON (Llama 3, the grammar's Mistral array, Generic); hold
-  // on while the output is only whitespace or a beginning of the marker.
-  if (emitted_ == 0 && family_.syntax != ToolSyntax::Hermes) {
+  // A call at the start without a marker: bare JSON (Llama 3, the grammar's Mistral / Granite array,
+  // Generic); hold on while the output is only whitespace or a beginning of the marker.
+  if (emitted_ == 0 && family_.syntax != ToolSyntax::Hermes && family_.syntax != ToolSyntax::DeepSeek) {
     const size_t i = skip_ws(b, 0);
     const std::string_view rest = b.substr(i);
     const bool json_start = !rest.empty() && (rest[0] == '{' || rest[0] == '[') &&
@@ -376,15 +461,18 @@ std::string ToolCallStream::push(std::string_view text) {
     }
     if (rest.empty() || (rest.size() < m.size() && m.substr(0, rest.size()) == rest)) return {};
   }
-  const size_t at = b.find(m, emitted_);
   size_t end = b.size();
-  if (at != std::string_view::npos) {
-    holding_ = true;
-    end = at;
-  } else {  // hold back a tail that could begin the marker
-    for (size_t k = std::min(m.size() - 1, b.size() - emitted_); k > 0; --k)
-      if (b.substr(b.size() - k) == m.substr(0, k)) {
-        end = b.size() - k;
+  for (const std::string_view mk : {m, m2}) {
+    if (mk.empty()) continue;
+    const size_t at = b.find(mk, emitted_);
+    if (at != std::string_view::npos) {
+      holding_ = true;
+      end = std::min(end, at);
+      continue;
+    }
+    for (size_t k = std::min(mk.size() - 1, b.size() - emitted_); k > 0; --k)  // a tail that could begin it
+      if (b.substr(b.size() - k) == mk.substr(0, k)) {
+        end = std::min(end, b.size() - k);
         break;
       }
   }

@@ -46,8 +46,18 @@ std::string hermes_call_text(const std::string& name, const json& arguments) {
 ToolFamily detect_tool_family(std::string_view src) {
   ToolFamily f;
   f.template_takes_tools = has(src, "tools");
-  if (!f.template_takes_tools) return f;  // the fallback prompt teaches Hermes tags
-  if (has(src, "<tool_call>")) {
+  f.template_takes_calls = has(src, "tool_calls");
+  if (has(src, "tool▁calls▁begin")) {  // DeepSeek: with or without tools in the template
+    f.syntax = ToolSyntax::DeepSeek;
+    return f;
+  }
+  if (!f.template_takes_tools) {  // the fallback prompt teaches Hermes tags
+    f.template_takes_calls = false;
+    return f;
+  }
+  if (has(src, "<|tool_call|>")) {
+    f.syntax = ToolSyntax::Granite;
+  } else if (has(src, "<tool_call>")) {
     f.syntax = ToolSyntax::Hermes;
     f.xml_calls = has(src, "<function=") && has(src, "<parameter=");
   } else if (has(src, "[TOOL_CALLS]")) {
@@ -71,6 +81,10 @@ const char* tool_syntax_name(ToolSyntax s) {
       return "mistral";
     case ToolSyntax::MistralV11:
       return "mistral-v11";
+    case ToolSyntax::Granite:
+      return "granite";
+    case ToolSyntax::DeepSeek:
+      return "deepseek";
     case ToolSyntax::Generic:
       return "generic";
   }
@@ -221,15 +235,15 @@ json prepare_tool_messages(const json& messages, const ToolFamily& family, const
         } else if (!f["arguments"].is_object()) {
           bad(fmt::format("[{}].function.arguments must be a JSON string or an object", k));
         }
-        if (!family.template_takes_tools) text += "\n" + hermes_call_text(f["name"], f["arguments"]);
+        if (!family.template_takes_calls) text += "\n" + hermes_call_text(f["name"], f["arguments"]);
       }
       if (!given(m, "content")) m["content"] = "";  // templates test or search it (Qwen3: '</think>' in it)
-      if (!family.template_takes_tools) {
+      if (!family.template_takes_calls) {
         std::string content = given(m, "content") ? message_text(m["content"]) : "";
         m["content"] = content + (content.empty() ? text.substr(1) : text);
         m.erase("tool_calls");
       }
-    } else if (role == "tool" && !family.template_takes_tools) {
+    } else if (role == "tool" && !family.template_takes_calls) {
       const std::string content = given(m, "content") ? message_text(m["content"]) : "";
       m = {{"role", "user"}, {"content", "<tool_response>\n" + content + "\n</tool_response>"}};
     }

@@ -17,6 +17,12 @@
 //               one call per turn (the template refuses more)
 //   Mistral     [TOOL_CALLS][{"name": N, "arguments": {...}, "id": ...}, ...] (Mistral Nemo / 7B v0.3)
 //   MistralV11  [TOOL_CALLS]N[ARGS]{...} per call (Mistral Small 3.2, Devstral, Ministral 3)
+//   Granite     <|tool_call|>[{"name": N, "arguments": {...}}, ...] (Granite 3.x; Granite 4 uses Hermes tags)
+//   DeepSeek    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```
+//               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (V3, R1), or N<｜tool▁sep｜>{...} after the call
+//               begin (V3.1); its templates render the history's calls but not `tools` (the fallback prompt
+//               describes them), so Hermes tags are taken too. Parsed only: a forced call is written as
+//               Hermes tags.
 //   Generic     a template that renders `tools` in a syntax not listed here: Hermes tags, or the whole
 //               output a JSON object / array of {"name", "arguments"} naming declared functions
 //
@@ -33,7 +39,7 @@
 
 namespace ultra::server {
 
-enum class ToolSyntax { Hermes, Llama3, Mistral, MistralV11, Generic };
+enum class ToolSyntax { Hermes, Llama3, Mistral, MistralV11, Granite, DeepSeek, Generic };
 
 struct ToolFamily {
   ToolSyntax syntax = ToolSyntax::Hermes;
@@ -41,11 +47,14 @@ struct ToolFamily {
   // (fallback_tool_prompt) and the history's tool calls / results are rewritten as Hermes text.
   bool template_takes_tools = false;
   bool xml_calls = false;  // Hermes tags around Qwen3-Coder's XML (<function=...><parameter=...>)
+  // The template renders assistant messages' tool_calls and `tool` messages itself; when false they are
+  // rewritten as Hermes text (prepare_tool_messages).
+  bool template_takes_calls = false;
 };
 
 // The family of a template's source ("" = the server's built-in fallback format).
 ToolFamily detect_tool_family(std::string_view template_source);
-// "hermes", "llama3", "mistral", "mistral-v11", "generic".
+// "hermes", "llama3", "mistral", "mistral-v11", "granite", "deepseek", "generic".
 const char* tool_syntax_name(ToolSyntax s);
 
 enum class ToolChoice { None, Auto, Required, Named };
@@ -79,7 +88,8 @@ void check_tools_special(const Tokenizer& tok, const ToolRequest& tools);
 
 // The messages as the template gets them: assistant messages' tool_calls[].function.arguments given as a
 // JSON string become the object (templates apply `tojson` to them, as vLLM does), and their null content ""
-// (templates search it: Qwen3's `'</think>' in content`); when the template does not
+// (templates search it: Qwen3's `'</think>' in content`); when the template does not render tool calls, they
+// become Hermes text (see below); when the template does not
 // take tools, tool calls become Hermes text in the assistant's content and `tool` messages user messages
 // holding <tool_response>...</tool_response>, and, with tools active, the fallback prompt is put in front
 // of the first system message (or becomes one). A malformed tool_calls entry: FieldError("messages").
