@@ -277,8 +277,8 @@ TEST(ToolParse, QwenXmlCalls) {
       "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
       "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=mix>\n"
       "<parameter=zone>\n7\n</parameter>\n<parameter=label>\n42\n</parameter>\n<parameter=flag>\nTrue\n"
-      "</parameter>\n<parameter=list>\n[1, "
-      "\"a\"]\n</parameter>\n<parameter=other>\ntwo\nlines\n</parameter>\n"
+      "</parameter>\n<parameter=list>\n[1, \"a\"]\n</parameter>\n"
+      "<parameter=other>\ntwo\nlines\n</parameter>\n"
       "</function>\n</tool_call>",
       f, tools);
   ASSERT_EQ(r.calls.size(), 2u) << r.content;
@@ -361,11 +361,11 @@ TEST(ToolParse, GraniteAndDeepSeekCalls) {
           .calls.empty());
   const ToolFamily ds = family(ToolSyntax::DeepSeek, false);
   r = parse_tool_calls(
-      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"
-      "\"city\": "
-      "\"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"
-      "\"zone\": 2}\n"
-      "```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      "Checking.<｜tool▁calls▁begin｜>"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
+      "\"Oslo\"}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": 2}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>",
       ds, tools);
   ASSERT_EQ(r.calls.size(), 2u) << r.content;
   EXPECT_EQ(r.content, "Checking.");
