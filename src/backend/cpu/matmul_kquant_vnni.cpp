@@ -132,10 +132,15 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd,
   return hsum(_mm256_add_ps(acc0, acc1)) - 32.0f * hsum(offs);
 }
 
-float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  alignas(16) int8_t lv[16];  // the levels + 128, as unsigned bytes
+// IQ4_NL / IQ4_XS: the 16 levels + 128 as unsigned bytes, in both 128-bit lanes (a vpshufb table).
+inline __m256i iq4_table() {
+  alignas(16) int8_t lv[16];
   for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
+  return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
+}
+
+float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
+  const __m256i table = iq4_table();
   const __m128i m4 = _mm_set1_epi8(0x0F);
   const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i pair_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
@@ -224,12 +229,7 @@ inline __m256i codes32(const uint8_t* blk, const __m256i& table) {
 
 template <GgmlType T, class B>
 float row_b32(const B* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  __m256i table = _mm256_setzero_si256();
-  if constexpr (T == GgmlType::IQ4_NL) {
-    alignas(16) int8_t lv[16];  // the levels + 128, as unsigned bytes
-    for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
-    table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
-  }
+  const __m256i table = T == GgmlType::IQ4_NL ? iq4_table() : _mm256_setzero_si256();
   constexpr float K = T == GgmlType::Q4_0     ? 8.0f
                       : T == GgmlType::Q5_0   ? 16.0f
                       : T == GgmlType::IQ4_NL ? 128.0f
