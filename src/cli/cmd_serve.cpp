@@ -1,6 +1,6 @@
 // ultra serve: an OpenAI-compatible HTTP server with continuous batching (src/server/).
 //   ultra serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [-c CTX] [-t N] [--api-key KEY]
-//               [--chat-template FILE|NAME]
+//               [--chat-template FILE|NAME] [--reasoning-format auto|none]
 // Listens before the model is loaded (/health answers 503 until it is); SIGINT/SIGTERM stop it: queued and
 // running requests are cancelled (streams end with an error event, then [DONE]), and it exits 0.
 #include <fmt/format.h>
@@ -63,6 +63,14 @@ int cmd_serve(int argc, char** argv) {
                "message cannot forge a turn); a request's \"allow_special_in_content\" overrides it");
   std::string chat_template_arg;
   app.add_option("--chat-template", chat_template_arg, chat_template_help())->type_name("FILE|NAME");
+  std::string reasoning_format = "auto";
+  app.add_option(
+         "--reasoning-format", reasoning_format,
+         "auto: a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel) goes to "
+         "message.reasoning_content; none: it stays in content (a request's \"reasoning_format\" "
+         "overrides it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "deepseek"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -90,6 +98,7 @@ int cmd_serve(int argc, char** argv) {
   so.limits.head_timeout = std::min(10.0, timeout);
   so.limits.body_timeout = so.limits.idle_timeout = so.limits.write_timeout = timeout;
   so.allow_special_in_content = allow_special;
+  so.reasoning_format = reasoning_format;
   so.model_name = !alias.empty() ? alias : server::model_id(mf.model);
   so.chat_template = chat_template;
   if (!chat_template_label.empty()) so.chat_template_label = chat_template_label;
