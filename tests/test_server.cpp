@@ -396,6 +396,27 @@ TEST_F(ServerTest, ReasoningContent) {
   EXPECT_EQ(h["choices"][0]["message"]["content"],
             post("/v1/chat/completions", body)["choices"][0]["message"]["content"]);
   EXPECT_FALSE(h["choices"][0]["message"].contains("reasoning_content"));
+
+  // History: an assistant's reasoning_content reaches gpt-oss's template as its `thinking`.
+  std::ifstream f(std::filesystem::path(ULTRA_SOURCE_DIR) /
+                  "tests/fixtures/templates/openai-gpt-oss-120b.jinja");
+  const std::string gptoss((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(gptoss.empty());
+  json described = tools;  // the template writes each tool's description
+  described[0]["function"]["description"] = "The weather.";
+  const json history =
+      json::array({{{"role", "user"}, {"content", "Weather in Paris?"}},
+                   {{"role", "assistant"},
+                    {"content", nullptr},
+                    {"reasoning_content", "Need to call f."},
+                    {"tool_calls",
+                     json::array({{{"id", "call_1"},
+                                   {"type", "function"},
+                                   {"function", {{"name", "f"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}},
+                   {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}});
+  const std::string prompt = post(
+      "/apply-template", {{"messages", history}, {"chat_template", gptoss}, {"tools", described}})["prompt"];
+  EXPECT_NE(prompt.find("<|channel|>analysis<|message|>Need to call f.<|end|>"), std::string::npos) << prompt;
 }
 
 TEST_F(ServerTest, GrammarResponseFormatAndLogitBias) {

@@ -830,6 +830,10 @@ Server::ChatInput Server::chat_input(const nlohmann::json& j, const http::Reques
   } catch (const FieldError& e) {
     bad(e.param, e.what());
   }
+  if (in.reasoning == ReasoningSyntax::Harmony)  // gpt-oss's template reads an assistant's reasoning as
+    for (json& m : in.messages)                  // `thinking` (as llama.cpp passes it)
+      if (m.is_object() && m.contains("reasoning_content") && !m.contains("thinking"))
+        m["thinking"] = m["reasoning_content"];
   const bool give = in.tools.active() && in.family.template_takes_tools;
   in.render = chat_renderer(j, req, give ? &in.tools.tools : nullptr);
   return in;
