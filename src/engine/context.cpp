@@ -70,6 +70,15 @@ ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::stri
   if (p.backend == BackendKind::cuda && (hp.arch == Arch::GptOss || hp.rope_scaling.type == "yarn"))
     fail("context: {} runs on the CPU backend only (use --backend cpu)",
          hp.arch == Arch::GptOss ? "gpt-oss" : "YaRN rope scaling");
+  if (m.comm && p.backend != BackendKind::cpu)
+    fail("context: a model split over ranks (--tp) runs on the CPU backend only (use --backend cpu)");
+  if (m.comm && m.tp_rank != 0)
+    fail(
+        "context: rank {} of a split model runs rank 0's steps (run_tp_follower); only rank 0 creates "
+        "contexts",
+        m.tp_rank);
+  if (m.comm && m.tp_contexts > 0)
+    fail("context: a model split over ranks (--tp) has one context at a time (its other ranks follow it)");
   if (p.backend == BackendKind::cpu && p.kv_type == KvType::bf16)
     fail("context: a bf16 KV cache is supported on the CUDA backend only (use f32 or f16)");
   return p;
