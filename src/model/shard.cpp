@@ -31,6 +31,41 @@ WeightView col_slice(const WeightView& w, int64_t c0, int64_t n, const std::stri
   return s;
 }
 
+// Rank r's part of the heads and of the FFN.
+struct Split {
+  int h0, hl;      // query heads [h0, h0 + hl)
+  int kv0, kvl;    // the KV heads they read
+  int64_t f0, fl;  // FFN columns
+};
+
+// Query heads [h0, h1) of rank r (ranks differ by one head at most), and the KV heads they read: replicated
+// where ranks share one. The shard's own GQA grouping must map its query heads onto them as the model does:
+// local head h reads local KV head h / (hl / kvl). FFN columns in whole blocks of the down projection's type
+// (ranks differ by one block). Throws naming what does not split.
+Split split_of(const ModelData& m, int r, int size) {
+  const HParams& hp = m.hp;
+  const int H = hp.n_heads, KV = hp.n_kv_heads, group = H / KV;
+  Split s;
+  s.h0 = (int)((int64_t)r * H / size);
+  s.hl = (int)((int64_t)(r + 1) * H / size) - s.h0;
+  s.kv0 = s.h0 / group;
+  s.kvl = (s.h0 + s.hl - 1) / group + 1 - s.kv0;
+  bool grouped = s.hl % s.kvl == 0;
+  for (int h = 0; grouped && h < s.hl; ++h) grouped = (s.h0 + h) / group - s.kv0 == h / (s.hl / s.kvl);
+  if (!grouped)
+    fail(
+        "{}: the {} query heads of {} KV heads do not split over {} ranks (rank {} would hold query heads "
+        "{} .. {} of KV heads {} .. {})",
+        m.path, H, KV, size, r, s.h0, s.h0 + s.hl - 1, s.kv0, s.kv0 + s.kvl - 1);
+  const auto tt = m.layers.empty() ? std::nullopt : type_traits(m.layers[0].w_down.type);
+  const int64_t blk = tt ? tt->block_elems : 1, units = hp.ffn_dim / blk;
+  if (units < size)
+    fail("{}: the FFN width {} is too narrow for {} ranks ({}-column blocks)", m.path, hp.ffn_dim, size, blk);
+  s.f0 = r * units / size * blk;
+  s.fl = (r + 1) * units / size * blk - s.f0;
+  return s;
+}
+
 }  // namespace
 
 void shard_model(ModelData& m, int rank, int size) {
@@ -38,41 +73,28 @@ void shard_model(ModelData& m, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) fail("tensor parallelism: rank {} of {}", rank, size);
   if (size == 1) return;
   if (m.tp_size != 1) fail("tensor parallelism: the model is split already");
-  const std::string src = m.path;
+  const std::string& src = m.path;
   if (hp.moe())
     fail("{}: tensor parallelism does not split mixtures of experts yet ({} experts); run without --tp", src,
          hp.n_expert);
-  // Query heads [h0, h1) of this rank (ranks differ by one head at most), and the KV heads they read,
-  // [kv0, kv1): replicated where ranks share one. The shard's own GQA grouping must map its query heads onto
-  // them as the model does: local head h reads local KV head h / ((h1 - h0) / (kv1 - kv0)).
-  const int H = hp.n_heads, KV = hp.n_kv_heads, hd = hp.head_dim, group = H / KV;
-  if (size > H) fail("{}: --tp {} is more ranks than the {} attention heads", src, size, H);
-  const int h0 = (int)((int64_t)rank * H / size), h1 = (int)((int64_t)(rank + 1) * H / size), hl = h1 - h0;
-  const int kv0 = h0 / group, kvl = (h1 - 1) / group + 1 - kv0;
-  bool grouped = hl % kvl == 0;
-  for (int h = 0; grouped && h < hl; ++h) grouped = (h0 + h) / group - kv0 == h / (hl / kvl);
-  if (!grouped)
-    fail(
-        "{}: the {} query heads of {} KV heads do not split over {} ranks (rank {} would hold query heads "
-        "{} .. {} of KV heads {} .. {})",
-        src, H, KV, size, rank, h0, h1 - 1, kv0, kv0 + kvl - 1);
-  // FFN columns [f0, f0 + fl): whole blocks of the down projection's type (ranks differ by one block).
-  const auto down_tt = m.layers.empty() ? std::nullopt : type_traits(m.layers[0].w_down.type);
-  const int64_t blk = down_tt ? down_tt->block_elems : 1, units = hp.ffn_dim / blk;
-  if (units < size)
-    fail("{}: the FFN width {} is too narrow for {} ranks ({}-column blocks)", src, hp.ffn_dim, size, blk);
-  const int64_t f0 = rank * units / size * blk, fl = (rank + 1) * units / size * blk - f0;
-  const int q0 = h0;
+  if (size > hp.n_heads) fail("{}: --tp {} is more ranks than the {} attention heads", src, size, hp.n_heads);
   const int64_t V = hp.n_vocab, vs = (V + size - 1) / size, v0 = rank * vs;
   if ((size - 1) * vs >= V) fail("{}: the vocabulary ({}) is too small to split over {} ranks", src, V, size);
   const int64_t vl = std::min(V, v0 + vs) - v0;
-
-  // Check every column split before changing anything.
-  for (size_t il = 0; il < m.layers.size(); ++il) {
-    const LayerWeights& l = m.layers[il];
-    col_slice(l.wo, (int64_t)q0 * hd, (int64_t)hl * hd, fmt::format("layer {}'s output projection", il));
-    col_slice(l.w_down, f0, fl, fmt::format("layer {}'s down projection", il));
+  // Every rank's splits checked on every rank (so that all refuse alike), before anything changes.
+  const int hd = hp.head_dim;
+  for (int r = 0; r < size; ++r) {
+    const Split s = split_of(m, r, size);
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+      const LayerWeights& l = m.layers[il];
+      col_slice(l.wo, (int64_t)s.h0 * hd, (int64_t)s.hl * hd,
+                fmt::format("layer {}'s output projection", il));
+      col_slice(l.w_down, s.f0, s.fl, fmt::format("layer {}'s down projection", il));
+    }
   }
+  const Split sp = split_of(m, rank, size);
+  const int q0 = sp.h0, hl = sp.hl, kv0 = sp.kv0, kvl = sp.kvl;
+  const int64_t f0 = sp.f0, fl = sp.fl;
 
   size_t full = matrix_bytes(m.tok_embd) + (m.output.data != m.tok_embd.data ? matrix_bytes(m.output) : 0);
   const bool tied = m.output.data == m.tok_embd.data;

@@ -2,12 +2,15 @@
 // split (LoadParams::tp = the job's size); rank 0 runs contexts on it and on the same model loaded whole
 // (no split) in the same process, the other ranks run_tp_follower(). Checked on rank 0, per model (HF
 // fixtures in F32: GQA, one KV head replicated, biases, Gemma 2's post-norms and soft-caps, Phi-3's fused
-// matrices, Qwen3's q/k norms; the bundled F16 model):
+// matrices, Qwen3's q/k norms; one converted to Q8_0 (2 ranks; 3 would cut its blocks: refused) and BF16;
+// the bundled F16 model; exact f32 numerics,
+// tests/pin_exact_numerics.cpp: with int8 activations a reordered sum may flip an activation's rounding):
 //   logits of a 24-token prefill (every row an output) and of 8 decode steps within 1e-5 of the whole
 //   model's; 16 greedy tokens and 16 seeded sampled tokens identical; no allocation in decode steps on any
 //   rank.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
-// cannot be made: more ranks than heads, a mixture of experts, a Q8_0 column split inside a block.
+// cannot be made: more ranks than heads, a rank's heads across GQA groups, a mixture of experts, a Q8_0
+// column split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <cmath>
@@ -16,12 +19,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "alloc_counter.h"
 #include "dist/communicator.h"
 #include "engine/access.h"
 #include "engine/model_impl.h"
 #include "engine/tensor_parallel.h"
 #include "model/shard.h"
+#include "ultra/convert.h"
 #include "ultra/generate.h"
 
 using namespace ultra;
@@ -175,6 +181,24 @@ int main() {
         compare(root / "tests/fixtures/hf" / f, size);
       compare(root / "tests/fixtures/hf/gemma2", size, 3e-5);
       compare(root / "models/target.gguf", size);
+      // The fixture converted to GGUF in Q8_0 (Wo's and Wdown's column splits in whole 32-column blocks) and
+      // BF16, by every rank for itself.
+      for (const char* type : {"q8_0", "bf16"}) {
+        const fs::path gguf = fs::temp_directory_path() / ("ultra_test_tp_" + std::to_string(getpid()) + "_" +
+                                                           std::to_string(g_rank) + "_" + type + ".gguf");
+        ConvertOptions co;
+        co.out_type = type;
+        co.threads = 1;
+        convert_hf_to_gguf((root / "tests/fixtures/hf/llama_gqa").string(), gguf.string(), co);
+        if (size == 3 && std::string(type) == "q8_0") {  // heads of 16 columns: one per rank cuts the blocks
+          const std::string e = error_of([&] { Model::load(gguf.string(), {.tp = size}); });
+          check(e.find("would be split inside its 32-element Q8_0 blocks") != std::string::npos,
+                "Q8_0 heads of 16 columns over 3 ranks refused: " + e);
+        } else {
+          compare(gguf, size);
+        }
+        fs::remove(gguf);
+      }
       no_allocation_per_step(root / "models/target.gguf", size);
 
       const std::string fixture = (root / "tests/fixtures/hf/llama_gqa").string();
@@ -184,6 +208,12 @@ int main() {
         auto m = load_model(fixture);
         const std::string heads = error_of([&] { shard_model(*m, 0, 5); });
         check(heads.find("more ranks than the 4 attention heads") != std::string::npos, "5 ranks: " + heads);
+        auto odd = load_model(fixture);  // 8 heads of 4 KV heads over 3 ranks: rank 1 holds 2, 3, 4
+        odd->hp.n_heads = 8;
+        odd->hp.n_kv_heads = 4;
+        const std::string gqa = error_of([&] { shard_model(*odd, 0, 3); });
+        check(gqa.find("query heads of 4 KV heads do not split over 3 ranks (rank 1") != std::string::npos,
+              "GQA groups cut: " + gqa);
         auto moe = load_model((root / "tests/fixtures/hf/mixtral").string());
         const std::string experts = error_of([&] { shard_model(*moe, 0, 2); });
         check(experts.find("mixtures of experts") != std::string::npos, "experts: " + experts);
