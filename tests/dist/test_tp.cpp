@@ -13,10 +13,12 @@
 // column split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -165,9 +167,46 @@ void no_allocation_per_step(const fs::path& path, int size) {
         "decode steps allocate nothing (" + std::to_string(at.size()) + " steps; windows: " + counts + ")");
 }
 
+// `test_tp --hang` (ctest test_tp_hang, 2 ranks): rank 1 stops answering after 3 steps (a rank that hangs;
+// one that dies ends the job through mpirun at once); rank 0's next step must end with the communicator's
+// error within seconds (collectives time out after 2 s here), not hang. Rank 0 prints HANG-CHECK PASSED
+// when it did, then ends the job (MPI_Abort: rank 1 is still asleep); ctest looks for that line.
+int hang_check(dist::Communicator& comm, const fs::path& path) {
+  const Model split = Model::load(path.string(), {.tp = comm.size(), .tp_timeout_s = 2});
+  if (comm.rank() != 0) {
+    int steps = 0;
+    tp_follow(*detail::impl(split).data, [&](TpCmd c) {
+      if (c == TpCmd::step && ++steps == 3) std::this_thread::sleep_for(std::chrono::seconds(60));
+    });
+    return 1;
+  }
+  Context ctx(split, {.n_ctx = 64, .n_threads = 1});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  Batch b(4);
+  const auto t0 = std::chrono::steady_clock::now();
+  double s = 0;
+  std::string e;
+  try {
+    for (int i = 0; i < 10; ++i) {
+      b.clear();
+      b.add(1 + i, i, 0, Output::sample);
+      ctx.step(b);
+    }
+  } catch (const Error& err) {
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    e = err.what();
+  }
+  std::printf("rank 0: after %.1f s: %s\n", s, e.c_str());
+  const bool ok = !e.empty() && s < 10 && e.find("no answer within 2 s") != std::string::npos;
+  if (ok) std::printf("HANG-CHECK PASSED\n");
+  std::fflush(stdout);
+  comm.abort(ok ? 0 : 1);
+  return 1;  // not reached
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   const fs::path root(ULTRA_SOURCE_DIR);
   int size = 0;
   {
@@ -176,6 +215,7 @@ int main() {
     auto comm = dist::make_mpi_communicator(o);  // keeps MPI initialised for the whole program
     g_rank = comm->rank();
     size = comm->size();
+    if (argc > 1 && std::string(argv[1]) == "--hang") return hang_check(*comm, root / "models/target.gguf");
     try {
       for (const char* f : {"llama_gqa", "qwen2_bias", "phi3_short", "qwen3"})
         compare(root / "tests/fixtures/hf" / f, size);
