@@ -111,6 +111,9 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParam
                                           bool tp_follower = false);
 // The footprint make_cpu_backend would allocate (computed without allocating; equals footprint() after).
 Footprint plan_cpu_backend(const ModelData& m, const ContextParams& params);
+// Throws ultra::Error (one line naming the sizes) when that footprint's KV cache and scratch, plus
+// engine_bytes, exceed p.mem_limit or else the memory available (MemAvailable).
+void check_cpu_memory(const ModelData& m, const ContextParams& p, size_t engine_bytes);
 // Only in builds with ULTRA_HAVE_CUDA (src/backend/cuda/cuda_backend.cpp).
 std::unique_ptr<Backend> make_cuda_backend(const ModelData& m, const ContextParams& params, int n_sample);
 

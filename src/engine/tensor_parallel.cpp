@@ -13,8 +13,8 @@ namespace ultra {
 void tp_send_create(dist::Communicator& comm, const ContextParams& p, int n_sample) {
   TpHeader h;
   h.cmd = TpCmd::create;
-  const int32_t a[7] = {p.n_ctx,     p.n_slots,          p.n_batch, p.n_outputs,
-                        p.n_threads, (int32_t)p.kv_type, n_sample};
+  const int64_t a[8] = {p.n_ctx,     p.n_slots,          p.n_batch, p.n_outputs,
+                        p.n_threads, (int64_t)p.kv_type, n_sample,  (int64_t)p.mem_limit};
   std::memcpy(h.a, a, sizeof a);
   comm.broadcast(&h, sizeof h, 0);
 }
@@ -75,20 +75,22 @@ void tp_follow(const ModelData& m, const std::function<void(TpCmd)>& after) {
     switch (h.cmd) {
       case TpCmd::create: {
         ContextParams p;
-        p.n_ctx = h.a[0];
-        p.n_slots = h.a[1];
-        p.n_batch = h.a[2];
-        p.n_outputs = h.a[3];
-        p.n_threads = h.a[4];
+        p.n_ctx = (int)h.a[0];
+        p.n_slots = (int)h.a[1];
+        p.n_batch = (int)h.a[2];
+        p.n_outputs = (int)h.a[3];
+        p.n_threads = (int)h.a[4];
         p.kv_type = (KvType)h.a[5];
+        p.mem_limit = (size_t)h.a[7];
         be.reset();
-        be = make_cpu_backend(m, p, h.a[6], /*tp_follower=*/true);
+        check_cpu_memory(m, p, 0);  // this rank's shard of the KV cache and its scratch
+        be = make_cpu_backend(m, p, (int)h.a[6], /*tp_follower=*/true);
         wire.assign((size_t)tp_rows_words(p.n_batch, p.n_outputs), 0);
         break;
       }
       case TpCmd::step: {
         if (!be) fail("tensor parallelism: rank {} got a step before its context", m.tp_rank);
-        const int n = h.a[0], n_out = h.a[1];
+        const int n = (int)h.a[0], n_out = (int)h.a[1];
         if (n < 0 || n_out < 0 || (size_t)tp_rows_words(n, n_out) > wire.size())
           fail("tensor parallelism: rank {} got a step of {} rows, {} outputs", m.tp_rank, n, n_out);
         comm.broadcast(wire.data(), (size_t)tp_rows_words(n, n_out) * 4, 0);

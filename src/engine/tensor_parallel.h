@@ -21,8 +21,9 @@ enum class TpCmd : int32_t { create = 1, step = 2, destroy = 3, end = 4 };
 
 struct TpHeader {
   TpCmd cmd = TpCmd::end;
-  // create: n_ctx, n_slots, n_batch, n_outputs, n_threads, kv_type, n_sample; step: n, n_out.
-  int32_t a[7] = {};
+  int32_t pad = 0;
+  // create: n_ctx, n_slots, n_batch, n_outputs, n_threads, kv_type, n_sample, mem_limit; step: n, n_out.
+  int64_t a[8] = {};
 };
 
 // int32 values of the rows message of a step of n rows and n_out outputs (the most: wire buffer size).
