@@ -1,6 +1,7 @@
 // Rank 0's step messages and the other ranks' loop (engine/tensor_parallel.h).
 #include "engine/tensor_parallel.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -45,13 +46,17 @@ void tp_send(dist::Communicator& comm, TpCmd cmd) noexcept {
 namespace {
 
 // The next header from rank 0, however long rank 0 is idle (a server between requests): a wait that times
-// out is settled, then waited on again; a rank that died ends the job through mpirun.
+// out is settled (the message lands in h), waiting on for as long as it takes; a rank that died ends the job
+// through mpirun. An error that is not a timeout (settle() then fails at once) is thrown.
 TpHeader next_header(dist::Communicator& comm) {
   TpHeader h;
   try {
     comm.broadcast(&h, sizeof h, 0);
   } catch (const Error&) {
-    while (!comm.settle(60)) {
+    for (;;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (comm.settle(60)) break;
+      if (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) throw;
     }
   }
   return h;

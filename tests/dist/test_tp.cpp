@@ -167,6 +167,34 @@ void no_allocation_per_step(const fs::path& path, int size) {
         "decode steps allocate nothing (" + std::to_string(at.size()) + " steps; windows: " + counts + ")");
 }
 
+// Rank 0 idle for longer than the collectives' timeout (a server between requests): the other ranks wait on
+// (their wait for the next step settles instead of failing), and the next steps give the whole model's
+// greedy tokens.
+void idle_leader(const fs::path& path, int size) {
+  const Model split = Model::load(path.string(), {.tp = size, .tp_timeout_s = 1});
+  if (g_rank != 0) {
+    run_tp_follower(split);
+    return;
+  }
+  const std::vector<int32_t> prompt = {1, 50, 300, 7};
+  const auto want = generated(Model::load(path.string()), prompt, SamplingParams::greedy());
+  Context ctx(split, {.n_ctx = 64, .n_threads = 1});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  Batch b(8);
+  b.add_sequence(prompt, 0, 0, Output::sample);
+  std::vector<int32_t> got;
+  std::string e = error_of([&] {
+    for (int i = 0; i < 16; ++i) {
+      ctx.step(b);
+      got.push_back(ctx.sampled(b.size() - 1));
+      if (i == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      b.clear();
+      b.add(got.back(), (int32_t)(prompt.size() + i), 0, Output::sample);
+    }
+  });
+  check(e.empty() && got == want, "steps after 2.5 s idle (timeout 1 s) give the same tokens: " + e);
+}
+
 // `test_tp --hang` (ctest test_tp_hang, 2 ranks): rank 1 stops answering after 3 steps (a rank that hangs;
 // one that dies ends the job through mpirun at once); rank 0's next step must end with the communicator's
 // error within seconds (collectives time out after 2 s here), not hang. Rank 0 prints HANG-CHECK PASSED
@@ -240,6 +268,7 @@ int main(int argc, char** argv) {
         fs::remove(gguf);
       }
       no_allocation_per_step(root / "models/target.gguf", size);
+      if (size == 2) idle_leader(root / "models/target.gguf", size);
 
       const std::string fixture = (root / "tests/fixtures/hf/llama_gqa").string();
       const std::string e = error_of([&] { Model::load(fixture, {.tp = size + 1}); });
