@@ -108,6 +108,10 @@ def main():
     # (built from the same bundle as the peer), so both engines read the very same blocks.
     llama_types = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",
                    "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs")
+    # the grid i-quants: llama-quantize wants an importance matrix for them (llama-imatrix of the f16 file over
+    # tests/fixtures/bundled/val.txt; the weights are random, so any matrix serves the timing)
+    grid_types = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")
+    llama_types += grid_types
     moe = args.arch in ("qwen3moe", "qwen2moe", "mixtral")  # the generator's ~1B-parameter MoE presets
     stem = "llama110m-tied" if args.arch == "llama" else f"{args.arch}-1b" if moe else f"{args.arch}-110m"
     gen = [sys.executable, "tools/make_bench_gguf.py", "--arch", args.arch, "--tie-embeddings"]
@@ -123,7 +127,15 @@ def main():
                     run([ultra, "quantize", f16, path, "--type", t])
                 else:
                     quantize = llama_binary(args.llama_dir, "llama-quantize")
-                    run([quantize, f16, path, t.upper()])
+                    imat = []
+                    if t in grid_types:
+                        imatrix = os.path.join(args.dir, f"{stem}-imatrix.gguf")
+                        if not os.path.exists(imatrix):
+                            run([llama_binary(args.llama_dir, "llama-imatrix"), "-m", f16, "-f",
+                                 os.path.join(ROOT, "tests/fixtures/bundled/val.txt"), "-c", "128", "--chunks", "4",
+                                 "-t", str(args.threads), "-o", imatrix])
+                        imat = ["--imatrix", imatrix]
+                    run([quantize] + imat + [f16, path, t.upper()])
             else:
                 run(gen + ["--type", t, "-o", path])
         def ultra_bench(binary, reps=args.reps):
