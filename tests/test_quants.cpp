@@ -38,6 +38,26 @@ TEST(Quants, TypeSizesMatchGgml) {
   EXPECT_GE(known, 35);
 }
 
+// dequantize() of rows x cols values in `blocks` equals ggml's `want` bit for bit; and ggml's values are not
+// all trivial (a type that dequantised everything to 0 would fail here).
+void expect_bit_exact(GgmlType t, const std::vector<uint8_t>& blocks, uint64_t row_bytes,
+                      const std::vector<float>& want, uint32_t rows, uint32_t cols) {
+  std::vector<float> y(cols);
+  int mismatches = 0;
+  for (uint32_t r = 0; r < rows; ++r) {
+    ASSERT_TRUE(dequantize(t, blocks.data() + r * row_bytes, cols, y.data()));
+    for (uint32_t c = 0; c < cols; ++c) {
+      const float w = want[(size_t)r * cols + c];
+      if (std::memcmp(&y[c], &w, 4) != 0 && mismatches++ < 5)
+        ADD_FAILURE() << "row " << r << " col " << c << ": " << y[c] << " != ggml's " << w;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  double energy = 0;
+  for (float v : want) energy += (double)v * v;
+  EXPECT_GT(energy, 1.0);
+}
+
 TEST(Quants, DequantizeIsBitExactWithGgml) {
   const auto& fx = fixture();
   ASSERT_TRUE(fx.error.empty()) << fx.error;
@@ -48,21 +68,7 @@ TEST(Quants, DequantizeIsBitExactWithGgml) {
     const auto tt = type_traits(q.type);
     ASSERT_TRUE(tt);
     ASSERT_EQ(q.row_bytes, row_bytes(*tt, fx.cols));
-    std::vector<float> y(fx.cols);
-    int mismatches = 0;
-    for (uint32_t r = 0; r < fx.rows; ++r) {
-      ASSERT_TRUE(dequantize(q.type, q.blocks.data() + r * q.row_bytes, fx.cols, y.data()));
-      for (uint32_t c = 0; c < fx.cols; ++c) {
-        const float want = q.dequant[(size_t)r * fx.cols + c];
-        if (std::memcmp(&y[c], &want, 4) != 0 && mismatches++ < 5)
-          ADD_FAILURE() << "row " << r << " col " << c << ": " << y[c] << " != ggml's " << want;
-      }
-    }
-    EXPECT_EQ(mismatches, 0);
-    // The fixture's values are not all trivial: a type that dequantised everything to 0 would fail here.
-    double energy = 0;
-    for (float v : q.dequant) energy += (double)v * v;
-    EXPECT_GT(energy, 1.0);
+    expect_bit_exact(q.type, q.blocks, q.row_bytes, q.dequant, fx.rows, fx.cols);
   }
 }
 
@@ -137,20 +143,7 @@ TEST(Quants, GridIQuantsDequantizeBitExactWithGgml) {
     ASSERT_TRUE(is_block_weight_type(q.type));
     const auto tt = type_traits(q.type);
     ASSERT_EQ(q.row_bytes, row_bytes(*tt, fx.cols));
-    std::vector<float> y(fx.cols);
-    int mismatches = 0;
-    for (uint32_t r = 0; r < fx.rows; ++r) {
-      ASSERT_TRUE(dequantize(q.type, q.blocks.data() + r * q.row_bytes, fx.cols, y.data()));
-      for (uint32_t c = 0; c < fx.cols; ++c) {
-        const float want = q.dequant[(size_t)r * fx.cols + c];
-        if (std::memcmp(&y[c], &want, 4) != 0 && mismatches++ < 5)
-          ADD_FAILURE() << "row " << r << " col " << c << ": " << y[c] << " != ggml's " << want;
-      }
-    }
-    EXPECT_EQ(mismatches, 0);
-    double energy = 0;
-    for (float v : q.dequant) energy += (double)v * v;
-    EXPECT_GT(energy, 1.0);
+    expect_bit_exact(q.type, q.blocks, q.row_bytes, q.dequant, fx.rows, fx.cols);
     const int64_t nb = (int64_t)q.blocks.size() / tt->block_bytes;
     EXPECT_EQ(first_nonfinite_block(q.type, q.blocks.data(), nb), -1);
     std::vector<uint8_t> bad = q.blocks;

@@ -11,39 +11,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "fixture_common.h"
 #include "ggml.h"
 
 enum { ROWS = 4, COLS = 1024 };
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static double uniform(void) {  // [0, 1)
-  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-  return (double)(rng >> 11) / 9007199254740992.0;
-}
-static float normalish(void) {
-  double s = 0;
-  for (int i = 0; i < 4; ++i) s += uniform();
-  return (float)((s - 2.0) * 1.7);
-}
-static void put(FILE* f, const void* p, size_t n) {
-  if (fwrite(p, 1, n, f) != n) {
-    perror("write");
-    exit(1);
-  }
-}
 
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s OUT\n", argv[0]);
     return 2;
   }
+  fixture_rng = 0x2545f4914f6cdd1dull;
   static float x[ROWS * COLS], imat[COLS];
   for (int c = 0; c < COLS; ++c) {
     x[0 * COLS + c] = normalish();
     x[1 * COLS + c] = 0.02f * normalish() * (c % 37 == 0 ? 20.0f : 1.0f);
     const int blk = c / 32;
-    x[2 * COLS + c] = blk == 0 ? 0.0f : blk == 1 ? -fabsf(normalish()) : blk == 2 ? 1e-6f * normalish()
-                                                                                   : normalish() * (float)(1 + blk % 7);
+    x[2 * COLS + c] = blk == 0   ? 0.0f
+                      : blk == 1 ? -fabsf(normalish())
+                      : blk == 2 ? 1e-6f * normalish()
+                                 : normalish() * (float)(1 + blk % 7);
     x[3 * COLS + c] = uniform() < 0.2 ? 100.0f * normalish() : 0.5f * normalish();
     imat[c] = 0.1f + (float)(c % 17) / 4.0f;
   }

@@ -4,9 +4,9 @@
 // plain variant's blocks; plus ggml's block size and bytes of every type id. Built and run by
 // tools/make_quant_fixtures.sh; read by tests/test_quants.cpp.
 //
-// Layout (little-endian): "UQFX" u32 version(1) u32 rows u32 cols u32 n_ids, then n_ids x (i64 blck, u64 size)
-// (0, 0 for ids ggml does not know), f32 input[rows*cols], f32 imatrix[cols], u32 n_types, then per type:
-// u32 id, u64 row_bytes, plain blocks [rows*row_bytes], imatrix blocks [rows*row_bytes], f32
+// Layout (little-endian): "UQFX" u32 version(1) u32 rows u32 cols u32 n_ids, then n_ids x (i64 blck, u64
+// size) (0, 0 for ids ggml does not know), f32 input[rows*cols], f32 imatrix[cols], u32 n_types, then per
+// type: u32 id, u64 row_bytes, plain blocks [rows*row_bytes], imatrix blocks [rows*row_bytes], f32
 // dequantised plain blocks [rows*cols].
 #include <math.h>
 #include <stdint.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixture_common.h"
 #include "ggml.h"
 
 // Exported by libggml-base but not declared in ggml.h (the type traits leave Q8_K's from_float_ref to the CPU
@@ -23,42 +24,28 @@ void dequantize_row_q8_K(const void* x, float* y, int64_t k);
 
 enum { ROWS = 4, COLS = 512 };
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double uniform(void) {  // [0, 1)
-  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-  return (double)(rng >> 11) / 9007199254740992.0;
-}
-static float normalish(void) {
-  double s = 0;
-  for (int i = 0; i < 4; ++i) s += uniform();
-  return (float)((s - 2.0) * 1.7);
-}
-
-static void put(FILE* f, const void* p, size_t n) {
-  if (fwrite(p, 1, n, f) != n) {
-    perror("write");
-    exit(1);
-  }
-}
-
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s OUT\n", argv[0]);
     return 2;
   }
+  fixture_rng = 0x9e3779b97f4a7c15ull;
   static float x[ROWS * COLS], imat[COLS];
   for (int c = 0; c < COLS; ++c) {
     x[0 * COLS + c] = normalish();
     x[1 * COLS + c] = 0.02f * normalish() * (c % 37 == 0 ? 20.0f : 1.0f);
     const int blk = c / 32;
-    x[2 * COLS + c] = blk == 0 ? 0.0f : blk == 1 ? -fabsf(normalish()) : blk == 2 ? 1e-6f * normalish()
-                    : blk == 3 ? 3e-9f * normalish() : normalish() * (float)(1 + blk);
+    x[2 * COLS + c] = blk == 0   ? 0.0f
+                      : blk == 1 ? -fabsf(normalish())
+                      : blk == 2 ? 1e-6f * normalish()
+                      : blk == 3 ? 3e-9f * normalish()
+                                 : normalish() * (float)(1 + blk);
     x[3 * COLS + c] = uniform() < 0.2 ? 100.0f * normalish() : 0.5f * normalish();
     imat[c] = 0.1f + (float)(c % 17) / 4.0f;
   }
-  const enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
-                                  GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
-                                  GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+  const enum ggml_type types[] = {GGML_TYPE_Q4_0,  GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1,
+                                  GGML_TYPE_Q8_0,  GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,
+                                  GGML_TYPE_Q5_K,  GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
                                   GGML_TYPE_MXFP4, GGML_TYPE_Q8_K};
   const uint32_t n_types = sizeof(types) / sizeof(types[0]);
   FILE* f = fopen(argv[1], "wb");

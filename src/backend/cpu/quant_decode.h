@@ -205,6 +205,12 @@ inline uint64_t bytes4x2(const std::array<int8_t, 4>& a, const std::array<int8_t
 inline void put8_iq1(int8_t* q, const std::array<int8_t, 8>& g, bool minus) {
   for (int j = 0; j < 8; ++j) q[j] = (int8_t)(8 * g[j] + (minus ? -1 : 1));
 }
+// IQ2_XS / IQ2_S: the two per-16 scales of 32-element group ib from its scale byte.
+inline void iq2_scales(Decoded<256>& d, int ib, float dd, uint8_t sc) {
+  d.s[2 * ib] = dd * (0.5f + (sc & 0xf)) * 0.25f;
+  d.s[2 * ib + 1] = dd * (0.5f + (sc >> 4)) * 0.25f;
+  d.o[2 * ib] = d.o[2 * ib + 1] = 0.0f;
+}
 inline void decode(const BlockIQ2_XXS& b, Decoded<256>& d) {
   const float dd = h2f(b.d);
   for (int ib = 0; ib < 8; ++ib) {
@@ -223,9 +229,7 @@ inline void decode(const BlockIQ2_XS& b, Decoded<256>& d) {
       const uint16_t q = b.qs[4 * ib + l];
       put8(d.q + 32 * ib + 8 * l, bytes8(kIq2xsGrid[q & 511]), kIqSigns[q >> 9]);
     }
-    d.s[2 * ib] = dd * (0.5f + (b.scales[ib] & 0xf)) * 0.25f;
-    d.s[2 * ib + 1] = dd * (0.5f + (b.scales[ib] >> 4)) * 0.25f;
-    d.o[2 * ib] = d.o[2 * ib + 1] = 0.0f;
+    iq2_scales(d, ib, dd, b.scales[ib]);
   }
 }
 inline void decode(const BlockIQ2_S& b, Decoded<256>& d) {
@@ -234,9 +238,7 @@ inline void decode(const BlockIQ2_S& b, Decoded<256>& d) {
     for (int l = 0; l < 4; ++l)
       put8(d.q + 32 * ib + 8 * l, bytes8(kIq2sGrid[b.qs[4 * ib + l] | ((b.qh[ib] << (8 - 2 * l)) & 0x300)]),
            b.qs[32 + 4 * ib + l]);
-    d.s[2 * ib] = dd * (0.5f + (b.scales[ib] & 0xf)) * 0.25f;
-    d.s[2 * ib + 1] = dd * (0.5f + (b.scales[ib] >> 4)) * 0.25f;
-    d.o[2 * ib] = d.o[2 * ib + 1] = 0.0f;
+    iq2_scales(d, ib, dd, b.scales[ib]);
   }
 }
 inline void decode(const BlockIQ3_XXS& b, Decoded<256>& d) {
