@@ -246,6 +246,13 @@ inline std::vector<OpCase> op_cases() {
         c.bias = nt % 2;
         add(c);
       }
+  // More than one 128-row block of the int8 GEMM on one thread (a 2-row tail block), a 1024-column block
+  // and a 256-column tail, two token tiles and a 1-token tail.
+  for (GgmlType t : kBlocks256) {
+    OpCase c{Op::Matmul, t, 130, 1280, 13, {1, 2}, tol_matmul()};
+    c.bias = true;
+    add(c);
+  }
 
   // element-wise ops: lengths below, at and past the 8/16-lane vectors
   for (int64_t n : {1, 7, 32, 96, 768, 4128}) add({Op::RmsNorm, GgmlType::F32, 3, n, 1, {1}, tol_rmsnorm()});

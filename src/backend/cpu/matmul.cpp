@@ -226,6 +226,19 @@ MatmulRangeFn kquant_int8_vnni(GgmlType t) {
   }
 }
 
+MatmulRangeFn kquant_int8_gemm_vnni(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K:
+      return matmul_q4k_int8_gemm_vnni;
+    case GgmlType::Q6_K:
+      return matmul_q6k_int8_gemm_vnni;
+    case GgmlType::IQ4_XS:
+      return matmul_iq4xs_int8_gemm_vnni;
+    default:
+      return nullptr;
+  }
+}
+
 void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1) {
   auto xv = [&a](int64_t c) { return (double)a.xq[c] * a.xd[c / kQ8_0Block]; };
   for (int64_t r = r0; r < r1; ++r)
@@ -299,9 +312,11 @@ size_t packed_x_floats(const MatmulKernels& k, const WeightView& w, int n_tokens
 bool takes_q8_int8(const WeightView& w) {
   return w.type == GgmlType::Q8_0 && !g_override && detail::q8_int8_enabled();
 }
-// Whether a decode step through w takes an int8-activation k-quant kernel (same conditions; one token).
+// Whether a step through w takes an int8-activation k-quant kernel (same conditions): the decode kernel of
+// its type (one token) or its int8 GEMM (prefill).
 bool takes_kquant_int8(const WeightView& w, int n_tokens) {
-  return n_tokens == 1 && detail::kquant_int8_vnni(w.type) && !g_override && detail::q8_int8_enabled();
+  const bool has = n_tokens == 1 ? detail::kquant_int8_vnni(w.type) : detail::kquant_int8_gemm_vnni(w.type);
+  return has && !g_override && detail::q8_int8_enabled();
 }
 
 // Its quantised x in the scratch: cols int8 from a 64-byte boundary, then the cols / 32 f32 scales from the
@@ -340,7 +355,8 @@ size_t kquant_int8_floats(const WeightView& w) {
 size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int) {
   const MatmulKernels& k = active_kernels();
   const size_t panel = takes_panel(k, w, n_tokens) ? packed_x_floats(k, w, n_tokens) : 0;
-  if (takes_kquant_int8(w, n_tokens)) return std::max(panel, kquant_int8_floats(w));
+  if (takes_kquant_int8(w, n_tokens))
+    return std::max(panel, n_tokens == 1 ? kquant_int8_floats(w) : q8_int8_floats(w, n_tokens));
   return takes_q8_int8(w) ? std::max(panel, q8_int8_floats(w, n_tokens)) : panel;
 }
 
@@ -430,7 +446,8 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   }
   // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  if (scratch && takes_kquant_int8(w, n_tokens)) {
+  const bool kquant_int8 = scratch && takes_kquant_int8(w, n_tokens);
+  if (kquant_int8 && n_tokens == 1) {
     // Decode of the block types of kquant_int8_vnni with int8 activations: x quantised and summed once, here.
     const KquantLayout l = kquant_layout(w.cols);
     int8_t* xq = (int8_t*)scratch64;
@@ -448,7 +465,9 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.fn = detail::kquant_int8_vnni(w.type);
   }
   const bool q8_int8 = scratch && takes_q8_int8(w);
-  if (q8_int8 && detail::q8_int8_reference()) {
+  // Prefill with int8 activations: Q8_0's GEMM or a k-quant's.
+  const bool int8_gemm = (q8_int8 && n_tokens > 1) || (kquant_int8 && n_tokens > 1);
+  if ((q8_int8 || int8_gemm) && detail::q8_int8_reference()) {
     // Tests: the scalar int8 kernels, token by token, on this thread (the decode scratch serves each token).
     int8_t* xq = (int8_t*)scratch64;
     float* xd = (float*)(xq + round64(w.cols));
@@ -460,7 +479,10 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
       a.x = x + (int64_t)t * w.cols;
       a.y = y + (int64_t)t * w.rows;
       detail::quantize_x_q8_ref(a.x, w.cols, xq, xd);
-      detail::matmul_q8_int8_ref(a, 0, w.rows);
+      if (w.type == GgmlType::Q8_0)
+        detail::matmul_q8_int8_ref(a, 0, w.rows);
+      else
+        detail::matmul_kquant_int8_ref(w.type, a, 0, w.rows);
     }
     return;
   }
@@ -472,7 +494,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.a.xq = xq;
     ctx.a.xd = xd;
     ctx.fn = detail::matmul_q8_int8_vnni;
-  } else if (q8_int8) {
+  } else if (int8_gemm) {
     // Prefill: x quantised and packed once, the threads sharing the token tiles.
     struct Pack {
       const float* x;
@@ -488,11 +510,11 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
         },
         &pk);
     ctx.a.xq = (const int8_t*)scratch64;
-    ctx.fn = detail::matmul_q8_int8_gemm_vnni;
+    ctx.fn = q8_int8 ? detail::matmul_q8_int8_gemm_vnni : detail::kquant_int8_gemm_vnni(w.type);
     ctx.q8_tile_bytes = w.cols / kQ8_0Block * detail::kQ8TileBlockBytes;
   }
   // The panel GEMM's x packed once, all threads sharing the token tiles, before any row block needs it.
-  if (scratch && takes_panel(k, w, n_tokens) && !q8_int8) {
+  if (scratch && takes_panel(k, w, n_tokens) && !q8_int8 && !int8_gemm) {
     float* xp = (float*)scratch64;
     struct Pack {
       const MatmulKernels* k;

@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/kquant_vnni.h"
 #include "core/quants.h"
 
 namespace ultra::cpu::detail {
@@ -44,21 +45,6 @@ inline float hsum(__m256 v) {
 inline void prefetch_block(const void* b, int bytes) {
   const char* pf = (const char*)b + kDecodePrefetchBytes;
   for (int l = 0; l < (bytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
-}
-
-// The 8 scales and 8 mins of a Q4_K / Q5_K block's 12 scale bytes as floats (q4k_scale_min for all j at
-// once: the low 6 bits of bytes 0..7, then 4 bits of bytes 8..11 with the top 2 bits of bytes 0..7).
-inline void q4k_scales_mins(const uint8_t* q, __m256* sc, __m256* mn) {
-  uint32_t u[4];
-  std::memcpy(u, q, 12);
-  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);  // mins 4..7
-  const uint32_t m03 = u[1] & k1;                         // mins 0..3
-  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);         // scales 4..7
-  u[0] &= k1;                                             // scales 0..3
-  u[2] = m03;
-  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)u)));
-  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(u + 2))));
 }
 
 // A Q4_K / Q5_K block's factors for x blocks xd[0..7]: f[j] = d * sc_j * xd_j, and mins +=
@@ -138,30 +124,14 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd,
   return hsum(_mm256_add_ps(acc0, acc1)) - 32.0f * hsum(offs);
 }
 
-// IQ4_NL / IQ4_XS: the 16 levels + 128 as unsigned bytes, in both 128-bit lanes (a vpshufb table).
-inline __m256i iq4_table() {
-  alignas(16) int8_t lv[16];
-  for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
-  return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
-}
-
 float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
   const __m256i table = iq4_table();
   const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-  const __m256i pair_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m256i m4x = _mm256_set1_epi32(0xF), m2x = _mm256_set1_epi32(3);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockIQ4_XS));
-    // ls_s = 4 bits of scales_l (nibble s) | 2 bits of scales_h (bits 2s, 2s + 1) << 4, all 8 at once
-    uint32_t sl;
-    std::memcpy(&sl, b[i].scales_l, 4);
-    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), nib_shift), m4x);
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[i].scales_h), pair_shift), m2x);
-    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
     alignas(32) float f[8];  // d * (ls_s - 32) * xd_s
-    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), _mm256_cvtepi32_ps(ls)),
+    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), iq4xs_scales(b[i])),
                                      _mm256_loadu_ps(xd + 8 * i)));
     offs = _mm256_fmadd_ps(_mm256_load_ps(f), _mm256_loadu_ps(xs32 + 8 * i), offs);
     const int8_t* x = xq + 256 * i;
