@@ -13,18 +13,22 @@ namespace ultra::cpu::detail {
 namespace {
 
 // The 8 scales and 8 mins of a Q4_K / Q5_K block's 12 scale bytes as floats (q4k_scale_min for all j at
-// once: the low 6 bits of bytes 0..7, then 4 bits of bytes 8..11 with the top 2 bits of bytes 0..7).
+// once). As dwords u0, u1, u2 of the bytes: scales 0..3 = u0 & 0x3f.., scales 4..7 = (u2 & 0x0f..) | ((u0 >>
+// 6) & 3..) << 4, mins 0..3 = u1 & 0x3f.., mins 4..7 = ((u2 >> 4) & 0x0f..) | ((u1 >> 6) & 3..) << 4, formed
+// in one register (reads 16 bytes from q: the block's qs follow its scales). Not through a memory copy: a
+// vector load of bytes just written by scalar stores cannot take them from the store buffer and waits for
+// them to retire, a stall per block that cost the decode loop half its speed.
 inline void q4k_scales_mins(const uint8_t* q, __m256* sc, __m256* mn) {
-  uint32_t u[4];
-  std::memcpy(u, q, 12);
-  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);  // mins 4..7
-  const uint32_t m03 = u[1] & k1;                         // mins 0..3
-  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);         // scales 4..7
-  u[0] &= k1;                                             // scales 0..3
-  u[2] = m03;
-  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)u)));
-  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(u + 2))));
+  const __m128i v = _mm_loadu_si128((const __m128i*)q);
+  const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // u0, u2, u1, u2
+  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // u0, u0, u1, u1
+  const __m128i six = _mm_and_si128(a, _mm_set1_epi32(0x3f3f3f3f));
+  const __m128i hi2 = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), _mm_set1_epi32(0x03030303)), 4);
+  const __m128i four =
+      _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
+  const __m128i r = _mm_blend_epi32(six, _mm_or_si128(four, hi2), 0xA);  // scales 0..7, mins 0..7
+  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(r));
+  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(r, 8)));
 }
 
 // IQ4_NL / IQ4_XS: the 16 levels + 128 as unsigned bytes, in both 128-bit lanes (a vpshufb table).

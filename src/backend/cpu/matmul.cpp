@@ -332,16 +332,19 @@ size_t q8_int8_floats(const WeightView& w, int n_tokens) {
   return std::max(decode, prefill);
 }
 // The k-quant decode's x in the scratch, in bytes from its 64-byte boundary, each part 64-byte aligned: xq
-// (cols int8), xd (cols / 32 f32), xs16 (cols / 16 f32), xs32 (cols / 32 f32), then the end.
+// (cols int8), xd (cols / 32 f32), xs16 (cols / 16 f32), xs32 (cols / 32 f32), Q4_K's and IQ4_XS's xd2 (cols
+// / 16 f32) and xsn (cols / 16 int32), then the end.
 struct KquantLayout {
-  int64_t xd, xs16, xs32, end;
+  int64_t xd, xs16, xs32, xd2, xsn, end;
 };
 KquantLayout kquant_layout(int64_t cols) {
   KquantLayout l;
   l.xd = round64(cols);
   l.xs16 = l.xd + round64(cols / kQ8_0Block * 4);
   l.xs32 = l.xs16 + round64(cols / 16 * 4);
-  l.end = l.xs32 + round64(cols / 32 * 4);
+  l.xd2 = l.xs32 + round64(cols / 32 * 4);
+  l.xsn = l.xd2 + round64(cols / 16 * 4);
+  l.end = l.xsn + round64(cols / 16 * 4);
   return l;
 }
 size_t kquant_int8_floats(const WeightView& w) {
@@ -462,6 +465,13 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.a.xs16 = xs16;
     ctx.a.xs32 = xs32;
     if (ref) return detail::matmul_kquant_int8_ref(w.type, ctx.a, 0, w.rows);
+    if (w.type == GgmlType::Q4_K || w.type == GgmlType::IQ4_XS) {
+      float* xd2 = (float*)(scratch64 + l.xd2);
+      int32_t* xsn = (int32_t*)(scratch64 + l.xsn);
+      detail::prepare_x_interleaved_vnni(xq, xd, xs32, w.cols, xd2, xsn);
+      ctx.a.xd2 = xd2;
+      ctx.a.xsn = xsn;
+    }
     ctx.fn = detail::kquant_int8_vnni(w.type);
   }
   const bool q8_int8 = scratch && takes_q8_int8(w);

@@ -47,34 +47,105 @@ inline void prefetch_block(const void* b, int bytes) {
   for (int l = 0; l < (bytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
 }
 
-// A Q4_K / Q5_K block's factors for x blocks xd[0..7]: f[j] = d * sc_j * xd_j, and mins +=
+// A Q4_K / Q5_K block's factors for x blocks xd[0..7]: returns f[j] = d * sc_j * xd_j, and mins +=
 // dmin * m_j * xd_j * (the sum of xq over sub-block j).
-inline void q4k_block_factors(uint16_t d, uint16_t dmin, const uint8_t* scales, const float* xd,
-                              const float* xs32, float* f, __m256* mins) {
+inline __m256 q4k_block_factors(uint16_t d, uint16_t dmin, const uint8_t* scales, const float* xd,
+                                const float* xs32, __m256* mins) {
   __m256 sc, mn;
   q4k_scales_mins(scales, &sc, &mn);
   const __m256 xdv = _mm256_loadu_ps(xd);
-  _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), sc), xdv));
   *mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin)), mn),
                           _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32)), *mins);
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), sc), xdv);
 }
 
-float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
+// Q5_K: the 64 columns of group g in one zmm, sub-block 2 g (the low nibbles of qs[32 g ..], plus
+// Q5_K's fifth bits) in bytes 0..31 and sub-block 2 g + 1 (the high nibbles) in 32..63, the order of x; one
+// vpdpbusd per group, lanes 0..7 taking f[2 g] and 8..15 f[2 g + 1] (pair_index(g)).
+inline __m512i pair_index(int g) {
+  return _mm512_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1,
+                           2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1);
+}
+inline __m512i nibbles64(__m256i q) {  // the low nibbles of q, then the high ones
+  return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+                          _mm512_set1_epi8(0x0F));
+}
+inline __m512 dot64(__m512i codes, const int8_t* x) {  // 16 lanes: sums of 4 products each, as floats
+  return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(x)));
+}
+
+float row_q5k(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
+  using B = BlockQ5_K;
+  const B* b = (const B*)row;
+  const __m512i m1 = _mm512_set1_epi8(1);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  __m256 mins = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    prefetch_block(b + i, sizeof(BlockQ4_K));
-    alignas(32) float f[8];  // d * sc_j * xd_j
-    q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, f, &mins);
+    prefetch_block(b + i, sizeof(B));
+    const __m512 f = _mm512_castps256_ps512(
+        q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, &mins));
     const int8_t* x = xq + 256 * i;
     for (int g = 0; g < 4; ++g) {
-      const __m256i q = _mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g));
-      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      acc0 = _mm256_fmadd_ps(fsum(dot32(lo, x + 64 * g)), _mm256_broadcast_ss(f + 2 * g), acc0);
-      acc1 = _mm256_fmadd_ps(fsum(dot32(hi, x + 64 * g + 32)), _mm256_broadcast_ss(f + 2 * g + 1), acc1);
+      __m512i c = nibbles64(_mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g)));
+      {  // the fifth bits: bit 2 g (low half) and 2 g + 1 (high half) of qh[l], to bit 4
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)b[i].qh);
+        const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(qh, 2 * g)),
+                                             _mm256_srli_epi16(qh, 2 * g + 1), 1);
+        c = _mm512_or_si512(c, _mm512_slli_epi16(_mm512_and_si512(h, m1), 4));
+      }
+      const __m512 fg = _mm512_permutexvar_ps(pair_index(g), f);
+      if (g % 2)
+        acc1 = _mm512_fmadd_ps(dot64(c, x + 64 * g), fg, acc1);
+      else
+        acc0 = _mm512_fmadd_ps(dot64(c, x + 64 * g), fg, acc0);
     }
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - hsum(mins);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hsum(mins);
+}
+
+// Q4_K decode with every sub-block in each vpdpbusd: dot k (k < 4) multiplies columns 8 k .. 8 k + 7 of all 8
+// sub-blocks (qword j of the zmm: sub-block j, the low or high nibbles of qs[32 (j / 2) + 8 k ..]), against x
+// permuted to match (prepare_x_interleaved_vnni: xq[64 k + 8 j + c] = x column 32 j + 8 k + c of the
+// super-block). The 4 dots accumulate in one int32 vector whose lanes 2 j, 2 j + 1 belong to sub-block j;
+// adding each lane pair leaves sub-block j's sum in lane 2 j, and lane 2 j + 1 takes -sum(xq) over sub-block
+// j (xsn), so that one conversion and one FMA against [d sc_j xd_j, dmin m_j xd_j] (lanes 2 j, 2 j + 1) take
+// the block's codes and its mins at once. Per super-block about 38 vector instructions where row_q5k's loop
+// form needs 57.
+float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i nib_shift = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i pick[4] = {
+      _mm512_setr_epi64(0, 0, 4, 4, 8, 8, 12, 12), _mm512_setr_epi64(1, 1, 5, 5, 9, 9, 13, 13),
+      _mm512_setr_epi64(2, 2, 6, 6, 10, 10, 14, 14), _mm512_setr_epi64(3, 3, 7, 7, 11, 11, 15, 15)};
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  for (int64_t i = 0; i < nb; ++i) {
+    prefetch_block(b + i, sizeof(BlockQ4_K));
+    // [sc_0, m_0, sc_1, m_1, ...] times [d, dmin, d, dmin, ...] times [xd_0, xd_0, xd_1, xd_1, ...]
+    __m256 sc, mn;
+    q4k_scales_mins(b[i].scales, &sc, &mn);
+    const __m512 scmn = _mm512_permutex2var_ps(
+        _mm512_castps256_ps512(sc), _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+        _mm512_castps256_ps512(mn));
+    uint32_t ddm;
+    std::memcpy(&ddm, &b[i].d, 4);
+    const __m512 ddmin = _mm512_cvtph_ps(_mm256_set1_epi32((int)ddm));
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(scmn, ddmin), _mm512_loadu_ps(xd2 + 16 * i));
+    const __m512i q0 = _mm512_loadu_si512(b[i].qs), q1 = _mm512_loadu_si512(b[i].qs + 64);
+    const int8_t* x = xq + 256 * i;
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i c =
+          _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(q0, pick[k], q1), nib_shift), m4);
+      s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
+    }
+    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+    s = _mm512_mask_loadu_epi32(s, 0xAAAA, xsn + 16 * i);
+    if (i % 2)
+      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc1);
+    else
+      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
 float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs16) {
@@ -124,51 +195,42 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd,
   return hsum(_mm256_add_ps(acc0, acc1)) - 32.0f * hsum(offs);
 }
 
-float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  const __m256i table = iq4_table();
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
+// IQ4_XS decode as row_q4k's: dot k multiplies columns 8 k .. 8 k + 7 of all 8 sub-blocks (qword j: the low
+// nibbles of qs[16 j + 8 (k % 2) ..] for k < 2, the high ones for k >= 2, looked up as levels + 128), with x
+// permuted by prepare_x_interleaved_vnni; lane 2 j ends at sum((level + 128) x_q) over sub-block j and lane
+// 2 j + 1 at -sum(x_q), against [g_j, 128 g_j], g_j = d (ls_j - 32) xd_j.
+float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4_table()));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i pick_lo = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14),
+                pick_hi = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512 one128 = _mm512_setr_ps(1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockIQ4_XS));
-    alignas(32) float f[8];  // d * (ls_s - 32) * xd_s
-    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), iq4xs_scales(b[i])),
-                                     _mm256_loadu_ps(xd + 8 * i)));
-    offs = _mm256_fmadd_ps(_mm256_load_ps(f), _mm256_loadu_ps(xs32 + 8 * i), offs);
+    const __m512 g = _mm512_permutexvar_ps(
+        dup, _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), iq4xs_scales(b[i]))));
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(g, one128), _mm512_loadu_ps(xd2 + 16 * i));
+    const __m512i q0 = _mm512_loadu_si512(b[i].qs), q1 = _mm512_loadu_si512(b[i].qs + 64);
+    const __m512i lo = _mm512_permutex2var_epi64(q0, pick_lo, q1),
+                  hi = _mm512_permutex2var_epi64(q0, pick_hi, q1);
     const int8_t* x = xq + 256 * i;
-    for (int s = 0; s < 8; ++s) {
-      const __m128i v = _mm_loadu_si128((const __m128i*)(b[i].qs + 16 * s));
-      const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-      const __m256 sum = fsum(dot32(_mm256_shuffle_epi8(table, idx), x + 32 * s));
-      if (s % 2)
-        acc1 = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(f + s), acc1);
-      else
-        acc0 = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(f + s), acc0);
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i src = k % 2 ? hi : lo;
+      const __m512i c =
+          _mm512_shuffle_epi8(table, _mm512_and_si512(k < 2 ? src : _mm512_srli_epi64(src, 4), m4));
+      s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
     }
+    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+    s = _mm512_mask_loadu_epi32(s, 0xAAAA, xsn + 16 * i);
+    if (i % 2)
+      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc1);
+    else
+      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc0);
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - 128.0f * hsum(offs);
-}
-
-float row_q5k(const BlockQ5_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
-  for (int64_t i = 0; i < nb; ++i) {
-    prefetch_block(b + i, sizeof(BlockQ5_K));
-    alignas(32) float f[8];  // d * sc_j * xd_j
-    q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, f, &mins);
-    const __m256i qh = _mm256_loadu_si256((const __m256i*)b[i].qh);
-    const int8_t* x = xq + 256 * i;
-    for (int g = 0; g < 4; ++g) {
-      const __m256i q = _mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g));
-      // the fifth bits: bit 2 g (low half) and 2 g + 1 (high half) of qh[l], moved to bit 4
-      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), m1), 4);
-      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), m1), 4);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
-      acc0 = _mm256_fmadd_ps(fsum(dot32(lo, x + 64 * g)), _mm256_broadcast_ss(f + 2 * g), acc0);
-      acc1 = _mm256_fmadd_ps(fsum(dot32(hi, x + 64 * g + 32)), _mm256_broadcast_ss(f + 2 * g + 1), acc1);
-    }
-  }
-  return hsum(_mm256_add_ps(acc0, acc1)) - hsum(mins);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
 // The 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): per block the 32 codes as unsigned bytes c (element
@@ -241,17 +303,32 @@ void rows(const MatmulArgs& a, int64_t r0, int64_t r1, F row) {
 
 }  // namespace
 
+void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs32, int64_t cols, float* xd2,
+                                int32_t* xsn) {
+  for (int64_t i = 0; i < cols / kQK_K; ++i) {
+    int8_t* x = xq + kQK_K * i;
+    alignas(64) int8_t t[kQK_K];
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 8; ++j) std::memcpy(t + 64 * k + 8 * j, x + 32 * j + 8 * k, 8);
+    std::memcpy(x, t, kQK_K);
+    for (int j = 0; j < 8; ++j) {
+      xd2[16 * i + 2 * j] = xd2[16 * i + 2 * j + 1] = xd[8 * i + j];
+      xsn[16 * i + 2 * j] = 0;
+      xsn[16 * i + 2 * j + 1] = -(int32_t)xs32[8 * i + j];
+    }
+  }
+}
+
 void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ4_K>(a, r0, r1,
-                  [&](const BlockQ4_K* b, int64_t nb) { return row_q4k(b, nb, a.xq, a.xd, a.xs32); });
+                  [&](const BlockQ4_K* b, int64_t nb) { return row_q4k(b, nb, a.xq, a.xd2, a.xsn); });
 }
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ6_K>(a, r0, r1,
                   [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd, a.xs16); });
 }
 void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  rows<BlockQ5_K>(a, r0, r1,
-                  [&](const BlockQ5_K* b, int64_t nb) { return row_q5k(b, nb, a.xq, a.xd, a.xs32); });
+  rows<uint8_t>(a, r0, r1, [&](const uint8_t* b, int64_t nb) { return row_q5k(b, nb, a.xq, a.xd, a.xs32); });
 }
 
 template <GgmlType T, class B>
@@ -270,7 +347,7 @@ template void matmul_b32_int8_vnni<GgmlType::IQ4_NL, BlockIQ4_NL>(const MatmulAr
 
 void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockIQ4_XS>(a, r0, r1,
-                    [&](const BlockIQ4_XS* b, int64_t nb) { return row_iq4xs(b, nb, a.xq, a.xd, a.xs32); });
+                    [&](const BlockIQ4_XS* b, int64_t nb) { return row_iq4xs(b, nb, a.xq, a.xd2, a.xsn); });
 }
 
 }  // namespace ultra::cpu::detail
