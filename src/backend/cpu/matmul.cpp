@@ -335,7 +335,7 @@ size_t q8_int8_floats(const WeightView& w, int n_tokens) {
 // (cols int8), xd (cols / 32 f32), xs16 (cols / 16 f32), xs32 (cols / 32 f32), Q4_K's and IQ4_XS's xd2 (cols
 // / 16 f32) and xsn (cols / 16 int32), then the end.
 struct KquantLayout {
-  int64_t xd, xs16, xs32, xd2, xsn, end;
+  int64_t xd, xs16, xs32, xd2, xsn, xsn16, end;
 };
 KquantLayout kquant_layout(int64_t cols) {
   KquantLayout l;
@@ -344,7 +344,8 @@ KquantLayout kquant_layout(int64_t cols) {
   l.xs32 = l.xs16 + round64(cols / 16 * 4);
   l.xd2 = l.xs32 + round64(cols / 32 * 4);
   l.xsn = l.xd2 + round64(cols / 16 * 4);
-  l.end = l.xsn + round64(cols / 16 * 4);
+  l.xsn16 = l.xsn + round64(cols / 16 * 4);
+  l.end = l.xsn16 + round64(cols / 8 * 4);
   return l;
 }
 size_t kquant_int8_floats(const WeightView& w) {
@@ -465,12 +466,14 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.a.xs16 = xs16;
     ctx.a.xs32 = xs32;
     if (ref) return detail::matmul_kquant_int8_ref(w.type, ctx.a, 0, w.rows);
-    if (w.type == GgmlType::Q4_K || w.type == GgmlType::IQ4_XS) {
+    if (w.type == GgmlType::Q4_K || w.type == GgmlType::IQ4_XS || w.type == GgmlType::Q6_K) {
       float* xd2 = (float*)(scratch64 + l.xd2);
       int32_t* xsn = (int32_t*)(scratch64 + l.xsn);
-      detail::prepare_x_interleaved_vnni(xq, xd, xs32, w.cols, xd2, xsn);
+      int32_t* xsn16 = (int32_t*)(scratch64 + l.xsn16);
+      detail::prepare_x_interleaved_vnni(xq, xd, xs16, xs32, w.cols, xd2, xsn, xsn16);
       ctx.a.xd2 = xd2;
       ctx.a.xsn = xsn;
+      ctx.a.xsn16 = xsn16;
     }
     ctx.fn = detail::kquant_int8_vnni(w.type);
   }

@@ -148,51 +148,55 @@ float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs16) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
+// Q6_K decode as row_q4k's: 32-column chunk j = 4 h + m of a block (codes: nibble m / 2 of ql[64 h + 32 (m %
+// 2) + l], bits 2 m, 2 m + 1 of qh[32 h + l]) is sub-block j of x; dot k takes columns 8 k .. 8 k + 7 of
+// every chunk (one permute and shift each for the ql and qh qwords, the high bits by a rotate into bits 4,
+// 5). Dots 0, 1 cover the chunks' first 16 columns (scale sc[2 j]) and 2, 3 the second (sc[2 j + 1]): two
+// int32 vectors, each finished as row_q4k's with lane 2 j + 1 at -sum(x_q) over its 16 columns (xsn16)
+// against [g, 32 g] (the codes' offset 32), g = d sc xd.
+float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  const __m512i rot = _mm512_setr_epi64(4, 2, 0, 62, 4, 2, 0, 62);  // bits 2 m, 2 m + 1 of each byte to 4, 5
+  const __m512i even = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+  const __m512i odd = _mm512_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15);
+  const __m512 one32 = _mm512_setr_ps(1, 32, 1, 32, 1, 32, 1, 32, 1, 32, 1, 32, 1, 32, 1, 32);
+  __m512i pick_l[4], pick_h[4];
+  for (int k = 0; k < 4; ++k) {
+    pick_l[k] = _mm512_setr_epi64(k, 4 + k, k, 4 + k, 8 + k, 12 + k, 8 + k, 12 + k);
+    pick_h[k] = _mm512_setr_epi64(k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k);
+  }
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ6_K));
-    // f_c = d * sc_c * xd of the sub-block's 32-column x block, sub-blocks 0..7 in fv[0], 8..15 in fv[1]
-    const __m128i sc8 = _mm_loadu_si128((const __m128i*)b[i].scales);
-    const __m256 dv = _mm256_set1_ps(_cvtsh_ss(b[i].d));
-    const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);  // xd of x blocks 8 i .. 8 i + 7
-    const __m256i pair_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
-                  pair_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    const __m256 fv[2] = {
-        _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))),
-                      _mm256_permutevar8x32_ps(xdv, pair_lo)),
-        _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8)))),
-                      _mm256_permutevar8x32_ps(xdv, pair_hi))};
-    // the codes' constant: 32 * sum_c f_c * sum(xq over sub-block c)
-    offs = _mm256_fmadd_ps(fv[0], _mm256_loadu_ps(xs16 + 16 * i), offs);
-    offs = _mm256_fmadd_ps(fv[1], _mm256_loadu_ps(xs16 + 16 * i + 8), offs);
+    // g_c = d sc_c xd_{c / 2} for the 16 scales c, then [g_2j, 32 g_2j] and [g_2j+1, 32 g_2j+1]
+    const __m512 g = _mm512_mul_ps(
+        _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b[i].d)),
+                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)b[i].scales)))),
+        _mm512_loadu_ps(xd2 + 16 * i));
+    const __m512 fa = _mm512_mul_ps(_mm512_permutexvar_ps(even, g), one32);
+    const __m512 fb = _mm512_mul_ps(_mm512_permutexvar_ps(odd, g), one32);
+    const __m512i l0 = _mm512_loadu_si512(b[i].ql), l1 = _mm512_loadu_si512(b[i].ql + 64);
+    const __m512i qh = _mm512_loadu_si512(b[i].qh);
     const int8_t* x = xq + 256 * i;
+    __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int k = 0; k < 4; ++k) {
+      const __m512i lo = _mm512_srlv_epi64(_mm512_permutex2var_epi64(l0, pick_l[k], l1), nib_shift);
+      const __m512i hi =
+          _mm512_and_si512(_mm512_rolv_epi64(_mm512_permutexvar_epi64(pick_h[k], qh), rot), m30);
+      const __m512i c = _mm512_ternarylogic_epi32(lo, m4, hi, 0xEA);  // (lo & m4) | hi
+      s[k / 2] = _mm512_dpbusd_epi32(s[k / 2], c, _mm512_loadu_si512(x + 64 * k));
+    }
     for (int h = 0; h < 2; ++h) {
-      const __m256i a = _mm256_loadu_si256((const __m256i*)(b[i].ql + 64 * h));
-      const __m256i c = _mm256_loadu_si256((const __m256i*)(b[i].ql + 64 * h + 32));
-      const __m256i hb = _mm256_loadu_si256((const __m256i*)(b[i].qh + 32 * h));
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(c, m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4))};
-      for (int k = 0; k < 4; ++k) {  // 32 elements: sub-blocks 8h + 2k (lanes 0..3) and 8h + 2k + 1 (4..7)
-        const __m256i sel =
-            _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
-        const __m256 f = _mm256_permutevar8x32_ps(fv[h], sel);
-        const __m256 s = fsum(dot32(q[k], x + 128 * h + 32 * k));
-        if (k % 2)
-          acc1 = _mm256_fmadd_ps(s, f, acc1);
-        else
-          acc0 = _mm256_fmadd_ps(s, f, acc0);
-      }
+      __m512i t = _mm512_add_epi32(s[h], _mm512_shuffle_epi32(s[h], _MM_PERM_CDAB));
+      t = _mm512_mask_loadu_epi32(t, 0xAAAA, xsn16 + 32 * i + 16 * h);
+      if (h)
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), fb, acc1);
+      else
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), fa, acc0);
     }
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - 32.0f * hsum(offs);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
 // IQ4_XS decode as row_q4k's: dot k multiplies columns 8 k .. 8 k + 7 of all 8 sub-blocks (qword j: the low
@@ -303,8 +307,8 @@ void rows(const MatmulArgs& a, int64_t r0, int64_t r1, F row) {
 
 }  // namespace
 
-void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs32, int64_t cols, float* xd2,
-                                int32_t* xsn) {
+void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs16, const float* xs32,
+                                int64_t cols, float* xd2, int32_t* xsn, int32_t* xsn16) {
   for (int64_t i = 0; i < cols / kQK_K; ++i) {
     int8_t* x = xq + kQK_K * i;
     alignas(64) int8_t t[kQK_K];
@@ -315,6 +319,10 @@ void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs32, 
       xd2[16 * i + 2 * j] = xd2[16 * i + 2 * j + 1] = xd[8 * i + j];
       xsn[16 * i + 2 * j] = 0;
       xsn[16 * i + 2 * j + 1] = -(int32_t)xs32[8 * i + j];
+      for (int h = 0; h < 2; ++h) {
+        xsn16[32 * i + 16 * h + 2 * j] = 0;
+        xsn16[32 * i + 16 * h + 2 * j + 1] = -(int32_t)xs16[16 * i + 2 * j + h];
+      }
     }
   }
 }
@@ -325,7 +333,7 @@ void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
 }
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ6_K>(a, r0, r1,
-                  [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd, a.xs16); });
+                  [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd2, a.xsn16); });
 }
 void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<uint8_t>(a, r0, r1, [&](const uint8_t* b, int64_t nb) { return row_q5k(b, nb, a.xq, a.xd, a.xs32); });
