@@ -103,6 +103,13 @@ float row_q5k(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd,
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hsum(mins);
 }
 
+// The interleaved kernels' finish: lanes 2 j and 2 j + 1 of s (sub-block j's two partial sums) added into
+// lane 2 j, lane 2 j + 1 replaced by xsn[2 j + 1] (-sum(xq) over the sub-block), as floats.
+inline __m512 pair_sums(__m512i s, const int32_t* xsn) {
+  s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+  return _mm512_cvtepi32_ps(_mm512_mask_loadu_epi32(s, 0xAAAA, xsn));
+}
+
 // Q4_K decode with every sub-block in each vpdpbusd: dot k (k < 4) multiplies columns 8 k .. 8 k + 7 of all 8
 // sub-blocks (qword j of the zmm: sub-block j, the low or high nibbles of qs[32 (j / 2) + 8 k ..]), against x
 // permuted to match (prepare_x_interleaved_vnni: xq[64 k + 8 j + c] = x column 32 j + 8 k + c of the
@@ -117,7 +124,7 @@ float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2
   const __m512i pick[4] = {
       _mm512_setr_epi64(0, 0, 4, 4, 8, 8, 12, 12), _mm512_setr_epi64(1, 1, 5, 5, 9, 9, 13, 13),
       _mm512_setr_epi64(2, 2, 6, 6, 10, 10, 14, 14), _mm512_setr_epi64(3, 3, 7, 7, 11, 11, 15, 15)};
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ4_K));
     // [sc_0, m_0, sc_1, m_1, ...] times [d, dmin, d, dmin, ...] times [xd_0, xd_0, xd_1, xd_1, ...]
@@ -138,14 +145,9 @@ float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2
           _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(q0, pick[k], q1), nib_shift), m4);
       s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
     }
-    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
-    s = _mm512_mask_loadu_epi32(s, 0xAAAA, xsn + 16 * i);
-    if (i % 2)
-      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc1);
-    else
-      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc0);
+    acc[i % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * i), f, acc[i % 2]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
 // Q6_K decode as row_q4k's: 32-column chunk j = 4 h + m of a block (codes: nibble m / 2 of ql[64 h + 32 (m %
@@ -166,7 +168,7 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd2
     pick_l[k] = _mm512_setr_epi64(k, 4 + k, k, 4 + k, 8 + k, 12 + k, 8 + k, 12 + k);
     pick_h[k] = _mm512_setr_epi64(k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k);
   }
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ6_K));
     // g_c = d sc_c xd_{c / 2} for the 16 scales c, then [g_2j, 32 g_2j] and [g_2j+1, 32 g_2j+1]
@@ -187,16 +189,10 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd2
       const __m512i c = _mm512_ternarylogic_epi32(lo, m4, hi, 0xEA);  // (lo & m4) | hi
       s[k / 2] = _mm512_dpbusd_epi32(s[k / 2], c, _mm512_loadu_si512(x + 64 * k));
     }
-    for (int h = 0; h < 2; ++h) {
-      __m512i t = _mm512_add_epi32(s[h], _mm512_shuffle_epi32(s[h], _MM_PERM_CDAB));
-      t = _mm512_mask_loadu_epi32(t, 0xAAAA, xsn16 + 32 * i + 16 * h);
-      if (h)
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), fb, acc1);
-      else
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), fa, acc0);
-    }
+    acc[0] = _mm512_fmadd_ps(pair_sums(s[0], xsn16 + 32 * i), fa, acc[0]);
+    acc[1] = _mm512_fmadd_ps(pair_sums(s[1], xsn16 + 32 * i + 16), fb, acc[1]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
 // IQ4_XS decode as row_q4k's: dot k multiplies columns 8 k .. 8 k + 7 of all 8 sub-blocks (qword j: the low
@@ -210,7 +206,7 @@ float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float*
                 pick_hi = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
   const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const __m512 one128 = _mm512_setr_ps(1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockIQ4_XS));
     const __m512 g = _mm512_permutexvar_ps(
@@ -227,14 +223,9 @@ float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float*
           _mm512_shuffle_epi8(table, _mm512_and_si512(k < 2 ? src : _mm512_srli_epi64(src, 4), m4));
       s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
     }
-    s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
-    s = _mm512_mask_loadu_epi32(s, 0xAAAA, xsn + 16 * i);
-    if (i % 2)
-      acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc1);
-    else
-      acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc0);
+    acc[i % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * i), f, acc[i % 2]);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
 // The 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): per block the 32 codes as unsigned bytes c (element
