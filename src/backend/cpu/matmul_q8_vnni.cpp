@@ -79,13 +79,19 @@ inline float dot_row(const uint8_t* w, const int8_t* xq, const float* xd, int64_
 
 // One 32-block of x -> 32 int8 (q = x * 127 / max|x| rounded to nearest even: vcvtps2dq in the default MXCSR
 // mode, as the reference's nearbyint) and its scale max|x| / 127.
-inline float quantize_block(const float* x, int8_t* q) {
+inline float quantize_block(const float* x, int8_t* q, int32_t* sum_lo = nullptr, int32_t* sum_hi = nullptr) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
   const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
   const __m512 id = _mm512_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id))));
-  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id))));
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)),
+                q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(q1));
+  if (sum_lo) {  // the sums of q over the first and the second 16 (|q| <= 127: the int32 values are q's)
+    *sum_lo = _mm512_reduce_add_epi32(q0);
+    *sum_hi = _mm512_reduce_add_epi32(q1);
+  }
   return m / 127.0f;
 }
 
@@ -140,11 +146,9 @@ void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, 
       for (int t = 0; t < kQ8NT; ++t) {
         const int tok = j * kQ8NT + t;
         alignas(32) int8_t q[kQ8_0Block] = {};
-        xd[t] = tok < n_tokens ? quantize_block(x + tok * cols + b * kQ8_0Block, q) : 0.0f;
-        int32_t lo = 0, sum = 0;
-        for (int i = 0; i < kQ8_0Block / 2; ++i) lo += q[i];
-        sum = lo;
-        for (int i = kQ8_0Block / 2; i < kQ8_0Block; ++i) sum += q[i];
+        int32_t lo = 0, hi = 0;
+        xd[t] = tok < n_tokens ? quantize_block(x + tok * cols + b * kQ8_0Block, q, &lo, &hi) : 0.0f;
+        const int32_t sum = lo + hi;
         corr[t] = -128 * sum;
         corr_lo[t] = -128 * lo;
         xm[t] = xd[t] * (float)sum;
