@@ -230,6 +230,8 @@ MatmulRangeFn kquant_int8_gemm_vnni(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_K:
       return matmul_q4k_int8_gemm_vnni;
+    case GgmlType::Q5_K:
+      return matmul_q5k_int8_gemm_vnni;
     case GgmlType::Q6_K:
       return matmul_q6k_int8_gemm_vnni;
     case GgmlType::IQ4_XS:

@@ -1,14 +1,14 @@
-// Prefill of Q4_K, Q6_K and IQ4_XS with int8 activations on AVX512-VNNI: the int8 GEMM of
+// Prefill of Q4_K, Q5_K, Q6_K and IQ4_XS with int8 activations on AVX512-VNNI: the int8 GEMM of
 // matmul_int8_gemm.h (Q8_0's), each type's blocks unpacked into its panels. Compiled with ULTRA_VNNI_ISA;
 // called only where cpu_has_avx512_vnni() holds (matmul.cpp, while q8_int8_enabled()).
 //
 // x comes quantised per 32 columns and packed by pack_x_q8_vnni, as for Q8_0; a weight block's 32-column
-// sub-blocks become panel blocks: Q4_K its 4-bit codes with d * sc and dmin * m per sub-block (Scales::Min),
-// Q6_K its 6-bit codes + 96 with d * sc of each 16 columns (Scales::Halves), IQ4_XS its levels + 128 with d *
-// (ls - 32) (Scales::Offset128). Per 32 columns, 16 rows and a token: 8 vpdpbusd and 3 (Offset128), 4 (Min)
-// or 6 (Halves) f32 instructions, against the f32 panel GEMM's 32 FMAs. A panel is unpacked once per
-// 128-row x 1024-column block and then serves every token tile. The result is the reference's
-// (matmul_kquant_int8_ref: the exact weights times xq * xd, double sums) up to f32 rounding.
+// sub-blocks become panel blocks: Q4_K its 4-bit codes (Q5_K: 5-bit) with d * sc and dmin * m per sub-block
+// (Scales::Min), Q6_K its 6-bit codes + 96 with d * sc of each 16 columns (Scales::Halves), IQ4_XS its levels
+// + 128 with d * (ls - 32) (Scales::Offset128). Per 32 columns, 16 rows and a token: 8 vpdpbusd and 3
+// (Offset128), 4 (Min) or 6 (Halves) f32 instructions, against the f32 panel GEMM's 32 FMAs. A panel is
+// unpacked once per 128-row x 1024-column block and then serves every token tile. The result is the
+// reference's (matmul_kquant_int8_ref: the exact weights times xq * xd, double sums) up to f32 rounding.
 
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves, which trips these
 // (false-positive) warnings once the intrinsics are inlined.
@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/kquant_vnni.h"
@@ -45,10 +46,12 @@ inline void scatter_rows(int nr, uint8_t* ps, int64_t pb_bytes, int off, F&& row
   }
 }
 
-// Rows [0, nr) of Q4_K w, 32-column blocks [b0, b0 + nbk) (whole super-blocks) -> one Scales::Min panel.
-void pack_q4k(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_t* p) {
+// Rows [0, nr) of Q4_K / Q5_K (B) w, 32-column blocks [b0, b0 + nbk) (whole super-blocks) -> one Scales::Min
+// panel; Q5_K's fifth bit of sub-block 2 g + h is bit 2 g + h of qh[l], moved to bit 4.
+template <class B>
+void pack_q45k(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_t* p) {
   constexpr int64_t kPB = kPanelBlockBytes<Scales::Min>;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
   for (int s = 0; s < nbk / 8; ++s) {
     const int64_t sb = b0 / 8 + s;
     uint8_t* ps = p + 8 * s * kPB;
@@ -59,14 +62,22 @@ void pack_q4k(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_t*
           transpose_codes(
               [&](int k) {
                 if (k >= n) return _mm256_setzero_si256();
-                const auto* b = (const BlockQ4_K*)block_of(w, rb, sb, sizeof(BlockQ4_K), 16 * v + k);
+                const auto* b = (const B*)block_of(w, rb, sb, sizeof(B), 16 * v + k);
                 const __m256i q = _mm256_loadu_si256((const __m256i*)(b->qs + 32 * g));
-                return _mm256_and_si256(h ? _mm256_srli_epi16(q, 4) : q, m4);
+                const __m256i c = _mm256_and_si256(h ? _mm256_srli_epi16(q, 4) : q, m4);
+                if constexpr (std::is_same_v<B, BlockQ4_K>) {
+                  return c;
+                } else {
+                  const __m256i qh = _mm256_loadu_si256((const __m256i*)b->qh);
+                  const __m256i bit =
+                      _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g + h)), m1);
+                  return _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+                }
               },
               _mm512_setzero_si512(), v, ps + (2 * g + h) * kPB);
     }
     auto scales = [&](int r, float* f, bool mins) {
-      const auto* b = (const BlockQ4_K*)block_of(w, rb, sb, sizeof(BlockQ4_K), r);
+      const auto* b = (const B*)block_of(w, rb, sb, sizeof(B), r);
       __m256 sc, mn;
       q4k_scales_mins(b->scales, &sc, &mn);
       _mm256_store_ps(f, mins ? _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->dmin)), mn)
@@ -149,7 +160,10 @@ void pack_iq4xs(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_
 }  // namespace
 
 void matmul_q4k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  int8_gemm<Scales::Min>(a, r0, r1, pack_q4k);
+  int8_gemm<Scales::Min>(a, r0, r1, pack_q45k<BlockQ4_K>);
+}
+void matmul_q5k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  int8_gemm<Scales::Min>(a, r0, r1, pack_q45k<BlockQ5_K>);
 }
 void matmul_q6k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   int8_gemm<Scales::Halves>(a, r0, r1, pack_q6k);
