@@ -175,11 +175,13 @@ template <GgmlType T, class B>
 void matmul_b32_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 // The kernel of a block type above (nullptr for the others); its scalar reference.
 MatmulRangeFn kquant_int8_vnni(GgmlType t);
-// Prefill (n_tokens > 1) of Q4_K, Q5_K, Q6_K and IQ4_XS with int8 activations (matmul_kquant_gemm_vnni.cpp):
+// Prefill (n_tokens > 1) of the types above with int8 activations (matmul_kquant_gemm_vnni.cpp):
 // x packed by pack_x_q8_vnni, the int8 GEMM of matmul_int8_gemm.h. kquant_int8_gemm_vnni: the kernel of a
 // type (nullptr for the others, whose prefill stays on the f32 panel GEMM).
 void matmul_q4k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q5k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+template <GgmlType T, class B>
+void matmul_b32_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q6k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_iq4xs_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 MatmulRangeFn kquant_int8_gemm_vnni(GgmlType t);

@@ -53,5 +53,40 @@ inline __m256 iq4xs_scales(const BlockIQ4_XS& b) {
       _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
 }
 
+// The 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): w = d * (c - K) with c the unsigned code of
+// codes32 (+ m for Q4_1 / Q5_1, whose K is 0; IQ4_NL: c = level + 128, K = 128).
+template <GgmlType T>
+constexpr int b32_offset() {
+  return T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::IQ4_NL ? 128 : 0;
+}
+template <GgmlType T>
+constexpr bool b32_has_min() {
+  return T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+}
+// A block's 32 codes c as unsigned bytes in column order (element j: low nibble of qs[j], element j + 16:
+// high nibble; Q5's fifth bit from qh; IQ4_NL looked up in table, iq4_table()).
+template <GgmlType T>
+inline __m256i codes32(const uint8_t* blk, const __m256i& table) {
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const uint8_t* qs = blk + (T == GgmlType::Q4_0 || T == GgmlType::IQ4_NL ? 2
+                             : T == GgmlType::Q4_1 || T == GgmlType::Q5_0 ? (T == GgmlType::Q4_1 ? 4 : 6)
+                                                                          : 8);
+  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
+  __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+  if constexpr (T == GgmlType::IQ4_NL) c = _mm256_shuffle_epi8(table, c);
+  if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + (T == GgmlType::Q5_0 ? 2 : 4), 4);
+    // byte j of the vector: bit j of qh (byte j / 8 of qh broadcast, tested against 1 << (j % 8))
+    const __m256i bytes = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)qh),
+        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    c = _mm256_or_si256(c, _mm256_and_si256(on, _mm256_set1_epi8(0x10)));
+  }
+  return c;
+}
+
 }  // namespace
 }  // namespace ultra::cpu::detail

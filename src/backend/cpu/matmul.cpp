@@ -236,6 +236,16 @@ MatmulRangeFn kquant_int8_gemm_vnni(GgmlType t) {
       return matmul_q6k_int8_gemm_vnni;
     case GgmlType::IQ4_XS:
       return matmul_iq4xs_int8_gemm_vnni;
+    case GgmlType::Q4_0:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q4_0, BlockQ4_0>;
+    case GgmlType::Q4_1:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q4_1, BlockQ4_1>;
+    case GgmlType::Q5_0:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q5_0, BlockQ5_0>;
+    case GgmlType::Q5_1:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q5_1, BlockQ5_1>;
+    case GgmlType::IQ4_NL:
+      return matmul_b32_int8_gemm_vnni<GgmlType::IQ4_NL, BlockIQ4_NL>;
     default:
       return nullptr;
   }

@@ -1,4 +1,5 @@
-// Prefill of Q4_K, Q5_K, Q6_K and IQ4_XS with int8 activations on AVX512-VNNI: the int8 GEMM of
+// Prefill of Q4_K, Q5_K, Q6_K, IQ4_XS and the 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) with int8
+// activations on AVX512-VNNI: the int8 GEMM of
 // matmul_int8_gemm.h (Q8_0's), each type's blocks unpacked into its panels. Compiled with ULTRA_VNNI_ISA;
 // called only where cpu_has_avx512_vnni() holds (matmul.cpp, while q8_int8_enabled()).
 //
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cpu/cpu_internal.h"
@@ -157,6 +159,37 @@ void pack_iq4xs(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_
   }
 }
 
+// The 32-element blocks T (B its struct) -> a panel: Scales::Offset128 (Q4_0, Q5_0, IQ4_NL: codes c - K +
+// 128, d_w = d) or Scales::Min (Q4_1, Q5_1: codes c, d_w = d, m_w = -m).
+template <GgmlType T, class B>
+void pack_b32(const uint8_t* w, size_t rb, int nr, int64_t b0, int nbk, uint8_t* p) {
+  constexpr Scales S = b32_has_min<T>() ? Scales::Min : Scales::Offset128;
+  constexpr int64_t kPB = kPanelBlockBytes<S>;
+  const __m256i table = T == GgmlType::IQ4_NL ? iq4_table() : _mm256_setzero_si256();
+  const __m256i add = _mm256_set1_epi8((char)(b32_has_min<T>() ? 0 : 128 - b32_offset<T>()));
+  for (int b = 0; b < nbk; ++b) {
+    uint8_t* pb = p + b * kPB;
+    for (int v = 0; v < kNV; ++v) {
+      const int n = std::clamp(nr - 16 * v, 0, 16);
+      transpose_codes(
+          [&](int k) {
+            if (k >= n) return _mm256_setzero_si256();
+            return _mm256_add_epi8(codes32<T>(w + (size_t)(16 * v + k) * rb + (b0 + b) * sizeof(B), table),
+                                   add);
+          },
+          _mm512_setzero_si512(), v, pb);
+    }
+    float* d = (float*)(pb + kPanelQuadBytes);
+    for (int r = 0; r < kPanelRows; ++r) {
+      const uint8_t* blk = w + (size_t)r * rb + (b0 + b) * sizeof(B);
+      uint16_t h[2] = {0, 0};  // d, then Q4_1's / Q5_1's m
+      if (r < nr) std::memcpy(h, blk, b32_has_min<T>() ? 4 : 2);
+      d[r] = _cvtsh_ss(h[0]);
+      if constexpr (S == Scales::Min) d[kPanelRows + r] = -_cvtsh_ss(h[1]);
+    }
+  }
+}
+
 }  // namespace
 
 void matmul_q4k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
@@ -171,5 +204,15 @@ void matmul_q6k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
 void matmul_iq4xs_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   int8_gemm<Scales::Offset128>(a, r0, r1, pack_iq4xs);
 }
+
+template <GgmlType T, class B>
+void matmul_b32_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
+  int8_gemm<b32_has_min<T>() ? Scales::Min : Scales::Offset128>(a, r0, r1, pack_b32<T, B>);
+}
+template void matmul_b32_int8_gemm_vnni<GgmlType::Q4_0, BlockQ4_0>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_gemm_vnni<GgmlType::Q4_1, BlockQ4_1>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_gemm_vnni<GgmlType::Q5_0, BlockQ5_0>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_gemm_vnni<GgmlType::Q5_1, BlockQ5_1>(const MatmulArgs&, int64_t, int64_t);
+template void matmul_b32_int8_gemm_vnni<GgmlType::IQ4_NL, BlockIQ4_NL>(const MatmulArgs&, int64_t, int64_t);
 
 }  // namespace ultra::cpu::detail

@@ -232,37 +232,11 @@ float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float*
 // j: low nibble of qs[j], element j + 16: high nibble, Q5's fifth bit from qh), w = d * (c - K) (+ m for
 // Q4_1 / Q5_1; IQ4_NL: c = level + 128, K = 128). One vpdpbusd per block, then d * xd times its sum, and
 // (m - d K) * xd times the block's sum of xq.
-template <GgmlType T>
-inline __m256i codes32(const uint8_t* blk, const __m256i& table) {
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const uint8_t* qs = blk + (T == GgmlType::Q4_0 || T == GgmlType::IQ4_NL ? 2
-                             : T == GgmlType::Q4_1 || T == GgmlType::Q5_0 ? (T == GgmlType::Q4_1 ? 4 : 6)
-                                                                          : 8);
-  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
-  __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-  if constexpr (T == GgmlType::IQ4_NL) c = _mm256_shuffle_epi8(table, c);
-  if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
-    uint32_t qh;
-    std::memcpy(&qh, blk + (T == GgmlType::Q5_0 ? 2 : 4), 4);
-    // byte j of the vector: bit j of qh (byte j / 8 of qh broadcast, tested against 1 << (j % 8))
-    const __m256i bytes = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)qh),
-        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    c = _mm256_or_si256(c, _mm256_and_si256(on, _mm256_set1_epi8(0x10)));
-  }
-  return c;
-}
-
 template <GgmlType T, class B>
 float row_b32(const B* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
   const __m256i table = T == GgmlType::IQ4_NL ? iq4_table() : _mm256_setzero_si256();
-  constexpr float K = T == GgmlType::Q4_0     ? 8.0f
-                      : T == GgmlType::Q5_0   ? 16.0f
-                      : T == GgmlType::IQ4_NL ? 128.0f
-                                              : 0.0f;
-  constexpr bool has_m = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  constexpr float K = b32_offset<T>();
+  constexpr bool has_m = b32_has_min<T>();
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
   float offs = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
