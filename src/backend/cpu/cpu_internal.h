@@ -68,8 +68,8 @@ struct MatmulArgs {
   // columns
   const float* xs16 = nullptr;
   const float* xs32 = nullptr;
-  // Q4_K's and IQ4_XS's decode (prepare_x_interleaved_vnni): xq permuted per super-block, xd of each 32
-  // columns twice, and per 32 columns 0 then -(the sum of xq)
+  // Q4_K's, Q5_K's, IQ4_XS's and Q6_K's decode (prepare_x_interleaved_vnni): xq permuted per super-block, xd
+  // of each 32 columns twice, and per 32 columns 0 then -(the sum of xq)
   const float* xd2 = nullptr;
   const int32_t* xsn = nullptr;
   // Q6_K's (prepare_x_interleaved_vnni): per super-block 16 int32 for the first 16 columns of each 32, then
@@ -165,9 +165,9 @@ void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
-// Q4_K, IQ4_XS and Q6_K take x rearranged by prepare_x_interleaved_vnni (after x_sums_q8): in place, per 256
-// columns, xq[64 k + 8 j + c] = the column 32 j + 8 k + c (k < 4, j < 8, c < 8); xd2[2 j] = xd2[2 j + 1] =
-// xd[j]; xsn[2 j] = 0, xsn[2 j + 1] = -xs32[j] (cols / 16 each); xsn16 (cols / 8): MatmulArgs::xsn16.
+// Q4_K, Q5_K, IQ4_XS and Q6_K take x rearranged by prepare_x_interleaved_vnni (after x_sums_q8): in place,
+// per 256 columns, xq[64 k + 8 j + c] = the column 32 j + 8 k + c (k < 4, j < 8, c < 8); xd2[2 j] = xd2[2 j +
+// 1] = xd[j]; xsn[2 j] = 0, xsn[2 j + 1] = -xs32[j] (cols / 16 each); xsn16 (cols / 8): MatmulArgs::xsn16.
 void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs16, const float* xs32,
                                 int64_t cols, float* xd2, int32_t* xsn, int32_t* xsn16);
 // The 32-element blocks T (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; B its block struct): x's sums per 32 (a.xs32).

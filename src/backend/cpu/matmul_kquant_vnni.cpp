@@ -6,9 +6,11 @@
 // 16 and per 32 columns (MatmulArgs::xs16, xs32). A sub-block's weights are codes c times a scale f plus a
 // constant, w = f * (c - k) (Q6_K: k = 32; IQ4_XS: c = level + 128, k = 128) or w = f * c - m (Q4_K), with c
 // unsigned bytes: vpdpbusd sums c * xq over 4 columns per lane exactly, and the constant meets the sums of
-// xq. Per 32 weights: one dot-product instruction, a conversion and an FMA, against the exact path's ~14
-// (matmul_blocks.h). The result is the reference's (matmul.cpp's range_int8_ref: the exact weights times
-// xq * xd, double sums) up to f32 rounding.
+// xq. The 32-element blocks: per 32 weights one dot-product instruction, a conversion and an FMA, against the
+// exact path's ~14 (matmul_blocks.h); the super-block types: per 256 weights four 512-bit dot products, one
+// conversion and one FMA (row_q45k, row_q6k, row_iq4xs: x interleaved by prepare_x_interleaved_vnni). The
+// result is the reference's (matmul.cpp's range_int8_ref: the exact weights times xq * xd, double sums) up to
+// f32 rounding.
 
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves, which trips these
 // (false-positive) warnings once the intrinsics are inlined.
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/kquant_vnni.h"
@@ -47,62 +50,6 @@ inline void prefetch_block(const void* b, int bytes) {
   for (int l = 0; l < (bytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
 }
 
-// A Q4_K / Q5_K block's factors for x blocks xd[0..7]: returns f[j] = d * sc_j * xd_j, and mins +=
-// dmin * m_j * xd_j * (the sum of xq over sub-block j).
-inline __m256 q4k_block_factors(uint16_t d, uint16_t dmin, const uint8_t* scales, const float* xd,
-                                const float* xs32, __m256* mins) {
-  __m256 sc, mn;
-  q4k_scales_mins(scales, &sc, &mn);
-  const __m256 xdv = _mm256_loadu_ps(xd);
-  *mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin)), mn),
-                          _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32)), *mins);
-  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), sc), xdv);
-}
-
-// Q5_K: the 64 columns of group g in one zmm, sub-block 2 g (the low nibbles of qs[32 g ..], plus
-// Q5_K's fifth bits) in bytes 0..31 and sub-block 2 g + 1 (the high nibbles) in 32..63, the order of x; one
-// vpdpbusd per group, lanes 0..7 taking f[2 g] and 8..15 f[2 g + 1] (pair_index(g)).
-inline __m512i pair_index(int g) {
-  return _mm512_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1,
-                           2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1);
-}
-inline __m512i nibbles64(__m256i q) {  // the low nibbles of q, then the high ones
-  return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
-                          _mm512_set1_epi8(0x0F));
-}
-inline __m512 dot64(__m512i codes, const int8_t* x) {  // 16 lanes: sums of 4 products each, as floats
-  return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(x)));
-}
-
-float row_q5k(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  using B = BlockQ5_K;
-  const B* b = (const B*)row;
-  const __m512i m1 = _mm512_set1_epi8(1);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-  __m256 mins = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    prefetch_block(b + i, sizeof(B));
-    const __m512 f = _mm512_castps256_ps512(
-        q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, &mins));
-    const int8_t* x = xq + 256 * i;
-    for (int g = 0; g < 4; ++g) {
-      __m512i c = nibbles64(_mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g)));
-      {  // the fifth bits: bit 2 g (low half) and 2 g + 1 (high half) of qh[l], to bit 4
-        const __m256i qh = _mm256_loadu_si256((const __m256i*)b[i].qh);
-        const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(qh, 2 * g)),
-                                             _mm256_srli_epi16(qh, 2 * g + 1), 1);
-        c = _mm512_or_si512(c, _mm512_slli_epi16(_mm512_and_si512(h, m1), 4));
-      }
-      const __m512 fg = _mm512_permutexvar_ps(pair_index(g), f);
-      if (g % 2)
-        acc1 = _mm512_fmadd_ps(dot64(c, x + 64 * g), fg, acc1);
-      else
-        acc0 = _mm512_fmadd_ps(dot64(c, x + 64 * g), fg, acc0);
-    }
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hsum(mins);
-}
-
 // The interleaved kernels' finish: lanes 2 j and 2 j + 1 of s (sub-block j's two partial sums) added into
 // lane 2 j, lane 2 j + 1 replaced by xsn[2 j + 1] (-sum(xq) over the sub-block), as floats.
 inline __m512 pair_sums(__m512i s, const int32_t* xsn) {
@@ -110,7 +57,8 @@ inline __m512 pair_sums(__m512i s, const int32_t* xsn) {
   return _mm512_cvtepi32_ps(_mm512_mask_loadu_epi32(s, 0xAAAA, xsn));
 }
 
-// Q4_K decode with every sub-block in each vpdpbusd: dot k (k < 4) multiplies columns 8 k .. 8 k + 7 of all 8
+// Q4_K (and Q5_K, whose fifth bits come from qh: bit j of qh[l] for sub-block j) decode with every sub-block
+// in each vpdpbusd: dot k (k < 4) multiplies columns 8 k .. 8 k + 7 of all 8
 // sub-blocks (qword j of the zmm: sub-block j, the low or high nibbles of qs[32 (j / 2) + 8 k ..]), against x
 // permuted to match (prepare_x_interleaved_vnni: xq[64 k + 8 j + c] = x column 32 j + 8 k + c of the
 // super-block). The 4 dots accumulate in one int32 vector whose lanes 2 j, 2 j + 1 belong to sub-block j;
@@ -118,7 +66,10 @@ inline __m512 pair_sums(__m512i s, const int32_t* xsn) {
 // j (xsn), so that one conversion and one FMA against [d sc_j xd_j, dmin m_j xd_j] (lanes 2 j, 2 j + 1) take
 // the block's codes and its mins at once. Per super-block about 38 vector instructions where row_q5k's loop
 // form needs 57.
-float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+template <class B>
+float row_q45k(const B* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  constexpr bool kQ5 = std::is_same_v<B, BlockQ5_K>;
+  const __m512i rot5 = _mm512_setr_epi64(4, 3, 2, 1, 0, 63, 62, 61), m10 = _mm512_set1_epi8(0x10);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i nib_shift = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
   const __m512i pick[4] = {
@@ -126,7 +77,7 @@ float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2
       _mm512_setr_epi64(2, 2, 6, 6, 10, 10, 14, 14), _mm512_setr_epi64(3, 3, 7, 7, 11, 11, 15, 15)};
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
-    prefetch_block(b + i, sizeof(BlockQ4_K));
+    prefetch_block(b + i, sizeof(B));
     // [sc_0, m_0, sc_1, m_1, ...] times [d, dmin, d, dmin, ...] times [xd_0, xd_0, xd_1, xd_1, ...]
     __m256 sc, mn;
     q4k_scales_mins(b[i].scales, &sc, &mn);
@@ -141,8 +92,14 @@ float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd2
     const int8_t* x = xq + 256 * i;
     __m512i s = _mm512_setzero_si512();
     for (int k = 0; k < 4; ++k) {
-      const __m512i c =
+      __m512i c =
           _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(q0, pick[k], q1), nib_shift), m4);
+      if constexpr (kQ5) {  // bit j of qh[8 k ..] (qword k) to bit 4 of qword j: c |= rotl(qh_k, 4 - j) &
+                            // 0x10
+        int64_t h;
+        std::memcpy(&h, b[i].qh + 8 * k, 8);
+        c = _mm512_ternarylogic_epi64(c, _mm512_rolv_epi64(_mm512_set1_epi64(h), rot5), m10, 0xF8);
+      }
       s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
     }
     acc[i % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * i), f, acc[i % 2]);
@@ -294,14 +251,15 @@ void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs16, 
 
 void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ4_K>(a, r0, r1,
-                  [&](const BlockQ4_K* b, int64_t nb) { return row_q4k(b, nb, a.xq, a.xd2, a.xsn); });
+                  [&](const BlockQ4_K* b, int64_t nb) { return row_q45k(b, nb, a.xq, a.xd2, a.xsn); });
 }
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ6_K>(a, r0, r1,
                   [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd2, a.xsn16); });
 }
 void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
-  rows<uint8_t>(a, r0, r1, [&](const uint8_t* b, int64_t nb) { return row_q5k(b, nb, a.xq, a.xd, a.xs32); });
+  rows<BlockQ5_K>(a, r0, r1,
+                  [&](const BlockQ5_K* b, int64_t nb) { return row_q45k(b, nb, a.xq, a.xd2, a.xsn); });
 }
 
 template <GgmlType T, class B>
