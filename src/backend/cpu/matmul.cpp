@@ -496,7 +496,8 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.a.xs32 = xs32;
     if (ref) return detail::matmul_kquant_int8_ref(w.type, ctx.a, 0, w.rows);
     if (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::IQ4_XS ||
-        w.type == GgmlType::Q6_K) {
+        w.type == GgmlType::Q6_K || w.type == GgmlType::Q4_0 || w.type == GgmlType::Q4_1 ||
+        w.type == GgmlType::IQ4_NL) {
       float* xd2 = (float*)(scratch64 + l.xd2);
       int32_t* xsn = (int32_t*)(scratch64 + l.xsn);
       int32_t* xsn16 = (int32_t*)(scratch64 + l.xsn16);

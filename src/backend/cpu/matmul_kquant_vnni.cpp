@@ -189,6 +189,45 @@ float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float*
 // j: low nibble of qs[j], element j + 16: high nibble, Q5's fifth bit from qh), w = d * (c - K) (+ m for
 // Q4_1 / Q5_1; IQ4_NL: c = level + 128, K = 128). One vpdpbusd per block, then d * xd times its sum, and
 // (m - d K) * xd times the block's sum of xq.
+// Q4_0, Q4_1 and IQ4_NL over whole groups of 8 blocks (256 columns, x interleaved as for the super-block
+// types): the 8 blocks are the sub-blocks, their qs gathered as qwords (bytes 0..7 and 8..15 of each block's
+// qs), dot k = the low (k < 2) or high nibbles of qword k % 2; [d_j xd_j, K d_j xd_j] (Q4_1: [d_j xd_j, -m_j
+// xd_j]) against lane 2 j's sum and lane 2 j + 1's -sum(xq).
+template <GgmlType T, class B>
+float row_b32i(const B* b, int64_t ng, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  constexpr bool kMin = b32_has_min<T>();
+  constexpr int kQs = T == GgmlType::Q4_1 ? 4 : 2;  // offset of qs in the block
+  const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4_table()));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i at = _mm512_setr_epi64(0, sizeof(B), 2 * sizeof(B), 3 * sizeof(B), 4 * sizeof(B),
+                                       5 * sizeof(B), 6 * sizeof(B), 7 * sizeof(B));
+  const __m256i at32 = _mm512_cvtepi64_epi32(at);
+  const __m512i even = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+  const float k2 = kMin ? -1.0f : (float)b32_offset<T>();
+  const __m512 one_k = _mm512_setr_ps(1, k2, 1, k2, 1, k2, 1, k2, 1, k2, 1, k2, 1, k2, 1, k2);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t g = 0; g < ng; ++g) {
+    const uint8_t* blk = (const uint8_t*)(b + 8 * g);
+    prefetch_block(blk, 8 * sizeof(B));
+    // the first 4 bytes of each block as halves: [d_j, m_j] (Q4_1) or [d_j, qs bytes]
+    const __m512 dm = _mm512_cvtph_ps(_mm256_i32gather_epi32((const int*)blk, at32, 1));
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(kMin ? dm : _mm512_permutexvar_ps(even, dm), one_k),
+                                   _mm512_loadu_ps(xd2 + 16 * g));
+    const __m512i lo = _mm512_i64gather_epi64(at, (const long long*)(blk + kQs), 1);
+    const __m512i hi = _mm512_i64gather_epi64(at, (const long long*)(blk + kQs + 8), 1);
+    const int8_t* x = xq + 256 * g;
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i src = k % 2 ? hi : lo;
+      __m512i c = _mm512_and_si512(k < 2 ? src : _mm512_srli_epi64(src, 4), m4);
+      if constexpr (T == GgmlType::IQ4_NL) c = _mm512_shuffle_epi8(table, c);
+      s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
+    }
+    acc[g % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * g), f, acc[g % 2]);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
 template <GgmlType T, class B>
 float row_b32(const B* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
   const __m256i table = T == GgmlType::IQ4_NL ? iq4_table() : _mm256_setzero_si256();
@@ -265,8 +304,14 @@ void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
 template <GgmlType T, class B>
 void matmul_b32_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   const int64_t nb = a.cols / 32;
+  // Q4_0 / Q4_1 / IQ4_NL: whole 256-column groups interleaved (prepare_x_interleaved_vnni), the rest per
+  // block
+  constexpr bool kGroups = T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::IQ4_NL;
+  const int64_t ng = kGroups ? a.cols / kQK_K : 0;
   for (int64_t r = r0; r < r1; ++r) {
-    const float s = row_b32<T>((const B*)(a.w + r * a.row_bytes), nb, a.xq, a.xd, a.xs32);
+    const B* b = (const B*)(a.w + r * a.row_bytes);
+    float s = row_b32<T>(b + 8 * ng, nb - 8 * ng, a.xq + kQK_K * ng, a.xd + 8 * ng, a.xs32 + 8 * ng);
+    if constexpr (kGroups) s += row_b32i<T>(b, ng, a.xq, a.xd2, a.xsn);
     a.y[r] = a.bias ? s + a.bias[r] : s;
   }
 }
