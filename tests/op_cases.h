@@ -246,6 +246,13 @@ inline std::vector<OpCase> op_cases() {
         c.bias = nt % 2;
         add(c);
       }
+  // More than one 128-row block of the int8 GEMM on one thread (a 2-row tail block), a 1024-column block
+  // and a 256-column tail, two token tiles and a 1-token tail.
+  for (GgmlType t : kBlocks256) {
+    OpCase c{Op::Matmul, t, 130, 1280, 13, {1, 2}, tol_matmul()};
+    c.bias = true;
+    add(c);
+  }
   // The grid i-quants (core/quants_iq.h): decode, a tile with its tail, the panel GEMM.
   const GgmlType kGrid[] = {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS,
                             GgmlType::IQ3_S,   GgmlType::IQ1_S,  GgmlType::IQ1_M};

@@ -5,7 +5,9 @@
 //   avx2    matmul_kernels_avx2(), attention_thread_avx2, rmsnorm/silu_mul/gelu_mul_avx2, the F16 row
 //           conversions (the AVX-512 level runs these element-wise AVX2 bodies too)
 //   avx512  matmul_kernels_avx512(), attention_thread_avx512
-//   vnni    Q8_0 with int8 activations through matmul() (against quantize_x_q8_ref + matmul_q8_int8_ref)
+//   vnni    Q8_0 and the block types with int8 activations through matmul(), decode and (Q8_0, Q4_K, Q6_K,
+//           IQ4_XS) the int8 prefill GEMM (against quantize_x_q8_ref + matmul_q8_int8_ref or
+//           matmul_kquant_int8_ref, token by token)
 //           and the AVX512-VNNI activation quantiser (against quantize_x_q8_ref, bit for bit)
 // A kernel set this CPU lacks is skipped with the reason. One test per (case, kernel set), named after both
 // (e.g. Ops/BackendOps.Run/matmul_q8_0_r33_c4128_t17_avx512). Outputs carry guard values past their end.
@@ -65,7 +67,8 @@ bool has_kernel(const OpCase& c, Kset k) {
   switch (c.op) {
     case Op::Matmul:
       return k != Kset::Vnni || c.type == GgmlType::Q8_0 ||
-             (c.tokens == 1 && detail::kquant_int8_vnni(c.type) != nullptr);
+             (c.tokens == 1 ? detail::kquant_int8_vnni(c.type) : detail::kquant_int8_gemm_vnni(c.type)) !=
+                 nullptr;
     case Op::Attention:
       return k != Kset::Vnni;
     case Op::RmsNorm:

@@ -68,6 +68,13 @@ struct MatmulArgs {
   // columns
   const float* xs16 = nullptr;
   const float* xs32 = nullptr;
+  // Q4_K's, Q5_K's, IQ4_XS's and Q6_K's decode (prepare_x_interleaved_vnni): xq permuted per super-block, xd
+  // of each 32 columns twice, and per 32 columns 0 then -(the sum of xq)
+  const float* xd2 = nullptr;
+  const int32_t* xsn = nullptr;
+  // Q6_K's (prepare_x_interleaved_vnni): per super-block 16 int32 for the first 16 columns of each 32, then
+  // 16 for the second, lane 2 j + 1 holding -(the sum of xq over those 16 columns of sub-block j), lane 2 j 0
+  const int32_t* xsn16 = nullptr;
 };
 using MatmulRangeFn = void (*)(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Packs token tiles [j0, j1) of x [n_tokens, cols] into xp (MatmulArgs::xp's layout).
@@ -148,11 +155,13 @@ void quantize_x_q8_vnni(const float* x, int64_t cols, int8_t* xq, float* xd);
 void matmul_q8_int8_ref(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q8_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 // Prefill (n_tokens > 1) with int8 activations: x packed once per matmul by pack_x_q8_vnni (token tiles
-// [j0, j1) of kQ8NT tokens into xp; a tile's block is kQ8TileBlockBytes, the layout in
-// matmul_q8_vnni.cpp), then matmul_q8_int8_gemm_vnni with a.xq = xp at the first tile of a.x's tokens.
-// Each output is the reference's sum over blocks (matmul_q8_int8_ref of the token's quantize_x_q8_ref).
+// [j0, j1) of kQ8NT tokens into xp; a tile's block is kQ8TileBlockBytes, the layout in matmul_int8_gemm.h),
+// then matmul_q8_int8_gemm_vnni (or a k-quant's, kquant_int8_gemm_vnni) with a.xq = xp at the first tile of
+// a.x's tokens. Each output is the reference's sum over blocks (matmul_q8_int8_ref / matmul_kquant_int8_ref
+// of the token's quantize_x_q8_ref) up to f32 rounding.
 constexpr int kQ8NT = 6;
-constexpr int64_t kQ8TileBlockBytes = 8 * kQ8NT * 4 + kQ8NT * 8;  // x quads, then d_x and corrections
+// x quads, then d_x, the corrections of the 32 and of the first 16 columns, d_x * sum(x_q)
+constexpr int64_t kQ8TileBlockBytes = 8 * kQ8NT * 4 + kQ8NT * 16;
 void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, uint8_t* xp);
 // Decode (n_tokens == 1) of Q4_K, Q5_K, Q6_K, IQ4_XS and the 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1,
 // IQ4_NL) with int8 activations (matmul_kquant_vnni.cpp), on while
@@ -163,11 +172,26 @@ void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+// Q4_K, Q5_K, IQ4_XS and Q6_K take x rearranged by prepare_x_interleaved_vnni (after x_sums_q8): in place,
+// per 256 columns, xq[64 k + 8 j + c] = the column 32 j + 8 k + c (k < 4, j < 8, c < 8); xd2[2 j] = xd2[2 j +
+// 1] = xd[j]; xsn[2 j] = 0, xsn[2 j + 1] = -xs32[j] (cols / 16 each); xsn16 (cols / 8): MatmulArgs::xsn16.
+void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs16, const float* xs32,
+                                int64_t cols, float* xd2, int32_t* xsn, int32_t* xsn16);
 // The 32-element blocks T (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; B its block struct): x's sums per 32 (a.xs32).
 template <GgmlType T, class B>
 void matmul_b32_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 // The kernel of a block type above (nullptr for the others); its scalar reference.
 MatmulRangeFn kquant_int8_vnni(GgmlType t);
+// Prefill (n_tokens > 1) of the types above with int8 activations (matmul_kquant_gemm_vnni.cpp):
+// x packed by pack_x_q8_vnni, the int8 GEMM of matmul_int8_gemm.h. kquant_int8_gemm_vnni: the kernel of a
+// type (nullptr for the others, whose prefill stays on the f32 panel GEMM).
+void matmul_q4k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_q5k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+template <GgmlType T, class B>
+void matmul_b32_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_q6k_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+void matmul_iq4xs_int8_gemm_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
+MatmulRangeFn kquant_int8_gemm_vnni(GgmlType t);
 void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1);
 // xs16[k] = sum of xq[16 k .. 16 k + 15], xs32[k] = sum of xq[32 k .. 32 k + 31] (cols % 32 == 0).
 void x_sums_q8(const int8_t* xq, int64_t cols, float* xs16, float* xs32);

@@ -243,6 +243,31 @@ MatmulRangeFn kquant_int8_vnni(GgmlType t) {
   }
 }
 
+MatmulRangeFn kquant_int8_gemm_vnni(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K:
+      return matmul_q4k_int8_gemm_vnni;
+    case GgmlType::Q5_K:
+      return matmul_q5k_int8_gemm_vnni;
+    case GgmlType::Q6_K:
+      return matmul_q6k_int8_gemm_vnni;
+    case GgmlType::IQ4_XS:
+      return matmul_iq4xs_int8_gemm_vnni;
+    case GgmlType::Q4_0:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q4_0, BlockQ4_0>;
+    case GgmlType::Q4_1:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q4_1, BlockQ4_1>;
+    case GgmlType::Q5_0:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q5_0, BlockQ5_0>;
+    case GgmlType::Q5_1:
+      return matmul_b32_int8_gemm_vnni<GgmlType::Q5_1, BlockQ5_1>;
+    case GgmlType::IQ4_NL:
+      return matmul_b32_int8_gemm_vnni<GgmlType::IQ4_NL, BlockIQ4_NL>;
+    default:
+      return nullptr;
+  }
+}
+
 void matmul_kquant_int8_ref(GgmlType t, const MatmulArgs& a, int64_t r0, int64_t r1) {
   auto xv = [&a](int64_t c) { return (double)a.xq[c] * a.xd[c / kQ8_0Block]; };
   for (int64_t r = r0; r < r1; ++r)
@@ -316,9 +341,11 @@ size_t packed_x_floats(const MatmulKernels& k, const WeightView& w, int n_tokens
 bool takes_q8_int8(const WeightView& w) {
   return w.type == GgmlType::Q8_0 && !g_override && detail::q8_int8_enabled();
 }
-// Whether a decode step through w takes an int8-activation k-quant kernel (same conditions; one token).
+// Whether a step through w takes an int8-activation k-quant kernel (same conditions): the decode kernel of
+// its type (one token) or its int8 GEMM (prefill).
 bool takes_kquant_int8(const WeightView& w, int n_tokens) {
-  return n_tokens == 1 && detail::kquant_int8_vnni(w.type) && !g_override && detail::q8_int8_enabled();
+  const bool has = n_tokens == 1 ? detail::kquant_int8_vnni(w.type) : detail::kquant_int8_gemm_vnni(w.type);
+  return has && !g_override && detail::q8_int8_enabled();
 }
 
 // Its quantised x in the scratch: cols int8 from a 64-byte boundary, then the cols / 32 f32 scales from the
@@ -334,16 +361,20 @@ size_t q8_int8_floats(const WeightView& w, int n_tokens) {
   return std::max(decode, prefill);
 }
 // The k-quant decode's x in the scratch, in bytes from its 64-byte boundary, each part 64-byte aligned: xq
-// (cols int8), xd (cols / 32 f32), xs16 (cols / 16 f32), xs32 (cols / 32 f32), then the end.
+// (cols int8), xd (cols / 32 f32), xs16 (cols / 16 f32), xs32 (cols / 32 f32), Q4_K's and IQ4_XS's xd2 (cols
+// / 16 f32) and xsn (cols / 16 int32), then the end.
 struct KquantLayout {
-  int64_t xd, xs16, xs32, end;
+  int64_t xd, xs16, xs32, xd2, xsn, xsn16, end;
 };
 KquantLayout kquant_layout(int64_t cols) {
   KquantLayout l;
   l.xd = round64(cols);
   l.xs16 = l.xd + round64(cols / kQ8_0Block * 4);
   l.xs32 = l.xs16 + round64(cols / 16 * 4);
-  l.end = l.xs32 + round64(cols / 32 * 4);
+  l.xd2 = l.xs32 + round64(cols / 32 * 4);
+  l.xsn = l.xd2 + round64(cols / 16 * 4);
+  l.xsn16 = l.xsn + round64(cols / 16 * 4);
+  l.end = l.xsn16 + round64(cols / 8 * 4);
   return l;
 }
 size_t kquant_int8_floats(const WeightView& w) {
@@ -357,7 +388,8 @@ size_t kquant_int8_floats(const WeightView& w) {
 size_t matmul_scratch_floats(const WeightView& w, int n_tokens, int) {
   const MatmulKernels& k = active_kernels();
   const size_t panel = takes_panel(k, w, n_tokens) ? packed_x_floats(k, w, n_tokens) : 0;
-  if (takes_kquant_int8(w, n_tokens)) return std::max(panel, kquant_int8_floats(w));
+  if (takes_kquant_int8(w, n_tokens))
+    return std::max(panel, n_tokens == 1 ? kquant_int8_floats(w) : q8_int8_floats(w, n_tokens));
   return takes_q8_int8(w) ? std::max(panel, q8_int8_floats(w, n_tokens)) : panel;
 }
 
@@ -447,7 +479,8 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   }
   // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  if (scratch && takes_kquant_int8(w, n_tokens)) {
+  const bool kquant_int8 = scratch && takes_kquant_int8(w, n_tokens);
+  if (kquant_int8 && n_tokens == 1) {
     // Decode of the block types of kquant_int8_vnni with int8 activations: x quantised and summed once, here.
     const KquantLayout l = kquant_layout(w.cols);
     int8_t* xq = (int8_t*)scratch64;
@@ -462,10 +495,23 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.a.xs16 = xs16;
     ctx.a.xs32 = xs32;
     if (ref) return detail::matmul_kquant_int8_ref(w.type, ctx.a, 0, w.rows);
+    if (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::IQ4_XS ||
+        w.type == GgmlType::Q6_K || w.type == GgmlType::Q4_0 || w.type == GgmlType::Q4_1 ||
+        w.type == GgmlType::IQ4_NL) {
+      float* xd2 = (float*)(scratch64 + l.xd2);
+      int32_t* xsn = (int32_t*)(scratch64 + l.xsn);
+      int32_t* xsn16 = (int32_t*)(scratch64 + l.xsn16);
+      detail::prepare_x_interleaved_vnni(xq, xd, xs16, xs32, w.cols, xd2, xsn, xsn16);
+      ctx.a.xd2 = xd2;
+      ctx.a.xsn = xsn;
+      ctx.a.xsn16 = xsn16;
+    }
     ctx.fn = detail::kquant_int8_vnni(w.type);
   }
   const bool q8_int8 = scratch && takes_q8_int8(w);
-  if (q8_int8 && detail::q8_int8_reference()) {
+  // Prefill with int8 activations: Q8_0's GEMM or a k-quant's.
+  const bool int8_gemm = (q8_int8 && n_tokens > 1) || (kquant_int8 && n_tokens > 1);
+  if ((q8_int8 || int8_gemm) && detail::q8_int8_reference()) {
     // Tests: the scalar int8 kernels, token by token, on this thread (the decode scratch serves each token).
     int8_t* xq = (int8_t*)scratch64;
     float* xd = (float*)(xq + round64(w.cols));
@@ -477,7 +523,10 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
       a.x = x + (int64_t)t * w.cols;
       a.y = y + (int64_t)t * w.rows;
       detail::quantize_x_q8_ref(a.x, w.cols, xq, xd);
-      detail::matmul_q8_int8_ref(a, 0, w.rows);
+      if (w.type == GgmlType::Q8_0)
+        detail::matmul_q8_int8_ref(a, 0, w.rows);
+      else
+        detail::matmul_kquant_int8_ref(w.type, a, 0, w.rows);
     }
     return;
   }
@@ -489,7 +538,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
     ctx.a.xq = xq;
     ctx.a.xd = xd;
     ctx.fn = detail::matmul_q8_int8_vnni;
-  } else if (q8_int8) {
+  } else if (int8_gemm) {
     // Prefill: x quantised and packed once, the threads sharing the token tiles.
     struct Pack {
       const float* x;
@@ -505,11 +554,11 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
         },
         &pk);
     ctx.a.xq = (const int8_t*)scratch64;
-    ctx.fn = detail::matmul_q8_int8_gemm_vnni;
+    ctx.fn = q8_int8 ? detail::matmul_q8_int8_gemm_vnni : detail::kquant_int8_gemm_vnni(w.type);
     ctx.q8_tile_bytes = w.cols / kQ8_0Block * detail::kQ8TileBlockBytes;
   }
   // The panel GEMM's x packed once, all threads sharing the token tiles, before any row block needs it.
-  if (scratch && takes_panel(k, w, n_tokens) && !q8_int8) {
+  if (scratch && takes_panel(k, w, n_tokens) && !q8_int8 && !int8_gemm) {
     float* xp = (float*)scratch64;
     struct Pack {
       const MatmulKernels* k;

@@ -6,9 +6,11 @@
 // 16 and per 32 columns (MatmulArgs::xs16, xs32). A sub-block's weights are codes c times a scale f plus a
 // constant, w = f * (c - k) (Q6_K: k = 32; IQ4_XS: c = level + 128, k = 128) or w = f * c - m (Q4_K), with c
 // unsigned bytes: vpdpbusd sums c * xq over 4 columns per lane exactly, and the constant meets the sums of
-// xq. Per 32 weights: one dot-product instruction, a conversion and an FMA, against the exact path's ~14
-// (matmul_blocks.h). The result is the reference's (matmul.cpp's range_int8_ref: the exact weights times
-// xq * xd, double sums) up to f32 rounding.
+// xq. The 32-element blocks: per 32 weights one dot-product instruction, a conversion and an FMA, against the
+// exact path's ~14 (matmul_blocks.h); the super-block types: per 256 weights four 512-bit dot products, one
+// conversion and one FMA (row_q45k, row_q6k, row_iq4xs: x interleaved by prepare_x_interleaved_vnni). The
+// result is the reference's (matmul.cpp's range_int8_ref: the exact weights times xq * xd, double sums) up to
+// f32 rounding.
 
 // GCC 12's avx512fintrin.h initialises its "undefined" vectors from themselves, which trips these
 // (false-positive) warnings once the intrinsics are inlined.
@@ -20,8 +22,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/kquant_vnni.h"
 #include "core/quants.h"
 
 namespace ultra::cpu::detail {
@@ -46,196 +50,189 @@ inline void prefetch_block(const void* b, int bytes) {
   for (int l = 0; l < (bytes + 63) / 64; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
 }
 
-// The 8 scales and 8 mins of a Q4_K / Q5_K block's 12 scale bytes as floats (q4k_scale_min for all j at
-// once: the low 6 bits of bytes 0..7, then 4 bits of bytes 8..11 with the top 2 bits of bytes 0..7).
-inline void q4k_scales_mins(const uint8_t* q, __m256* sc, __m256* mn) {
-  uint32_t u[4];
-  std::memcpy(u, q, 12);
-  const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);  // mins 4..7
-  const uint32_t m03 = u[1] & k1;                         // mins 0..3
-  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);         // scales 4..7
-  u[0] &= k1;                                             // scales 0..3
-  u[2] = m03;
-  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)u)));
-  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(u + 2))));
+// The interleaved kernels' finish: lanes 2 j and 2 j + 1 of s (sub-block j's two partial sums) added into
+// lane 2 j, lane 2 j + 1 replaced by xsn[2 j + 1] (-sum(xq) over the sub-block), as floats.
+inline __m512 pair_sums(__m512i s, const int32_t* xsn) {
+  s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+  return _mm512_cvtepi32_ps(_mm512_mask_loadu_epi32(s, 0xAAAA, xsn));
 }
 
-// A Q4_K / Q5_K block's factors for x blocks xd[0..7]: f[j] = d * sc_j * xd_j, and mins +=
-// dmin * m_j * xd_j * (the sum of xq over sub-block j).
-inline void q4k_block_factors(uint16_t d, uint16_t dmin, const uint8_t* scales, const float* xd,
-                              const float* xs32, float* f, __m256* mins) {
-  __m256 sc, mn;
-  q4k_scales_mins(scales, &sc, &mn);
-  const __m256 xdv = _mm256_loadu_ps(xd);
-  _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), sc), xdv));
-  *mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin)), mn),
-                          _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32)), *mins);
-}
-
-float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
+// Q4_K (and Q5_K, whose fifth bits come from qh: bit j of qh[l] for sub-block j) decode with every sub-block
+// in each vpdpbusd: dot k (k < 4) multiplies columns 8 k .. 8 k + 7 of all 8
+// sub-blocks (qword j of the zmm: sub-block j, the low or high nibbles of qs[32 (j / 2) + 8 k ..]), against x
+// permuted to match (prepare_x_interleaved_vnni: xq[64 k + 8 j + c] = x column 32 j + 8 k + c of the
+// super-block). The 4 dots accumulate in one int32 vector whose lanes 2 j, 2 j + 1 belong to sub-block j;
+// adding each lane pair leaves sub-block j's sum in lane 2 j, and lane 2 j + 1 takes -sum(xq) over sub-block
+// j (xsn), so that one conversion and one FMA against [d sc_j xd_j, dmin m_j xd_j] (lanes 2 j, 2 j + 1) take
+// the block's codes and its mins at once. Per super-block about 38 vector instructions where row_q5k's loop
+// form needs 57.
+template <class B>
+float row_q45k(const B* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  constexpr bool kQ5 = std::is_same_v<B, BlockQ5_K>;
+  const __m512i rot5 = _mm512_setr_epi64(4, 3, 2, 1, 0, 63, 62, 61), m10 = _mm512_set1_epi8(0x10);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i nib_shift = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i pick[4] = {
+      _mm512_setr_epi64(0, 0, 4, 4, 8, 8, 12, 12), _mm512_setr_epi64(1, 1, 5, 5, 9, 9, 13, 13),
+      _mm512_setr_epi64(2, 2, 6, 6, 10, 10, 14, 14), _mm512_setr_epi64(3, 3, 7, 7, 11, 11, 15, 15)};
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
-    prefetch_block(b + i, sizeof(BlockQ4_K));
-    alignas(32) float f[8];  // d * sc_j * xd_j
-    q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, f, &mins);
+    prefetch_block(b + i, sizeof(B));
+    // [sc_0, m_0, sc_1, m_1, ...] times [d, dmin, d, dmin, ...] times [xd_0, xd_0, xd_1, xd_1, ...]
+    __m256 sc, mn;
+    q4k_scales_mins(b[i].scales, &sc, &mn);
+    const __m512 scmn = _mm512_permutex2var_ps(
+        _mm512_castps256_ps512(sc), _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+        _mm512_castps256_ps512(mn));
+    uint32_t ddm;
+    std::memcpy(&ddm, &b[i].d, 4);
+    const __m512 ddmin = _mm512_cvtph_ps(_mm256_set1_epi32((int)ddm));
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(scmn, ddmin), _mm512_loadu_ps(xd2 + 16 * i));
+    const __m512i q0 = _mm512_loadu_si512(b[i].qs), q1 = _mm512_loadu_si512(b[i].qs + 64);
     const int8_t* x = xq + 256 * i;
-    for (int g = 0; g < 4; ++g) {
-      const __m256i q = _mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g));
-      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      acc0 = _mm256_fmadd_ps(fsum(dot32(lo, x + 64 * g)), _mm256_broadcast_ss(f + 2 * g), acc0);
-      acc1 = _mm256_fmadd_ps(fsum(dot32(hi, x + 64 * g + 32)), _mm256_broadcast_ss(f + 2 * g + 1), acc1);
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      __m512i c =
+          _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutex2var_epi64(q0, pick[k], q1), nib_shift), m4);
+      if constexpr (kQ5) {  // bit j of qh[8 k ..] (qword k) to bit 4 of qword j: c |= rotl(qh_k, 4 - j) &
+                            // 0x10
+        int64_t h;
+        std::memcpy(&h, b[i].qh + 8 * k, 8);
+        c = _mm512_ternarylogic_epi64(c, _mm512_rolv_epi64(_mm512_set1_epi64(h), rot5), m10, 0xF8);
+      }
+      s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
     }
+    acc[i % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * i), f, acc[i % 2]);
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - hsum(mins);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
-float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs16) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
+// Q6_K decode as row_q4k's: 32-column chunk j = 4 h + m of a block (codes: nibble m / 2 of ql[64 h + 32 (m %
+// 2) + l], bits 2 m, 2 m + 1 of qh[32 h + l]) is sub-block j of x; dot k takes columns 8 k .. 8 k + 7 of
+// every chunk (one permute and shift each for the ql and qh qwords, the high bits by a rotate into bits 4,
+// 5). Dots 0, 1 cover the chunks' first 16 columns (scale sc[2 j]) and 2, 3 the second (sc[2 j + 1]): two
+// int32 vectors, each finished as row_q4k's with lane 2 j + 1 at -sum(x_q) over its 16 columns (xsn16)
+// against [g, 32 g] (the codes' offset 32), g = d sc xd.
+float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  const __m512i rot = _mm512_setr_epi64(4, 2, 0, 62, 4, 2, 0, 62);  // bits 2 m, 2 m + 1 of each byte to 4, 5
+  const __m512i even = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+  const __m512i odd = _mm512_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15);
+  const __m512 one32 = _mm512_setr_ps(1, 32, 1, 32, 1, 32, 1, 32, 1, 32, 1, 32, 1, 32, 1, 32);
+  __m512i pick_l[4], pick_h[4];
+  for (int k = 0; k < 4; ++k) {
+    pick_l[k] = _mm512_setr_epi64(k, 4 + k, k, 4 + k, 8 + k, 12 + k, 8 + k, 12 + k);
+    pick_h[k] = _mm512_setr_epi64(k, k, k, k, 4 + k, 4 + k, 4 + k, 4 + k);
+  }
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ6_K));
-    // f_c = d * sc_c * xd of the sub-block's 32-column x block, sub-blocks 0..7 in fv[0], 8..15 in fv[1]
-    const __m128i sc8 = _mm_loadu_si128((const __m128i*)b[i].scales);
-    const __m256 dv = _mm256_set1_ps(_cvtsh_ss(b[i].d));
-    const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);  // xd of x blocks 8 i .. 8 i + 7
-    const __m256i pair_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
-                  pair_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    const __m256 fv[2] = {
-        _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8))),
-                      _mm256_permutevar8x32_ps(xdv, pair_lo)),
-        _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8)))),
-                      _mm256_permutevar8x32_ps(xdv, pair_hi))};
-    // the codes' constant: 32 * sum_c f_c * sum(xq over sub-block c)
-    offs = _mm256_fmadd_ps(fv[0], _mm256_loadu_ps(xs16 + 16 * i), offs);
-    offs = _mm256_fmadd_ps(fv[1], _mm256_loadu_ps(xs16 + 16 * i + 8), offs);
+    // g_c = d sc_c xd_{c / 2} for the 16 scales c, then [g_2j, 32 g_2j] and [g_2j+1, 32 g_2j+1]
+    const __m512 g = _mm512_mul_ps(
+        _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b[i].d)),
+                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)b[i].scales)))),
+        _mm512_loadu_ps(xd2 + 16 * i));
+    const __m512 fa = _mm512_mul_ps(_mm512_permutexvar_ps(even, g), one32);
+    const __m512 fb = _mm512_mul_ps(_mm512_permutexvar_ps(odd, g), one32);
+    const __m512i l0 = _mm512_loadu_si512(b[i].ql), l1 = _mm512_loadu_si512(b[i].ql + 64);
+    const __m512i qh = _mm512_loadu_si512(b[i].qh);
     const int8_t* x = xq + 256 * i;
-    for (int h = 0; h < 2; ++h) {
-      const __m256i a = _mm256_loadu_si256((const __m256i*)(b[i].ql + 64 * h));
-      const __m256i c = _mm256_loadu_si256((const __m256i*)(b[i].ql + 64 * h + 32));
-      const __m256i hb = _mm256_loadu_si256((const __m256i*)(b[i].qh + 32 * h));
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(c, m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4))};
-      for (int k = 0; k < 4; ++k) {  // 32 elements: sub-blocks 8h + 2k (lanes 0..3) and 8h + 2k + 1 (4..7)
-        const __m256i sel =
-            _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
-        const __m256 f = _mm256_permutevar8x32_ps(fv[h], sel);
-        const __m256 s = fsum(dot32(q[k], x + 128 * h + 32 * k));
-        if (k % 2)
-          acc1 = _mm256_fmadd_ps(s, f, acc1);
-        else
-          acc0 = _mm256_fmadd_ps(s, f, acc0);
-      }
+    __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int k = 0; k < 4; ++k) {
+      const __m512i lo = _mm512_srlv_epi64(_mm512_permutex2var_epi64(l0, pick_l[k], l1), nib_shift);
+      const __m512i hi =
+          _mm512_and_si512(_mm512_rolv_epi64(_mm512_permutexvar_epi64(pick_h[k], qh), rot), m30);
+      const __m512i c = _mm512_ternarylogic_epi32(lo, m4, hi, 0xEA);  // (lo & m4) | hi
+      s[k / 2] = _mm512_dpbusd_epi32(s[k / 2], c, _mm512_loadu_si512(x + 64 * k));
     }
+    acc[0] = _mm512_fmadd_ps(pair_sums(s[0], xsn16 + 32 * i), fa, acc[0]);
+    acc[1] = _mm512_fmadd_ps(pair_sums(s[1], xsn16 + 32 * i + 16), fb, acc[1]);
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - 32.0f * hsum(offs);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
-// IQ4_NL / IQ4_XS: the 16 levels + 128 as unsigned bytes, in both 128-bit lanes (a vpshufb table).
-inline __m256i iq4_table() {
-  alignas(16) int8_t lv[16];
-  for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
-  return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
-}
-
-float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  const __m256i table = iq4_table();
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-  const __m256i pair_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m256i m4x = _mm256_set1_epi32(0xF), m2x = _mm256_set1_epi32(3);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, offs = acc0;
+// IQ4_XS decode as row_q4k's: dot k multiplies columns 8 k .. 8 k + 7 of all 8 sub-blocks (qword j: the low
+// nibbles of qs[16 j + 8 (k % 2) ..] for k < 2, the high ones for k >= 2, looked up as levels + 128), with x
+// permuted by prepare_x_interleaved_vnni; lane 2 j ends at sum((level + 128) x_q) over sub-block j and lane
+// 2 j + 1 at -sum(x_q), against [g_j, 128 g_j], g_j = d (ls_j - 32) xd_j.
+float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4_table()));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i pick_lo = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14),
+                pick_hi = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512 one128 = _mm512_setr_ps(1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128, 1, 128);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockIQ4_XS));
-    // ls_s = 4 bits of scales_l (nibble s) | 2 bits of scales_h (bits 2s, 2s + 1) << 4, all 8 at once
-    uint32_t sl;
-    std::memcpy(&sl, b[i].scales_l, 4);
-    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), nib_shift), m4x);
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[i].scales_h), pair_shift), m2x);
-    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-    alignas(32) float f[8];  // d * (ls_s - 32) * xd_s
-    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), _mm256_cvtepi32_ps(ls)),
-                                     _mm256_loadu_ps(xd + 8 * i)));
-    offs = _mm256_fmadd_ps(_mm256_load_ps(f), _mm256_loadu_ps(xs32 + 8 * i), offs);
+    const __m512 g = _mm512_permutexvar_ps(
+        dup, _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), iq4xs_scales(b[i]))));
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(g, one128), _mm512_loadu_ps(xd2 + 16 * i));
+    const __m512i q0 = _mm512_loadu_si512(b[i].qs), q1 = _mm512_loadu_si512(b[i].qs + 64);
+    const __m512i lo = _mm512_permutex2var_epi64(q0, pick_lo, q1),
+                  hi = _mm512_permutex2var_epi64(q0, pick_hi, q1);
     const int8_t* x = xq + 256 * i;
-    for (int s = 0; s < 8; ++s) {
-      const __m128i v = _mm_loadu_si128((const __m128i*)(b[i].qs + 16 * s));
-      const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-      const __m256 sum = fsum(dot32(_mm256_shuffle_epi8(table, idx), x + 32 * s));
-      if (s % 2)
-        acc1 = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(f + s), acc1);
-      else
-        acc0 = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(f + s), acc0);
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i src = k % 2 ? hi : lo;
+      const __m512i c =
+          _mm512_shuffle_epi8(table, _mm512_and_si512(k < 2 ? src : _mm512_srli_epi64(src, 4), m4));
+      s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
     }
+    acc[i % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * i), f, acc[i % 2]);
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) - 128.0f * hsum(offs);
-}
-
-float row_q5k(const BlockQ5_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m1 = _mm256_set1_epi8(1);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
-  for (int64_t i = 0; i < nb; ++i) {
-    prefetch_block(b + i, sizeof(BlockQ5_K));
-    alignas(32) float f[8];  // d * sc_j * xd_j
-    q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, f, &mins);
-    const __m256i qh = _mm256_loadu_si256((const __m256i*)b[i].qh);
-    const int8_t* x = xq + 256 * i;
-    for (int g = 0; g < 4; ++g) {
-      const __m256i q = _mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g));
-      // the fifth bits: bit 2 g (low half) and 2 g + 1 (high half) of qh[l], moved to bit 4
-      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), m1), 4);
-      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), m1), 4);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
-      acc0 = _mm256_fmadd_ps(fsum(dot32(lo, x + 64 * g)), _mm256_broadcast_ss(f + 2 * g), acc0);
-      acc1 = _mm256_fmadd_ps(fsum(dot32(hi, x + 64 * g + 32)), _mm256_broadcast_ss(f + 2 * g + 1), acc1);
-    }
-  }
-  return hsum(_mm256_add_ps(acc0, acc1)) - hsum(mins);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
 // The 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): per block the 32 codes as unsigned bytes c (element
 // j: low nibble of qs[j], element j + 16: high nibble, Q5's fifth bit from qh), w = d * (c - K) (+ m for
 // Q4_1 / Q5_1; IQ4_NL: c = level + 128, K = 128). One vpdpbusd per block, then d * xd times its sum, and
 // (m - d K) * xd times the block's sum of xq.
-template <GgmlType T>
-inline __m256i codes32(const uint8_t* blk, const __m256i& table) {
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const uint8_t* qs = blk + (T == GgmlType::Q4_0 || T == GgmlType::IQ4_NL ? 2
-                             : T == GgmlType::Q4_1 || T == GgmlType::Q5_0 ? (T == GgmlType::Q4_1 ? 4 : 6)
-                                                                          : 8);
-  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
-  __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-  if constexpr (T == GgmlType::IQ4_NL) c = _mm256_shuffle_epi8(table, c);
-  if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
-    uint32_t qh;
-    std::memcpy(&qh, blk + (T == GgmlType::Q5_0 ? 2 : 4), 4);
-    // byte j of the vector: bit j of qh (byte j / 8 of qh broadcast, tested against 1 << (j % 8))
-    const __m256i bytes = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)qh),
-        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    c = _mm256_or_si256(c, _mm256_and_si256(on, _mm256_set1_epi8(0x10)));
+// Q4_0, Q4_1 and IQ4_NL over whole groups of 8 blocks (256 columns, x interleaved as for the super-block
+// types): the 8 blocks are the sub-blocks, their qs gathered as qwords (bytes 0..7 and 8..15 of each block's
+// qs), dot k = the low (k < 2) or high nibbles of qword k % 2; [d_j xd_j, K d_j xd_j] (Q4_1: [d_j xd_j, -m_j
+// xd_j]) against lane 2 j's sum and lane 2 j + 1's -sum(xq).
+template <GgmlType T, class B>
+float row_b32i(const B* b, int64_t ng, const int8_t* xq, const float* xd2, const int32_t* xsn) {
+  constexpr bool kMin = b32_has_min<T>();
+  constexpr int kQs = T == GgmlType::Q4_1 ? 4 : 2;  // offset of qs in the block
+  const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4_table()));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i at = _mm512_setr_epi64(0, sizeof(B), 2 * sizeof(B), 3 * sizeof(B), 4 * sizeof(B),
+                                       5 * sizeof(B), 6 * sizeof(B), 7 * sizeof(B));
+  const __m256i at32 = _mm512_cvtepi64_epi32(at);
+  const __m512i even = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+  const float k2 = kMin ? -1.0f : (float)b32_offset<T>();
+  const __m512 one_k = _mm512_setr_ps(1, k2, 1, k2, 1, k2, 1, k2, 1, k2, 1, k2, 1, k2, 1, k2);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t g = 0; g < ng; ++g) {
+    const uint8_t* blk = (const uint8_t*)(b + 8 * g);
+    prefetch_block(blk, 8 * sizeof(B));
+    // the first 4 bytes of each block as halves: [d_j, m_j] (Q4_1) or [d_j, qs bytes]
+    const __m512 dm = _mm512_cvtph_ps(_mm256_i32gather_epi32((const int*)blk, at32, 1));
+    const __m512 f = _mm512_mul_ps(_mm512_mul_ps(kMin ? dm : _mm512_permutexvar_ps(even, dm), one_k),
+                                   _mm512_loadu_ps(xd2 + 16 * g));
+    const __m512i lo = _mm512_i64gather_epi64(at, (const long long*)(blk + kQs), 1);
+    const __m512i hi = _mm512_i64gather_epi64(at, (const long long*)(blk + kQs + 8), 1);
+    const int8_t* x = xq + 256 * g;
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i src = k % 2 ? hi : lo;
+      __m512i c = _mm512_and_si512(k < 2 ? src : _mm512_srli_epi64(src, 4), m4);
+      if constexpr (T == GgmlType::IQ4_NL) c = _mm512_shuffle_epi8(table, c);
+      s = _mm512_dpbusd_epi32(s, c, _mm512_loadu_si512(x + 64 * k));
+    }
+    acc[g % 2] = _mm512_fmadd_ps(pair_sums(s, xsn + 16 * g), f, acc[g % 2]);
   }
-  return c;
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
 template <GgmlType T, class B>
 float row_b32(const B* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
   const __m256i table = T == GgmlType::IQ4_NL ? iq4_table() : _mm256_setzero_si256();
-  constexpr float K = T == GgmlType::Q4_0     ? 8.0f
-                      : T == GgmlType::Q5_0   ? 16.0f
-                      : T == GgmlType::IQ4_NL ? 128.0f
-                                              : 0.0f;
-  constexpr bool has_m = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+  constexpr float K = b32_offset<T>();
+  constexpr bool has_m = b32_has_min<T>();
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
   float offs = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
@@ -271,24 +268,50 @@ void rows(const MatmulArgs& a, int64_t r0, int64_t r1, F row) {
 
 }  // namespace
 
+void prepare_x_interleaved_vnni(int8_t* xq, const float* xd, const float* xs16, const float* xs32,
+                                int64_t cols, float* xd2, int32_t* xsn, int32_t* xsn16) {
+  for (int64_t i = 0; i < cols / kQK_K; ++i) {
+    int8_t* x = xq + kQK_K * i;
+    alignas(64) int8_t t[kQK_K];
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 8; ++j) std::memcpy(t + 64 * k + 8 * j, x + 32 * j + 8 * k, 8);
+    std::memcpy(x, t, kQK_K);
+    for (int j = 0; j < 8; ++j) {
+      xd2[16 * i + 2 * j] = xd2[16 * i + 2 * j + 1] = xd[8 * i + j];
+      xsn[16 * i + 2 * j] = 0;
+      xsn[16 * i + 2 * j + 1] = -(int32_t)xs32[8 * i + j];
+      for (int h = 0; h < 2; ++h) {
+        xsn16[32 * i + 16 * h + 2 * j] = 0;
+        xsn16[32 * i + 16 * h + 2 * j + 1] = -(int32_t)xs16[16 * i + 2 * j + h];
+      }
+    }
+  }
+}
+
 void matmul_q4k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ4_K>(a, r0, r1,
-                  [&](const BlockQ4_K* b, int64_t nb) { return row_q4k(b, nb, a.xq, a.xd, a.xs32); });
+                  [&](const BlockQ4_K* b, int64_t nb) { return row_q45k(b, nb, a.xq, a.xd2, a.xsn); });
 }
 void matmul_q6k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ6_K>(a, r0, r1,
-                  [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd, a.xs16); });
+                  [&](const BlockQ6_K* b, int64_t nb) { return row_q6k(b, nb, a.xq, a.xd2, a.xsn16); });
 }
 void matmul_q5k_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockQ5_K>(a, r0, r1,
-                  [&](const BlockQ5_K* b, int64_t nb) { return row_q5k(b, nb, a.xq, a.xd, a.xs32); });
+                  [&](const BlockQ5_K* b, int64_t nb) { return row_q45k(b, nb, a.xq, a.xd2, a.xsn); });
 }
 
 template <GgmlType T, class B>
 void matmul_b32_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   const int64_t nb = a.cols / 32;
+  // Q4_0 / Q4_1 / IQ4_NL: whole 256-column groups interleaved (prepare_x_interleaved_vnni), the rest per
+  // block
+  constexpr bool kGroups = T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::IQ4_NL;
+  const int64_t ng = kGroups ? a.cols / kQK_K : 0;
   for (int64_t r = r0; r < r1; ++r) {
-    const float s = row_b32<T>((const B*)(a.w + r * a.row_bytes), nb, a.xq, a.xd, a.xs32);
+    const B* b = (const B*)(a.w + r * a.row_bytes);
+    float s = row_b32<T>(b + 8 * ng, nb - 8 * ng, a.xq + kQK_K * ng, a.xd + 8 * ng, a.xs32 + 8 * ng);
+    if constexpr (kGroups) s += row_b32i<T>(b, ng, a.xq, a.xd2, a.xsn);
     a.y[r] = a.bias ? s + a.bias[r] : s;
   }
 }
@@ -300,7 +323,7 @@ template void matmul_b32_int8_vnni<GgmlType::IQ4_NL, BlockIQ4_NL>(const MatmulAr
 
 void matmul_iq4xs_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1) {
   rows<BlockIQ4_XS>(a, r0, r1,
-                    [&](const BlockIQ4_XS* b, int64_t nb) { return row_iq4xs(b, nb, a.xq, a.xd, a.xs32); });
+                    [&](const BlockIQ4_XS* b, int64_t nb) { return row_iq4xs(b, nb, a.xq, a.xd2, a.xsn); });
 }
 
 }  // namespace ultra::cpu::detail
