@@ -7,6 +7,12 @@
 // the documents (cold: the grammar's tables built on first use) and of a second pass with a fresh matcher
 // and mask per document sharing the tables (a new request with the same grammar: mask cache empty), and
 // the cache hit rate. BENCH_DEPTH: the tables' context depth (default 3); BENCH_VERBOSE: the slow steps.
+//
+// bench_grammar_mask --schemas [VOCAB] [SCHEMA_DIR]: the JSON-Schema grammars (grammar/json_schema.h) of the
+// JSONSchemaBench sample (tests/fixtures/jsonschemabench, one folder per category): per schema, a seeded
+// random walk of up to 192 tokens (each step a token drawn uniformly from those the mask allows, the end
+// taken with probability 1/2 when allowed) is driven twice, cold (the schema's tables built as met) then warm
+// (a fresh matcher and mask sharing the tables); the mask time of every step, median and p99 per category.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,12 +20,15 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
 #include "grammar/gbnf_parser.h"
 #include "grammar/grammar_matcher.h"
+#include "grammar/json_schema.h"
 #include "grammar/mask_tables.h"
 #include "grammar/mask_vocab.h"
 #include "grammar/token_mask.h"
@@ -73,18 +82,89 @@ double pct(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, (size_t)(p * (double)(v.size() - 1) + 0.5))];
 }
 
+std::string default_vocab() {
+  const fs::path a =
+      fs::path(ULTRA_SOURCE_DIR) / ".." / "shared" / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf";
+  const fs::path b = fs::path(std::getenv("HOME") ? std::getenv("HOME") : "/root") / ".cache" / "ultra" /
+                     "llama.cpp-native" / "src" / "models" / "ggml-vocab-llama-bpe.gguf";
+  return fs::exists(a) ? a.string() : b.string();
+}
+
+// The schema mode (see the top of the file).
+int schemas(const std::string& vocab_path, const fs::path& dir) {
+  const auto tk = tok::Tokenizer::from_file(vocab_path);
+  const auto v = MaskVocab::from_tokenizer(tk);
+  fmt::print("vocabulary {}: {} tokens; JSON-Schema grammars of {}\n", vocab_path, v->n_vocab, dir.string());
+  std::vector<fs::path> cats;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory()) cats.push_back(e.path());
+  std::sort(cats.begin(), cats.end());
+  std::vector<uint32_t> mask(v->n_words());
+  std::vector<int32_t> allowed;
+  std::vector<double> all_warm;
+  for (const fs::path& cat : cats) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(cat))
+      if (e.path().extension() == ".json") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    std::vector<double> cold, warm;
+    int compiled = 0, ended = 0;
+    for (const fs::path& f : files) {
+      std::shared_ptr<const Grammar> g;
+      try {
+        g = std::make_shared<const Grammar>(json_schema_to_grammar(nlohmann::ordered_json::parse(slurp(f))));
+      } catch (const std::exception&) {
+        continue;  // refused (the server answers 400): not timed
+      }
+      ++compiled;
+      const auto tables = std::make_shared<MaskTables>(g, v, 3);
+      for (int pass = 0; pass < 2; ++pass) {
+        std::mt19937 rng((uint32_t)std::hash<std::string>{}(f.filename().string()));
+        Matcher m(g);
+        TokenMask tm(tables, m);
+        for (int step = 0; step < 192; ++step) {
+          const double t0 = now_us();
+          tm.compute(mask.data());
+          (pass == 0 ? cold : warm).push_back(now_us() - t0);
+          if (mask_allows(mask.data(), tk.eos()) && rng() % 2) {
+            ended += pass == 1;
+            break;
+          }
+          allowed.clear();
+          for (int32_t t = 0; t < v->n_vocab; ++t)
+            if (!tk.is_eog(t) && mask_allows(mask.data(), t)) allowed.push_back(t);
+          if (allowed.empty()) break;
+          const std::string_view piece = tk.token_to_piece(allowed[rng() % allowed.size()]);
+          if (m.accept_bytes(piece) != piece.size()) {
+            std::string hex;
+            for (unsigned char ch : piece) hex += fmt::format("{:02x} ", ch);
+            fail("{}: step {}: an allowed token refused by the matcher: '{}' ({}), {} allowed", f.string(),
+                 step, piece, hex, allowed.size());
+          }
+        }
+      }
+    }
+    all_warm.insert(all_warm.end(), warm.begin(), warm.end());
+    fmt::print(
+        "{:<14} {:2} of {:2} schemas, {:5} steps ({} walks ended): cold median {:6.1f} us p99 {:8.1f} us; "
+        "warm median {:6.1f} us p99 {:8.1f} us\n",
+        cat.filename().string(), compiled, files.size(), warm.size(), ended, pct(cold, 0.5), pct(cold, 0.99),
+        pct(warm, 0.5), pct(warm, 0.99));
+  }
+  fmt::print("all categories, warm: {} steps, median {:.1f} us, p99 {:.1f} us\n", all_warm.size(),
+             pct(all_warm, 0.5), pct(all_warm, 0.99));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    std::string vocab_path = argc > 1 ? argv[1] : "";
-    if (vocab_path.empty()) {
-      const fs::path a =
-          fs::path(ULTRA_SOURCE_DIR) / ".." / "shared" / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf";
-      const fs::path b = fs::path(std::getenv("HOME") ? std::getenv("HOME") : "/root") / ".cache" / "ultra" /
-                         "llama.cpp-native" / "src" / "models" / "ggml-vocab-llama-bpe.gguf";
-      vocab_path = fs::exists(a) ? a.string() : b.string();
-    }
+    if (argc > 1 && std::string(argv[1]) == "--schemas")
+      return schemas(argc > 2 ? argv[2] : default_vocab(),
+                     argc > 3 ? fs::path(argv[3])
+                              : fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "jsonschemabench");
+    const std::string vocab_path = argc > 1 ? argv[1] : default_vocab();
     const fs::path gdir =
         argc > 2 ? fs::path(argv[2]) : fs::path(ULTRA_SOURCE_DIR) / "tests" / "fixtures" / "grammars";
     const auto tk = tok::Tokenizer::from_file(vocab_path);
