@@ -220,6 +220,51 @@ TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
   }
 }
 
+// Copying a slot's prefix: positions [0, n) of slot `from` land in slot `to` (every head, K and V, every
+// layer), byte for byte; the rest of `to` and every other slot keep their bytes; bad slots and lengths throw.
+TEST(KvCache, CopyTakesExactlyTheSourcePrefix) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
+    KvCacheParams p;
+    p.n_layers = 2;
+    p.n_slots = 3;
+    p.n_kv_heads = 2;
+    p.max_ctx = 10;
+    p.head_dim = 4;
+    p.type = type;
+    KvCache kv(p);
+    const size_t elem = type == GgmlType::F32 ? 4 : 2, row = p.head_dim * elem;
+    const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * row;
+    // Every byte names its (layer, K or V, offset).
+    const auto byte_at = [](int il, int b, size_t i) { return (uint8_t)(il * 97 + b * 41 + i * 7 + 1); };
+    for (int il = 0; il < p.n_layers; ++il)
+      for (size_t i = 0; i < n; ++i) {
+        static_cast<uint8_t*>(kv.layer(il).k)[i] = byte_at(il, 0, i);
+        static_cast<uint8_t*>(kv.layer(il).v)[i] = byte_at(il, 1, i);
+      }
+    kv.copy(2, 0, 7);
+    for (int il = 0; il < p.n_layers; ++il)
+      for (int b = 0; b < 2; ++b) {
+        const uint8_t* d = static_cast<const uint8_t*>(b == 0 ? kv.layer(il).k : kv.layer(il).v);
+        for (int s = 0; s < p.n_slots; ++s)
+          for (int h = 0; h < p.n_kv_heads; ++h)
+            for (int pos = 0; pos < p.max_ctx; ++pos) {
+              const size_t at = (((size_t)s * p.n_kv_heads + h) * p.max_ctx + pos) * row;
+              const int from = s == 0 && pos < 7 ? 2 : s;
+              const size_t src = (((size_t)from * p.n_kv_heads + h) * p.max_ctx + pos) * row;
+              for (size_t i = 0; i < row; ++i)
+                ASSERT_EQ(d[at + i], byte_at(il, b, src + i))
+                    << il << " " << b << " " << s << " " << h << " " << pos;
+            }
+      }
+    kv.copy(0, 1, 0);  // nothing
+    EXPECT_THROW(kv.copy(1, 1, 3), Error);
+    EXPECT_THROW(kv.copy(3, 1, 3), Error);
+    EXPECT_THROW(kv.copy(0, -1, 3), Error);
+    EXPECT_THROW(kv.copy(0, 1, 11), Error);
+    EXPECT_THROW(kv.copy(0, 1, -1), Error);
+  }
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

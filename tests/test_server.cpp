@@ -879,6 +879,39 @@ TEST_F(ServerTest, SeveralChoices) {
   EXPECT_EQ(completion_tokens, 20);
 }
 
+// n > 1 prefills the prompt once: the first choice's slot runs it but its last token, the other choices copy
+// that KV into their slots (Context::copy_seq) and each prefills only the last token, for its own first
+// sample (ultra_prompt_tokens_prefilled_total counts L + n - 1 tokens, not n L). More choices than slots
+// (6 on 4) go in groups that fit. Each choice still equals the single request with its seed.
+TEST_F(ServerTest, SeveralChoicesPrefillThePromptOnce) {
+  const std::string prompt = "Once upon a time, in a land far away, there lived a little girl who loved to";
+  const json body = {
+      {"prompt", prompt}, {"temperature", 1.0}, {"seed", 7}, {"max_tokens", 6}, {"cache_prompt", false}};
+  for (const int n : {3, 6}) {
+    json req = body;
+    req["n"] = n;
+    const auto before = metrics();
+    const json r = post("/v1/completions", req);
+    const auto after = metrics();
+    ASSERT_EQ(r["choices"].size(), (size_t)n) << r;
+    const int L = r["usage"]["prompt_tokens"];
+    const int groups = (n + 3) / 4;
+    EXPECT_EQ(
+        after.at("ultra_prompt_tokens_prefilled_total") - before.at("ultra_prompt_tokens_prefilled_total"),
+        groups * L + (n - groups))
+        << n;
+    EXPECT_EQ(after.at("ultra_prompt_tokens_shared_total") - before.at("ultra_prompt_tokens_shared_total"),
+              (n - groups) * (L - 1))
+        << n;
+    for (int i = 0; i < n; ++i) {
+      json one = body;
+      one["seed"] = 7 + i;
+      const json single = post("/v1/completions", one);
+      EXPECT_EQ(r["choices"][i]["text"], single["choices"][0]["text"]) << n << " " << i;
+    }
+  }
+}
+
 TEST_F(ServerTest, DisconnectFreesTheSlot) {
   const auto before = metrics();
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -274,7 +274,8 @@ struct Job {
   ToolFamily tool_family;
 };
 
-// Completions per request (n): each runs in a KV slot of its own, with seed + i.
+// Completions per request (n): each runs in a KV slot of its own, with seed + i; the prompt is prefilled once
+// (in the first's slot) and copied to the others' (GenRequest::forks).
 constexpr int kMaxChoices = 16;
 
 // Fills the sampling and stopping fields of `job` from the body; checks prompt + max_tokens <= n_ctx.
@@ -836,6 +837,11 @@ http::Handlers Server::handlers() {
     metric("prompt_tokens_total", "counter", "prompt tokens admitted", st.prompt_tokens_total);
     metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cache (prefix reuse)",
            st.prompt_tokens_cached_total);
+    metric("prompt_tokens_shared_total", "counter",
+           "prompt tokens copied from another choice's slot (n > 1: the prompt is prefilled once)",
+           st.prompt_tokens_shared_total);
+    metric("prompt_tokens_prefilled_total", "counter", "prompt tokens run through the model",
+           st.prompt_tokens_prefilled_total);
     metric("generated_tokens_total", "counter", "tokens generated", st.generated_tokens_total);
     metric("steps_total", "counter", "batched steps run", st.steps_total);
     metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
@@ -962,12 +968,11 @@ http::Reply Server::complete(http::Request& req, bool chat) {
   if (*req.gone) throw ApiError{499, "the client went away"};  // nothing is sent; the slot is not taken
   job.reqs.push_back(job.req);
   for (int i = 1; i < job.n; ++i) job.reqs.push_back(choice_copy(*job.req, i));
-  for (size_t i = 0; i < job.reqs.size(); ++i)
-    if (!sched_->submit(job.reqs[i])) {
-      for (size_t k = 0; k < i; ++k) job.reqs[k]->cancelled = true;  // freed before the next step
-      throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
-                     "", "queue_full"};
-    }
+  // The other choices are the first's forks: its prompt is prefilled once and copied to their slots.
+  job.req->forks.assign(job.reqs.begin() + 1, job.reqs.end());
+  if (!sched_->submit(job.req))
+    throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
+                   "", "queue_full"};
   const bool stream = job.stream;
   http::Reply r;
   if (stream) {
