@@ -738,11 +738,11 @@ std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nl
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
     bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   const json* kwargs = j.contains("chat_template_kwargs") ? &j["chat_template_kwargs"] : &kNoKwargs;
-  // The template's `tools` variable (chat_template_kwargs cannot override it).
+  // The template's `tools` variable and the like (chat_template_kwargs cannot override them).
   std::shared_ptr<const json> with_tools;
   if (tools) {
     json extra = *kwargs;
-    extra["tools"] = *tools;
+    for (const auto& [k, v] : tools->items()) extra[k] = v;
     with_tools = std::make_shared<const json>(std::move(extra));
     kwargs = with_tools.get();
   }
@@ -787,7 +787,11 @@ Server::ChatInput Server::chat_input(const nlohmann::json& j, const http::Reques
     bad(e.param, e.what());
   }
   const bool give = in.tools.active() && in.family.template_takes_tools;
-  in.render = chat_renderer(j, req, give ? &in.tools.tools : nullptr);
+  // FireFunction's template needs its variables with no tools too.
+  const json vars = give || in.family.syntax == ToolSyntax::FireFunction
+                        ? tool_template_variables(in.family, give ? in.tools : ToolRequest{})
+                        : json();
+  in.render = chat_renderer(j, req, vars.is_null() ? nullptr : &vars);
   return in;
 }
 

@@ -23,6 +23,16 @@
 //               begin (V3.1); its templates render the history's calls but not `tools` (the fallback prompt
 //               describes them), so Hermes tags are taken too. Parsed only: a forced call is written as
 //               Hermes tags.
+//   FunctionaryV31  <function=N>{...}</function> per call, or <|python_tag|> and raw code (a call to
+//               "python" with {"code": ...}) (Functionary v3.1 on Llama 3.1)
+//   FunctionaryV32  the output starts after the prompt's >>> with a recipient line: "all\n" and text
+//               (content), or N\n{...} (a call); more parts follow after >>> (Functionary v3.2); content
+//               is the "all" parts' text without the recipient
+//   FireFunction    [text] functools[{"name": N, "arguments": {...}}, ...] (FireFunction v2; its template
+//               reads the tools as the `functions` text and a `datetime`, which the server passes)
+//   CommandR    [text] Action: ```json [{"tool_name": N, "parameters": {...}}, ...] ``` (Command R / R+
+//               tool use); calls to its built-in "directly-answer" are not calls (content: the text
+//               before Action:). No lazy grammar for "auto": the model writes an action every turn
 //   Generic     a template that renders `tools` in a syntax not listed here: Hermes tags, or the whole
 //               output a JSON object / array of {"name", "arguments"} naming declared functions
 //
@@ -39,7 +49,19 @@
 
 namespace ultra::server {
 
-enum class ToolSyntax { Hermes, Llama3, Mistral, MistralV11, Granite, DeepSeek, Generic };
+enum class ToolSyntax {
+  Hermes,
+  Llama3,
+  Mistral,
+  MistralV11,
+  Granite,
+  DeepSeek,
+  FunctionaryV31,
+  FunctionaryV32,
+  FireFunction,
+  CommandR,
+  Generic
+};
 
 struct ToolFamily {
   ToolSyntax syntax = ToolSyntax::Hermes;
@@ -50,11 +72,15 @@ struct ToolFamily {
   // The template renders assistant messages' tool_calls and `tool` messages itself; when false they are
   // rewritten as Hermes text (prepare_tool_messages).
   bool template_takes_calls = false;
+  // The template concatenates a call's arguments as text (FireFunction v2, Functionary v3.2): the history's
+  // arguments are given as a JSON string, not an object.
+  bool string_arguments = false;
 };
 
 // The family of a template's source ("" = the server's built-in fallback format).
 ToolFamily detect_tool_family(std::string_view template_source);
-// "hermes", "llama3", "mistral", "mistral-v11", "granite", "deepseek", "generic".
+// "hermes", "llama3", "mistral", "mistral-v11", "granite", "deepseek", "functionary-v3.1",
+// "functionary-v3.2", "firefunction-v2", "command-r", "generic".
 const char* tool_syntax_name(ToolSyntax s);
 
 enum class ToolChoice { None, Auto, Required, Named };
@@ -95,6 +121,10 @@ void check_tools_special(const Tokenizer& tok, const ToolRequest& tools);
 // of the first system message (or becomes one). A malformed tool_calls entry: FieldError("messages").
 nlohmann::json prepare_tool_messages(const nlohmann::json& messages, const ToolFamily& family,
                                      const ToolRequest& tools);
+
+// The template variables that carry the tools: `tools` (the request's definitions), and for FireFunction
+// `functions` (their JSON text, indented by 2) and `datetime` (now, "%b %d %Y %H:%M:%S GMT").
+nlohmann::json tool_template_variables(const ToolFamily& family, const ToolRequest& tools);
 
 // The fallback system prompt for templates that do not render tools (documented in README.md).
 std::string fallback_tool_prompt(const ToolRequest& tools);
@@ -152,6 +182,8 @@ class ToolCallStream {
   std::string buf_;       // the whole output so far
   size_t emitted_ = 0;    // bytes of buf_ returned as content
   bool holding_ = false;  // a call may have begun at emitted_: nothing more is content until finish()
+  size_t skip_ = 0;       // bytes at the start of buf_ that are no content (Functionary v3.2's "all\n")
+  bool started_ = false;  // Functionary v3.2: the first recipient line was read
 };
 
 }  // namespace ultra::server
