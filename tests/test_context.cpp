@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "copy_seq_check.h"
 #include "engine/model_impl.h"
 #include "engine/testing.h"
 #include "greedy_util.h"
@@ -202,87 +203,46 @@ TEST(Context, SnapshotRestoreRepeatsSampledTokens) {
   EXPECT_NE(c, a);
 }
 
-// copy_seq: a prompt prefilled once in sequence 0 (all but its last token) is copied into sequences 1 and 2,
-// which held other tokens and whose cache past them is poisoned (NaN): each then feeds the prompt's last
-// token and samples. Sequence 1, with sequence 0's seed, draws sequence 0's tokens; sequence 2 draws what a
-// fresh context with its seed draws from the whole prompt. Bad copies throw and change nothing.
+// copy_seq (tests/copy_seq_check.h): a prompt prefilled once in sequence 0 (all but its last token) is copied
+// into sequences 1 and 2, which held other tokens and whose cache past them is poisoned (NaN): each then
+// feeds the prompt's last token and samples (penalties on). Sequence 1, with sequence 0's seed, draws
+// sequence 0's tokens; sequence 2 draws what a fresh context with its seed draws. Bad copies throw and
+// change nothing.
 TEST(Context, CopiedSequenceContinuesLikeAFreshPrefill) {
   const Model m = Model::load(kBundled.string());
   const std::vector<int32_t> prompt = m.tokenizer()->encode(
       "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east, and", true, false);
   ASSERT_GT(prompt.size(), 21u);
-  const int L = (int)prompt.size();
-  SamplingParams sp;
+  SamplingParams sp = SamplingParams::greedy();
   sp.temperature = 1.0f;
-  sp.top_k = 0;
-  sp.top_p = 1.0f;
-  sp.min_p = 0.0f;
   sp.repeat_penalty = 1.3f;
   sp.seed = 1234;
   SamplingParams other = sp;
   other.seed = 99;
-  // Eight tokens of sequence `seq` of c: its prompt's last token fed with a sample, then seven more.
-  Batch b(64);
-  const auto run8 = [&](Context& c, const std::vector<int>& seqs) {
-    std::vector<std::vector<int32_t>> out(seqs.size());
-    b.clear();
-    std::vector<int> rows;
-    for (int s : seqs) rows.push_back(b.add(prompt.back(), L - 1, s, Output::sample));
-    c.step(b);
-    for (size_t i = 0; i < seqs.size(); ++i) out[i].push_back(c.sampled(rows[i]));
-    for (int k = 0; k < 7; ++k) {
-      b.clear();
-      for (size_t i = 0; i < seqs.size(); ++i)
-        rows[i] = b.add(Batch::kSampled, c.seq_len(seqs[i]), seqs[i], Output::sample);
-      c.step(b);
-      for (size_t i = 0; i < seqs.size(); ++i) out[i].push_back(c.sampled(rows[i]));
-    }
-    return out;
-  };
-  const auto fresh = [&](const SamplingParams& p) {
-    Context c(m, {.n_ctx = 128, .n_threads = 2});
-    c.set_sampling(0, p);
-    prefill(c, b, 0, std::span(prompt).first((size_t)L - 1));
-    return run8(c, {0})[0];
-  };
-
-  Context ctx(m, {.n_ctx = 128, .n_slots = 3, .n_threads = 2});
-  ctx.set_sampling(0, sp);
-  ctx.set_sampling(1, sp);
-  ctx.set_sampling(2, other);
-  const std::vector<int32_t> junk(20, prompt[3]);
-  prefill(ctx, b, 1, junk);
-  ctx.set_grammar(2, "root ::= [a-z]*");  // dropped below: copy_seq keeps the grammar, restarted
-  ultra::testing::poison_kv_past_length(ctx, 1);
-  ultra::testing::poison_kv_past_length(ctx, 2);
-  prefill(ctx, b, 0, std::span(prompt).first((size_t)L - 1));
-  ctx.copy_seq(0, 1, L - 1);
-  ctx.copy_seq(0, 2, L - 1);
-  ctx.clear_grammar(2);
-  for (int s = 1; s < 3; ++s) {
-    EXPECT_EQ(ctx.seq_len(s), L - 1);
-    const auto t = ctx.seq_tokens(s);
-    EXPECT_TRUE(std::equal(t.begin(), t.end(), prompt.begin())) << s;
-  }
-  const auto got = run8(ctx, {0, 1, 2});
-  EXPECT_EQ(got[0], got[1]);
-  EXPECT_EQ(got[0], fresh(sp));
-  EXPECT_EQ(got[2], fresh(other));
-  EXPECT_NE(got[2], got[0]);
+  const test::CopiedSequences r =
+      test::run_copied_sequences(m, {.n_ctx = 128, .n_threads = 2}, prompt, sp, other, 8);
+  EXPECT_TRUE(r.tokens_copied);
+  EXPECT_EQ(r.got[1], r.got[0]);
+  EXPECT_EQ(r.got[0], r.fresh_a);
+  EXPECT_EQ(r.got[2], r.fresh_b);
+  EXPECT_NE(r.got[2], r.got[0]);
 
   // Bad copies: onto itself, longer than the source, a slot out of range, while a step is queued.
-  const int len1 = ctx.seq_len(1);
+  Context ctx(m, {.n_ctx = 64, .n_slots = 2, .n_threads = 2});
+  Batch b(64);
+  prefill(ctx, b, 0, std::span(prompt).first(10));
+  ctx.copy_seq(0, 1, 4);
   EXPECT_THROW(ctx.copy_seq(1, 1, 3), Error);
   EXPECT_THROW(ctx.copy_seq(0, 1, ctx.seq_len(0) + 1), Error);
-  EXPECT_THROW(ctx.copy_seq(0, 3, 1), Error);
+  EXPECT_THROW(ctx.copy_seq(0, 2, 1), Error);
   EXPECT_THROW(ctx.copy_seq(-1, 1, 1), Error);
   EXPECT_THROW(ctx.copy_seq(0, 1, -1), Error);
   b.clear();
-  b.add(Batch::kSampled, ctx.seq_len(0), 0, Output::sample);
+  b.add(prompt[10], ctx.seq_len(0), 0, Output::sample);
   ctx.submit(b);
   EXPECT_THROW(ctx.copy_seq(0, 1, 1), Error);
   ctx.wait();
-  EXPECT_EQ(ctx.seq_len(1), len1);
+  EXPECT_EQ(ctx.seq_len(1), 4);
 }
 
 // Every malformed field gives an error naming it, and the context is unchanged: lengths, tokens, and the

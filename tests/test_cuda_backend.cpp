@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/tuning.h"
 #include "chi2_util.h"
+#include "copy_seq_check.h"
 #include "engine/testing.h"
 #include "greedy_util.h"
 #include "io/convert.h"
@@ -554,18 +555,17 @@ TEST(CudaBackend, SeededSamplingMatchesCpu) {
 }
 
 // Context::copy_seq on the device (CudaBackend::copy_kv: the KV of every layer by cudaMemcpy2DAsync and the
-// token log that the device sampler's penalties read). A prompt prefilled once in sequence 0 (all but its
-// last token) is copied into sequences 1 and 2, which held other tokens (their token log too) and whose
-// cache past them is poisoned (NaN); then all three feed the prompt's last token and sample 24 tokens with
-// a repeat penalty over the whole window (so a log not copied changes the draws). Sequence 1, with sequence
-// 0's seed, draws sequence 0's tokens; each equals a fresh CUDA context given the same prefill and seed.
+// token log that the device sampler's penalties read), through tests/copy_seq_check.h: a prompt prefilled
+// once in sequence 0 is copied into sequences 1 and 2, which held other tokens (their token log too) and
+// whose cache past them is poisoned (NaN); all three then sample 24 tokens with a repeat penalty over the
+// whole window (so a log not copied changes the draws). Sequence 1, with sequence 0's seed, draws sequence
+// 0's tokens; each equals a fresh CUDA context given the same prefill and seed.
 TEST(CudaBackend, CopiedSequenceContinuesLikeAFreshPrefill) {
   const Model m = Model::load(kBundled.string());
   const std::vector<int32_t> prompt = m.tokenizer()->encode(
       "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east", true, false);
   ASSERT_GT(prompt.size(), 12u);
   ASSERT_LE(prompt.size(), 32u);  // the prefill takes the f32 GEMV path, in both contexts
-  const int L = (int)prompt.size();
   SamplingParams sp;
   sp.temperature = 0.9f;
   sp.repeat_penalty = 1.5f;
@@ -573,46 +573,12 @@ TEST(CudaBackend, CopiedSequenceContinuesLikeAFreshPrefill) {
   sp.seed = 1234;
   SamplingParams other = sp;
   other.seed = 99;
-  Batch b(64);
-  const auto run = [&](Context& c, const std::vector<int>& seqs) {
-    std::vector<std::vector<int32_t>> out(seqs.size());
-    std::vector<int> rows;
-    b.clear();
-    for (int s : seqs) rows.push_back(b.add(prompt.back(), L - 1, s, Output::sample));
-    c.step(b);
-    for (size_t i = 0; i < seqs.size(); ++i) out[i].push_back(c.sampled(rows[i]));
-    for (int k = 0; k < 23; ++k) {
-      b.clear();
-      for (size_t i = 0; i < seqs.size(); ++i)
-        rows[i] = b.add(Batch::kSampled, c.seq_len(seqs[i]), seqs[i], Output::sample);
-      c.step(b);
-      for (size_t i = 0; i < seqs.size(); ++i) out[i].push_back(c.sampled(rows[i]));
-    }
-    return out;
-  };
-  const auto fresh = [&](const SamplingParams& p) {
-    Context c(m, gpu(128));
-    c.set_sampling(0, p);
-    prefill(c, b, 0, std::span(prompt).first((size_t)L - 1));
-    return run(c, {0})[0];
-  };
-  Context ctx(m, gpu(128, 64, 64, KvType::f32, 3));
-  ctx.set_sampling(0, sp);
-  ctx.set_sampling(1, sp);
-  ctx.set_sampling(2, other);
-  const std::vector<int32_t> junk(L + 4, prompt[2]);
-  prefill(ctx, b, 1, junk);
-  prefill(ctx, b, 2, std::span(junk).first(5));
-  ultra::testing::poison_kv_past_length(ctx, 1);
-  ultra::testing::poison_kv_past_length(ctx, 2);
-  prefill(ctx, b, 0, std::span(prompt).first((size_t)L - 1));
-  ctx.copy_seq(0, 1, L - 1);
-  ctx.copy_seq(0, 2, L - 1);
-  const auto got = run(ctx, {0, 1, 2});
-  EXPECT_EQ(got[1], got[0]);
-  EXPECT_EQ(got[0], fresh(sp));
-  EXPECT_EQ(got[2], fresh(other));
-  EXPECT_NE(got[2], got[0]);
+  const test::CopiedSequences r = test::run_copied_sequences(m, gpu(128), prompt, sp, other, 24);
+  EXPECT_TRUE(r.tokens_copied);
+  EXPECT_EQ(r.got[1], r.got[0]);
+  EXPECT_EQ(r.got[0], r.fresh_a);
+  EXPECT_EQ(r.got[2], r.fresh_b);
+  EXPECT_NE(r.got[2], r.got[0]);
 }
 
 // The device sampler's distribution: 32 sequences per step, each with its own seed, all at the same prompt,

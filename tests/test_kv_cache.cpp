@@ -170,17 +170,23 @@ TEST(KvLayout, AllocateGivesEachLayerItsKAndV) {
   }
 }
 
+// Two layers of three slots, two KV heads, 10 positions of head dimension 4.
+KvCacheParams small_params(GgmlType type) {
+  KvCacheParams p;
+  p.n_layers = 2;
+  p.n_slots = 3;
+  p.n_kv_heads = 2;
+  p.max_ctx = 10;
+  p.head_dim = 4;
+  p.type = type;
+  return p;
+}
+
 // Poisoning writes all-ones bytes (NaN) over positions [from, max_ctx) of one slot, every head, K and V of
 // every layer, and nothing else.
 TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
-    KvCacheParams p;
-    p.n_layers = 2;
-    p.n_slots = 3;
-    p.n_kv_heads = 2;
-    p.max_ctx = 10;
-    p.head_dim = 4;
-    p.type = type;
+    const KvCacheParams p = small_params(type);
     KvCache kv(p);
     const size_t elem = type == GgmlType::F32 ? 4 : 2, row = p.head_dim * elem;
     const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * row;
@@ -224,13 +230,7 @@ TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
 // layer), byte for byte; the rest of `to` and every other slot keep their bytes; bad slots and lengths throw.
 TEST(KvCache, CopyTakesExactlyTheSourcePrefix) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
-    KvCacheParams p;
-    p.n_layers = 2;
-    p.n_slots = 3;
-    p.n_kv_heads = 2;
-    p.max_ctx = 10;
-    p.head_dim = 4;
-    p.type = type;
+    const KvCacheParams p = small_params(type);
     KvCache kv(p);
     const size_t elem = type == GgmlType::F32 ? 4 : 2, row = p.head_dim * elem;
     const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * row;

@@ -624,21 +624,35 @@ TEST_F(ToolServerTest, StreamedToolCallsAreDeltas) {
   ASSERT_GE(ev.size(), 3u);
   EXPECT_EQ(ev.back(), "[DONE]");
   std::string content, finish;
-  json calls = json::array();
+  json calls = json::array();  // assembled as OpenAI's clients do: by index, the arguments' pieces joined
+  int pieces = 0;
   for (size_t i = 0; i + 1 < ev.size(); ++i) {
     const json j = json::parse(ev[i]);
     const json& d = j["choices"][0]["delta"];
     if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
     if (d.contains("tool_calls"))
-      for (const json& tc : d["tool_calls"]) calls.push_back(tc);
+      for (const json& tc : d["tool_calls"]) {
+        const size_t k = tc["index"];
+        if (k == calls.size()) {  // its first delta: id, type and name
+          EXPECT_TRUE(tc["id"].is_string() && tc["type"] == "function" && tc["function"]["name"].is_string())
+              << tc;
+          calls.push_back({{"id", tc["id"]},
+                           {"type", "function"},
+                           {"function", {{"name", tc["function"]["name"]}, {"arguments", ""}}}});
+        }
+        ASSERT_LT(k, calls.size()) << tc;
+        const std::string piece = tc["function"]["arguments"];
+        calls[k]["function"]["arguments"] = calls[k]["function"]["arguments"].get<std::string>() + piece;
+        if (!piece.empty()) ++pieces;
+      }
     if (j["choices"][0]["finish_reason"].is_string()) finish = j["choices"][0]["finish_reason"];
   }
   EXPECT_EQ(content, "");  // the call's text is not leaked as content
   EXPECT_EQ(finish, "tool_calls");
   ASSERT_EQ(calls.size(), 1u) << r->body;
-  EXPECT_EQ(calls[0]["index"], 0);
   EXPECT_EQ(calls[0]["function"]["name"], "get_time");
   EXPECT_TRUE(valid_tool_call(calls[0])) << r->body;
+  EXPECT_GE(pieces, 2) << r->body;  // the arguments stream as they are written, not in one piece
 }
 
 // tool_choice auto leaves the output free and parses it: a grammar (the client's) that writes text and then a

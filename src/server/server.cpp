@@ -491,13 +491,25 @@ json chunk_json(const Job& job, const std::string& text, const json& finish, boo
 }
 
 // message.tool_calls (streamed: delta.tool_calls, whose entries carry their index).
-json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+json tool_calls_json(const std::vector<ToolCall>& calls) {
   json a = json::array();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    json c = {{"id", calls[i].id},
-              {"type", "function"},
-              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (streamed) c["index"] = i;
+  for (const ToolCall& c : calls)
+    a.push_back(
+        {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return a;
+}
+
+// A stream's delta.tool_calls: per delta its call's index, on a call's first its id, type and name, and the
+// next piece of its arguments.
+json tool_deltas_json(const std::vector<ToolCallDelta>& deltas) {
+  json a = json::array();
+  for (const ToolCallDelta& d : deltas) {
+    json c = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+    if (!d.id.empty()) {
+      c["id"] = d.id;
+      c["type"] = "function";
+      c["function"]["name"] = d.name;
+    }
     a.push_back(std::move(c));
   }
   return a;
@@ -574,10 +586,13 @@ class GenProducer final : public http::Producer {
         out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i));
         c.first = false;
       }
-      if (!c.calls.empty()) {  // OpenAI's delta.tool_calls: each call whole, with its index
-        json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
-        chunk["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(c.calls, true)}};
-        out.body += sse(chunk);
+      if (c.tool_stream) {  // OpenAI's delta.tool_calls: the arguments in pieces as they are written
+        const std::vector<ToolCallDelta> d = c.tool_stream->take_deltas();
+        if (!d.empty()) {
+          json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
+          chunk["choices"][0]["delta"] = {{"tool_calls", tool_deltas_json(d)}};
+          out.body += sse(chunk);
+        }
       }
       if (c.done && !failed) out.body += sse(chunk_json(job_, "", c.finish_reason, false, nullptr, i));
     }
@@ -655,7 +670,7 @@ class GenProducer final : public http::Producer {
       if (job_.chat && !c.calls.empty())
         choice["message"] = {{"role", "assistant"},
                              {"content", c.text.empty() ? json(nullptr) : json(c.text)},
-                             {"tool_calls", tool_calls_json(c.calls, false)}};
+                             {"tool_calls", tool_calls_json(c.calls)}};
       else if (job_.chat)
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       else

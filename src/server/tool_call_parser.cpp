@@ -494,6 +494,67 @@ bool command_r(std::string_view s, const ToolRequest& tools, ToolParse& r) {
   return true;
 }
 
+// The cut mark: a private-use character (U+E000) that ends an open string of a held output
+// (close_json_prefix), so that the part of a dump before it is text the model wrote.
+constexpr std::string_view kCut = "\xEE\x80\x80";
+
+// Drops a UTF-8 sequence cut short at the end of s.
+void drop_partial_utf8(std::string& s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const unsigned char c = (unsigned char)s[s.size() - back];
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) s.resize(s.size() - back);
+    return;
+  }
+}
+
+// s closed as JSON into out: s (without an escape or a UTF-8 sequence cut short at its end), then `pad`,
+// then, in an open string, kCut and a quote, then the open brackets' closers. False when s ends in a number
+// or a word (it may go on, and a number dumps otherwise once it does: "5" may become "5e-1", 0.5) or nests
+// deeper than kMaxDepth.
+bool close_json_prefix(std::string_view s, std::string_view pad, std::string& out) {
+  char stack[kMaxDepth];
+  int depth = 0;
+  bool in_str = false;
+  size_t esc_at = std::string_view::npos;  // the backslash of an escape not yet complete
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_str) {
+      if (esc_at != std::string_view::npos) {
+        if (s[esc_at + 1] != 'u' || i == esc_at + 5) esc_at = std::string_view::npos;
+      } else if (c == '\\') {
+        esc_at = i;
+      } else if (c == '"') {
+        in_str = false;
+      }
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      if (depth == kMaxDepth) return false;
+      stack[depth++] = c == '{' ? '}' : ']';
+    } else if ((c == '}' || c == ']') && depth > 0 && stack[depth - 1] == c) {
+      --depth;
+    }
+  }
+  out.assign(s);
+  if (in_str && esc_at != std::string_view::npos) out.resize(esc_at);
+  drop_partial_utf8(out);
+  if (!in_str) {
+    size_t k = out.size();
+    while (k > 0 && is_space(out[k - 1])) --k;
+    if (k > 0 && (is_alnum(out[k - 1]) || out[k - 1] == '.' || out[k - 1] == '+' || out[k - 1] == '-'))
+      return false;
+  }
+  out += pad;
+  if (in_str) {
+    out += kCut;
+    out += '"';
+  }
+  while (depth > 0) out += stack[--depth];
+  return true;
+}
+
 // The marker a call of this family begins with ("" for none).
 std::string_view marker(ToolSyntax s) {
   switch (s) {
@@ -588,7 +649,10 @@ ToolCallStream::ToolCallStream(ToolFamily family, const ToolRequest& tools)
 
 std::string ToolCallStream::push(std::string_view text) {
   buf_.append(text);
-  if (holding_) return {};
+  if (holding_) {
+    progress();
+    return {};
+  }
   // The markers a call may begin with: the family's, and DeepSeek's own beside the Hermes tag (Functionary
   // v3.1's <|python_tag|> beside its <function=).
   const std::string_view m = marker(family_.syntax);
@@ -623,6 +687,7 @@ std::string ToolCallStream::push(std::string_view text) {
                             (family_.syntax != ToolSyntax::Llama3 || rest[0] == '{');
     if (json_start) {
       holding_ = true;
+      progress();
       return {};
     }
     if (rest.empty() || (rest.size() < m.size() && m.substr(0, rest.size()) == rest)) return {};
@@ -644,7 +709,67 @@ std::string ToolCallStream::push(std::string_view text) {
   }
   std::string out(b.substr(emitted_, end - emitted_));
   emitted_ = end;
+  if (holding_) progress();
   return out;
+}
+
+// The held text closed as JSON twice, without and with a space before the closing, and parsed (when it grew
+// by an eighth since the last parse: the work stays linear in the output). Each call whose name is complete
+// is announced, and its arguments advance to the part of their dumps that can no longer change: where the
+// two agree (a difference is the closing's doing: it went into an open string, or into raw code, a Python
+// call's), and for the last call without the closing brackets; the calls before it are whole.
+void ToolCallStream::progress() {
+  if (diverged_) return;
+  const size_t held = buf_.size() - emitted_;
+  if (buf_.size() - parsed_at_ < std::max<size_t>(8, held / 8)) return;
+  parsed_at_ = buf_.size();
+  std::string closed[2];
+  for (int v = 0; v < 2; ++v) {
+    if (!close_json_prefix(std::string_view(buf_).substr(emitted_), v == 0 ? "" : " ", closed[v])) return;
+    closed[v].insert(0, buf_, 0, emitted_);
+  }
+  const ToolParse r = parse_tool_calls(closed[0], family_, tools_);
+  const ToolParse r2 = parse_tool_calls(closed[1], family_, tools_);
+  const size_t n = std::min(r.calls.size(), r2.calls.size());
+  for (size_t k = 0; k < n && k <= sent_.size(); ++k) {
+    const ToolCall& c = r.calls[k];
+    if (c.name.find(kCut) != std::string::npos || c.name != r2.calls[k].name) break;  // the name goes on
+    if (k < sent_.size() && c.name != sent_[k].name) {
+      diverged_ = true;
+      return;
+    }
+    const std::string& a2 = r2.calls[k].arguments;
+    std::string_view a = c.arguments;
+    a = a.substr(0, (size_t)(std::mismatch(a.begin(), a.end(), a2.begin(), a2.end()).first - a.begin()));
+    if (k + 1 == r.calls.size())
+      while (!a.empty() && (a.back() == '}' || a.back() == ']')) a.remove_suffix(1);
+    advance(k, c, a);
+  }
+}
+
+void ToolCallStream::advance(size_t k, const ToolCall& c, std::string_view stable) {
+  if (k == sent_.size()) {
+    sent_.push_back({c.id, c.name, ""});
+    deltas_.push_back({k, c.id, c.name, ""});
+  }
+  Sent& s = sent_[k];
+  if (stable.size() <= s.arguments.size()) return;
+  if (stable.substr(0, s.arguments.size()) != s.arguments) {
+    diverged_ = true;
+    return;
+  }
+  const std::string_view piece = stable.substr(s.arguments.size());
+  s.arguments.append(piece);
+  if (!deltas_.empty() && deltas_.back().index == k)
+    deltas_.back().arguments.append(piece);
+  else
+    deltas_.push_back({k, "", "", std::string(piece)});
+}
+
+std::vector<ToolCallDelta> ToolCallStream::take_deltas() {
+  std::vector<ToolCallDelta> d = std::move(deltas_);
+  deltas_.clear();
+  return d;
 }
 
 ToolParse ToolCallStream::finish() {
@@ -657,6 +782,19 @@ ToolParse ToolCallStream::finish() {
     r.content = buf_.substr(emitted_);
   } else {
     r.content.erase(0, n);
+  }
+  // The rest of each call's arguments; the ids announced stay.
+  if (r.calls.size() < sent_.size()) diverged_ = true;
+  for (size_t k = 0; k < r.calls.size() && !diverged_; ++k) {
+    ToolCall& c = r.calls[k];
+    if (k < sent_.size()) {
+      if (c.name != sent_[k].name || !c.arguments.starts_with(sent_[k].arguments)) {
+        diverged_ = true;
+        break;
+      }
+      c.id = sent_[k].id;
+    }
+    advance(k, c, c.arguments);
   }
   return r;
 }

@@ -166,15 +166,33 @@ struct ToolParse {
 // With !tools.parallel only the first call is kept.
 ToolParse parse_tool_calls(std::string_view text, const ToolFamily& family, const ToolRequest& tools);
 
+// One step of a call in a stream (an entry of OpenAI's delta.tool_calls): a call's first delta carries its id
+// and name, every delta the next piece of its arguments' text.
+struct ToolCallDelta {
+  size_t index = 0;       // the call's position among the output's calls
+  std::string id, name;   // the call's first delta only ("" after)
+  std::string arguments;  // the next piece of the arguments ("" when none is known yet)
+};
+
 // An output as it streams: push() returns the text that is certainly content (ready to send), holding back
 // from where a call may begin (a tail that could start the family's marker, or, where a bare JSON call is
 // possible, an output that starts with one); finish() parses the whole output and returns the content not
 // yet returned (calls: the parsed calls). A forced request holds everything back.
+//
+// The calls stream as they are written: take_deltas() gives the progress since its last call. While the
+// output is held, the text so far is closed as JSON (open strings and brackets: close_json_prefix in the
+// parser) and parsed; a call is announced once its name is complete, and its arguments grow by the part of
+// their text that cannot change any more (an open string's text so far, not a number or literal that may
+// go on, not the brackets the closing added). After finish(), take_deltas() gives the rest: per call the
+// pieces join to finish()'s arguments and the first delta's id is finish()'s id, unless diverged() (a later
+// key repeating an earlier one, or a parse that ends without the calls announced: what was sent stands).
 class ToolCallStream {
  public:
   ToolCallStream(ToolFamily family, const ToolRequest& tools);
   std::string push(std::string_view text);
   ToolParse finish();
+  std::vector<ToolCallDelta> take_deltas();
+  bool diverged() const { return diverged_; }
 
  private:
   ToolFamily family_;
@@ -184,6 +202,16 @@ class ToolCallStream {
   bool holding_ = false;  // a call may have begun at emitted_: nothing more is content until finish()
   size_t skip_ = 0;       // bytes at the start of buf_ that are no content (Functionary v3.2's "all\n")
   bool started_ = false;  // Functionary v3.2: the first recipient line was read
+  // The calls announced: id, name and the arguments' text sent.
+  struct Sent {
+    std::string id, name, arguments;
+  };
+  std::vector<Sent> sent_;
+  std::vector<ToolCallDelta> deltas_;  // not yet taken
+  size_t parsed_at_ = 0;               // buf_'s size at the last provisional parse
+  bool diverged_ = false;
+  void progress();  // the provisional parse of a held output
+  void advance(size_t k, const ToolCall& c, std::string_view stable);  // call k's arguments up to `stable`
 };
 
 }  // namespace ultra::server
