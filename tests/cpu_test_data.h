@@ -76,7 +76,7 @@ inline std::vector<size_t> block_f16_fields(GgmlType t) {
       return {offsetof(BlockQ6_K, d)};
     case GgmlType::MXFP4:
       return {};
-    default:  // Q4_0, Q5_0, IQ4_NL, IQ4_XS
+    default:  // Q4_0, Q5_0, IQ4_NL, IQ4_XS, the grid i-quants but IQ1_M (random_blocks sets its d)
       return {0};
   }
 }
@@ -92,6 +92,18 @@ inline void random_blocks(GgmlType t, int64_t n_blocks, std::mt19937& rng, uint8
     uint8_t* blk = out + b * tt->block_bytes;
     if (t == GgmlType::MXFP4) {
       blk[0] = (uint8_t)(120 + rng() % 6);
+      continue;
+    }
+    if (t == GgmlType::IQ1_M) {  // d's 16 bits in the top nibbles of the 4 scale words (bytes 48..55)
+      float v = std::ldexp(mant(rng), -(int)(3 + rng() % 7));
+      if (rng() % 2) v = -v;
+      const uint16_t h = fp32_to_fp16(v);
+      for (int k = 0; k < 4; ++k) {
+        uint16_t w;
+        std::memcpy(&w, blk + 48 + 2 * k, 2);
+        w = (uint16_t)((w & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
+        std::memcpy(blk + 48 + 2 * k, &w, 2);
+      }
       continue;
     }
     for (size_t k = 0; k < fields.size(); ++k) {

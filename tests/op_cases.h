@@ -246,6 +246,16 @@ inline std::vector<OpCase> op_cases() {
         c.bias = nt % 2;
         add(c);
       }
+  // The grid i-quants (core/quants_iq.h): decode, a tile with its tail, the panel GEMM.
+  const GgmlType kGrid[] = {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS,
+                            GgmlType::IQ3_S,   GgmlType::IQ1_S,  GgmlType::IQ1_M};
+  for (GgmlType t : kGrid)
+    for (int64_t cols : {256, 768})
+      for (int nt : {1, 6, 17}) {
+        OpCase c{Op::Matmul, t, 37, cols, nt, {1, 3}, tol_matmul()};
+        c.bias = nt % 2;
+        add(c);
+      }
 
   // element-wise ops: lengths below, at and past the 8/16-lane vectors
   for (int64_t n : {1, 7, 32, 96, 768, 4128}) add({Op::RmsNorm, GgmlType::F32, 3, n, 1, {1}, tol_rmsnorm()});

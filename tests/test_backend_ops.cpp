@@ -442,10 +442,12 @@ TEST(BackendOpsTable, KernelSetsOfThisCpu) {
     for (const Param& p : params()) n += cases()[p.index].op == op;
     EXPECT_GT(n, 0) << "an op without cases or kernel sets: " << (int)op;
   }
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::F8_E4M3,
-                     GgmlType::TERNARY, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                     GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                     GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
+  for (GgmlType t :
+       {GgmlType::F32,     GgmlType::F16,     GgmlType::BF16,  GgmlType::Q8_0,    GgmlType::F8_E4M3,
+        GgmlType::TERNARY, GgmlType::Q4_0,    GgmlType::Q4_1,  GgmlType::Q5_0,    GgmlType::Q5_1,
+        GgmlType::Q2_K,    GgmlType::Q3_K,    GgmlType::Q4_K,  GgmlType::Q5_K,    GgmlType::Q6_K,
+        GgmlType::IQ4_NL,  GgmlType::IQ4_XS,  GgmlType::MXFP4, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,   GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,   GgmlType::IQ1_M}) {
     int n = 0;
     for (const OpCase& c : cases()) n += c.op == Op::Matmul && c.type == t;
     EXPECT_GT(n, 0) << "no matmul case for " << type_name(t);

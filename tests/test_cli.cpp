@@ -532,6 +532,29 @@ TEST(Cli, ChatOptionsAndErrors) {
   EXPECT_EQ(chat_turns(l.err).size(), 1u) << l.err;
 }
 
+// A template whose prompt ends inside a <think> block: the reply is all reasoning, shown, and kept out of the
+// conversation (turn 2's prompt does not hold it); --reasoning-format none keeps it in.
+TEST(Cli, ChatReasoningStaysOutOfTheConversation) {
+  const TmpDir tmp("ultra_cli");
+  const std::string in = tmp.file("in.txt");
+  std::ofstream(in) << "hello there\nagain\n";
+  const std::string tmpl = tmp.file("think.jinja");
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m.content }}{% endfor %}<think>\n";
+  const std::string cmd = "chat --temp 0 --verbose -n 8 --chat-template " + tmpl;
+  const Out a = ultra(cmd + " < " + in), b = ultra(cmd + " --reasoning-format none < " + in);
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  const auto ta = chat_turns(a.err), tb = chat_turns(b.err);
+  ASSERT_EQ(ta.size(), 2u) << a.err;
+  ASSERT_EQ(tb.size(), 2u) << b.err;
+  EXPECT_EQ(ta[0].prompt, tb[0].prompt);
+  EXPECT_EQ(a.out.substr(0, 12), b.out.substr(0, 12));  // the same first reply, shown
+  EXPECT_GT(tb[1].prompt, ta[1].prompt + 4) << "the reasoning went into the conversation";
+  const Out e = ultra(cmd + " --reasoning-format sometimes < " + in);
+  EXPECT_NE(e.code, 0);
+  EXPECT_NE(e.err.find("--reasoning-format: sometimes not in {auto,none}"), std::string::npos) << e.err;
+}
+
 // Ctrl-C while a reply is generated stops the reply, not the program: the chat goes on to the next line;
 // Ctrl-C at the prompt exits with status 0. (The reply would take far longer than the test's deadline:
 // no stop string, no length limit, a long context.)

@@ -340,6 +340,88 @@ TEST_F(ServerTest, Errors) {
 // Constrained output (grammar, response_format json_object) is a sentence of its grammar and parses as
 // JSON; bad grammars and fields are a 400 naming the field with the parser's message; a -100 logit_bias
 // bans the token greedy decoding would pick.
+// A template whose prompt ends inside a <think> block (as DeepSeek R1's does): the bundled model never
+// writes </think>, so its whole output is reasoning. "reasoning_format": "none" gives the same text as
+// content; streamed, delta.reasoning_content adds up to it. A harmony template (gpt-oss's markers) refuses a
+// forced tool call, and the bundled model's plain text stays content.
+TEST_F(ServerTest, ReasoningContent) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "Once upon a time"}}});
+  const std::string think = "{% for m in messages %}{{ m.content }}{% endfor %}<think>\n";
+  json body = {{"messages", msgs},
+               {"chat_template", think},
+               {"max_tokens", 12},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  const json a = post("/v1/chat/completions", body);
+  const json& m = a["choices"][0]["message"];
+  ASSERT_TRUE(m.contains("reasoning_content")) << a.dump();
+  const std::string thought = m["reasoning_content"].get<std::string>();
+  EXPECT_FALSE(thought.empty());
+  EXPECT_EQ(m["content"], "");
+  body["reasoning_format"] = "none";
+  const json b = post("/v1/chat/completions", body);
+  EXPECT_EQ(b["choices"][0]["message"]["content"], thought);
+  EXPECT_FALSE(b["choices"][0]["message"].contains("reasoning_content"));
+  body.erase("reasoning_format");
+  body["stream"] = true;
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  std::string streamed, content;
+  for (const std::string& e : sse_events(r->body)) {
+    if (e == "[DONE]") continue;
+    const json d = json::parse(e)["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) streamed += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, thought);
+  EXPECT_EQ(content, "");
+  body = {{"messages", msgs}, {"max_tokens", 4}, {"reasoning_format", "sometimes"}};
+  EXPECT_EQ(post("/v1/chat/completions", body, 400)["error"]["param"], "reasoning_format");
+
+  const std::string harmony = "{% for m in messages %}{{ m.content }}{% endfor %}<|channel|>";
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}}});
+  body = {{"messages", msgs},
+          {"chat_template", harmony},
+          {"max_tokens", 4},
+          {"tools", tools},
+          {"tool_choice", "required"}};
+  EXPECT_EQ(post("/v1/chat/completions", body, 400)["error"]["param"], "tool_choice");
+  body = {{"messages", msgs},
+          {"chat_template", harmony},
+          {"max_tokens", 8},
+          {"temperature", 0},
+          {"ignore_eos", true}};
+  const json h = post("/v1/chat/completions", body);
+  body["reasoning_format"] = "none";
+  EXPECT_EQ(h["choices"][0]["message"]["content"],
+            post("/v1/chat/completions", body)["choices"][0]["message"]["content"]);
+  EXPECT_FALSE(h["choices"][0]["message"].contains("reasoning_content"));
+
+  // History: an assistant's reasoning_content reaches gpt-oss's template as its `thinking`.
+  std::ifstream f(std::filesystem::path(ULTRA_SOURCE_DIR) /
+                  "tests/fixtures/templates/openai-gpt-oss-120b.jinja");
+  const std::string gptoss((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(gptoss.empty());
+  json described = tools;  // the template writes each tool's description
+  described[0]["function"]["description"] = "The weather.";
+  const json history =
+      json::array({{{"role", "user"}, {"content", "Weather in Paris?"}},
+                   {{"role", "assistant"},
+                    {"content", nullptr},
+                    {"reasoning_content", "Need to call f."},
+                    {"tool_calls",
+                     json::array({{{"id", "call_1"},
+                                   {"type", "function"},
+                                   {"function", {{"name", "f"}, {"arguments", "{\"city\": \"Paris\"}"}}}}})}},
+                   {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}});
+  const std::string prompt = post(
+      "/apply-template", {{"messages", history}, {"chat_template", gptoss}, {"tools", described}})["prompt"];
+  EXPECT_NE(prompt.find("<|channel|>analysis<|message|>Need to call f.<|end|>"), std::string::npos) << prompt;
+}
+
 TEST_F(ServerTest, GrammarResponseFormatAndLogitBias) {
   const char* g = R"(root ::= "{\"name\": \"" [a-z]{1,8} "\", \"n\": " [0-9]{1,3} "}")";
   for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {

@@ -293,4 +293,10 @@ class Context {
   friend struct detail::Access;
 };
 
+// Tensor parallelism (LoadParams::tp > 1), on every rank but 0: runs the steps of rank 0's contexts on this
+// rank's shard (a context of the same parameters per context rank 0 creates, one at a time), and returns
+// once rank 0's model is destroyed. Throws ultra::Error when a collective fails or times out (the caller
+// ends the job). On rank 0, or for a model not split, throws at once.
+void run_tp_follower(const Model& model);
+
 }  // namespace ultra

@@ -127,11 +127,16 @@ struct ModelInfo {
   int n_expert = 0;       // experts per layer (0: dense)
   int n_expert_used = 0;  // experts each token runs
   int train_ctx = 0;
-  size_t weight_bytes = 0;  // bytes of all the weights
+  size_t weight_bytes = 0;  // bytes of all the weights (of the whole model, not of this rank's shard)
   // Bytes of weights one decode token reads: weight_bytes less the experts it does not select (mixtures of
   // experts: n_expert_used of n_expert per layer); weight_bytes for a dense model.
   size_t active_weight_bytes = 0;
   double n_params = 0;
+  // Tensor parallelism (LoadParams::tp): this process holds shard tp_rank of tp_size; the numbers above are
+  // the whole model's.
+  int tp_rank = 0;
+  int tp_size = 1;
+  size_t shard_weight_bytes = 0;  // bytes of this rank's shard of the weights (weight_bytes when not split)
 };
 
 struct LoadParams {
@@ -141,6 +146,15 @@ struct LoadParams {
   // misses when the weights are streamed (faster CPU decode, docs/BENCHMARKS.md). ULTRA_NO_MMAP=1 in the
   // environment makes every load read into memory.
   bool mmap = true;
+  // Tensor parallelism over MPI (Megatron-style: heads and FFN columns split, vocabulary split): > 1 makes
+  // the model this process's shard of tp ranks, which must be the ranks of MPI_COMM_WORLD (the program
+  // started as `mpirun -np <tp> ...`, each rank loading the same file; only its slices of the mapped file are
+  // read). Rank 0 creates the Context and runs everything on it; every other rank calls run_tp_follower()
+  // (ultra/context.h). Dense models with F32/F16/BF16 weights and block types whose blocks the split keeps
+  // whole; needs mmap. Throws ultra::Error for a build without MPI, a rank count other than tp, a model that
+  // does not split (heads, KV heads, FFN width, quantization blocks, experts).
+  int tp = 1;
+  double tp_timeout_s = 60;  // longest wait of one collective before the job ends with an error
 };
 
 class Model {

@@ -45,6 +45,7 @@ int cmd_bench(int argc, char** argv) {
   CLI::App app{"Measure prompt processing and text generation speed", "ultra bench"};
   ModelFlags mf;
   mf.add(app);
+  mf.add_tp(app);
   // llama-bench's list flags take comma-separated values (and may be repeated): one row per value, and
   // per combination of threads and batch size (a context each; the model is loaded once).
   app.remove_option(app.get_option("--threads"));
@@ -93,6 +94,7 @@ int cmd_bench(int argc, char** argv) {
   }
   mf.resolve_model();
   const Model model = Model::load(mf.model, mf.load_params());
+  if (tp_follower_ran(model)) return 0;
   for (std::vector<int>* v : {&n_prompts, &n_gens, &threads_list, &batches, &depths, &parallels})
     if (v->empty()) fail("a list flag of ultra bench was given no value");
   // The devices to run on: --device's, or one per -ngl value.

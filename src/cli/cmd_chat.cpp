@@ -25,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/chat.h"
+#include "server/reasoning.h"
 
 namespace ultra::cli {
 
@@ -100,8 +101,9 @@ void write_out(std::string_view s) {
 struct Turn {
   int n_prompt = 0, n_cached = 0, n_prefilled = 0, n_generated = 0;
   double prefill_ms = 0, generate_ms = 0;
-  const char* end = "";  // eog, stop, length, context, interrupted
-  std::string reply;
+  const char* end = "";   // eog, stop, length, context, interrupted
+  std::string reply;      // the answer's text
+  std::string reasoning;  // the reasoning's (a reasoning model's template)
 };
 
 }  // namespace
@@ -138,6 +140,13 @@ int cmd_chat(int argc, char** argv) {
   app.add_flag(
       "--allow-special-in-content", allow_special,
       "parse special-token text (e.g. <|im_end|>) in messages as control tokens (default: plain text)");
+  std::string reasoning_format = "auto";
+  app.add_option(
+         "--reasoning-format", reasoning_format,
+         "auto: a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel) is shown "
+         "dimmed and kept out of the reply's text in the conversation; none: the output as it is")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -172,6 +181,11 @@ int cmd_chat(int argc, char** argv) {
     }
     template_from = own_template ? template_label.c_str() : "the model's";
   }
+  // The template's reasoning syntax (server/reasoning.h); harmony's markers are control tokens, kept as text
+  // for the splitter.
+  const server::ReasoningSyntax reasoning =
+      reasoning_format == "none" ? server::ReasoningSyntax::None : server::detect_reasoning(source);
+  const bool dim = isatty(STDOUT_FILENO);
   ContextParams cp = mf.context_params();
   cp.n_slots = 1;
   Context ctx(model, cp);
@@ -285,8 +299,30 @@ int cmd_chat(int argc, char** argv) {
     } else if (n_predict == 0) {  // -n 0: nothing generated (the message stays in the cache)
       t.end = "length";
     } else {
-      TextStream stream(*tok, /*skip_special=*/true);
+      TextStream stream(*tok, /*skip_special=*/reasoning != server::ReasoningSyntax::Harmony);
       server::StopStrings stop(stops);
+      std::string tail;  // the prompt's last tokens' text: does it end inside a <think> block?
+      for (size_t i = prompt.size() - std::min<size_t>(prompt.size(), 8); i < prompt.size(); ++i)
+        tail += tok->token_to_piece(prompt[i]);
+      server::ReasoningStream split(reasoning, server::prompt_opens_thinking(tail));
+      // The reasoning dimmed on a terminal, the answer as it is; the reply keeps the answer only.
+      bool dimmed = false;
+      auto show = [&](server::ReasoningSplit&& p) {
+        if (!p.reasoning.empty()) {
+          if (dim && !dimmed) write_out("\x1b[2m");
+          dimmed = true;
+          write_out(p.reasoning);
+          t.reasoning += p.reasoning;
+        }
+        for (const server::ToolCall& c : p.calls) p.content += c.name + " " + c.arguments;
+        if (!p.content.empty()) {
+          if (dim && dimmed) write_out("\x1b[0m");
+          if (dimmed) write_out("\n");
+          dimmed = false;
+          write_out(p.content);
+          t.reply += p.content;
+        }
+      };
       int32_t next = ctx.sampled(batch.size() - 1);
       for (;;) {
         ++t.n_generated;
@@ -294,9 +330,7 @@ int cmd_chat(int argc, char** argv) {
           t.end = "eog";
           break;
         }
-        const std::string out = stop.push(stream.push(next));
-        t.reply += out;
-        write_out(out);
+        show(split.push(stop.push(stream.push(next))));
         if (stop.stopped()) {
           t.end = "stop";
           break;
@@ -322,16 +356,21 @@ int cmd_chat(int argc, char** argv) {
       if (!stop.stopped()) {
         std::string out = stop.push(stream.flush());
         if (!stop.stopped()) out += stop.flush();
-        t.reply += out;
-        write_out(out);
+        show(split.push(out));
       }
+      show(split.finish());
+      if (dim && dimmed) write_out("\x1b[0m");
     }
     t.generate_ms = ms_since(t1);
     write_out("\n");
     if (t.end == std::string_view("interrupted")) fmt::print(stderr, "(stopped)\n");
     if (t.end == std::string_view("context"))
       fmt::print(stderr, "(the context is full: the next turn forgets the oldest messages)\n");
-    messages.push_back({{"role", "assistant"}, {"content", t.reply}});
+    json reply = {{"role", "assistant"}, {"content", t.reply}};
+    if (!t.reasoning.empty()) reply["reasoning_content"] = t.reasoning;
+    if (!t.reasoning.empty() && reasoning == server::ReasoningSyntax::Harmony)
+      reply["thinking"] = t.reasoning;  // gpt-oss's template reads it there
+    messages.push_back(std::move(reply));
     if (verbose)
       fmt::print(
           stderr,

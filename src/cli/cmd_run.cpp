@@ -70,6 +70,7 @@ int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt", "ultra run"};
   RunFlags F;
   F.model.add(app);
+  F.model.add_tp(app);
   app.add_option("-p,--prompt", F.prompt, "prompt text");
   add_grammar_flags(app, F.grammar);
   app.add_option("--prompt-ids", F.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
@@ -122,6 +123,7 @@ int cmd_run(int argc, char** argv) {
 
   const auto t_load = std::chrono::steady_clock::now();
   const Model model = Model::load(F.model.model, F.model.load_params());
+  if (tp_follower_ran(model)) return 0;
   const Tokenizer* tokenizer = model.tokenizer();
   const ModelInfo& info = model.info();
   std::vector<int32_t> prompt;
@@ -150,7 +152,9 @@ int cmd_run(int argc, char** argv) {
   std::optional<Model> draft_model;
   std::optional<Context> draft;
   if (!F.model_draft.empty()) {
-    draft_model.emplace(Model::load(F.model_draft, F.model.load_params()));
+    LoadParams dlp = F.model.load_params();
+    dlp.tp = 1;  // the draft runs whole on rank 0
+    draft_model.emplace(Model::load(F.model_draft, dlp));
     check_draft_compatible(model, *draft_model);
     ContextParams dp = F.model.context_params();
     dp.n_ctx = ctx.params().n_ctx;
@@ -163,9 +167,10 @@ int cmd_run(int argc, char** argv) {
   if (!F.json) {
     fmt::print(stderr, "model: {} ({}, {}, {} layers, dim {}, {} heads / {} kv, vocab {})\n", info.path,
                info.format, info.arch, info.n_layers, info.dim, info.n_heads, info.n_kv_heads, info.n_vocab);
-    fmt::print(stderr, "memory: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
-               human_bytes(fp.weights), human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots,
-               F.model.kv_type_name(), human_bytes(fp.scratch));
+    fmt::print(stderr, "memory{}: weights {}, KV cache {} ({} tokens x {} slot(s), {}), scratch {}\n",
+               info.tp_size > 1 ? fmt::format(" of rank 0 of {}", info.tp_size) : "", human_bytes(fp.weights),
+               human_bytes(fp.kv), ctx.params().n_ctx, ctx.params().n_slots, F.model.kv_type_name(),
+               human_bytes(fp.scratch));
     fmt::print(stderr, "backend: {}, threads: {}\n", ctx.backend_description(), ctx.params().n_threads);
     if (draft) {
       const ModelInfo& di = draft_model->info();

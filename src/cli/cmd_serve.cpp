@@ -1,7 +1,8 @@
 // ultra serve: an OpenAI-compatible HTTP server with continuous batching (src/server/).
 //   ultra serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [-c CTX] [-t N] [--api-key KEY]
-//               [--chat-template FILE|NAME]
-// Listens before the model is loaded (/health answers 503 until it is); SIGINT/SIGTERM stop it: queued and
+//               [--chat-template FILE|NAME] [--reasoning-format auto|none]
+// Listens before the model is loaded (/health answers 503 until it is; with --tp N under mpirun -np N, after
+// rank 0 has loaded its shard); SIGINT/SIGTERM stop it: queued and
 // running requests are cancelled (streams end with an error event, then [DONE]), and it exits 0.
 #include <fmt/format.h>
 #include <pthread.h>
@@ -10,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -23,6 +25,7 @@ int cmd_serve(int argc, char** argv) {
   CLI::App app{"ultra serve: an OpenAI-compatible HTTP server with continuous batching", "ultra serve"};
   ModelFlags mf;
   mf.add(app);
+  mf.add_tp(app);
   std::string host = "127.0.0.1", api_key, alias;
   int port = 8080, parallel = 4, queue = 64, http_threads = 4;
   size_t max_body = 1 << 20, max_connections = 4096;
@@ -63,6 +66,14 @@ int cmd_serve(int argc, char** argv) {
                "message cannot forge a turn); a request's \"allow_special_in_content\" overrides it");
   std::string chat_template_arg;
   app.add_option("--chat-template", chat_template_arg, chat_template_help())->type_name("FILE|NAME");
+  std::string reasoning_format = "auto";
+  app.add_option(
+         "--reasoning-format", reasoning_format,
+         "auto: a reasoning model's thinking (<think>...</think>, gpt-oss's analysis channel) goes to "
+         "message.reasoning_content; none: it stays in content (a request's \"reasoning_format\" "
+         "overrides it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "deepseek"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -73,6 +84,14 @@ int cmd_serve(int argc, char** argv) {
   const std::string chat_template = app.count("--chat-template")
                                         ? chat_template_from_arg(chat_template_arg, &chat_template_label)
                                         : std::string();
+
+  // --tp: the model split over the ranks of the MPI job is loaded before listening (rank 0 alone serves; the
+  // other ranks run its steps and return here when it is done).
+  std::optional<Model> split;
+  if (mf.tp > 1) {
+    split.emplace(Model::load(mf.model, mf.load_params()));
+    if (tp_follower_ran(*split)) return 0;
+  }
 
   // SIGINT/SIGTERM are taken by a thread of ours (blocked everywhere else, before any thread starts).
   sigset_t sigs;
@@ -90,6 +109,7 @@ int cmd_serve(int argc, char** argv) {
   so.limits.head_timeout = std::min(10.0, timeout);
   so.limits.body_timeout = so.limits.idle_timeout = so.limits.write_timeout = timeout;
   so.allow_special_in_content = allow_special;
+  so.reasoning_format = reasoning_format;
   so.model_name = !alias.empty() ? alias : server::model_id(mf.model);
   so.chat_template = chat_template;
   if (!chat_template_label.empty()) so.chat_template_label = chat_template_label;
@@ -116,7 +136,7 @@ int cmd_serve(int argc, char** argv) {
 
   int rc = 0;
   try {
-    Model model = Model::load(mf.model, mf.load_params());
+    Model model = split ? *split : Model::load(mf.model, mf.load_params());
     ContextParams cp = mf.context_params();
     cp.n_slots = parallel;
     auto s = std::make_shared<server::Scheduler>(model, cp, queue);

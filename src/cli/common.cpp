@@ -54,6 +54,24 @@ void ModelFlags::add(CLI::App& app) {
   add_device_flags(app, device, kv_type);
 }
 
+void ModelFlags::add_tp(CLI::App& app) {
+  app.add_option("--tp", tp,
+                 "tensor parallelism: split the model over the N ranks of `mpirun -np N` (rank 0 runs the "
+                 "command, the others its steps)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+}
+
+bool tp_follower_ran(const Model& model) {
+  const ModelInfo& i = model.info();
+  if (i.tp_size == 1) return false;
+  fmt::print(stderr, "tp: rank {} of {}: weights {} of {}\n", i.tp_rank, i.tp_size,
+             human_bytes((double)i.shard_weight_bytes), human_bytes((double)i.weight_bytes));
+  if (i.tp_rank == 0) return false;
+  run_tp_follower(model);
+  return true;
+}
+
 void add_sampling_flags(CLI::App& app, SamplingParams& sp, int64_t& seed) {
   app.add_option("--temp", sp.temperature, "temperature (0: greedy)")->capture_default_str();
   app.add_option("--top-k", sp.top_k, "top-k (0: off)")->capture_default_str();

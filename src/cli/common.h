@@ -33,12 +33,15 @@ struct ModelFlags {
   CLI::Option* model_opt = nullptr;
   std::string kv_type;   // "" : the device's default
   bool no_mmap = false;  // --no-mmap: the model read into huge-page memory (LoadParams::mmap)
+  int tp = 1;            // --tp N: tensor parallelism over the N ranks of `mpirun -np N` (LoadParams::tp)
 
   // -m is optional: without it the bundled model (models/target.gguf) is used, see resolve_model().
   void add(CLI::App& app);
   // Fills `model` with the bundled default when -m was not given; throws ultra::Error if it is missing.
   void resolve_model();
-  LoadParams load_params() const { return {.mmap = !no_mmap}; }  // --no-mmap
+  // --tp (ultra run, ultra bench): the model split over the ranks of the MPI job.
+  void add_tp(CLI::App& app);
+  LoadParams load_params() const { return {.mmap = !no_mmap, .tp = tp}; }  // --no-mmap, --tp
   ContextParams context_params() const;
   std::string kv_type_name() const;  // the KV type in use
 };
@@ -61,6 +64,11 @@ std::string resolve_grammar(const GrammarFlags& f);
 
 // "8G", "512M", "1048576" -> bytes (K/M/G/T: powers of 1024); throws ultra::Error otherwise.
 size_t parse_bytes(const std::string& s, const char* flag);
+
+// Tensor parallelism (--tp N under mpirun -np N): prints this rank's share of the weights to stderr; on a
+// rank other than 0, runs rank 0's steps until rank 0 is done (run_tp_follower) and returns true: the
+// command then ends there, printing nothing else.
+bool tp_follower_ran(const Model& model);
 
 // Prints the context's warnings to stderr as "warning: ...".
 void print_warnings(const Context& ctx);

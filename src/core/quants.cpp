@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/quants_iq.h"
+
 namespace ultra {
 
 namespace {
@@ -39,6 +41,13 @@ bool is_block_quant(GgmlType t) {
     case GgmlType::IQ4_NL:
     case GgmlType::IQ4_XS:
     case GgmlType::MXFP4:
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ1_S:
+    case GgmlType::IQ1_M:
       return true;
     default:
       return false;
@@ -83,6 +92,20 @@ bool dequantize(GgmlType t, const void* src, int64_t n, float* out) {
       return rows<BlockIQ4_XS>(src, n, kQK_K, out), true;
     case GgmlType::MXFP4:
       return rows<BlockMXFP4>(src, n, kQK4, out), true;
+    case GgmlType::IQ2_XXS:
+      return rows<BlockIQ2_XXS>(src, n, kQK_K, out), true;
+    case GgmlType::IQ2_XS:
+      return rows<BlockIQ2_XS>(src, n, kQK_K, out), true;
+    case GgmlType::IQ2_S:
+      return rows<BlockIQ2_S>(src, n, kQK_K, out), true;
+    case GgmlType::IQ3_XXS:
+      return rows<BlockIQ3_XXS>(src, n, kQK_K, out), true;
+    case GgmlType::IQ3_S:
+      return rows<BlockIQ3_S>(src, n, kQK_K, out), true;
+    case GgmlType::IQ1_S:
+      return rows<BlockIQ1_S>(src, n, kQK_K, out), true;
+    case GgmlType::IQ1_M:
+      return rows<BlockIQ1_M>(src, n, kQK_K, out), true;
     default:
       return false;
   }
@@ -106,8 +129,20 @@ int64_t first_nonfinite_block(GgmlType t, const void* src, int64_t n_blocks) {
       case GgmlType::Q8_0:
       case GgmlType::IQ4_NL:
       case GgmlType::IQ4_XS:
+      case GgmlType::IQ2_XXS:
+      case GgmlType::IQ2_XS:
+      case GgmlType::IQ2_S:
+      case GgmlType::IQ3_XXS:
+      case GgmlType::IQ3_S:
+      case GgmlType::IQ1_S:
         ok = h(0);
         break;
+      case GgmlType::IQ1_M: {
+        BlockIQ1_M m;
+        std::memcpy(&m, b, sizeof m);
+        ok = finite_f16(iq1m_d(m));
+        break;
+      }
       case GgmlType::Q4_1:
       case GgmlType::Q5_1:
       case GgmlType::Q8_1:

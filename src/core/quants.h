@@ -303,11 +303,13 @@ static inline void dequant_block(const BlockMXFP4& b, float* y) {
   }
 }
 
-// Whether t is a weight type the CPU matmul runs from this header: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K,
-// IQ4_NL, IQ4_XS, MXFP4 (not the activation types Q8_1 / Q8_K, nor Q8_0, which has kernels of its own).
+// Whether t is a weight type the CPU matmul runs from this header and core/quants_iq.h: Q4_0, Q4_1, Q5_0,
+// Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4, the grid i-quants IQ2_XXS .. IQ1_M (not the activation types
+// Q8_1 / Q8_K, nor Q8_0, which has kernels of its own).
 bool is_block_weight_type(GgmlType t);
 
-// Whether t is one of the block types of this header (or Q8_0); dequantize() handles exactly these.
+// Whether t is one of the block types of this header and quants_iq.h (or Q8_0); dequantize() handles exactly
+// these.
 bool is_block_quant(GgmlType t);
 // n values (a multiple of the type's block size) of blocks of type t at src -> out. False for a type that
 // is not a block type here (plain types: to_f32()).

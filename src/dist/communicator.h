@@ -54,7 +54,8 @@ class Communicator {
 
 // Whether this build has the MPI transport (CMake found MPI: ULTRA_MPI).
 bool have_mpi();
-// The MPI transport over MPI_COMM_WORLD (initialising MPI, with MPI_THREAD_FUNNELED, unless the program did);
+// The MPI transport over MPI_COMM_WORLD (initialising MPI, with MPI_THREAD_SERIALIZED, unless the program
+// did: one thread at a time may call, e.g. a server's step thread after the main thread made the context);
 // MPI is finalised when the last communicator is destroyed. Throws ultra::Error without MPI in the build.
 std::unique_ptr<Communicator> make_mpi_communicator(const DistOptions& options = {});
 

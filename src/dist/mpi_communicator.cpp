@@ -31,7 +31,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Initialized(&inited);
     if (!inited) {
       int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         fail("MPI: MPI_Init_thread failed");
       g_we_init = true;
     }

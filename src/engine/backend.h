@@ -109,10 +109,16 @@ class Backend {
   virtual void poison_kv(int seq, int from) = 0;
 };
 
-// params: resolved (no zeros left); n_sample: ids below it are sampled.
-std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParams& params, int n_sample);
+// params: resolved (no zeros left); n_sample: ids below it are sampled. A split model's (ModelData::comm):
+// on rank 0 the backend sends its steps to the other ranks; there (tp_follower) it runs them
+// (engine/tensor_parallel.h).
+std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParams& params, int n_sample,
+                                          bool tp_follower = false);
 // The footprint make_cpu_backend would allocate (computed without allocating; equals footprint() after).
 Footprint plan_cpu_backend(const ModelData& m, const ContextParams& params);
+// Throws ultra::Error (one line naming the sizes) when that footprint's KV cache and scratch, plus
+// engine_bytes, exceed p.mem_limit or else the memory available (MemAvailable).
+void check_cpu_memory(const ModelData& m, const ContextParams& p, size_t engine_bytes);
 // Only in builds with ULTRA_HAVE_CUDA (src/backend/cuda/cuda_backend.cpp).
 std::unique_ptr<Backend> make_cuda_backend(const ModelData& m, const ContextParams& params, int n_sample);
 

@@ -70,14 +70,25 @@ ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::stri
   if (p.backend == BackendKind::cuda && (hp.arch == Arch::GptOss || hp.rope_scaling.type == "yarn"))
     fail("context: {} runs on the CPU backend only (use --backend cpu)",
          hp.arch == Arch::GptOss ? "gpt-oss" : "YaRN rope scaling");
+  if (m.comm && p.backend != BackendKind::cpu)
+    fail("context: a model split over ranks (--tp) runs on the CPU backend only (use --backend cpu)");
+  if (m.comm && m.tp_rank != 0)
+    fail(
+        "context: rank {} of a split model runs rank 0's steps (run_tp_follower); only rank 0 creates "
+        "contexts",
+        m.tp_rank);
+  if (m.comm && m.tp_contexts > 0)
+    fail("context: a model split over ranks (--tp) has one context at a time (its other ranks follow it)");
   if (p.backend == BackendKind::cpu && p.kv_type == KvType::bf16)
     fail("context: a bf16 KV cache is supported on the CUDA backend only (use f32 or f16)");
   return p;
 }
 
+}  // namespace
+
 // The CPU backend's KV cache and scratch are anonymous memory: refuse before allocating what does not fit.
 // (Weights are the mapped file, reclaimable page cache, counted in MemAvailable already.)
-void check_memory(const ModelData& m, const ContextParams& p, size_t engine_bytes) {
+void check_cpu_memory(const ModelData& m, const ContextParams& p, size_t engine_bytes) {
   const Footprint f = plan_cpu_backend(m, p);
   const size_t need = f.kv + f.scratch + engine_bytes;
   const size_t avail = p.mem_limit ? p.mem_limit : mem_available();
@@ -91,13 +102,11 @@ void check_memory(const ModelData& m, const ContextParams& p, size_t engine_byte
                     : fmt::format("{} of memory is available", bytes_str(avail)));
 }
 
-}  // namespace
-
 Context::Impl::Impl(const Model& model_, const ContextParams& params)
     : model(model_), m(*detail::impl(model_).data), p(resolve(m, params, warnings)) {
   const Tokenizer* t = model.tokenizer();
   n_sample = t ? std::min(t->n_vocab(), m.hp.n_vocab) : m.hp.n_vocab;
-  if (p.backend == BackendKind::cpu) check_memory(m, p, engine_bytes(p));
+  if (p.backend == BackendKind::cpu) check_cpu_memory(m, p, engine_bytes(p));
 #if defined(ULTRA_HAVE_CUDA)
   if (p.backend == BackendKind::cuda) be = make_cuda_backend(m, p, n_sample);
 #endif

@@ -5,9 +5,12 @@
 
 #include "core/error.h"
 #include "core/mmap.h"
+#include "dist/communicator.h"
 #include "engine/access.h"
 #include "engine/model_impl.h"
+#include "engine/tensor_parallel.h"
 #include "io/gguf.h"
+#include "model/shard.h"
 #include "tokenizer/encode_stream.h"
 
 namespace ultra {
@@ -137,10 +140,37 @@ std::optional<tok::Tokenizer> load_own_tokenizer(const ModelData& m) {
   return t;
 }
 
+// Makes im's model this rank's shard of params.tp (model/shard.h), over MPI_COMM_WORLD.
+void split_model(Model::Impl& im, const LoadParams& params) {
+  ModelData& m = *im.data;
+  dist::DistOptions o;
+  const int64_t vocab_shard = (m.hp.n_vocab + params.tp - 1) / params.tp;
+  o.capacity = std::max<size_t>(o.capacity, (size_t)vocab_shard);  // gather_vocab: one row at least
+  o.timeout_s = params.tp_timeout_s;
+  std::shared_ptr<dist::Communicator> comm = dist::make_mpi_communicator(o);
+  if (comm->size() != params.tp)
+    fail("--tp {}, but this job has {} MPI ranks (start it as mpirun -np {} ... --tp {})", params.tp,
+         comm->size(), params.tp, params.tp);
+  shard_model(m, comm->rank(), comm->size());
+  m.comm = std::move(comm);
+  im.info.tp_rank = m.tp_rank;
+  im.info.tp_size = m.tp_size;
+  im.info.shard_weight_bytes = m.weight_bytes;
+}
+
 }  // namespace
+
+Model::Impl::~Impl() {
+  if (data && data->comm && data->tp_rank == 0) tp_send(*data->comm, TpCmd::end);
+}
 
 Model Model::load(const std::string& path, const LoadParams& params) {
   const ReadIntoMemoryScope scope(!params.mmap);  // every file this load maps (the tokenizer's too)
+  if (params.tp < 1) fail("--tp must be >= 1 (got {})", params.tp);
+  if (params.tp > 1 && read_into_memory())
+    fail(
+        "--tp: each rank reads only its slices of the mapped model; --no-mmap (or ULTRA_NO_MMAP) would read "
+        "all of it on every rank");
   auto im = std::make_shared<Impl>();
   im->data = load_model(path);
   const ModelData& m = *im->data;
@@ -169,6 +199,7 @@ Model Model::load(const std::string& path, const LoadParams& params) {
   i.ffn_dim = hp.ffn_dim;
   i.train_ctx = hp.train_ctx;
   i.weight_bytes = m.weight_bytes;
+  i.shard_weight_bytes = m.weight_bytes;
   i.active_weight_bytes = m.weight_bytes;
   for (const LayerWeights& l : m.layers)
     for (const WeightView* exps : {l.gate_exps, l.up_exps, l.down_exps})
@@ -190,6 +221,7 @@ Model Model::load(const std::string& path, const LoadParams& params) {
   }
   std::sort(im->eog.begin(), im->eog.end());
   im->eog.erase(std::unique(im->eog.begin(), im->eog.end()), im->eog.end());
+  if (params.tp > 1) split_model(*im, params);
   return Model(std::move(im));
 }
 

@@ -18,6 +18,7 @@ struct Tokenizer::Impl {
 };
 
 struct Model::Impl {
+  ~Impl();  // rank 0 of a split model: tells the other ranks the model is gone (run_tp_follower returns)
   std::unique_ptr<ModelData> data;
   std::optional<Tokenizer> tokenizer;
   ModelInfo info;

@@ -42,12 +42,22 @@ void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const St
 //                 by their softmax, biased experts with the clamped SwiGLU
 //              x += m, or x += post_ffw_norm(m)                           (Gemma)
 //   logits[r] = Wout · norm(x[out_row[r]])  (soft-capped: Gemma 2)
+// Split over ranks (w.tp_size > 1, model/shard.h), each rank runs this on its shard: the embedding rows and
+// the row-split projections' outputs (Wo, Wdown) are summed over the ranks (all_reduce_sum; rank 0 adds the
+// residual and the bias before the sum, the others only their part), the logits all-gathered.
 void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
              ForwardOps& ops) {
   const int n = rows.n, dim = hp.dim;
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim);
 
-  ops.embed(w.tok_embd, rows.token, n, b.x);
+  const bool tp = w.tp_size > 1, lead = w.tp_rank == 0;  // lead: adds the residual (and biases)
+  const int64_t nd = (int64_t)n * dim;
+  if (tp) {
+    ops.embed_shard(w.tok_embd, w.vocab0, rows.token, n, b.x);
+    ops.all_reduce_sum(b.x, nd);
+  } else {
+    ops.embed(w.tok_embd, rows.token, n, b.x);
+  }
   if (hp.embed_scale > 0) ops.scale(b.x, (int64_t)n * dim, hp.embed_scale);
   for (int il = 0; il < hp.n_layers; ++il) {
     const LayerWeights& l = w.layers[il];
@@ -69,9 +79,11 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
       ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, hp.attn_softcap, window, b.att);
     if (hp.post_norms) {
       ops.matmul(l.wo, b.att, n, b.xb, l.bo, false);  // [n, dim]
+      if (tp) ops.all_reduce_sum(b.xb, nd);
       ops.norm_add(b.xb, l.attn_post_norm, n, dim, hp.rms_eps, b.x);
     } else {
-      ops.matmul(l.wo, b.att, n, b.x, l.bo, true);
+      ops.matmul(l.wo, b.att, n, b.x, l.bo, lead);
+      if (tp) ops.all_reduce_sum(b.x, nd);
     }
 
     if (hp.moe()) {
@@ -83,25 +95,31 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
       ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
       ops.gate_up(il, l, b.xb, n, gate, up);
     }
-    if (!hp.gelu && !hp.post_norms && ops.silu_matmul(l.w_down, gate, up, n, b.x, true)) continue;
+    if (!hp.gelu && !hp.post_norms && ops.silu_matmul(l.w_down, gate, up, n, b.x, lead)) {
+      if (tp) ops.all_reduce_sum(b.x, nd);
+      continue;
+    }
     if (hp.gelu)
       ops.gelu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
     else
       ops.silu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
     if (hp.post_norms) {
       ops.matmul(l.w_down, b.hb2, n, b.xb, nullptr, false);  // [n, dim]
+      if (tp) ops.all_reduce_sum(b.xb, nd);
       ops.norm_add(b.xb, l.ffn_post_norm, n, dim, hp.rms_eps, b.x);
     } else {
-      ops.matmul(l.w_down, b.hb2, n, b.x, nullptr, true);
+      ops.matmul(l.w_down, b.hb2, n, b.x, nullptr, lead);
+      if (tp) ops.all_reduce_sum(b.x, nd);
     }
   }
   if (rows.n_out == 0) return;
-  if (rows.n_out != 1 ||
-      !ops.norm_matmul1(w.output, w.output_norm, b.x, rows.out_row, hp.rms_eps, b.logits)) {
+  float* logits = tp ? b.vocab_part : b.logits;  // [n_out, w.output.rows]
+  if (rows.n_out != 1 || !ops.norm_matmul1(w.output, w.output_norm, b.x, rows.out_row, hp.rms_eps, logits)) {
     ops.gather_rows(b.x, rows.out_row, rows.n_out, dim, b.xb);
     ops.rmsnorm(b.xb, w.output_norm, rows.n_out, dim, hp.rms_eps, b.out_x);
-    ops.matmul(w.output, b.out_x, rows.n_out, b.logits, nullptr, false);
+    ops.matmul(w.output, b.out_x, rows.n_out, logits, nullptr, false);
   }
+  if (tp) ops.gather_vocab(b.vocab_part, rows.n_out, b.logits);
   if (hp.final_softcap > 0) ops.softcap(b.logits, (int64_t)rows.n_out * hp.n_vocab, hp.final_softcap);
 }
 

@@ -41,6 +41,8 @@ struct StepBuffers {
   float* hb2 = nullptr;     // [n_batch, max_ffn_dim]
   float* out_x = nullptr;   // [n_outputs, dim] output rows, gathered then normed
   float* logits = nullptr;  // [n_outputs, n_vocab]
+  // Tensor parallelism only (WeightTable::tp_size > 1; null otherwise): this rank's logits.
+  float* vocab_part = nullptr;  // [n_outputs, vocab_shard]
   // Mixture of experts only (null otherwise).
   float* router = nullptr;        // [n_batch, n_expert] router logits, then probabilities
   int32_t* expert_ids = nullptr;  // [n_batch, n_expert_used] the selected experts of each row
@@ -109,6 +111,19 @@ class ForwardOps {
   virtual void gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) {
     matmul(l.w_gate, x, n, gate, nullptr, false);
     matmul(l.w_up, x, n, up, nullptr, false);
+  }
+  // The ops of tensor parallelism (model/shard.h) only; a backend without them refuses split models at
+  // context creation (the defaults are never reached).
+  // x[t] = row tokens[t] - row0 of table where it holds that row, else zeros (its vocabulary shard).
+  virtual void embed_shard(const WeightView&, int64_t /*row0*/, const int32_t*, int, float*) {
+    unsupported("embed_shard");
+  }
+  // x[0, n) = the sum of every rank's x[0, n), in rank order (the same bits on every rank).
+  virtual void all_reduce_sum(float*, int64_t) { unsupported("all_reduce_sum"); }
+  // logits [n_rows, n_vocab] from every rank's part [n_rows, its shard's rows] (WeightTable::vocab_shard
+  // rows each, the last rank's fewer).
+  virtual void gather_vocab(const float* /*part*/, int /*n_rows*/, float* /*logits*/) {
+    unsupported("gather_vocab");
   }
   // out[r] = x[rows[r]] for r < n_rows, rows of dim floats.
   virtual void gather_rows(const float* x, const int32_t* rows, int n_rows, int dim, float* out) = 0;

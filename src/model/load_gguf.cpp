@@ -33,6 +33,7 @@ namespace {
 
 constexpr const char* kSupportedWeightTypes =
     "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, "
+    "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, "
     "F8_E4M3, "
     "TERNARY, TQ1_0, TQ2_0";
 

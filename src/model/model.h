@@ -11,6 +11,9 @@
 
 namespace ultra {
 
+namespace dist {
+class Communicator;
+}
 namespace gguf {
 class Reader;
 }
@@ -76,13 +79,22 @@ struct WeightTable {
   const float* output_norm = nullptr;  // [dim]
   WeightView output;                   // [n_vocab, dim] (== tok_embd when tied)
   std::vector<LayerWeights> layers;    // [n_layers]
+  // Tensor parallelism (model/shard.h): this table is rank tp_rank's shard of tp_size; tok_embd and output
+  // hold vocabulary rows [vocab0, vocab0 + their rows), shards of vocab_shard rows (the last one shorter).
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t vocab0 = 0;
+  int64_t vocab_shard = 0;
 };
 
 // A loaded model: hyper-parameters, the weight table, and what keeps the memory behind it alive.
 struct ModelData : WeightTable {
   std::string path;
   std::string format;  // "gguf" or "safetensors"
-  HParams hp;
+  HParams hp;          // of this shard (model/shard.h): its heads, KV heads and FFN width
+  // The ranks a split model's forward exchanges its sums and logits with (tp_size > 1), or null.
+  std::shared_ptr<dist::Communicator> comm;
+  mutable int tp_contexts = 0;            // rank 0's live backends of a split model (at most one)
   std::vector<float> rope_inv_freq;       // [head_dim/2], scaling applied
   std::vector<float> rope_inv_freq_swa;   // [head_dim/2] of the sliding-window layers (Gemma 3), or empty
   std::vector<float> rope_inv_freq_long;  // [head_dim/2] longrope's long factors (Phi-3), or empty

@@ -14,6 +14,7 @@
 
 #include "server/chat.h"
 #include "server/constraints.h"
+#include "server/reasoning.h"
 #include "server/tool_calls.h"
 #include "tokenizer/utf8.h"
 #include "ultra/error.h"
@@ -164,6 +165,7 @@ const std::set<std::string, std::less<>> kChatFields = {"messages",
                                                         "audio",
                                                         "prediction",
                                                         "reasoning_effort",
+                                                        "reasoning_format",
                                                         "web_search_options",
                                                         "chat_template",
                                                         "chat_template_kwargs",
@@ -272,6 +274,10 @@ struct Job {
   std::vector<std::shared_ptr<GenRequest>> reqs;  // [n] req and its copies, one per choice
   ToolRequest tools;                              // active(): the output is parsed for tool calls
   ToolFamily tool_family;
+  // The output's reasoning goes to reasoning_content (None: all of it is content); in_thinking: the prompt
+  // ends inside a <think> block.
+  ReasoningSyntax reasoning = ReasoningSyntax::None;
+  bool in_thinking = false;
 };
 
 // Completions per request (n): each runs in a KV slot of its own, with seed + i; the prompt is prefilled once
@@ -322,6 +328,11 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   try {
     if (present(j, "logit_bias")) parse_logit_bias(j["logit_bias"], sched.n_sample_vocab(), p);
     r.grammar = request_grammar(j);
+    if (job.tools.forced() && job.reasoning == ReasoningSyntax::Harmony)
+      throw FieldError("tool_choice",
+                       "'tool_choice' \"required\" or a named function is not supported with this model's "
+                       "harmony format (gpt-oss): its calls are headed by control tokens a grammar cannot "
+                       "write; use \"auto\"");
     if (job.tools.forced()) {  // the call is enforced by a grammar
       if (!r.grammar.empty())
         throw FieldError("tool_choice",
@@ -338,8 +349,10 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
                             : "grammar",
         "grammars, response_format, logit_bias and forced tool calls run on the CPU backend only "
         "(this server runs on the GPU)");
-  r.keep_special = job.tools.active();  // the families' markers may be control tokens
-  if (job.tools.active() && !job.tools.forced() && r.grammar.empty() && sched.constraints_supported()) {
+  // the families' markers may be control tokens, and harmony's are
+  r.keep_special = job.tools.active() || job.reasoning == ReasoningSyntax::Harmony;
+  if (job.tools.active() && !job.tools.forced() && r.grammar.empty() && sched.constraints_supported() &&
+      job.reasoning != ReasoningSyntax::Harmony) {
     LazyToolGrammar lazy = lazy_tool_grammar(job.tools, job.tool_family);  // "auto": a call once begun
     r.lazy_trigger = std::move(lazy.trigger);                              // is well formed
     r.lazy_grammar = std::move(lazy.grammar);
@@ -473,12 +486,13 @@ json usage_json(const Job& job, int n_completion, int n_cached) {
 }
 
 json chunk_json(const Job& job, const std::string& text, const json& finish, bool first,
-                const json& logprobs = nullptr, size_t index = 0) {
+                const json& logprobs = nullptr, size_t index = 0, const std::string& reasoning = "") {
   json choice = {{"index", index}, {"finish_reason", finish}, {"logprobs", logprobs}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || first) delta["content"] = text;
+    if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+    if (!text.empty() || (first && reasoning.empty())) delta["content"] = text;
     choice["delta"] = delta;
   } else {
     choice["text"] = text;
@@ -527,7 +541,10 @@ class GenProducer final : public http::Producer {
     for (const auto& r : job_.reqs) {
       Choice c;
       c.req = r;
-      if (job_.tools.active()) c.tool_stream.emplace(job_.tool_family, job_.tools);
+      if (job_.reasoning != ReasoningSyntax::None)
+        c.reasoning_stream.emplace(job_.reasoning, job_.in_thinking);
+      if (job_.tools.active() && job_.reasoning != ReasoningSyntax::Harmony)  // harmony's calls: reasoning.h
+        c.tool_stream.emplace(job_.tool_family, job_.tools);
       choices_.push_back(std::move(c));
     }
   }
@@ -566,6 +583,22 @@ class GenProducer final : public http::Producer {
         }
       }
       const bool failed = c.done && (!c.error.empty() || c.finish_reason == "cancelled");
+      std::string thought;  // reasoning_content's part
+      if (c.reasoning_stream) {
+        ReasoningSplit sp = c.reasoning_stream->push(part);
+        if (c.done && !failed) {
+          ReasoningSplit fin = c.reasoning_stream->finish();
+          sp.reasoning += fin.reasoning;
+          sp.content += fin.content;
+          if (job_.tools.active())
+            c.calls = std::move(fin.calls);
+          else
+            for (const ToolCall& k : fin.calls) sp.content += k.arguments;  // no tools: no calls
+          if (!c.calls.empty() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+        }
+        part = std::move(sp.content);
+        thought = std::move(sp.reasoning);
+      }
       if (c.tool_stream) {  // text that may be a tool call is held back until the output is parsed
         part = c.tool_stream->push(part);
         if (c.done && !failed) {
@@ -578,12 +611,13 @@ class GenProducer final : public http::Producer {
       if (!c.done) all_done = false;
       if (!job_.stream) {
         c.text += part;
+        c.reasoning += thought;
         c.lp.insert(c.lp.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
         continue;
       }
-      if (!part.empty() || !lp.empty() || (c.first && job_.chat)) {
+      if (!part.empty() || !thought.empty() || !lp.empty() || (c.first && job_.chat)) {
         const json lpj = r.logprobs ? logprobs_json(tok_, job_.chat, lp) : json(nullptr);
-        out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i));
+        out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i, thought));
         c.first = false;
       }
       if (c.tool_stream) {  // OpenAI's delta.tool_calls: the arguments in pieces as they are written
@@ -633,9 +667,11 @@ class GenProducer final : public http::Producer {
     bool done = false;  // the request's results below are read
     std::string finish_reason, error;
     int n_completion = 0, n_cached = 0;
-    std::string text;  // not streamed: the text so far
+    std::string text;       // not streamed: the text so far
+    std::string reasoning;  // not streamed: the reasoning so far
     std::vector<TokenLogprobs> lp;
-    std::optional<ToolCallStream> tool_stream;  // tools active: finds the calls in the output
+    std::optional<ReasoningStream> reasoning_stream;  // takes the reasoning out (first)
+    std::optional<ToolCallStream> tool_stream;        // tools active: finds the calls in the output
     // The parsed calls, once the generation is done (finish_reason "tool_calls" when it ended by itself; at
     // max_tokens it stays "length").
     std::vector<ToolCall> calls;
@@ -675,6 +711,7 @@ class GenProducer final : public http::Producer {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       else
         choice["text"] = c.text;
+      if (job_.chat && !c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
       choices.push_back(std::move(choice));
     }
     return json_reply({{"id", job_.id},
@@ -734,6 +771,7 @@ void Server::attach(std::shared_ptr<Scheduler> scheduler) {
     tmpl_source_ = opts_.chat_template.empty() ? "model" : opts_.chat_template_label;
   }
   tmpl_family_ = detect_tool_family(src);
+  tmpl_reasoning_ = detect_reasoning(src);
   sched_ = std::move(scheduler);
   ready_ = true;
 }
@@ -793,14 +831,25 @@ Server::ChatInput Server::chat_input(const nlohmann::json& j, const http::Reques
   } catch (const FieldError& e) {
     bad(e.param, e.what());
   }
-  in.family = j.contains("chat_template") && j["chat_template"].is_string()
-                  ? detect_tool_family(j["chat_template"].get<std::string>())
-                  : tmpl_family_;
+  const bool own = j.contains("chat_template") && j["chat_template"].is_string();
+  in.family = own ? detect_tool_family(j["chat_template"].get<std::string>()) : tmpl_family_;
+  in.reasoning = own ? detect_reasoning(j["chat_template"].get<std::string>()) : tmpl_reasoning_;
+  // "reasoning_format" (llama.cpp's): "auto" (or "deepseek") takes the reasoning out into reasoning_content,
+  // "none" leaves the output as it is in content.
+  const std::string rf = get_string(j, "reasoning_format", opts_.reasoning_format);
+  if (rf == "none")
+    in.reasoning = ReasoningSyntax::None;
+  else if (rf != "auto" && rf != "deepseek")
+    bad("reasoning_format", "'reasoning_format' must be \"auto\", \"deepseek\" or \"none\"");
   try {
     in.messages = prepare_tool_messages(j["messages"], in.family, in.tools);
   } catch (const FieldError& e) {
     bad(e.param, e.what());
   }
+  if (in.reasoning == ReasoningSyntax::Harmony)  // gpt-oss's template reads an assistant's reasoning as
+    for (json& m : in.messages)                  // `thinking` (as llama.cpp passes it)
+      if (m.is_object() && m.contains("reasoning_content") && !m.contains("thinking"))
+        m["thinking"] = m["reasoning_content"];
   const bool give = in.tools.active() && in.family.template_takes_tools;
   // FireFunction's template needs its variables with no tools too.
   const json vars = give || in.family.syntax == ToolSyntax::FireFunction
@@ -958,6 +1007,14 @@ http::Reply Server::complete(http::Request& req, bool chat) {
     }
     job.tools = std::move(in.tools);
     job.tool_family = in.family;
+    job.reasoning = in.reasoning;
+    if (job.reasoning == ReasoningSyntax::Think) {  // the prompt's last tokens' text: "<think>\n"?
+      std::string tail;
+      const auto& p = job.req->prompt;
+      for (size_t i = p.size() - std::min<size_t>(p.size(), 8); i < p.size(); ++i)
+        tail += tok.token_to_piece(p[i]);
+      job.in_thinking = prompt_opens_thinking(tail);
+    }
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];

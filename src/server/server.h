@@ -15,6 +15,7 @@
 
 #include "chat/chat_template.h"
 #include "server/http.h"
+#include "server/reasoning.h"
 #include "server/scheduler.h"
 #include "server/tool_calls.h"
 
@@ -33,6 +34,10 @@ struct ServerOptions {
   // Parse special-token text inside messages as control tokens (a request's "allow_special_in_content"
   // overrides it); off: a message cannot forge a turn.
   bool allow_special_in_content = false;
+  // What chat replies do with the model's reasoning (a request's "reasoning_format" overrides it): "auto"
+  // puts it in message.reasoning_content when the template writes one (reasoning.h), "none" leaves it in
+  // content.
+  std::string reasoning_format = "auto";
 };
 
 // The id /v1/models lists for a model read from `path`: the file's name (a directory's own name), not the
@@ -70,7 +75,8 @@ class Server {
   struct ChatInput {
     ToolRequest tools;
     ToolFamily family;
-    nlohmann::json messages;  // as the template gets them (prepare_tool_messages)
+    ReasoningSyntax reasoning = ReasoningSyntax::None;  // the template's (reasoning.h)
+    nlohmann::json messages;                            // as the template gets them (prepare_tool_messages)
     std::function<std::string(const nlohmann::json&)> render;
   };
   ChatInput chat_input(const nlohmann::json& j, const http::Request& req) const;
@@ -81,6 +87,7 @@ class Server {
   ChatTemplateOptions tmpl_opts_;       // the model's BOS / EOS text
   std::string tmpl_source_ = "fallback";
   ToolFamily tmpl_family_;  // how the server's template renders and the model writes tool calls
+  ReasoningSyntax tmpl_reasoning_ = ReasoningSyntax::None;  // how the model writes its reasoning
   std::atomic<bool> ready_{false};
 };
 

@@ -583,6 +583,10 @@ std::string_view marker(ToolSyntax s) {
 
 }  // namespace
 
+std::string new_call_id() {
+  return new_id(ToolSyntax::Hermes);
+}
+
 ToolParse parse_tool_calls(std::string_view text, const ToolFamily& family, const ToolRequest& tools) {
   ToolParse r;
   bool ok = false;

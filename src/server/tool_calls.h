@@ -156,6 +156,9 @@ struct ToolCall {
   std::string arguments;  // a JSON object's text
 };
 
+// A new call id: "call_" + 24 alphanumerics.
+std::string new_call_id();
+
 struct ToolParse {
   std::string content;          // the text that is not a call ("" when the output was only calls)
   std::vector<ToolCall> calls;  // empty: the output holds no well-formed call (content = the whole text)

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "dist/communicator.h"
+#include "engine/tensor_parallel.h"
 #include "model/moe.h"
 
 namespace ultra {
@@ -35,41 +37,55 @@ struct BufferSizes {
   size_t x, xb, q, k, v, att, hb, hb2, acc, out_x, logits, mm, attn;
   size_t router, expert_ids, expert_w, shexp_out, moe_start, moe_row, moe_pair, moe_x, moe_gate, moe_up,
       moe_y;
+  size_t vocab_part = 0, vocab_all = 0, tp_wire = 0;  // a split model's only
   size_t total() const {
     return x + xb + q + k + v + att + hb + hb2 + acc + out_x + logits + mm + attn + router + expert_ids +
-           expert_w + shexp_out + moe_start + moe_row + moe_pair + moe_x + moe_gate + moe_up + moe_y;
+           expert_w + shexp_out + moe_start + moe_row + moe_pair + moe_x + moe_gate + moe_up + moe_y +
+           vocab_part + vocab_all + tp_wire;
   }
 };
+
+// Output rows of one gather_vocab collective: as many as the communicator's capacity takes (>= 1: the
+// capacity holds a vocabulary shard, Model::load makes sure).
+int64_t gather_rows_per_call(const ModelData& m, const ContextParams& p) {
+  return std::clamp<int64_t>((int64_t)m.comm->capacity() / m.vocab_shard, 1, p.n_outputs);
+}
 
 BufferSizes buffer_sizes(const ModelData& m, const ContextParams& p) {
   const HParams& hp = m.hp;
   const size_t nb = p.n_batch, q_dim = (size_t)hp.n_heads * hp.head_dim,
                kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
   const size_t pairs = nb * hp.n_expert_used;  // 0 without experts
-  return {nb * hp.dim,
-          nb * std::max<size_t>(hp.dim, q_dim),
-          nb * q_dim,
-          nb * kv_dim,
-          nb * kv_dim,
-          nb * q_dim,
-          nb * hp.max_ffn_dim(),
-          nb * hp.max_ffn_dim(),
-          nb * hp.dim,
-          (size_t)p.n_outputs * hp.dim,
-          (size_t)p.n_outputs * hp.n_vocab,
-          mm_scratch(m, p),
-          cpu::attention_scratch_floats(p.n_ctx, p.n_threads),
-          nb * hp.n_expert,
-          pairs,
-          pairs,
-          hp.shexp_ffn_dim > 0 ? nb * hp.dim : 0,
-          hp.moe() ? (size_t)hp.n_expert + 1 : 0,
-          pairs,
-          pairs,
-          pairs * hp.dim,
-          pairs * hp.expert_ffn_dim,
-          pairs * hp.expert_ffn_dim,
-          pairs * hp.dim};
+  BufferSizes s{nb * hp.dim,
+                nb * std::max<size_t>(hp.dim, q_dim),
+                nb * q_dim,
+                nb * kv_dim,
+                nb * kv_dim,
+                nb * q_dim,
+                nb * hp.max_ffn_dim(),
+                nb * hp.max_ffn_dim(),
+                nb * hp.dim,
+                (size_t)p.n_outputs * hp.dim,
+                (size_t)p.n_outputs * hp.n_vocab,
+                mm_scratch(m, p),
+                cpu::attention_scratch_floats(p.n_ctx, p.n_threads),
+                nb * hp.n_expert,
+                pairs,
+                pairs,
+                hp.shexp_ffn_dim > 0 ? nb * hp.dim : 0,
+                hp.moe() ? (size_t)hp.n_expert + 1 : 0,
+                pairs,
+                pairs,
+                pairs * hp.dim,
+                pairs * hp.expert_ffn_dim,
+                pairs * hp.expert_ffn_dim,
+                pairs * hp.dim};
+  if (m.comm) {
+    s.vocab_part = (size_t)p.n_outputs * m.vocab_shard;
+    s.vocab_all = (size_t)m.tp_size * gather_rows_per_call(m, p) * m.vocab_shard;
+    s.tp_wire = (size_t)tp_rows_words(p.n_batch, p.n_outputs);
+  }
+  return s;
 }
 
 // Per thread: candidates (8 bytes), probabilities and penalty counts (4 each), the distinct list (<= 4).
@@ -81,8 +97,9 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParams& params, int n_sample) {
-  return std::make_unique<CpuBackend>(m, params, n_sample);
+std::unique_ptr<Backend> make_cpu_backend(const ModelData& m, const ContextParams& params, int n_sample,
+                                          bool tp_follower) {
+  return std::make_unique<CpuBackend>(m, params, n_sample, tp_follower);
 }
 
 Footprint plan_cpu_backend(const ModelData& m, const ContextParams& p) {
@@ -94,7 +111,7 @@ Footprint plan_cpu_backend(const ModelData& m, const ContextParams& p) {
   return f;
 }
 
-CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int n_sample)
+CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int n_sample, bool tp_follower)
     : m_(model),
       p_(params),
       n_sample_(n_sample),
@@ -133,6 +150,24 @@ CpuBackend::CpuBackend(const ModelData& model, const ContextParams& params, int 
   b_.expert_ids = expert_ids_.data();
   b_.expert_w = expert_w_.data();
   b_.shexp_out = shexp_out_.data();
+  if (m_.comm) {
+    comm_ = m_.comm.get();
+    vocab_part_ = Buffer<float>(s.vocab_part);
+    vocab_all_ = Buffer<float>(s.vocab_all);
+    tp_wire_ = Buffer<int32_t>(s.tp_wire);
+    b_.vocab_part = vocab_part_.data();
+    tp_lead_ = !tp_follower;
+    if (tp_lead_) {
+      tp_send_create(*comm_, p_, n_sample_);
+      ++m_.tp_contexts;
+    }
+  }
+}
+
+CpuBackend::~CpuBackend() {
+  if (!tp_lead_) return;
+  --m_.tp_contexts;
+  tp_send(*comm_, TpCmd::destroy);
 }
 
 void CpuBackend::poison_kv(int seq, int from) {
@@ -151,6 +186,7 @@ Footprint CpuBackend::footprint() const {
 void CpuBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
                       TokenLogprob* top, StepStats& stats) {
   auto t0 = std::chrono::steady_clock::now();
+  if (tp_lead_) tp_send_step(*comm_, rows, tp_wire_.data());
   forward(m_.hp, m_, rows, b_, *this);
   stats.forward_ms += ms_since(t0);
   if (n_jobs == 0) return;
@@ -199,6 +235,42 @@ void CpuBackend::embed(const WeightView& table, const int32_t* tokens, int n, fl
   split(n, kSplitRows, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) cpu::dequant_row(table, tokens[t], x + (size_t)t * table.cols);
   });
+}
+
+void CpuBackend::embed_shard(const WeightView& table, int64_t row0, const int32_t* tokens, int n, float* x) {
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t r = (int64_t)tokens[t] - row0;
+      float* xt = x + (size_t)t * table.cols;
+      if (r >= 0 && r < table.rows)
+        cpu::dequant_row(table, r, xt);
+      else
+        std::fill(xt, xt + table.cols, 0.0f);
+    }
+  });
+}
+
+void CpuBackend::all_reduce_sum(float* x, int64_t n) {
+  const int64_t cap = (int64_t)comm_->capacity();
+  for (int64_t i = 0; i < n; i += cap) comm_->all_reduce_sum(x + i, (size_t)std::min(cap, n - i));
+}
+
+// Rank r's part holds vocabulary columns [r * vs, r * vs + c_r) of every row, c_r rows of its shard (vs, the
+// last rank's fewer), rows c_r floats apart. Each collective gathers m rows' worth: m * vs floats from every
+// rank (the last rank's tail is whatever follows its rows in its buffer, not read).
+void CpuBackend::gather_vocab(const float* part, int n_rows, float* logits) {
+  const int size = comm_->size();
+  const int64_t V = m_.hp.n_vocab, vs = m_.vocab_shard, mine = m_.output.rows;
+  const int64_t per = gather_rows_per_call(m_, p_);
+  for (int64_t o0 = 0; o0 < n_rows; o0 += per) {
+    const int64_t m = std::min<int64_t>(per, n_rows - o0);
+    comm_->all_gather(part + o0 * mine, (size_t)(m * vs), vocab_all_.data());
+    for (int r = 0; r < size; ++r) {
+      const int64_t c = std::min(V, (r + 1) * vs) - r * vs;
+      const float* g = vocab_all_.data() + (size_t)r * m * vs;
+      for (int64_t o = 0; o < m; ++o) std::copy(g + o * c, g + (o + 1) * c, logits + (o0 + o) * V + r * vs);
+    }
+  }
 }
 
 void CpuBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) {

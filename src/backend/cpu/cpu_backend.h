@@ -16,10 +16,15 @@
 
 namespace ultra {
 
+namespace dist {
+class Communicator;
+}
+
 class CpuBackend final : public Backend, private ForwardOps {
  public:
   // params must be resolved (see Context); n_sample: ids below it are sampled.
-  CpuBackend(const ModelData& model, const ContextParams& params, int n_sample);
+  CpuBackend(const ModelData& model, const ContextParams& params, int n_sample, bool tp_follower = false);
+  ~CpuBackend() override;
 
   const char* name() const override { return "CPU"; }
   std::string description() const override;  // "CPU (<isa> kernels[; Q8_0 with int8 activations])"
@@ -63,6 +68,9 @@ class CpuBackend final : public Backend, private ForwardOps {
                int k, float* x) override;
   void sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,
                         float* x) override;
+  void embed_shard(const WeightView& table, int64_t row0, const int32_t* tokens, int n, float* x) override;
+  void all_reduce_sum(float* x, int64_t n) override;
+  void gather_vocab(const float* part, int n_rows, float* logits) override;
 
   // f(begin, end) over [0, n) split across the threads when n >= min_split (a prefill's rows or elements),
   // else f(0, n) here. For the row- and element-wise ops: the split changes no result.
@@ -103,6 +111,12 @@ class CpuBackend final : public Backend, private ForwardOps {
   Buffer<float> moe_up_;        // [n_batch * k, expert_ffn]
   Buffer<float> moe_y_;         // [n_batch * k, dim] each pair's expert output
   std::vector<std::unique_ptr<SamplerScratch>> sampler_scratch_;  // [n_threads]
+  // Tensor parallelism (a split model; empty otherwise).
+  dist::Communicator* comm_ = nullptr;
+  bool tp_lead_ = false;      // rank 0: sends each step to the other ranks
+  Buffer<float> vocab_part_;  // [n_outputs, vocab_shard] this rank's logits
+  Buffer<float> vocab_all_;   // [tp_size, gather rows, vocab_shard] every rank's, gathered
+  Buffer<int32_t> tp_wire_;   // [tp_rows_words(n_batch, n_outputs)] a step's rows, sent
 };
 
 }  // namespace ultra

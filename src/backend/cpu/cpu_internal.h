@@ -88,6 +88,13 @@ enum BlockKind : int {
   kIQ4_NL,
   kIQ4_XS,
   kMXFP4,
+  kIQ2_XXS,
+  kIQ2_XS,
+  kIQ2_S,
+  kIQ3_XXS,
+  kIQ3_S,
+  kIQ1_S,
+  kIQ1_M,
   kBlockKinds
 };
 int block_kind(GgmlType t);

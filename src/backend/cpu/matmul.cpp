@@ -151,6 +151,20 @@ int block_kind(GgmlType t) {
       return kIQ4_XS;
     case GgmlType::MXFP4:
       return kMXFP4;
+    case GgmlType::IQ2_XXS:
+      return kIQ2_XXS;
+    case GgmlType::IQ2_XS:
+      return kIQ2_XS;
+    case GgmlType::IQ2_S:
+      return kIQ2_S;
+    case GgmlType::IQ3_XXS:
+      return kIQ3_XXS;
+    case GgmlType::IQ3_S:
+      return kIQ3_S;
+    case GgmlType::IQ1_S:
+      return kIQ1_S;
+    case GgmlType::IQ1_M:
+      return kIQ1_M;
     default:
       return -1;
   }
@@ -172,7 +186,10 @@ const MatmulKernels& matmul_kernels_scalar() {
           range_scalar<GgmlType::Q4_0>, range_scalar<GgmlType::Q4_1>, range_scalar<GgmlType::Q5_0>,
           range_scalar<GgmlType::Q5_1>, range_scalar<GgmlType::Q2_K>, range_scalar<GgmlType::Q3_K>,
           range_scalar<GgmlType::Q4_K>, range_scalar<GgmlType::Q5_K>, range_scalar<GgmlType::Q6_K>,
-          range_scalar<GgmlType::IQ4_NL>, range_scalar<GgmlType::IQ4_XS>, range_scalar<GgmlType::MXFP4>}};
+          range_scalar<GgmlType::IQ4_NL>, range_scalar<GgmlType::IQ4_XS>, range_scalar<GgmlType::MXFP4>,
+          range_scalar<GgmlType::IQ2_XXS>, range_scalar<GgmlType::IQ2_XS>, range_scalar<GgmlType::IQ2_S>,
+          range_scalar<GgmlType::IQ3_XXS>, range_scalar<GgmlType::IQ3_S>, range_scalar<GgmlType::IQ1_S>,
+          range_scalar<GgmlType::IQ1_M>}};
   return k;
 }
 

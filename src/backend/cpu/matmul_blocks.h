@@ -1,4 +1,5 @@
-// The block-quantized weight types of core/quants.h (Q4_0 .. Q6_K, IQ4_NL, IQ4_XS, MXFP4) in the SIMD matmul
+// The block-quantized weight types of core/quants.h and quants_iq.h (Q4_0 .. Q6_K, IQ4_NL, IQ4_XS, MXFP4, the
+// grid i-quants) in the SIMD matmul
 // files (matmul_avx2.cpp, matmul_avx512.cpp), on f32 activations: each block is decoded (quant_decode.h) to
 // int8 codes and per-16 scales and offsets, its exact f32 values made in registers (one FMA per vector),
 // and multiplied like an F32 row. The result is the f32 dot product of the dequantised weights: the
@@ -146,10 +147,13 @@ void range_blocks(const MatmulArgs& a, int64_t r0, int64_t r1) {
 template <class V, class K>
 constexpr BlockKernelTable block_kernels() {
   return BlockKernelTable{
-      range_blocks<V, K, BlockQ4_0>,   range_blocks<V, K, BlockQ4_1>,   range_blocks<V, K, BlockQ5_0>,
-      range_blocks<V, K, BlockQ5_1>,   range_blocks<V, K, BlockQ2_K>,   range_blocks<V, K, BlockQ3_K>,
-      range_blocks<V, K, BlockQ4_K>,   range_blocks<V, K, BlockQ5_K>,   range_blocks<V, K, BlockQ6_K>,
-      range_blocks<V, K, BlockIQ4_NL>, range_blocks<V, K, BlockIQ4_XS>, range_blocks<V, K, BlockMXFP4>};
+      range_blocks<V, K, BlockQ4_0>,    range_blocks<V, K, BlockQ4_1>,   range_blocks<V, K, BlockQ5_0>,
+      range_blocks<V, K, BlockQ5_1>,    range_blocks<V, K, BlockQ2_K>,   range_blocks<V, K, BlockQ3_K>,
+      range_blocks<V, K, BlockQ4_K>,    range_blocks<V, K, BlockQ5_K>,   range_blocks<V, K, BlockQ6_K>,
+      range_blocks<V, K, BlockIQ4_NL>,  range_blocks<V, K, BlockIQ4_XS>, range_blocks<V, K, BlockMXFP4>,
+      range_blocks<V, K, BlockIQ2_XXS>, range_blocks<V, K, BlockIQ2_XS>, range_blocks<V, K, BlockIQ2_S>,
+      range_blocks<V, K, BlockIQ3_XXS>, range_blocks<V, K, BlockIQ3_S>,  range_blocks<V, K, BlockIQ1_S>,
+      range_blocks<V, K, BlockIQ1_M>};
 }
 
 }  // namespace

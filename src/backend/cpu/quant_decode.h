@@ -8,10 +8,12 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
 #include "core/quants.h"
+#include "core/quants_iq.h"
 
 namespace ultra::cpu::detail {
 namespace {
@@ -172,6 +174,119 @@ inline void decode(const BlockIQ4_XS& b, Decoded<256>& d) {
   for (int s = 0; s < 8; ++s) {
     store32(d.q + 32 * s, lookup16(split16(b.qs + 16 * s), kIq4nlValues));
     set_pair(d.s, d.o, 2 * s, dd * (iq4xs_scale(b, s) - 32), 0.0f);
+  }
+}
+
+// The grid i-quants: per 8 elements 8 grid bytes with their signs applied (codes up to +-62 for IQ2 / IQ3),
+// or 8 * grid +- 1 for IQ1 (its +-delta of 1/8 folded into the code, the scale divided by 8: exact, a power
+// of two); per 16 elements the scale, no offset. ggml's values are scale * grid * (+-1) and dl * (grid +-
+// delta): the same single rounding of the same product.
+inline constexpr auto kSignBytes = [] {  // bits of a sign byte -> 8 bytes of -1 (set) or +1
+  std::array<uint64_t, 256> t{};
+  for (int i = 0; i < 256; ++i)
+    for (int j = 0; j < 8; ++j) t[i] |= (uint64_t)((i >> j) & 1 ? 0xff : 0x01) << (8 * j);
+  return t;
+}();
+inline void put8(int8_t* q, uint64_t grid_bytes, uint8_t signs) {
+  const __m128i v = _mm_cvtsi64_si128((long long)grid_bytes);
+  _mm_storel_epi64((__m128i*)q, _mm_sign_epi8(v, _mm_cvtsi64_si128((long long)kSignBytes[signs])));
+}
+inline uint64_t bytes8(const std::array<int8_t, 8>& g) {
+  uint64_t v;
+  std::memcpy(&v, g.data(), 8);
+  return v;
+}
+inline uint64_t bytes4x2(const std::array<int8_t, 4>& a, const std::array<int8_t, 4>& b) {
+  uint32_t x, y;
+  std::memcpy(&x, a.data(), 4);
+  std::memcpy(&y, b.data(), 4);
+  return x | (uint64_t)y << 32;
+}
+inline void put8_iq1(int8_t* q, const std::array<int8_t, 8>& g, bool minus) {
+  for (int j = 0; j < 8; ++j) q[j] = (int8_t)(8 * g[j] + (minus ? -1 : 1));
+}
+inline void decode(const BlockIQ2_XXS& b, Decoded<256>& d) {
+  const float dd = h2f(b.d);
+  for (int ib = 0; ib < 8; ++ib) {
+    uint32_t aux[2];
+    std::memcpy(aux, b.qs + 4 * ib, 8);
+    for (int l = 0; l < 4; ++l)
+      put8(d.q + 32 * ib + 8 * l, bytes8(kIq2xxsGrid[(aux[0] >> (8 * l)) & 0xff]),
+           kIqSigns[(aux[1] >> (7 * l)) & 127]);
+    set_pair(d.s, d.o, 2 * ib, dd * (0.5f + (aux[1] >> 28)) * 0.25f, 0.0f);
+  }
+}
+inline void decode(const BlockIQ2_XS& b, Decoded<256>& d) {
+  const float dd = h2f(b.d);
+  for (int ib = 0; ib < 8; ++ib) {
+    for (int l = 0; l < 4; ++l) {
+      const uint16_t q = b.qs[4 * ib + l];
+      put8(d.q + 32 * ib + 8 * l, bytes8(kIq2xsGrid[q & 511]), kIqSigns[q >> 9]);
+    }
+    d.s[2 * ib] = dd * (0.5f + (b.scales[ib] & 0xf)) * 0.25f;
+    d.s[2 * ib + 1] = dd * (0.5f + (b.scales[ib] >> 4)) * 0.25f;
+    d.o[2 * ib] = d.o[2 * ib + 1] = 0.0f;
+  }
+}
+inline void decode(const BlockIQ2_S& b, Decoded<256>& d) {
+  const float dd = h2f(b.d);
+  for (int ib = 0; ib < 8; ++ib) {
+    for (int l = 0; l < 4; ++l)
+      put8(d.q + 32 * ib + 8 * l, bytes8(kIq2sGrid[b.qs[4 * ib + l] | ((b.qh[ib] << (8 - 2 * l)) & 0x300)]),
+           b.qs[32 + 4 * ib + l]);
+    d.s[2 * ib] = dd * (0.5f + (b.scales[ib] & 0xf)) * 0.25f;
+    d.s[2 * ib + 1] = dd * (0.5f + (b.scales[ib] >> 4)) * 0.25f;
+    d.o[2 * ib] = d.o[2 * ib + 1] = 0.0f;
+  }
+}
+inline void decode(const BlockIQ3_XXS& b, Decoded<256>& d) {
+  const float dd = h2f(b.d);
+  for (int ib = 0; ib < 8; ++ib) {
+    uint32_t aux;
+    std::memcpy(&aux, b.qs + 64 + 4 * ib, 4);
+    const uint8_t* qs = b.qs + 8 * ib;
+    for (int l = 0; l < 4; ++l)
+      put8(d.q + 32 * ib + 8 * l, bytes4x2(kIq3xxsGrid[qs[2 * l]], kIq3xxsGrid[qs[2 * l + 1]]),
+           kIqSigns[(aux >> (7 * l)) & 127]);
+    set_pair(d.s, d.o, 2 * ib, dd * (0.5f + (aux >> 28)) * 0.5f, 0.0f);
+  }
+}
+inline void decode(const BlockIQ3_S& b, Decoded<256>& d) {
+  const float dd = h2f(b.d);
+  for (int ib = 0; ib < 8; ++ib) {  // 32 elements: qs[8 ib ..], signs[4 ib ..], qh[ib]
+    const uint8_t* qs = b.qs + 8 * ib;
+    for (int l = 0; l < 4; ++l)
+      put8(d.q + 32 * ib + 8 * l,
+           bytes4x2(kIq3sGrid[qs[2 * l] | ((b.qh[ib] << (8 - 2 * l)) & 256)],
+                    kIq3sGrid[qs[2 * l + 1] | ((b.qh[ib] << (7 - 2 * l)) & 256)]),
+           b.signs[4 * ib + l]);
+    const int sc = ib % 2 ? b.scales[ib / 2] >> 4 : b.scales[ib / 2] & 0xf;
+    set_pair(d.s, d.o, 2 * ib, dd * (1 + 2 * sc), 0.0f);
+  }
+}
+inline void decode(const BlockIQ1_S& b, Decoded<256>& d) {
+  const float dd = h2f(b.d);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint16_t h = b.qh[ib];
+    for (int l = 0; l < 4; ++l)
+      put8_iq1(d.q + 32 * ib + 8 * l, kIq1sGrid[b.qs[4 * ib + l] | (((h >> (3 * l)) & 7) << 8)], h & 0x8000);
+    set_pair(d.s, d.o, 2 * ib, dd * (2 * ((h >> 12) & 7) + 1) * 0.125f, 0.0f);
+  }
+}
+inline void decode(const BlockIQ1_M& b, Decoded<256>& d) {
+  uint16_t sc[4];
+  std::memcpy(sc, b.scales, 8);
+  const float dd = h2f(iq1m_d(b));
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t *qs = b.qs + 4 * ib, *qh = b.qh + 2 * ib;
+    put8_iq1(d.q + 32 * ib, kIq1sGrid[qs[0] | ((qh[0] << 8) & 0x700)], qh[0] & 0x08);
+    put8_iq1(d.q + 32 * ib + 8, kIq1sGrid[qs[1] | ((qh[0] << 4) & 0x700)], qh[0] & 0x80);
+    put8_iq1(d.q + 32 * ib + 16, kIq1sGrid[qs[2] | ((qh[1] << 8) & 0x700)], qh[1] & 0x08);
+    put8_iq1(d.q + 32 * ib + 24, kIq1sGrid[qs[3] | ((qh[1] << 4) & 0x700)], qh[1] & 0x80);
+    for (int k = 0; k < 2; ++k) {
+      d.s[2 * ib + k] = dd * (2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3 * k)) & 0x7) + 1) * 0.125f;
+      d.o[2 * ib + k] = 0.0f;
+    }
   }
 }
 
