@@ -620,13 +620,19 @@ class GenProducer final : public http::Producer {
         out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i, thought));
         c.first = false;
       }
-      if (c.tool_stream) {  // OpenAI's delta.tool_calls: the arguments in pieces as they are written
-        const std::vector<ToolCallDelta> d = c.tool_stream->take_deltas();
-        if (!d.empty()) {
-          json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
-          chunk["choices"][0]["delta"] = {{"tool_calls", tool_deltas_json(d)}};
-          out.body += sse(chunk);
-        }
+      // OpenAI's delta.tool_calls: the arguments in pieces as they are written; calls found by the reasoning
+      // parser (harmony's, at the end) each whole.
+      std::vector<ToolCallDelta> d;
+      if (c.tool_stream) {
+        d = c.tool_stream->take_deltas();
+      } else if (c.done) {
+        for (size_t k = 0; k < c.calls.size(); ++k)
+          d.push_back({k, c.calls[k].id, c.calls[k].name, c.calls[k].arguments});
+      }
+      if (!d.empty()) {
+        json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
+        chunk["choices"][0]["delta"] = {{"tool_calls", tool_deltas_json(d)}};
+        out.body += sse(chunk);
       }
       if (c.done && !failed) out.body += sse(chunk_json(job_, "", c.finish_reason, false, nullptr, i));
     }
