@@ -208,6 +208,13 @@ TEST(ChatTemplate, Filters) {
   EXPECT_EQ(R("{{ {'b': 1, 'A': 2}|dictsort }}|{{ [1, 1, 2]|unique|list }}|{{ 2.5|round }}|{{ -3|abs }}"),
             "[('A', 2), ('b', 1)]|[1, 2]|2.0|3");
   EXPECT_NE(Err("{{ x|xmlattr }}").find("line 1: unsupported filter 'xmlattr'"), std::string::npos);
+  // A filter block (FireFunction v2's template): the body's text through the filters, in order.
+  EXPECT_EQ(R("<{% filter trim %}\n  a {{ x }}\n{% endfilter %}>", {{"x", 1}}), "<a 1>");
+  EXPECT_EQ(R("{% set s %}{%- filter upper | replace('A', 'b') -%} a{{ 'c' }} {%- endfilter %}{% endset "
+              "%}[{{ s }}]"),
+            "[bC]");
+  EXPECT_NE(Err("{% filter nope %}x{% endfilter %}").find("unsupported filter 'nope'"), std::string::npos);
+  EXPECT_NE(Err("{% filter trim %}x").find("line 1"), std::string::npos);
 }
 
 TEST(ChatTemplate, WhitespaceControl) {

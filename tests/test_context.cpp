@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "copy_seq_check.h"
 #include "engine/model_impl.h"
 #include "engine/testing.h"
 #include "greedy_util.h"
@@ -200,6 +201,48 @@ TEST(Context, SnapshotRestoreRepeatsSampledTokens) {
   row = prefill(ctx, b, 1, prompt, Output::sample);
   std::vector<int32_t> c = run8(ctx, 1);
   EXPECT_NE(c, a);
+}
+
+// copy_seq (tests/copy_seq_check.h): a prompt prefilled once in sequence 0 (all but its last token) is copied
+// into sequences 1 and 2, which held other tokens and whose cache past them is poisoned (NaN): each then
+// feeds the prompt's last token and samples (penalties on). Sequence 1, with sequence 0's seed, draws
+// sequence 0's tokens; sequence 2 draws what a fresh context with its seed draws. Bad copies throw and
+// change nothing.
+TEST(Context, CopiedSequenceContinuesLikeAFreshPrefill) {
+  const Model m = Model::load(kBundled.string());
+  const std::vector<int32_t> prompt = m.tokenizer()->encode(
+      "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east, and", true, false);
+  ASSERT_GT(prompt.size(), 21u);
+  SamplingParams sp = SamplingParams::greedy();
+  sp.temperature = 1.0f;
+  sp.repeat_penalty = 1.3f;
+  sp.seed = 1234;
+  SamplingParams other = sp;
+  other.seed = 99;
+  const test::CopiedSequences r =
+      test::run_copied_sequences(m, {.n_ctx = 128, .n_threads = 2}, prompt, sp, other, 8);
+  EXPECT_TRUE(r.tokens_copied);
+  EXPECT_EQ(r.got[1], r.got[0]);
+  EXPECT_EQ(r.got[0], r.fresh_a);
+  EXPECT_EQ(r.got[2], r.fresh_b);
+  EXPECT_NE(r.got[2], r.got[0]);
+
+  // Bad copies: onto itself, longer than the source, a slot out of range, while a step is queued.
+  Context ctx(m, {.n_ctx = 64, .n_slots = 2, .n_threads = 2});
+  Batch b(64);
+  prefill(ctx, b, 0, std::span(prompt).first(10));
+  ctx.copy_seq(0, 1, 4);
+  EXPECT_THROW(ctx.copy_seq(1, 1, 3), Error);
+  EXPECT_THROW(ctx.copy_seq(0, 1, ctx.seq_len(0) + 1), Error);
+  EXPECT_THROW(ctx.copy_seq(0, 2, 1), Error);
+  EXPECT_THROW(ctx.copy_seq(-1, 1, 1), Error);
+  EXPECT_THROW(ctx.copy_seq(0, 1, -1), Error);
+  b.clear();
+  b.add(prompt[10], ctx.seq_len(0), 0, Output::sample);
+  ctx.submit(b);
+  EXPECT_THROW(ctx.copy_seq(0, 1, 1), Error);
+  ctx.wait();
+  EXPECT_EQ(ctx.seq_len(1), 4);
 }
 
 // Every malformed field gives an error naming it, and the context is unchanged: lengths, tokens, and the

@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/tuning.h"
 #include "chi2_util.h"
+#include "copy_seq_check.h"
 #include "engine/testing.h"
 #include "greedy_util.h"
 #include "io/convert.h"
@@ -551,6 +552,33 @@ TEST(CudaBackend, SeededSamplingMatchesCpu) {
   EXPECT_EQ(cu, cpu);
   for (size_t i = 0; i < std::min(lp_cpu.size(), lp_gpu.size()); ++i)
     EXPECT_NEAR(lp_gpu[i], lp_cpu[i], 1e-3) << i;
+}
+
+// Context::copy_seq on the device (CudaBackend::copy_kv: the KV of every layer by cudaMemcpy2DAsync and the
+// token log that the device sampler's penalties read), through tests/copy_seq_check.h: a prompt prefilled
+// once in sequence 0 is copied into sequences 1 and 2, which held other tokens (their token log too) and
+// whose cache past them is poisoned (NaN); all three then sample 24 tokens with a repeat penalty over the
+// whole window (so a log not copied changes the draws). Sequence 1, with sequence 0's seed, draws sequence
+// 0's tokens; each equals a fresh CUDA context given the same prefill and seed.
+TEST(CudaBackend, CopiedSequenceContinuesLikeAFreshPrefill) {
+  const Model m = Model::load(kBundled.string());
+  const std::vector<int32_t> prompt = m.tokenizer()->encode(
+      "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east", true, false);
+  ASSERT_GT(prompt.size(), 12u);
+  ASSERT_LE(prompt.size(), 32u);  // the prefill takes the f32 GEMV path, in both contexts
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.repeat_penalty = 1.5f;
+  sp.repeat_last_n = 64;
+  sp.seed = 1234;
+  SamplingParams other = sp;
+  other.seed = 99;
+  const test::CopiedSequences r = test::run_copied_sequences(m, gpu(128), prompt, sp, other, 24);
+  EXPECT_TRUE(r.tokens_copied);
+  EXPECT_EQ(r.got[1], r.got[0]);
+  EXPECT_EQ(r.got[0], r.fresh_a);
+  EXPECT_EQ(r.got[2], r.fresh_b);
+  EXPECT_NE(r.got[2], r.got[0]);
 }
 
 // The device sampler's distribution: 32 sequences per step, each with its own seed, all at the same prompt,

@@ -22,6 +22,7 @@
 #include "grammar/grammar_matcher.h"
 #include "grammar/json_schema.h"
 #include "grammar/numeric_range_gbnf.h"
+#include "jsonschema_check.h"
 #include "tmp_dir.h"
 #include "tokenizer/utf8.h"
 
@@ -650,32 +651,8 @@ ojson random_value(std::mt19937& rng, int depth) {
   }
 }
 
-// The Python that has jsonschema: Debian's /usr/bin/python3 (where tools/install-deps.sh puts
-// python3-jsonschema) or the first python3 on PATH (a pyenv or virtualenv one); "" when neither has it.
-std::string python_with_jsonschema() {
-  for (const char* py : {"/usr/bin/python3", "python3"}) {
-    if (std::system((std::string(py) + " -c 'import jsonschema' > /dev/null 2>&1").c_str()) == 0) return py;
-  }
-  return "";
-}
-
-bool have_python_jsonschema() {
-  return !python_with_jsonschema().empty();
-}
-
-// Runs tests/validate_json_schema.py over JSON lines {"schema", "doc"}; expects every doc valid.
-void expect_all_valid(const fs::path& cases, int n_docs, const fs::path& dir) {
-  const fs::path script = fs::path(ULTRA_SOURCE_DIR) / "tests" / "validate_json_schema.py";
-  const fs::path report = dir / "report.txt";
-  const int rc = std::system(
-      (python_with_jsonschema() + " " + script.string() + " " + cases.string() + " > " + report.string())
-          .c_str());
-  std::ifstream r(report);
-  std::stringstream ss;
-  ss << r.rdbuf();
-  EXPECT_EQ(rc, 0) << ss.str();
-  EXPECT_NE(ss.str().find(fmt::format("{} valid of {}", n_docs, n_docs)), std::string::npos) << ss.str();
-}
+using test::expect_all_valid;
+using test::have_python_jsonschema;
 
 }  // namespace
 

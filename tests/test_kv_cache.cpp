@@ -170,17 +170,28 @@ TEST(KvLayout, AllocateGivesEachLayerItsKAndV) {
   }
 }
 
+// Two layers of three slots, two KV heads, 10 positions of head dimension 4.
+KvCacheParams small_params(GgmlType type) {
+  return {.n_layers = 2, .n_slots = 3, .n_kv_heads = 2, .max_ctx = 10, .head_dim = 4, .type = type};
+}
+
+// f(il, b, s, h, pos, row) for every row of every layer's K (b 0) and V (b 1): row points at its bytes.
+template <class F>
+void for_each_row(KvCache& kv, const KvCacheParams& p, F&& f) {
+  for (int il = 0; il < p.n_layers; ++il)
+    for (int b = 0; b < 2; ++b) {
+      const uint8_t* d = static_cast<const uint8_t*>(b == 0 ? kv.layer(il).k : kv.layer(il).v);
+      for (int s = 0; s < p.n_slots; ++s)
+        for (int h = 0; h < p.n_kv_heads; ++h)
+          for (int pos = 0; pos < p.max_ctx; ++pos) f(il, b, s, h, pos, d + p.row_offset(s, h, pos));
+    }
+}
+
 // Poisoning writes all-ones bytes (NaN) over positions [from, max_ctx) of one slot, every head, K and V of
 // every layer, and nothing else.
 TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
-    KvCacheParams p;
-    p.n_layers = 2;
-    p.n_slots = 3;
-    p.n_kv_heads = 2;
-    p.max_ctx = 10;
-    p.head_dim = 4;
-    p.type = type;
+    const KvCacheParams p = small_params(type);
     KvCache kv(p);
     const size_t elem = type == GgmlType::F32 ? 4 : 2, row = p.head_dim * elem;
     const size_t n = (size_t)p.n_slots * p.n_kv_heads * p.max_ctx * row;
@@ -195,18 +206,11 @@ TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
     });
     EXPECT_EQ(ranges, 2 * p.n_kv_heads);
     kv.poison(1, 6);
-    for (int il = 0; il < p.n_layers; ++il)
-      for (int b = 0; b < 2; ++b) {
-        const uint8_t* d = static_cast<const uint8_t*>(b == 0 ? kv.layer(il).k : kv.layer(il).v);
-        for (int s = 0; s < p.n_slots; ++s)
-          for (int h = 0; h < p.n_kv_heads; ++h)
-            for (int pos = 0; pos < p.max_ctx; ++pos) {
-              const uint8_t want = s == 1 && pos >= 6 ? 0xFF : b == 0 ? 0x11 : 0x22;
-              const size_t at = (((size_t)s * p.n_kv_heads + h) * p.max_ctx + pos) * row;
-              for (size_t i = 0; i < row; ++i)
-                ASSERT_EQ(d[at + i], want) << il << " " << b << " " << s << " " << h << " " << pos;
-            }
-      }
+    for_each_row(kv, p, [&](int il, int b, int s, int h, int pos, const uint8_t* d) {
+      const uint8_t want = s == 1 && pos >= 6 ? 0xFF : b == 0 ? 0x11 : 0x22;
+      for (size_t i = 0; i < row; ++i)
+        ASSERT_EQ(d[i], want) << il << " " << b << " " << s << " " << h << " " << pos;
+    });
     // The poisoned values read as NaN.
     const size_t at = ((size_t)1 * p.n_kv_heads * p.max_ctx + 7) * row;
     if (type == GgmlType::F32) {
@@ -217,6 +221,35 @@ TEST(KvLayout, PoisonCoversExactlyTheSlotsPositionsPastFrom) {
       EXPECT_EQ(h & 0x7C00, 0x7C00);  // exponent all ones
       EXPECT_NE(h & 0x03FF, 0);       // mantissa non-zero: NaN
     }
+  }
+}
+
+// Copying a slot's prefix: positions [0, n) of slot `from` land in slot `to` (every head, K and V, every
+// layer), byte for byte; the rest of `to` and every other slot keep their bytes; bad slots and lengths throw.
+TEST(KvCache, CopyTakesExactlyTheSourcePrefix) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16}) {
+    const KvCacheParams p = small_params(type);
+    KvCache kv(p);
+    const size_t row = p.row_bytes(), n = p.buffer_bytes();  // (the layout's, which the poison test checks)
+    // Every byte names its (layer, K or V, offset).
+    const auto byte_at = [](int il, int b, size_t i) { return (uint8_t)(il * 97 + b * 41 + i * 7 + 1); };
+    for (int il = 0; il < p.n_layers; ++il)
+      for (size_t i = 0; i < n; ++i) {
+        static_cast<uint8_t*>(kv.layer(il).k)[i] = byte_at(il, 0, i);
+        static_cast<uint8_t*>(kv.layer(il).v)[i] = byte_at(il, 1, i);
+      }
+    kv.copy(2, 0, 7);
+    for_each_row(kv, p, [&](int il, int b, int s, int h, int pos, const uint8_t* d) {
+      const size_t src = p.row_offset(s == 0 && pos < 7 ? 2 : s, h, pos);
+      for (size_t i = 0; i < row; ++i)
+        ASSERT_EQ(d[i], byte_at(il, b, src + i)) << il << " " << b << " " << s << " " << h << " " << pos;
+    });
+    kv.copy(0, 1, 0);  // nothing
+    EXPECT_THROW(kv.copy(1, 1, 3), Error);
+    EXPECT_THROW(kv.copy(3, 1, 3), Error);
+    EXPECT_THROW(kv.copy(0, -1, 3), Error);
+    EXPECT_THROW(kv.copy(0, 1, 11), Error);
+    EXPECT_THROW(kv.copy(0, 1, -1), Error);
   }
 }
 

@@ -25,7 +25,15 @@ TEMPLATES = ["Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "NousResearch-Hermes
              "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "meta-llama-Llama-3.1-8B-Instruct",
              "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
              "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506", "Qwen3-Coder",
-             "Qwen3.5-4B", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"]
+             "Qwen3.5-4B", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "meetkai-functionary-medium-v3.2", "fireworks-ai-llama-3-firefunction-v2",
+             "CohereForAI-c4ai-command-r-plus-tool_use"]
+# Not here: Functionary v3.1's, which adds `"..."|safe` to the tools' tojson text; jinja2's Markup then
+# HTML-escapes that text (&#34;), which ultra's interpreter (like llama.cpp's minja) does not do.
+# Templates that concatenate a call's arguments as text get them as the JSON string prepare_tool_messages
+# makes (nlohmann's dump: no spaces); FireFunction's reads the tools as `functions` (their JSON, indent 2)
+# and a `datetime` (the server's clock; pinned here, and the test passes the same).
+STRING_ARGUMENTS = {"meetkai-functionary-medium-v3.2", "fireworks-ai-llama-3-firefunction-v2"}
+DATETIME = "Nov 30 2026 12:00:00 GMT"
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -33,6 +41,11 @@ TOOLS = [{"type": "function", "function": {
                                                     "unit": {"type": "string", "enum": ["c", "f"]}},
                    "required": ["city"]}}}]
 
+# Command R+'s template prints every parameter's description: its tools have them.
+DESCRIBED = json.loads(json.dumps(TOOLS))
+DESCRIBED[0]["function"]["parameters"]["properties"]["city"]["description"] = "The city"
+DESCRIBED[0]["function"]["parameters"]["properties"]["unit"]["description"] = "c or f"
+TOOLS_BY_TEMPLATE = {"CohereForAI-c4ai-command-r-plus-tool_use": DESCRIBED}
 CALL = {"id": "abc123XYZ", "type": "function",
         "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}
 
@@ -56,14 +69,17 @@ def sorted_keys(x):
     return json.loads(json.dumps(x, sort_keys=True))
 
 
-def prepared(conv):
+def prepared(conv, string_arguments=False):
     out = []
-    for m in conv:
-        m = dict(m)
+    for m in sorted_keys(conv):
         if m["role"] == "assistant" and m.get("tool_calls") and m.get("content") is None:
             m["content"] = ""
+        if string_arguments:
+            for c in m.get("tool_calls", []):
+                c["function"]["arguments"] = json.dumps(c["function"]["arguments"], separators=(",", ":"),
+                                                        ensure_ascii=False, sort_keys=True)
         out.append(m)
-    return sorted_keys(out)
+    return out
 
 
 def main():
@@ -72,16 +88,21 @@ def main():
     ap.add_argument("-o", "--out", default="tests/fixtures/templates/tool_renderings.json")
     args = ap.parse_args()
     env = environment()
-    result = {"jinja2": jinja2.__version__, "tools": TOOLS, "conversations": CONVERSATIONS, "templates": {}}
+    result = {"jinja2": jinja2.__version__, "tools": TOOLS, "conversations": CONVERSATIONS, "datetime": DATETIME,
+              "tools_by_template": TOOLS_BY_TEMPLATE, "templates": {}}
     for name in TEMPLATES:
         src = open(os.path.join(args.templates, name + ".jinja"), encoding="utf-8").read()
         tmpl = env.from_string(src)
         cases = []
+        tools = sorted_keys(TOOLS_BY_TEMPLATE.get(name, TOOLS))
         for i, conv in enumerate(CONVERSATIONS):
             case = {"conversation": i}
             try:
-                case["output"] = tmpl.render(messages=prepared(conv), tools=sorted_keys(TOOLS), add_generation_prompt=True,
-                                             bos_token="<BOS>", eos_token="<EOS>")
+                case["output"] = tmpl.render(messages=prepared(conv, name in STRING_ARGUMENTS),
+                                             tools=tools, add_generation_prompt=True,
+                                             bos_token="<BOS>", eos_token="<EOS>",
+                                             functions=json.dumps(tools, indent=2, ensure_ascii=False),
+                                             datetime=DATETIME)
             except Exception as e:  # noqa: BLE001
                 case["error"] = f"{type(e).__name__}: {e}"
             cases.append(case)

@@ -221,6 +221,12 @@ class Context {
   std::span<const int32_t> seq_tokens(int seq) const;  // the tokens now in the cache, by position
   void crop(int seq, int n);                           // keep positions [0, n); O(1); n <= seq_len
   void clear(int seq) { crop(seq, 0); }
+  // Sequence `to` becomes the first n tokens of sequence `from` (n <= seq_len(from); from != to): their KV
+  // (every layer) is copied on the backend, so a prompt prefilled once serves several continuations (n > 1
+  // completions). `to` keeps its sampler settings; its grammar, if any, starts again as after a crop to 0.
+  // Costs a copy of n positions of the cache; allocates nothing. Throws (changing nothing) on a bad slot or
+  // length, and while steps are queued.
+  void copy_seq(int from, int to, int n);
 
   // --- sampling: one sampler per sequence ---
   // Validates (logit_bias tokens below n_sample_vocab()); allocates nothing. A logit bias is applied on the

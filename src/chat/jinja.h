@@ -311,13 +311,13 @@ struct Node;
 using NodeP = std::unique_ptr<Node>;
 using Body = std::vector<NodeP>;
 
-enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, Generation };
+enum class NK { Text, Output, If, For, Set, SetBlock, FilterBlock, Macro, Break, Continue, Generation };
 
 struct Node {
   NK kind;
   int line = 0;
-  std::string text;                              // Text
-  ExprP expr;                                    // Output; If cond; For iterable; Set value
+  std::string text;  // Text
+  ExprP expr;        // Output; If cond; For iterable; Set value; FilterBlock the filters (EK::Filter chain)
   std::vector<std::pair<ExprP, Body>> branches;  // If: (cond, body) with cond null for else
   std::vector<std::string> targets;  // For / Set names (tuple unpacking when >1); Macro name = targets[0]
   ExprP target_attr;                 // Set ns.attr: the namespace expression; targets[0] the attribute

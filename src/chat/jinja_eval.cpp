@@ -70,7 +70,8 @@ class InterpImpl : public Interp {
         assign(n, std::move(v));
         return Flow::Normal;
       }
-      case NK::SetBlock: {
+      case NK::SetBlock:
+      case NK::FilterBlock: {
         std::string buf;
         std::string* saved = out_;
         out_ = &buf;
@@ -81,7 +82,11 @@ class InterpImpl : public Interp {
           throw;
         }
         out_ = saved;
-        assign(n, Value::string(std::move(buf)));
+        if (n.kind == NK::SetBlock) {
+          assign(n, Value::string(std::move(buf)));
+        } else {
+          emit(to_str(filter_chain(*n.expr, Value::string(std::move(buf)))));
+        }
         return Flow::Normal;
       }
       case NK::Macro: {
@@ -319,6 +324,13 @@ class InterpImpl : public Interp {
         return e.c ? eval(*e.c) : Value::undefined();
     }
     return Value::undefined();
+  }
+
+  // A {% filter %} block's chain (EK::Filter nodes, the innermost's base null) applied to v.
+  Value filter_chain(const Expr& f, Value v) {
+    if (f.a) v = filter_chain(*f.a, std::move(v));
+    CallArgs args = eval_args(f);
+    return apply_filter(f.name, std::move(v), args);
   }
 
   CallArgs eval_args(const Expr& e) {

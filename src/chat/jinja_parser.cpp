@@ -563,6 +563,23 @@ struct Parser {
       expect_block_end();
       return n;
     }
+    if (w == "filter") {  // {% filter f(args) | g %}...{% endfilter %}: the body's text through the filters
+      n->kind = NK::FilterBlock;
+      ExprP chain;  // Filter nodes, the first applied innermost (its base `a` null)
+      do {
+        auto f = make(EK::Filter, cur().line);
+        f->name = dotted_name();
+        f->a = std::move(chain);
+        if (accept_op("(")) parse_args(*f);
+        chain = done(std::move(f));
+      } while (accept_op("|"));
+      n->expr = std::move(chain);
+      expect_block_end();
+      n->body = parse_body({"endfilter"}, nullptr);
+      ++p;
+      expect_block_end();
+      return n;
+    }
     if (w == "generation") {
       n->kind = NK::Generation;
       expect_block_end();

@@ -99,6 +99,11 @@ class Backend {
   virtual void apply_rules(int /*k*/, const SamplingParams& /*p*/, const uint32_t* /*allow*/) {
     fail("{}: grammar constraints and logit bias run on the CPU backend only", name());
   }
+  // Context::copy_seq: positions [0, n) of slot `from` become those of slot `to` (every layer's K and V, and
+  // what else the backend keeps per position: the CUDA backend's token log), ordered after the steps
+  // submitted before it and before those submitted after it. The engine checked from != to, both slots in
+  // range, n <= the source's length, and that no step is queued. Allocates nothing.
+  virtual void copy_kv(int from, int to, int n) = 0;
   // Tests only: fills positions [from, max_ctx) of slot seq in every layer's K and V with NaN, so that a
   // read of any position past a sequence's length shows in its outputs.
   virtual void poison_kv(int seq, int from) = 0;

@@ -322,6 +322,20 @@ void Context::crop(int seq, int n) {
   impl_->seqs.crop(seq, n);
 }
 
+void Context::copy_seq(int from, int to, int n) {
+  Impl& im = *impl_;
+  im.seqs.check_crop(from, n, "copy_seq");
+  im.seqs.check(to, "copy_seq");
+  if (from == to) fail("copy_seq: sequence {} cannot be copied onto itself", from);
+  im.queue.check_idle("copy_seq");
+  im.sampled.forget(to);
+  im.proposals.crop(to, 0);
+  if (im.constraints[to]) im.constraints[to]->crop(0);
+  im.be->copy_kv(from, to, n);
+  std::copy_n(im.seqs.tokens(from), n, im.seqs.tokens(to));
+  im.seqs.set_len(to, n);
+}
+
 void Context::set_sampling(int seq, const SamplingParams& p) {
   p.validate(impl_->n_sample);
   if (p.n_logit_bias > 0 && impl_->p.backend != BackendKind::cpu)

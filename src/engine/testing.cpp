@@ -71,6 +71,7 @@ class DeferredBackend final : public Backend {
   }
   const float* logits(int k) override { return inner_->logits(k); }
   void poison_kv(int seq, int from) override { inner_->poison_kv(seq, from); }
+  void copy_kv(int from, int to, int n) override { inner_->copy_kv(from, to, n); }
   // A deferred source's state is read when this backend's step runs: its last outputs, and its context's
   // host tokens (the engine checks that they are known by then).
   bool link(const LinkSource& source) override {

@@ -28,4 +28,15 @@ void KvCache::poison(int seq, int from) {
     kv_poison(layer(il), seq, from, [](uint8_t* p, size_t n) { std::memset(p, kKvPoisonByte, n); });
 }
 
+void KvCache::copy(int from, int to, int n) {
+  if (from < 0 || from >= p_.n_slots || to < 0 || to >= p_.n_slots || from == to || n < 0 || n > p_.max_ctx)
+    fail("KV cache: cannot copy {} positions of slot {} into slot {} ({} slots of {} positions)", n, from, to,
+         p_.n_slots, p_.max_ctx);
+  for (int il = 0; il < p_.n_layers; ++il)
+    kv_copy(layer(il), from, to, n,
+            [](uint8_t* dst, const uint8_t* src, size_t width, size_t height, size_t pitch) {
+              for (size_t h = 0; h < height; ++h) std::memcpy(dst + h * pitch, src + h * pitch, width);
+            });
+}
+
 }  // namespace ultra

@@ -32,6 +32,10 @@ class KvCache {
 
   // Fills positions [from, max_ctx) of slot seq with NaN in every layer (kv_poison).
   void poison(int seq, int from);
+  // Copies positions [0, n) of slot `from` into slot `to` in every layer's K and V (kv_copy); the rest of
+  // slot `to` is left as it was. Throws ultra::Error on a slot out of range, from == to or n outside
+  // [0, max_ctx].
+  void copy(int from, int to, int n);
 
  private:
   KvLayout p_;

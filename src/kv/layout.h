@@ -79,4 +79,17 @@ void kv_poison(const KvLayerView& v, int seq, int from, Fill&& fill) {
   }
 }
 
+// Copying a sequence's prefix into another slot (Backend::copy_kv: n > 1 completions of one prompt share its
+// prefill). For each of the layer's K and V, kv_copy calls copy(dst, src, width, height, pitch) once: height
+// (= n_kv_heads) rows of width bytes (positions [0, n) of one head), consecutive rows pitch bytes apart in
+// both dst (slot `to`) and src (slot `from`). from != to, 0 <= n <= max_ctx (checked by the caller).
+template <class Copy2D>
+void kv_copy(const KvLayerView& v, int from, int to, int n, Copy2D&& copy) {
+  const KvLayout l{0, v.n_slots, v.n_kv_heads, v.max_ctx, v.head_dim, v.type};
+  const size_t width = (size_t)n * l.row_bytes(), pitch = (size_t)v.max_ctx * l.row_bytes();
+  const size_t src = l.row_offset(from, 0, 0), dst = l.row_offset(to, 0, 0);
+  copy((uint8_t*)v.k + dst, (const uint8_t*)v.k + src, width, (size_t)v.n_kv_heads, pitch);
+  copy((uint8_t*)v.v + dst, (const uint8_t*)v.v + src, width, (size_t)v.n_kv_heads, pitch);
+}
+
 }  // namespace ultra

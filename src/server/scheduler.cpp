@@ -39,6 +39,10 @@ struct Scheduler::Slot {
   // admission, so the watch allocates nothing per token).
   bool lazy_armed = false;
   std::string lazy_tail;
+  // n > 1: this fork waits for the prompt (but its last token) to be prefilled in slot `source` by the
+  // request source_req, then copies it (share_prompts); -1: it prefills its prompt itself.
+  int source = -1;
+  const GenRequest* source_req = nullptr;
 };
 
 Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue)
@@ -67,13 +71,24 @@ void SchedulerStats::observe_ttft(double seconds) {
 }
 
 bool Scheduler::submit(const std::shared_ptr<GenRequest>& req) {
-  req->submitted = std::chrono::steady_clock::now();
+  // A request and its forks, in groups of at most n_slots (each admitted at once), led by their first.
+  std::vector<std::shared_ptr<GenRequest>> all{req};
+  all.insert(all.end(), req->forks.begin(), req->forks.end());
+  const size_t group = (size_t)n_slots_;
+  const size_t n_groups = (all.size() + group - 1) / group;
   {
     std::lock_guard lk(qm_);
-    if (stopping_ || queue_.size() >= max_queue_) return false;
-    queue_.push_back(req);
+    if (stopping_ || queue_.size() + n_groups > max_queue_) return false;
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < all.size(); i += group) {
+      GenRequest& lead = *all[i];
+      lead.forks.assign(all.begin() + (ptrdiff_t)i + 1,
+                        all.begin() + (ptrdiff_t)std::min(all.size(), i + group));
+      for (size_t k = i; k < std::min(all.size(), i + group); ++k) all[k]->submitted = now;
+      queue_.push_back(all[i]);
+    }
     stats_.queue_depth = (int)queue_.size();
-    ++stats_.requests_total;
+    stats_.requests_total += (int64_t)all.size();
   }
   qcv_.notify_one();
   return true;
@@ -88,21 +103,34 @@ void Scheduler::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Scheduler::abandon(GenRequest& req) {
+  const auto end = [](GenRequest& r) {
+    std::lock_guard lk(r.m);
+    r.done = true;
+    r.finish_reason = "cancelled";
+    r.notify();
+  };
+  end(req);
+  for (const std::shared_ptr<GenRequest>& f : req.forks) end(*f);
+}
+
 // Takes queued requests into free slots (called with qm_ held). Prefix reuse: a request takes the free slot
 // whose cache holds the longest prefix of its prompt (ties: the least recently used), the cache is cropped
-// there and only the rest is prefilled; at least the prompt's last token is prefilled, for its sample.
+// there and only the rest is prefilled; at least the prompt's last token is prefilled, for its sample. A
+// request with forks waits until there is a free slot for each; its forks take the least recently used
+// ones and copy its prompt's KV once it is prefilled (share_prompts).
 void Scheduler::admit() {
   while (!queue_.empty()) {
     if (queue_.front()->cancelled) {
       std::shared_ptr<GenRequest> req = std::move(queue_.front());
       queue_.pop_front();
-      std::lock_guard lk(req->m);
-      req->done = true;
-      req->finish_reason = "cancelled";
-      req->notify();
+      abandon(*req);
       continue;
     }
     const GenRequest& next = *queue_.front();
+    const size_t n_free =
+        (size_t)std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.req == nullptr; });
+    if (n_free < 1 + next.forks.size()) break;
     Slot* best = nullptr;
     size_t best_prefix = 0;
     for (Slot& s : slots_) {
@@ -121,39 +149,82 @@ void Scheduler::admit() {
     Slot& s = *best;
     std::shared_ptr<GenRequest> req = std::move(queue_.front());
     queue_.pop_front();
-    const int seq = (int)(&s - slots_.data());
-    ctx_->crop(seq, (int)best_prefix);
-    ctx_->set_sampling(seq, req->sampling);
-    {
-      std::lock_guard lk(req->m);
-      req->n_cached = (int)best_prefix;
-    }
-    s.req = std::move(req);
-    s.n_prefilled = best_prefix;
-    s.last_used = ++n_admitted_;
-    s.decoding = false;
-    s.stream.emplace(*model_.tokenizer(), /*skip_special=*/!s.req->keep_special);
-    s.stops.emplace(s.req->stop);
-    s.n_gen = 0;
-    s.pending.clear();
-    s.n_emitted = s.n_piece_bytes = 0;
-    stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
-    stats_.prompt_tokens_cached_total += (int64_t)best_prefix;
-    ++stats_.busy_slots;
-    s.lazy_armed = !s.req->lazy_trigger.empty() && s.req->grammar.empty();
-    s.lazy_tail.clear();
-    if (s.lazy_armed) s.lazy_tail.reserve(s.req->lazy_trigger.size() + kMaxLazyPiece);
-    try {  // the grammar was checked when the request came; this builds its matcher
-      if (!s.req->grammar.empty()) {
-        ctx_->set_grammar(seq, s.req->grammar);
-      } else if (ctx_->has_grammar(seq)) {
-        ctx_->clear_grammar(seq);
+    const GenRequest* lead = req.get();
+    start(s, std::move(req), best_prefix);
+    for (const std::shared_ptr<GenRequest>& f : lead->forks) {
+      Slot* t = nullptr;
+      for (Slot& u : slots_)
+        if (!u.req && (!t || u.last_used < t->last_used)) t = &u;
+      start(*t, f, 0);
+      if (t->req && f->prompt.size() > 1 && f->prompt == lead->prompt) {
+        t->source = (int)(&s - slots_.data());
+        t->source_req = lead;
       }
-    } catch (const std::exception& e) {
-      finish(s, "stop", e.what());
     }
   }
   stats_.queue_depth = (int)queue_.size();
+}
+
+// Request `req` takes slot s, whose cache holds the first `prefix` tokens of its prompt.
+void Scheduler::start(Slot& s, std::shared_ptr<GenRequest> req, size_t prefix) {
+  const int seq = (int)(&s - slots_.data());
+  ctx_->crop(seq, (int)prefix);
+  ctx_->set_sampling(seq, req->sampling);
+  {
+    std::lock_guard lk(req->m);
+    req->n_cached = (int)prefix;
+  }
+  s.req = std::move(req);
+  s.source = -1;
+  s.source_req = nullptr;
+  s.n_prefilled = prefix;
+  s.last_used = ++n_admitted_;
+  s.decoding = false;
+  s.stream.emplace(*model_.tokenizer(), /*skip_special=*/!s.req->keep_special);
+  s.stops.emplace(s.req->stop);
+  s.n_gen = 0;
+  s.pending.clear();
+  s.n_emitted = s.n_piece_bytes = 0;
+  stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
+  stats_.prompt_tokens_cached_total += (int64_t)prefix;
+  ++stats_.busy_slots;
+  s.lazy_armed = !s.req->lazy_trigger.empty() && s.req->grammar.empty();
+  s.lazy_tail.clear();
+  if (s.lazy_armed) s.lazy_tail.reserve(s.req->lazy_trigger.size() + kMaxLazyPiece);
+  try {  // the grammar was checked when the request came; this builds its matcher
+    if (!s.req->grammar.empty()) {
+      ctx_->set_grammar(seq, s.req->grammar);
+    } else if (ctx_->has_grammar(seq)) {
+      ctx_->clear_grammar(seq);
+    }
+  } catch (const std::exception& e) {
+    finish(s, "stop", e.what());
+  }
+}
+
+// Forks whose lead has prefilled the prompt but its last token copy it into their slots; a fork whose lead
+// is gone (finished with an error, cancelled) prefills the prompt itself.
+void Scheduler::share_prompts() {
+  for (Slot& s : slots_) {
+    if (!s.req || s.source < 0) continue;
+    const Slot& from = slots_[(size_t)s.source];
+    const size_t n = s.req->prompt.size() - 1;
+    if (from.req.get() != s.source_req) {
+      s.source = -1;
+      continue;
+    }
+    if (from.n_prefilled < n) continue;
+    const int seq = (int)(&s - slots_.data());
+    try {
+      ctx_->copy_seq(s.source, seq, (int)n);
+    } catch (const std::exception&) {  // the fork prefills the prompt itself
+      s.source = -1;
+      continue;
+    }
+    s.source = -1;
+    s.n_prefilled = n;
+    stats_.prompt_tokens_shared_total += (int64_t)n;
+  }
 }
 
 // Hands final text to the consumer, with the log-probabilities of the tokens it holds (all: every pending
@@ -187,6 +258,7 @@ void Scheduler::finish(Slot& s, const char* reason, const std::string& error) {
   // failed step it is not trusted.
   if (!error.empty()) ctx_->clear((int)(&s - slots_.data()));
   s.req.reset();
+  s.source = -1;
   s.stream.reset();
   s.stops.reset();
   s.pending.clear();
@@ -280,12 +352,7 @@ void Scheduler::run() {
       };
       qcv_.wait(lk, [&] { return stopping_ || !queue_.empty() || active(); });
       if (stopping_) {
-        for (auto& q : queue_) {
-          std::lock_guard rl(q->m);
-          q->done = true;
-          q->finish_reason = "cancelled";
-          q->notify();
-        }
+        for (auto& q : queue_) abandon(*q);
         queue_.clear();
         stats_.queue_depth = 0;
         lk.unlock();
@@ -297,6 +364,7 @@ void Scheduler::run() {
     // Clients that went away give their slots back before the step.
     for (Slot& s : slots_)
       if (s.req && s.req->cancelled) finish(s, "cancelled");
+    share_prompts();
 
     batch.clear();
     outputs.clear();
@@ -306,7 +374,7 @@ void Scheduler::run() {
       outputs.emplace_back(seq, batch.add(s.last, ctx_->seq_len(seq), seq, Output::sample));
     }
     for (Slot& s : slots_) {
-      if (!s.req || s.decoding) continue;
+      if (!s.req || s.decoding || s.source >= 0) continue;
       const int room = batch.capacity() - batch.size();
       if (room <= 0) break;
       const int seq = (int)(&s - slots_.data());
@@ -316,6 +384,7 @@ void Scheduler::run() {
       batch.add_sequence(std::span(prompt).subspan(s.n_prefilled, n), (int32_t)s.n_prefilled, seq,
                          last ? Output::sample : Output::none);
       s.n_prefilled += n;
+      stats_.prompt_tokens_prefilled_total += (int64_t)n;
       if (last) outputs.emplace_back(seq, batch.size() - 1);
     }
     if (batch.empty()) continue;
@@ -327,6 +396,7 @@ void Scheduler::run() {
       continue;
     }
     ++stats_.steps_total;
+    share_prompts();  // before on_token may finish a lead and free its slot
     for (auto [seq, row] : outputs) {
       Slot& s = slots_[(size_t)seq];
       if (s.req) on_token(s, ctx_->sampled(row), row);

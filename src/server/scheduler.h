@@ -57,6 +57,11 @@ struct GenRequest {
   // token leaves the output free. Only without `grammar`.
   std::string lazy_trigger;
   std::string lazy_grammar;
+  // n > 1: the other choices of the same prompt (their own settings and seeds). They are admitted with this
+  // request, each into a slot of its own; this one prefills the prompt but its last token, which is then
+  // copied to theirs (Context::copy_seq), and each prefills only the last token (its own first sample).
+  // Scheduler::submit splits a group larger than the slots into groups that fit.
+  std::vector<std::shared_ptr<GenRequest>> forks;
 
   // --- output, guarded by m ---
   std::mutex m;
@@ -92,6 +97,8 @@ struct SchedulerStats {
   std::atomic<int64_t> requests_total{0};  // requests admitted to the queue
   std::atomic<int64_t> prompt_tokens_total{0};
   std::atomic<int64_t> prompt_tokens_cached_total{0};  // of those, found in a slot's cache
+  std::atomic<int64_t> prompt_tokens_shared_total{0};  // of those, copied from another choice's slot (n > 1)
+  std::atomic<int64_t> prompt_tokens_prefilled_total{0};  // prompt tokens run through the model
   std::atomic<int64_t> generated_tokens_total{0};
   std::atomic<int64_t> steps_total{0};
   std::atomic<int> queue_depth{0};
@@ -114,7 +121,8 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request; false when the queue is full or the scheduler is shutting down.
+  // Queues a request (with its forks: one queue entry per group of at most n_slots requests); false when
+  // the queue has no room for them or the scheduler is shutting down (then nothing was queued).
   bool submit(const std::shared_ptr<GenRequest>& req);
   // Cancels every queued and active request (they finish with "cancelled") and joins the thread.
   void shutdown();
@@ -132,6 +140,9 @@ class Scheduler {
   struct Slot;
   void run();
   void admit();
+  void start(Slot& s, std::shared_ptr<GenRequest> req, size_t prefix);
+  void share_prompts();
+  static void abandon(GenRequest& req);  // done, "cancelled", with its forks
   void on_token(Slot& s, int32_t tok, int row);
   static constexpr size_t kMaxLazyPiece = 256;  // bytes of a token's text the lazy trigger's watch keeps
   void watch_lazy_trigger(Slot& s, int seq, std::string_view piece);

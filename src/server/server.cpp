@@ -280,7 +280,8 @@ struct Job {
   bool in_thinking = false;
 };
 
-// Completions per request (n): each runs in a KV slot of its own, with seed + i.
+// Completions per request (n): each runs in a KV slot of its own, with seed + i; the prompt is prefilled once
+// (in the first's slot) and copied to the others' (GenRequest::forks).
 constexpr int kMaxChoices = 16;
 
 // Fills the sampling and stopping fields of `job` from the body; checks prompt + max_tokens <= n_ctx.
@@ -504,13 +505,25 @@ json chunk_json(const Job& job, const std::string& text, const json& finish, boo
 }
 
 // message.tool_calls (streamed: delta.tool_calls, whose entries carry their index).
-json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+json tool_calls_json(const std::vector<ToolCall>& calls) {
   json a = json::array();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    json c = {{"id", calls[i].id},
-              {"type", "function"},
-              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (streamed) c["index"] = i;
+  for (const ToolCall& c : calls)
+    a.push_back(
+        {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return a;
+}
+
+// A stream's delta.tool_calls: per delta its call's index, on a call's first its id, type and name, and the
+// next piece of its arguments.
+json tool_deltas_json(const std::vector<ToolCallDelta>& deltas) {
+  json a = json::array();
+  for (const ToolCallDelta& d : deltas) {
+    json c = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+    if (!d.id.empty()) {
+      c["id"] = d.id;
+      c["type"] = "function";
+      c["function"]["name"] = d.name;
+    }
     a.push_back(std::move(c));
   }
   return a;
@@ -607,9 +620,18 @@ class GenProducer final : public http::Producer {
         out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i, thought));
         c.first = false;
       }
-      if (!c.calls.empty()) {  // OpenAI's delta.tool_calls: each call whole, with its index
+      // OpenAI's delta.tool_calls: the arguments in pieces as they are written; calls found by the reasoning
+      // parser (harmony's, at the end) each whole.
+      std::vector<ToolCallDelta> d;
+      if (c.tool_stream) {
+        d = c.tool_stream->take_deltas();
+      } else if (c.done) {
+        for (size_t k = 0; k < c.calls.size(); ++k)
+          d.push_back({k, c.calls[k].id, c.calls[k].name, c.calls[k].arguments});
+      }
+      if (!d.empty()) {
         json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
-        chunk["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(c.calls, true)}};
+        chunk["choices"][0]["delta"] = {{"tool_calls", tool_deltas_json(d)}};
         out.body += sse(chunk);
       }
       if (c.done && !failed) out.body += sse(chunk_json(job_, "", c.finish_reason, false, nullptr, i));
@@ -690,7 +712,7 @@ class GenProducer final : public http::Producer {
       if (job_.chat && !c.calls.empty())
         choice["message"] = {{"role", "assistant"},
                              {"content", c.text.empty() ? json(nullptr) : json(c.text)},
-                             {"tool_calls", tool_calls_json(c.calls, false)}};
+                             {"tool_calls", tool_calls_json(c.calls)}};
       else if (job_.chat)
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       else
@@ -775,11 +797,11 @@ std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nl
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
     bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   const json* kwargs = j.contains("chat_template_kwargs") ? &j["chat_template_kwargs"] : &kNoKwargs;
-  // The template's `tools` variable (chat_template_kwargs cannot override it).
+  // The template's `tools` variable and the like (chat_template_kwargs cannot override them).
   std::shared_ptr<const json> with_tools;
   if (tools) {
     json extra = *kwargs;
-    extra["tools"] = *tools;
+    for (const auto& [k, v] : tools->items()) extra[k] = v;
     with_tools = std::make_shared<const json>(std::move(extra));
     kwargs = with_tools.get();
   }
@@ -835,7 +857,11 @@ Server::ChatInput Server::chat_input(const nlohmann::json& j, const http::Reques
       if (m.is_object() && m.contains("reasoning_content") && !m.contains("thinking"))
         m["thinking"] = m["reasoning_content"];
   const bool give = in.tools.active() && in.family.template_takes_tools;
-  in.render = chat_renderer(j, req, give ? &in.tools.tools : nullptr);
+  // FireFunction's template needs its variables with no tools too.
+  const json vars = give || in.family.syntax == ToolSyntax::FireFunction
+                        ? tool_template_variables(in.family, give ? in.tools : ToolRequest{})
+                        : json();
+  in.render = chat_renderer(j, req, vars.is_null() ? nullptr : &vars);
   return in;
 }
 
@@ -885,6 +911,11 @@ http::Handlers Server::handlers() {
     metric("prompt_tokens_total", "counter", "prompt tokens admitted", st.prompt_tokens_total);
     metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cache (prefix reuse)",
            st.prompt_tokens_cached_total);
+    metric("prompt_tokens_shared_total", "counter",
+           "prompt tokens copied from another choice's slot (n > 1: the prompt is prefilled once)",
+           st.prompt_tokens_shared_total);
+    metric("prompt_tokens_prefilled_total", "counter", "prompt tokens run through the model",
+           st.prompt_tokens_prefilled_total);
     metric("generated_tokens_total", "counter", "tokens generated", st.generated_tokens_total);
     metric("steps_total", "counter", "batched steps run", st.steps_total);
     metric("queue_depth", "gauge", "requests waiting for a slot", st.queue_depth);
@@ -1019,12 +1050,11 @@ http::Reply Server::complete(http::Request& req, bool chat) {
   if (*req.gone) throw ApiError{499, "the client went away"};  // nothing is sent; the slot is not taken
   job.reqs.push_back(job.req);
   for (int i = 1; i < job.n; ++i) job.reqs.push_back(choice_copy(*job.req, i));
-  for (size_t i = 0; i < job.reqs.size(); ++i)
-    if (!sched_->submit(job.reqs[i])) {
-      for (size_t k = 0; k < i; ++k) job.reqs[k]->cancelled = true;  // freed before the next step
-      throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
-                     "", "queue_full"};
-    }
+  // The other choices are the first's forks: its prompt is prefilled once and copied to their slots.
+  job.req->forks.assign(job.reqs.begin() + 1, job.reqs.end());
+  if (!sched_->submit(job.req))
+    throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
+                   "", "queue_full"};
   const bool stream = job.stream;
   http::Reply r;
   if (stream) {

@@ -68,7 +68,7 @@ class Server {
   http::Handlers handlers();
   http::Reply handle(http::Request& req);
   http::Reply complete(http::Request& req, bool chat);
-  // tools: the template's `tools` variable, or null.
+  // tools: the variables that carry the tools (tool_template_variables), or null.
   std::function<std::string(const nlohmann::json&)> chat_renderer(const nlohmann::json& j,
                                                                   const http::Request& req,
                                                                   const nlohmann::json* tools) const;

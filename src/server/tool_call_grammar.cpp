@@ -56,9 +56,25 @@ const json& parameters_of(const json& tool) {
   return f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : kAny;
 }
 
+// One call to `name` whose arguments are the rule `args`, in the family's syntax (GBNF).
+std::string call_text(ToolSyntax syntax, const std::string& name, const std::string& args) {
+  switch (syntax) {
+    case ToolSyntax::MistralV11:
+      return fmt::format("\"{}[ARGS]\" {}", name, args);
+    case ToolSyntax::FunctionaryV31:  // after "<function" (the lazy grammar's trigger)
+      return fmt::format("\"={}>\" {} \"</function>\"", name, args);
+    case ToolSyntax::FunctionaryV32:
+      return fmt::format("\"{}\\n\" {}", name, args);
+    case ToolSyntax::CommandR:
+      return fmt::format("\"{{\\\"tool_name\\\": \\\"{}\\\", \\\"parameters\\\": \" {} \"}}\"", name, args);
+    default:
+      return fmt::format("\"{{\\\"name\\\": \\\"{}\\\", \\\"{}\\\": \" {} \"}}\"", name,
+                         syntax == ToolSyntax::Llama3 ? "parameters" : "arguments", args);
+  }
+}
+
 // "call-obj ::= ..." over the allowed functions (the named one, or all) and their renamed parameter rules.
 std::string call_rules(const ToolRequest& tools, ToolSyntax syntax) {
-  const bool llama3 = syntax == ToolSyntax::Llama3, v11 = syntax == ToolSyntax::MistralV11;
   std::string rules, alts;
   for (size_t i = 0; i < tools.names.size(); ++i) {
     const std::string& name = tools.names[i];  // [a-zA-Z0-9_-]: no escaping in a literal or in JSON
@@ -72,12 +88,7 @@ std::string call_rules(const ToolRequest& tools, ToolSyntax syntax) {
     }
     const std::string p = fmt::format("t{}-", i);
     rules += prefix_rules(args, p);
-    if (v11) {
-      alts += fmt::format("{}\"{}[ARGS]\" {}root", alts.empty() ? "" : " | ", name, p);
-    } else {
-      alts += fmt::format("{}\"{{\\\"name\\\": \\\"{}\\\", \\\"{}\\\": \" {}root \"}}\"",
-                          alts.empty() ? "" : " | ", name, llama3 ? "parameters" : "arguments", p);
-    }
+    alts += (alts.empty() ? "" : " | ") + call_text(syntax, name, p + "root");
   }
   return "call-obj ::= " + alts + "\n" + rules;
 }
@@ -105,6 +116,20 @@ std::string tool_call_grammar(const ToolRequest& tools, const ToolFamily& family
       break;
     case ToolSyntax::MistralV11:
       root = many ? "root ::= (\"[TOOL_CALLS]\" call-obj)+\n" : "root ::= \"[TOOL_CALLS]\" call-obj\n";
+      break;
+    case ToolSyntax::FunctionaryV31:
+      root = many ? "root ::= (\"<function\" call-obj)+\n" : "root ::= \"<function\" call-obj\n";
+      break;
+    case ToolSyntax::FunctionaryV32:  // after the prompt's >>>
+      root = many ? "root ::= call-obj (\">>>\" call-obj)*\n" : "root ::= call-obj\n";
+      break;
+    case ToolSyntax::FireFunction:
+      root = many ? "root ::= \"functools[\" call-obj (\", \" call-obj)* \"]\"\n"
+                  : "root ::= \"functools[\" call-obj \"]\"\n";
+      break;
+    case ToolSyntax::CommandR:
+      root = many ? "root ::= \"Action:\\n```json\\n[\\n\" call-obj (\",\\n\" call-obj)* \"\\n]\\n```\"\n"
+                  : "root ::= \"Action:\\n```json\\n[\\n\" call-obj \"\\n]\\n```\"\n";
       break;
   }
   std::string g = root + call_rules(tools, syntax);
@@ -134,8 +159,23 @@ LazyToolGrammar lazy_tool_grammar(const ToolRequest& tools, const ToolFamily& fa
       root = tools.parallel ? "root ::= tws \"[\" call-obj (\", \" call-obj)* \"]\"\n"
                             : "root ::= tws \"[\" call-obj \"]\"\n";
       break;
+    // Triggers end where a token may (a word, or a run of punctuation, ends).
+    case ToolSyntax::FunctionaryV31:
+      lazy.trigger = "<function";
+      root = tools.parallel ? "root ::= call-obj (tws \"<function\" call-obj)*\n" : "root ::= call-obj\n";
+      break;
+    case ToolSyntax::FunctionaryV32:  // calls after content: >>>NAME\n{...}
+      lazy.trigger = ">>>";
+      root = tools.parallel ? "root ::= call-obj (tws \">>>\" call-obj)*\n" : "root ::= call-obj\n";
+      break;
+    case ToolSyntax::FireFunction:
+      lazy.trigger = "functools";
+      root = tools.parallel ? "root ::= \"[\" call-obj (\", \" call-obj)* \"]\"\n"
+                            : "root ::= \"[\" call-obj \"]\"\n";
+      break;
     case ToolSyntax::Llama3:      // the call is bare JSON from the first token: no marker to wait for
     case ToolSyntax::MistralV11:  // [ARGS] inside the call is a control token, which a grammar cannot write
+    case ToolSyntax::CommandR:  // an action every turn ("directly-answer" for none): the trigger is no choice
       return lazy;
   }
   try {

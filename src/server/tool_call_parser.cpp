@@ -22,6 +22,10 @@ constexpr std::string_view kGraniteCall = "<|tool_call|>";
 constexpr std::string_view kDsCalls = "<｜tool▁calls▁begin｜>", kDsCall = "<｜tool▁call▁begin｜>",
                            kDsSep = "<｜tool▁sep｜>", kDsCallEnd = "<｜tool▁call▁end｜>",
                            kDsCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kFnOpen = "<function=", kFnClose = "</function>";          // Functionary v3.1
+constexpr std::string_view kRecipient = ">>>", kAll = "all";                          // Functionary v3.2
+constexpr std::string_view kFunctools = "functools";                                  // FireFunction v2
+constexpr std::string_view kAction = "Action:", kDirectlyAnswer = "directly-answer";  // Command R
 
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -101,13 +105,15 @@ bool arguments_text(const ojson& a, std::string& out) {
   return false;
 }
 
-// {"name": N, "arguments" | "parameters": {...}} (also wrapped as {"type": "function", "function": {...}}).
+// {"name" | "tool_name": N, "arguments" | "parameters": {...}} (also wrapped as {"type": "function",
+// "function": {...}}).
 // must_declare: the name must be one of the request's functions (bare JSON, which any answer could be).
 bool call_from(const ojson& v, ToolSyntax syntax, const ToolRequest& tools, bool must_declare, ToolCall& c) {
   if (!v.is_object()) return false;
   const ojson& o = v.contains("function") && v["function"].is_object() ? v["function"] : v;
-  if (!o.contains("name") || !o["name"].is_string()) return false;
-  c.name = o["name"].get<std::string>();
+  const char* name_key = o.contains("name") ? "name" : "tool_name";
+  if (!o.contains(name_key) || !o[name_key].is_string()) return false;
+  c.name = o[name_key].get<std::string>();
   if (c.name.empty() || (must_declare && !declared(tools, c.name))) return false;
   const char* key = o.contains("arguments") ? "arguments" : o.contains("parameters") ? "parameters" : nullptr;
   if (!key) {
@@ -376,6 +382,179 @@ bool deepseek(std::string_view s, size_t at, const ToolRequest& tools, ToolParse
   return !r.calls.empty() && i == s.size();
 }
 
+bool valid_call_name(std::string_view n) {
+  return !n.empty() && n.size() <= 64 &&
+         std::all_of(n.begin(), n.end(), [](char ch) { return is_alnum(ch) || ch == '_' || ch == '-'; });
+}
+
+// Functionary v3.1: <function=NAME>{...}</function> per call, or <|python_tag|> and raw code to the end (a
+// "python" call with {"code": ...}). Text before and between the calls is content; a missing last close tag
+// is allowed at the very end.
+bool functionary_v31(std::string_view s, const ToolRequest& tools, ToolParse& r) {
+  (void)tools;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t fn = s.find(kFnOpen, i), py = s.find(kPythonTag, i);
+    const size_t at = std::min(fn, py);
+    r.content.append(s.substr(i, at - i));
+    if (at == std::string_view::npos) break;
+    ToolCall c;
+    c.id = new_id(ToolSyntax::FunctionaryV31);
+    if (at == py) {
+      c.name = "python";
+      c.arguments = ojson{{"code", std::string(s.substr(py + kPythonTag.size()))}}.dump(
+          -1, ' ', false, ojson::error_handler_t::replace);
+      r.calls.push_back(std::move(c));
+      break;
+    }
+    i = at + kFnOpen.size();
+    const size_t gt = s.find('>', i);
+    if (gt == std::string_view::npos || !valid_call_name(s.substr(i, gt - i))) return false;
+    c.name.assign(s.substr(i, gt - i));
+    i = skip_ws(s, gt + 1);
+    if (!arguments_text(take_json(s, i), c.arguments)) return false;
+    i = skip_ws(s, i);
+    if (s.compare(i, kFnClose.size(), kFnClose) == 0) {
+      i += kFnClose.size();
+    } else if (i != s.size()) {
+      return false;
+    }
+    r.calls.push_back(std::move(c));
+  }
+  return true;
+}
+
+// Functionary v3.2: parts "RECIPIENT\n..." separated by >>> (the first follows the prompt's): "all" parts
+// are content (their text without the recipient line), others calls with a JSON object ("python": raw
+// code too).
+bool functionary_v32(std::string_view s, const ToolRequest& tools, ToolParse& r) {
+  (void)tools;
+  size_t i = 0;
+  for (;;) {
+    const size_t nl = s.find('\n', i);
+    if (nl == std::string_view::npos || !valid_call_name(s.substr(i, nl - i))) return false;
+    const std::string_view name = s.substr(i, nl - i);
+    i = nl + 1;
+    if (name == kAll) {
+      const size_t next = s.find(kRecipient, i);
+      r.content.append(s.substr(i, next - i));
+      if (next == std::string_view::npos) return true;
+      i = next + kRecipient.size();
+      continue;
+    }
+    ToolCall c;
+    c.name.assign(name);
+    c.id = new_id(ToolSyntax::FunctionaryV32);
+    const size_t b = skip_ws(s, i);
+    size_t e = b;
+    if (!arguments_text(take_json(s, e), c.arguments)) {
+      if (name != "python") return false;
+      e = std::min(s.find(kRecipient, i), s.size());
+      c.arguments = ojson{{"code", std::string(s.substr(i, e - i))}}.dump(-1, ' ', false,
+                                                                          ojson::error_handler_t::replace);
+    }
+    r.calls.push_back(std::move(c));
+    i = skip_ws(s, e);
+    if (i == s.size()) return true;
+    if (s.compare(i, kRecipient.size(), kRecipient) != 0) return false;
+    i += kRecipient.size();
+  }
+}
+
+// FireFunction v2: [text] functools[{"name": N, "arguments": {...}}, ...] to the end.
+bool firefunction(std::string_view s, const ToolRequest& tools, ToolParse& r) {
+  const size_t at = s.find(kFunctools);
+  if (at == std::string_view::npos) return false;
+  r.content.assign(s.substr(0, at));
+  size_t end = 0;
+  return bare_json_calls(s, skip_ws(s, at + kFunctools.size()), ToolSyntax::FireFunction, tools, r.calls, end,
+                         /*must_declare=*/false) &&
+         skip_ws(s, end) == s.size();
+}
+
+// Command R / R+: [text] Action: [```json] [{"tool_name": N, "parameters": {...}}, ...] [```] to the end.
+// "directly-answer" (its built-in non-call) is dropped unless the request declares it.
+bool command_r(std::string_view s, const ToolRequest& tools, ToolParse& r) {
+  const size_t at = s.find(kAction);
+  if (at == std::string_view::npos) return false;
+  r.content.assign(s.substr(0, at));
+  size_t i = skip_ws(s, at + kAction.size());
+  if (s.compare(i, 7, "```json") == 0)
+    i += 7;
+  else if (s.compare(i, 3, "```") == 0)
+    i += 3;
+  i = skip_ws(s, i);
+  size_t end = 0;
+  if (!bare_json_calls(s, i, ToolSyntax::CommandR, tools, r.calls, end, /*must_declare=*/false)) return false;
+  i = skip_ws(s, end);
+  if (s.compare(i, 3, "```") == 0) i = skip_ws(s, i + 3);
+  if (i != s.size()) return false;
+  std::erase_if(r.calls,
+                [&](const ToolCall& c) { return c.name == kDirectlyAnswer && !declared(tools, c.name); });
+  return true;
+}
+
+// The cut mark: a private-use character (U+E000) that ends an open string of a held output
+// (close_json_prefix), so that the part of a dump before it is text the model wrote.
+constexpr std::string_view kCut = "\xEE\x80\x80";
+
+// Drops a UTF-8 sequence cut short at the end of s.
+void drop_partial_utf8(std::string& s) {
+  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
+    const unsigned char c = (unsigned char)s[s.size() - back];
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) s.resize(s.size() - back);
+    return;
+  }
+}
+
+// s closed as JSON into out: s (without an escape or a UTF-8 sequence cut short at its end), then `pad`,
+// then, in an open string, kCut and a quote, then the open brackets' closers. False when s ends in a number
+// or a word (it may go on, and a number dumps otherwise once it does: "5" may become "5e-1", 0.5) or nests
+// deeper than kMaxDepth.
+bool close_json_prefix(std::string_view s, std::string_view pad, std::string& out) {
+  char stack[kMaxDepth];
+  int depth = 0;
+  bool in_str = false;
+  size_t esc_at = std::string_view::npos;  // the backslash of an escape not yet complete
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_str) {
+      if (esc_at != std::string_view::npos) {
+        if (s[esc_at + 1] != 'u' || i == esc_at + 5) esc_at = std::string_view::npos;
+      } else if (c == '\\') {
+        esc_at = i;
+      } else if (c == '"') {
+        in_str = false;
+      }
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      if (depth == kMaxDepth) return false;
+      stack[depth++] = c == '{' ? '}' : ']';
+    } else if ((c == '}' || c == ']') && depth > 0 && stack[depth - 1] == c) {
+      --depth;
+    }
+  }
+  out.assign(s);
+  if (in_str && esc_at != std::string_view::npos) out.resize(esc_at);
+  drop_partial_utf8(out);
+  if (!in_str) {
+    size_t k = out.size();
+    while (k > 0 && is_space(out[k - 1])) --k;
+    if (k > 0 && (is_alnum(out[k - 1]) || out[k - 1] == '.' || out[k - 1] == '+' || out[k - 1] == '-'))
+      return false;
+  }
+  out += pad;
+  if (in_str) {
+    out += kCut;
+    out += '"';
+  }
+  while (depth > 0) out += stack[--depth];
+  return true;
+}
+
 // The marker a call of this family begins with ("" for none).
 std::string_view marker(ToolSyntax s) {
   switch (s) {
@@ -390,6 +569,14 @@ std::string_view marker(ToolSyntax s) {
     case ToolSyntax::Mistral:
     case ToolSyntax::MistralV11:
       return kMistralCalls;
+    case ToolSyntax::FunctionaryV31:
+      return kFnOpen;  // and kPythonTag (ToolCallStream::push)
+    case ToolSyntax::FunctionaryV32:
+      return kRecipient;
+    case ToolSyntax::FireFunction:
+      return kFunctools;
+    case ToolSyntax::CommandR:
+      return kAction;
   }
   return {};
 }
@@ -435,8 +622,28 @@ ToolParse parse_tool_calls(std::string_view text, const ToolFamily& family, cons
     case ToolSyntax::MistralV11:
       ok = mistral(text, tools, r);
       break;
+    case ToolSyntax::FunctionaryV31:
+      ok = functionary_v31(text, tools, r);
+      break;
+    case ToolSyntax::FunctionaryV32:
+      ok = functionary_v32(text, tools, r);
+      break;
+    case ToolSyntax::FireFunction:
+      ok = firefunction(text, tools, r);
+      break;
+    case ToolSyntax::CommandR:
+      ok = command_r(text, tools, r);
+      break;
   }
-  if (!ok || r.calls.empty()) return ToolParse{std::string(text), {}};
+  // Without calls the text is content; Functionary v3.2's without its recipient lines, Command R's without
+  // an action that only answered directly.
+  const bool content_only =
+      ok && (family.syntax == ToolSyntax::FunctionaryV32 || family.syntax == ToolSyntax::CommandR);
+  if (r.calls.empty() && content_only) return ToolParse{std::move(r.content), {}};
+  if (!ok || r.calls.empty()) {  // the text (Functionary v3.2: without a first "all" recipient line)
+    const bool all = family.syntax == ToolSyntax::FunctionaryV32 && text.starts_with("all\n");
+    return ToolParse{std::string(text.substr(all ? 4 : 0)), {}};
+  }
   if (!tools.parallel) r.calls.resize(1);
   return r;
 }
@@ -446,21 +653,45 @@ ToolCallStream::ToolCallStream(ToolFamily family, const ToolRequest& tools)
 
 std::string ToolCallStream::push(std::string_view text) {
   buf_.append(text);
-  if (holding_) return {};
-  // The markers a call may begin with: the family's, and DeepSeek's own beside the Hermes tag.
+  if (holding_) {
+    progress();
+    return {};
+  }
+  // The markers a call may begin with: the family's, and DeepSeek's own beside the Hermes tag (Functionary
+  // v3.1's <|python_tag|> beside its <function=).
   const std::string_view m = marker(family_.syntax);
   const std::string_view m2 = family_.syntax == ToolSyntax::DeepSeek ? kDsCall.substr(0, kDsCall.size() - 12)
-                                                                     : std::string_view{};  // "<｜tool▁call"
+                              : family_.syntax == ToolSyntax::FunctionaryV31 ? kPythonTag
+                                                                             : std::string_view{};
   const std::string_view b = buf_;
+  // Functionary v3.2: the first line names the recipient; "all" is content (from after the line), else a
+  // call. A first line that is no name is content as it is.
+  if (family_.syntax == ToolSyntax::FunctionaryV32 && !started_) {
+    const size_t nl = b.find('\n');
+    const std::string_view line = b.substr(0, std::min(nl, b.size()));
+    const bool name = valid_call_name(line) || line.empty();
+    if (nl == std::string_view::npos && name) return {};  // the line goes on
+    started_ = true;
+    if (name && line == kAll) {
+      skip_ = emitted_ = nl + 1;
+    } else if (name) {
+      holding_ = true;
+      return {};
+    }
+  }
   // A call at the start without a marker: bare JSON (Llama 3, the grammar's Mistral / Granite array,
   // Generic); hold on while the output is only whitespace or a beginning of the marker.
-  if (emitted_ == 0 && family_.syntax != ToolSyntax::Hermes && family_.syntax != ToolSyntax::DeepSeek) {
+  const bool bare_json = family_.syntax == ToolSyntax::Llama3 || family_.syntax == ToolSyntax::Mistral ||
+                         family_.syntax == ToolSyntax::MistralV11 || family_.syntax == ToolSyntax::Granite ||
+                         family_.syntax == ToolSyntax::Generic;
+  if (emitted_ == 0 && bare_json) {
     const size_t i = skip_ws(b, 0);
     const std::string_view rest = b.substr(i);
     const bool json_start = !rest.empty() && (rest[0] == '{' || rest[0] == '[') &&
                             (family_.syntax != ToolSyntax::Llama3 || rest[0] == '{');
     if (json_start) {
       holding_ = true;
+      progress();
       return {};
     }
     if (rest.empty() || (rest.size() < m.size() && m.substr(0, rest.size()) == rest)) return {};
@@ -482,18 +713,92 @@ std::string ToolCallStream::push(std::string_view text) {
   }
   std::string out(b.substr(emitted_, end - emitted_));
   emitted_ = end;
+  if (holding_) progress();
   return out;
+}
+
+// The held text closed as JSON twice, without and with a space before the closing, and parsed (when it grew
+// by an eighth since the last parse: the work stays linear in the output). Each call whose name is complete
+// is announced, and its arguments advance to the part of their dumps that can no longer change: where the
+// two agree (a difference is the closing's doing: it went into an open string, or into raw code, a Python
+// call's), and for the last call without the closing brackets; the calls before it are whole.
+void ToolCallStream::progress() {
+  if (diverged_) return;
+  const size_t held = buf_.size() - emitted_;
+  if (buf_.size() - parsed_at_ < std::max<size_t>(8, held / 8)) return;
+  parsed_at_ = buf_.size();
+  std::string closed[2];
+  for (int v = 0; v < 2; ++v) {
+    if (!close_json_prefix(std::string_view(buf_).substr(emitted_), v == 0 ? "" : " ", closed[v])) return;
+    closed[v].insert(0, buf_, 0, emitted_);
+  }
+  const ToolParse r = parse_tool_calls(closed[0], family_, tools_);
+  const ToolParse r2 = parse_tool_calls(closed[1], family_, tools_);
+  const size_t n = std::min(r.calls.size(), r2.calls.size());
+  for (size_t k = 0; k < n && k <= sent_.size(); ++k) {
+    const ToolCall& c = r.calls[k];
+    if (c.name.find(kCut) != std::string::npos || c.name != r2.calls[k].name) break;  // the name goes on
+    if (k < sent_.size() && c.name != sent_[k].name) {
+      diverged_ = true;
+      return;
+    }
+    const std::string& a2 = r2.calls[k].arguments;
+    std::string_view a = c.arguments;
+    a = a.substr(0, (size_t)(std::mismatch(a.begin(), a.end(), a2.begin(), a2.end()).first - a.begin()));
+    if (k + 1 == r.calls.size())
+      while (!a.empty() && (a.back() == '}' || a.back() == ']')) a.remove_suffix(1);
+    advance(k, c, a);
+  }
+}
+
+void ToolCallStream::advance(size_t k, const ToolCall& c, std::string_view stable) {
+  if (k == sent_.size()) {
+    sent_.push_back({c.id, c.name, ""});
+    deltas_.push_back({k, c.id, c.name, ""});
+  }
+  Sent& s = sent_[k];
+  if (stable.size() <= s.arguments.size()) return;
+  if (stable.substr(0, s.arguments.size()) != s.arguments) {
+    diverged_ = true;
+    return;
+  }
+  const std::string_view piece = stable.substr(s.arguments.size());
+  s.arguments.append(piece);
+  if (!deltas_.empty() && deltas_.back().index == k)
+    deltas_.back().arguments.append(piece);
+  else
+    deltas_.push_back({k, "", "", std::string(piece)});
+}
+
+std::vector<ToolCallDelta> ToolCallStream::take_deltas() {
+  std::vector<ToolCallDelta> d = std::move(deltas_);
+  deltas_.clear();
+  return d;
 }
 
 ToolParse ToolCallStream::finish() {
   ToolParse r = parse_tool_calls(buf_, family_, tools_);
   // The content already returned is a prefix of what the parse calls content (the text before the first
   // call); the rest is returned now.
-  if (r.calls.empty() || r.content.compare(0, emitted_, buf_, 0, emitted_) != 0) {
+  const size_t n = emitted_ - skip_;
+  if (r.content.compare(0, n, buf_, skip_, n) != 0) {
     r.calls.clear();
     r.content = buf_.substr(emitted_);
   } else {
-    r.content.erase(0, emitted_);
+    r.content.erase(0, n);
+  }
+  // The rest of each call's arguments; the ids announced stay.
+  if (r.calls.size() < sent_.size()) diverged_ = true;
+  for (size_t k = 0; k < r.calls.size() && !diverged_; ++k) {
+    ToolCall& c = r.calls[k];
+    if (k < sent_.size()) {
+      if (c.name != sent_[k].name || !c.arguments.starts_with(sent_[k].arguments)) {
+        diverged_ = true;
+        break;
+      }
+      c.id = sent_[k].id;
+    }
+    advance(k, c, c.arguments);
   }
   return r;
 }

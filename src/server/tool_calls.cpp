@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <ctime>
 #include <functional>
 #include <set>
 
@@ -57,13 +58,23 @@ ToolFamily detect_tool_family(std::string_view src) {
   }
   if (has(src, "<|tool_call|>")) {
     f.syntax = ToolSyntax::Granite;
+  } else if (has(src, " functools[")) {  // renders `functions` (tool_template_variables)
+    f.syntax = ToolSyntax::FireFunction;
+    f.string_arguments = true;
+  } else if (has(src, "Action:") && has(src, "```json") && has(src, "tool_name") &&
+             !has(src, "<|START_ACTION|>")) {  // not Command R7B's syntax
+    f.syntax = ToolSyntax::CommandR;
   } else if (has(src, "<tool_call>")) {
     f.syntax = ToolSyntax::Hermes;
     f.xml_calls = has(src, "<function=") && has(src, "<parameter=");
   } else if (has(src, "[TOOL_CALLS]")) {
     f.syntax = has(src, "[ARGS]") ? ToolSyntax::MistralV11 : ToolSyntax::Mistral;
-  } else if (has(src, "<|start_header_id|>") && (has(src, "ipython") || has(src, "<|python_tag|>")) &&
-             !has(src, "<function=") && !has(src, ">>>")) {  // not Functionary v3.1 / v3.2
+  } else if (has(src, "<|start_header_id|>") && has(src, ">>>") && has(src, "recipient")) {
+    f.syntax = ToolSyntax::FunctionaryV32;
+    f.string_arguments = true;
+  } else if (has(src, "<|start_header_id|>") && has(src, "<function=") && has(src, "</function>")) {
+    f.syntax = ToolSyntax::FunctionaryV31;
+  } else if (has(src, "<|start_header_id|>") && (has(src, "ipython") || has(src, "<|python_tag|>"))) {
     f.syntax = ToolSyntax::Llama3;
   } else {
     f.syntax = ToolSyntax::Generic;
@@ -85,6 +96,14 @@ const char* tool_syntax_name(ToolSyntax s) {
       return "granite";
     case ToolSyntax::DeepSeek:
       return "deepseek";
+    case ToolSyntax::FunctionaryV31:
+      return "functionary-v3.1";
+    case ToolSyntax::FunctionaryV32:
+      return "functionary-v3.2";
+    case ToolSyntax::FireFunction:
+      return "firefunction-v2";
+    case ToolSyntax::CommandR:
+      return "command-r";
     case ToolSyntax::Generic:
       return "generic";
   }
@@ -195,6 +214,19 @@ void check_tools_special(const Tokenizer& tok, const ToolRequest& tools) {
   walk(tools.tools, "tools");
 }
 
+json tool_template_variables(const ToolFamily& family, const ToolRequest& tools) {
+  json vars = {{"tools", tools.tools}};
+  if (family.syntax == ToolSyntax::FireFunction) {
+    vars["functions"] = tools.tools.dump(2, ' ', false, json::error_handler_t::replace);
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char buf[64];
+    vars["datetime"] = std::string(buf, std::strftime(buf, sizeof buf, "%b %d %Y %H:%M:%S GMT", &tm));
+  }
+  return vars;
+}
+
 std::string fallback_tool_prompt(const ToolRequest& tools) {
   std::string s = "You can call these functions (their parameters as JSON Schema):\n";
   for (const json& t : tools.tools) {
@@ -235,6 +267,8 @@ json prepare_tool_messages(const json& messages, const ToolFamily& family, const
         } else if (!f["arguments"].is_object()) {
           bad(fmt::format("[{}].function.arguments must be a JSON string or an object", k));
         }
+        if (family.string_arguments && family.template_takes_calls && f["arguments"].is_object())
+          f["arguments"] = f["arguments"].dump(-1, ' ', false, json::error_handler_t::replace);
         if (!family.template_takes_calls) text += "\n" + hermes_call_text(f["name"], f["arguments"]);
       }
       if (!given(m, "content")) m["content"] = "";  // templates test or search it (Qwen3: '</think>' in it)

@@ -23,6 +23,16 @@
 //               begin (V3.1); its templates render the history's calls but not `tools` (the fallback prompt
 //               describes them), so Hermes tags are taken too. Parsed only: a forced call is written as
 //               Hermes tags.
+//   FunctionaryV31  <function=N>{...}</function> per call, or <|python_tag|> and raw code (a call to
+//               "python" with {"code": ...}) (Functionary v3.1 on Llama 3.1)
+//   FunctionaryV32  the output starts after the prompt's >>> with a recipient line: "all\n" and text
+//               (content), or N\n{...} (a call); more parts follow after >>> (Functionary v3.2); content
+//               is the "all" parts' text without the recipient
+//   FireFunction    [text] functools[{"name": N, "arguments": {...}}, ...] (FireFunction v2; its template
+//               reads the tools as the `functions` text and a `datetime`, which the server passes)
+//   CommandR    [text] Action: ```json [{"tool_name": N, "parameters": {...}}, ...] ``` (Command R / R+
+//               tool use); calls to its built-in "directly-answer" are not calls (content: the text
+//               before Action:). No lazy grammar for "auto": the model writes an action every turn
 //   Generic     a template that renders `tools` in a syntax not listed here: Hermes tags, or the whole
 //               output a JSON object / array of {"name", "arguments"} naming declared functions
 //
@@ -39,7 +49,19 @@
 
 namespace ultra::server {
 
-enum class ToolSyntax { Hermes, Llama3, Mistral, MistralV11, Granite, DeepSeek, Generic };
+enum class ToolSyntax {
+  Hermes,
+  Llama3,
+  Mistral,
+  MistralV11,
+  Granite,
+  DeepSeek,
+  FunctionaryV31,
+  FunctionaryV32,
+  FireFunction,
+  CommandR,
+  Generic
+};
 
 struct ToolFamily {
   ToolSyntax syntax = ToolSyntax::Hermes;
@@ -50,11 +72,15 @@ struct ToolFamily {
   // The template renders assistant messages' tool_calls and `tool` messages itself; when false they are
   // rewritten as Hermes text (prepare_tool_messages).
   bool template_takes_calls = false;
+  // The template concatenates a call's arguments as text (FireFunction v2, Functionary v3.2): the history's
+  // arguments are given as a JSON string, not an object.
+  bool string_arguments = false;
 };
 
 // The family of a template's source ("" = the server's built-in fallback format).
 ToolFamily detect_tool_family(std::string_view template_source);
-// "hermes", "llama3", "mistral", "mistral-v11", "granite", "deepseek", "generic".
+// "hermes", "llama3", "mistral", "mistral-v11", "granite", "deepseek", "functionary-v3.1",
+// "functionary-v3.2", "firefunction-v2", "command-r", "generic".
 const char* tool_syntax_name(ToolSyntax s);
 
 enum class ToolChoice { None, Auto, Required, Named };
@@ -95,6 +121,10 @@ void check_tools_special(const Tokenizer& tok, const ToolRequest& tools);
 // of the first system message (or becomes one). A malformed tool_calls entry: FieldError("messages").
 nlohmann::json prepare_tool_messages(const nlohmann::json& messages, const ToolFamily& family,
                                      const ToolRequest& tools);
+
+// The template variables that carry the tools: `tools` (the request's definitions), and for FireFunction
+// `functions` (their JSON text, indented by 2) and `datetime` (now, "%b %d %Y %H:%M:%S GMT").
+nlohmann::json tool_template_variables(const ToolFamily& family, const ToolRequest& tools);
 
 // The fallback system prompt for templates that do not render tools (documented in README.md).
 std::string fallback_tool_prompt(const ToolRequest& tools);
@@ -139,15 +169,33 @@ struct ToolParse {
 // With !tools.parallel only the first call is kept.
 ToolParse parse_tool_calls(std::string_view text, const ToolFamily& family, const ToolRequest& tools);
 
+// One step of a call in a stream (an entry of OpenAI's delta.tool_calls): a call's first delta carries its id
+// and name, every delta the next piece of its arguments' text.
+struct ToolCallDelta {
+  size_t index = 0;       // the call's position among the output's calls
+  std::string id, name;   // the call's first delta only ("" after)
+  std::string arguments;  // the next piece of the arguments ("" when none is known yet)
+};
+
 // An output as it streams: push() returns the text that is certainly content (ready to send), holding back
 // from where a call may begin (a tail that could start the family's marker, or, where a bare JSON call is
 // possible, an output that starts with one); finish() parses the whole output and returns the content not
 // yet returned (calls: the parsed calls). A forced request holds everything back.
+//
+// The calls stream as they are written: take_deltas() gives the progress since its last call. While the
+// output is held, the text so far is closed as JSON (open strings and brackets: close_json_prefix in the
+// parser) and parsed; a call is announced once its name is complete, and its arguments grow by the part of
+// their text that cannot change any more (an open string's text so far, not a number or literal that may
+// go on, not the brackets the closing added). After finish(), take_deltas() gives the rest: per call the
+// pieces join to finish()'s arguments and the first delta's id is finish()'s id, unless diverged() (a later
+// key repeating an earlier one, or a parse that ends without the calls announced: what was sent stands).
 class ToolCallStream {
  public:
   ToolCallStream(ToolFamily family, const ToolRequest& tools);
   std::string push(std::string_view text);
   ToolParse finish();
+  std::vector<ToolCallDelta> take_deltas();
+  bool diverged() const { return diverged_; }
 
  private:
   ToolFamily family_;
@@ -155,6 +203,18 @@ class ToolCallStream {
   std::string buf_;       // the whole output so far
   size_t emitted_ = 0;    // bytes of buf_ returned as content
   bool holding_ = false;  // a call may have begun at emitted_: nothing more is content until finish()
+  size_t skip_ = 0;       // bytes at the start of buf_ that are no content (Functionary v3.2's "all\n")
+  bool started_ = false;  // Functionary v3.2: the first recipient line was read
+  // The calls announced: id, name and the arguments' text sent.
+  struct Sent {
+    std::string id, name, arguments;
+  };
+  std::vector<Sent> sent_;
+  std::vector<ToolCallDelta> deltas_;  // not yet taken
+  size_t parsed_at_ = 0;               // buf_'s size at the last provisional parse
+  bool diverged_ = false;
+  void progress();  // the provisional parse of a held output
+  void advance(size_t k, const ToolCall& c, std::string_view stable);  // call k's arguments up to `stable`
 };
 
 }  // namespace ultra::server

@@ -600,6 +600,18 @@ void CudaBackend::poison_kv(int seq, int from) {
   check(cudaStreamSynchronize(stream_), "KV poison");
 }
 
+void CudaBackend::copy_kv(int from, int to, int n) {
+  if (n <= 0) return;
+  for (const KvLayerView& v : kv_)
+    kv_copy(v, from, to, n, [&](uint8_t* dst, const uint8_t* src, size_t width, size_t height, size_t pitch) {
+      check(cudaMemcpy2DAsync(dst, pitch, src, pitch, width, height, cudaMemcpyDeviceToDevice, stream_),
+            "KV copy");
+    });
+  check(cudaMemcpyAsync(token_log_ + (size_t)to * p_.n_ctx, token_log_ + (size_t)from * p_.n_ctx,
+                        (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream_),
+        "KV copy");
+}
+
 Footprint CudaBackend::footprint() const {
   Footprint f;
   f.weights = weight_bytes_;

@@ -80,6 +80,9 @@ class CudaBackend final : public Backend, private ForwardOps {
   std::span<const BackendStat> stats() const override;  // graph_launches, launch_us, gpu_idle_us, gpu_gaps
   const float* logits(int k) override;
   void poison_kv(int seq, int from) override;
+  // On the stream: one cudaMemcpy2DAsync per layer's K and V (kv_copy) and one copy of the token log's
+  // positions [0, n).
+  void copy_kv(int from, int to, int n) override;
   // Another CUDA backend on this device: its token log and last results, read by this one's steps after a
   // device-side wait for its last submitted step.
   bool link(const LinkSource& source) override;
