@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/backend_kernels.h"
 #include "core/error.h"
@@ -110,15 +111,16 @@ CudaBackend::CudaBackend(const ModelData& model, const ContextParams& params, in
 
   // Activations.
   auto f = [&](size_t bytes, const char* what) { return static_cast<float*>(mem_.alloc(bytes, what)); };
-  b_.x = f(plan_.x, "activations");
-  b_.xb = f(plan_.xb, "activations");
-  b_.q = f(plan_.q, "activations");
-  b_.k = f(plan_.k, "activations");
-  b_.v = f(plan_.v, "activations");
-  b_.att = f(plan_.att, "activations");
-  b_.hb = f(plan_.hb, "activations");
-  b_.hb2 = f(plan_.hb2, "activations");
-  b_.out_x = f(plan_.out_x, "activations");
+  for (const auto& [buf, bytes] : {std::pair{&b_.x, plan_.x},
+                                   {&b_.xb, plan_.xb},
+                                   {&b_.q, plan_.q},
+                                   {&b_.k, plan_.k},
+                                   {&b_.v, plan_.v},
+                                   {&b_.att, plan_.att},
+                                   {&b_.hb, plan_.hb},
+                                   {&b_.hb2, plan_.hb2},
+                                   {&b_.out_x, plan_.out_x}})
+    *buf = f(bytes, "activations");
   b_.logits = f(plan_.logits, "logits");
   ops_mem_.qkv1 = f(plan_.qkv1, "activations");
   ops_mem_.gu1 = f(plan_.gu1, "activations");
