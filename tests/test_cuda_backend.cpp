@@ -1195,6 +1195,47 @@ TEST(CudaBackend, LowbitWeightsMatchCpu) {
   }
 }
 
+// ULTRA_CUDA_PROFILE=1: every step runs directly, op by op through the profiling decorator (ProfiledOps) with
+// events around each op, and gives the same logits, bit for bit, as the captured steps; the table printed
+// when the backend goes names the matmuls by their MatmulOp and counts the single-row steps.
+TEST(CudaBackend, ProfiledStepsMatchGraphs) {
+  const Model m = Model::load(kBundled.string());
+  const int V = m.tokenizer()->n_vocab();
+  auto run = [&](bool profile, std::string* table) {
+    if (profile) setenv("ULTRA_CUDA_PROFILE", "1", 1);
+    if (profile) ::testing::internal::CaptureStderr();
+    std::vector<float> all;
+    {
+      Context cu(m, gpu(64, 16, 1));
+      cu.set_sampling(0, SamplingParams::greedy());
+      Batch b(16);
+      for (int i = 0; i < 12; ++i) b.add((i * 37 + 11) % V, i, 0, i == 11 ? Output::sample : Output::none);
+      cu.step(b);  // a 12-row step: the 16-row bucket
+      int32_t next = cu.sampled(11);
+      for (int step = 0; step < 8; ++step) {  // single-row steps
+        b.clear();
+        b.add(next, cu.seq_len(0), 0, Output::sample);
+        cu.step(b);
+        next = cu.sampled(0);
+        all.insert(all.end(), cu.logits(0).begin(), cu.logits(0).end());
+      }
+    }  // the profiled backend prints its table here
+    if (profile) *table = ::testing::internal::GetCapturedStderr();
+    unsetenv("ULTRA_CUDA_PROFILE");
+    return all;
+  };
+  std::string table;
+  const std::vector<float> graphs = run(false, nullptr);
+  const std::vector<float> profiled = run(true, &table);
+  ASSERT_EQ(graphs.size(), profiled.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < graphs.size(); ++i) diff += std::memcmp(&graphs[i], &profiled[i], 4) != 0;
+  EXPECT_EQ(diff, 0u);
+  EXPECT_NE(table.find("CUDA profile: 8 single-row steps"), std::string::npos) << table;
+  for (const char* op : {"input upload", "token log", "attention", "matmul o (+ residual)"})
+    EXPECT_NE(table.find(op), std::string::npos) << op << " missing from\n" << table;
+}
+
 // The size plan (backend/cuda/size_plan.h) is what is allocated: the device allocator's bytes and calls after
 // construction equal the plan's sums (a buffer allocated outside the plan, or planned and not allocated,
 // breaks both), and the footprint is the device bytes plus the pinned host blocks; for a dense model, for
