@@ -51,20 +51,7 @@ using namespace ultra::test;
 
 namespace {
 
-// ---- output
-
-FILE* g_log = nullptr;
-
-void say(const char* fmt, ...) {
-  char buf[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  std::fputs(buf, stdout);
-  std::fflush(stdout);
-  if (g_log) std::fputs(buf, g_log);
-}
+// ---- output (gpu_program.h: say, CK, DevBuf, guarded)
 
 struct Counts {
   int pass = 0, fail = 0, skip = 0;
@@ -79,66 +66,6 @@ void summary() {
     all.pass += n.pass, all.fail += n.fail, all.skip += n.skip;
   }
   say("test_cuda_ops: %d passed, %d failed, %d skipped\n", all.pass, all.fail, all.skip);
-}
-
-// A failed CUDA call other than a kernel launch under test (allocation, copy, synchronisation): the context
-// may be unusable (a kernel fault is sticky), so the program stops here.
-[[noreturn]] void cuda_fatal(const char* call, const char* file, int line, cudaError_t e) {
-  say("FAIL cuda-call %s:%d %s -> %s\n", file, line, call, cudaGetErrorString(e));
-  summary();
-  std::exit(1);
-}
-#define CK(call)                                                      \
-  do {                                                                \
-    const cudaError_t e_ = (call);                                    \
-    if (e_ != cudaSuccess) cuda_fatal(#call, __FILE__, __LINE__, e_); \
-  } while (0)
-
-// ---- device memory
-
-constexpr size_t kTail = 16;  // guard elements past every output
-
-template <class T>
-class DevBuf {
- public:
-  DevBuf() = default;
-  explicit DevBuf(size_t n) : n_(n) {
-    CK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)));
-  }
-  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { put(h); }
-  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~DevBuf() {
-    if (p_) cudaFree(p_);
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  void put(const std::vector<T>& h) {
-    if (h.size() > n_)
-      cuda_fatal("DevBuf::put (host data larger than the buffer)", __FILE__, __LINE__, cudaErrorInvalidValue);
-    CK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> all() const {
-    std::vector<T> h(n_);
-    CK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// n elements of data (or of fill where data is shorter) followed by kTail guards of value fill.
-template <class T>
-DevBuf<T> guarded(size_t n, T fill, const std::vector<T>* data = nullptr) {
-  std::vector<T> h(n + kTail, fill);
-  if (data) std::copy(data->begin(), data->begin() + std::min(n, data->size()), h.begin());
-  return DevBuf<T>(h);
 }
 
 // ---- comparison
@@ -547,6 +474,7 @@ int main(int argc, char** argv) {
   }
   if (const int skip = skip_without_device()) return skip;
   if (!out_dir.empty() && !(g_log = open_log(out_dir, "test_cuda_ops.txt"))) return 2;
+  g_before_fatal = summary;
   CK(cuda::query_device(0, &g_dev));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
