@@ -378,6 +378,25 @@ void bench() {
         std::snprintf(line, sizeof line, " (experts %.1f us: %.0f GB/s over the %.1f MB of 8 experts)\n",
                       us_all - us_route, bytes / ((us_all - us_route) * 1e3), bytes / 1e6);
         say("%s", line);
+        // The one-row tiles (set_moe_decode_tiles): gate / up chunks in flight, down rows per warp.
+        const int variants[][2] = {{4, 0}, {2, 0}, {0, 2}, {0, 4}, {4, 2}, {4, 4}, {2, 4}};
+        for (const auto& v : variants) {
+          cuda::set_moe_decode_tiles(v[0], v[1]);
+          CK(cudaEventRecord(a));
+          for (int it = 0; it < iters; ++it) {
+            CK(cuda::moe_route(d_logits, n, E, k, true, d_ids, d_w, nullptr, &s));
+            CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn, n, d_ids, d_w, k, d_x, s, nullptr, true));
+          }
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, a, b));
+          const double us = 1000.0 * ms / iters - us_route;
+          std::snprintf(line, sizeof line, "  tiles gate_unroll %d down_rows %d: experts %.1f us (%.0f GB/s)\n",
+                        v[0], v[1], us, bytes / (us * 1e3));
+          say("%s", line);
+        }
+        cuda::set_moe_decode_tiles(0, 0);
       }
       cudaEventDestroy(a);
       cudaEventDestroy(b);
