@@ -682,14 +682,14 @@ void bench_kquant(cudaStream_t st, double ceiling) {
       uint8_t* ws = dalloc<uint8_t>(kquant_q8_ws_bytes(8, s.cols));
       for (int ti = 1; ti < 5; ++ti)
         for (int n : {1, 2, 4}) {
-          out("  %-22s n=%d  %s", s.name, n, names[ti]);
+          say("  %-22s n=%d  %s", s.name, n, names[ti]);
           const double ms_f32 = run(ti, n);
           const double ms_q8 = time_graph(st, 32, [&](int i) {
             WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb};
             CK(gemv_kquant_q8(wv, x, n, y, nullptr, false, ws, kquant_q8_ws_bytes(8, s.cols), st));
           });
           const double bytes = (double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
-          out(" | x f32: %6.2f (%4.1f%%) | x int8: %6.2f (%4.1f%%)\n", ms_f32 * 1e3,
+          say(" | x f32: %6.2f (%4.1f%%) | x int8: %6.2f (%4.1f%%)\n", ms_f32 * 1e3,
               100.0 * bytes / ms_f32 / 1e6 / ceiling, ms_q8 * 1e3, 100.0 * bytes / ms_q8 / 1e6 / ceiling);
           if (n == 1 || n == 4)
             g_summary.push_back(std::string("kquant gemv int8 x ") + names[ti] + " " + s.name +
@@ -699,7 +699,7 @@ void bench_kquant(cudaStream_t st, double ceiling) {
                                 "%)");
         }
       for (int ti : {1, 2}) {
-        out("  %-22s n=1  %s int8 tiles", s.name, names[ti]);
+        say("  %-22s n=1  %s int8 tiles", s.name, names[ti]);
         for (int t : tiles) {
           set_kquant_tile(t);
           const double ms = time_graph(st, 32, [&](int i) {
@@ -707,10 +707,10 @@ void bench_kquant(cudaStream_t st, double ceiling) {
             CK(gemv_kquant_q8(wv, x, 1, y, nullptr, false, ws, kquant_q8_ws_bytes(8, s.cols), st));
           });
           const double gbs = ((double)m[ti].bytes + (double)s.cols * 4 + (double)s.rows * 4) / ms / 1e6;
-          out(" | %d: %6.2f (%4.1f%%)", t, ms * 1e3, 100.0 * gbs / ceiling);
+          say(" | %d: %6.2f (%4.1f%%)", t, ms * 1e3, 100.0 * gbs / ceiling);
         }
         set_kquant_tile(0);
-        out("\n");
+        say("\n");
       }
       CK(cudaFree(ws));
     }
