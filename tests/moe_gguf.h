@@ -1,5 +1,6 @@
 // Tiny random-weight mixture-of-experts GGUF files in llama.cpp's layout (Mixtral as arch "llama" with
-// experts, qwen2moe with its shared expert, qwen3moe), written at test time: the bundled model's tokenizer
+// experts, qwen2moe with its shared expert, qwen3moe, gpt-oss with its sinks, biases, alternating sliding
+// window of 8 and YaRN), written at test time: the bundled model's tokenizer
 // (models/target.gguf's tokenizer.* keys, so llama.cpp's llama-perplexity reads the same tokens), weights
 // from a fixed-seed std::mt19937 (the same bytes on every platform), scaled so that activations stay near
 // unit size and the logits are peaked (a wrong routing changes the perplexity by far more than 0.5%).
@@ -21,7 +22,7 @@
 namespace ultra::test {
 
 struct MoeSpec {
-  std::string arch = "llama";  // "llama" (Mixtral), "qwen2moe" or "qwen3moe"
+  std::string arch = "llama";  // "llama" (Mixtral), "qwen2moe", "qwen3moe" or "gpt-oss"
   int n_expert = 4;
   int n_expert_used = 2;
   int dim = 64;
@@ -63,6 +64,13 @@ inline void write_moe_gguf(const std::string& path, const MoeSpec& s,
   w.set_u32(a + "expert_used_count", s.n_expert_used);
   if (s.arch != "llama") w.set_u32(a + "expert_feed_forward_length", s.expert_ffn);
   if (s.arch == "qwen2moe") w.set_u32(a + "expert_shared_feed_forward_length", s.shexp_ffn);
+  const bool gpt_oss = s.arch == "gpt-oss";
+  if (gpt_oss) {
+    w.set_u32(a + "attention.sliding_window", 8);
+    w.set_string(a + "rope.scaling.type", "yarn");
+    w.set_f32(a + "rope.scaling.factor", 32.0f);
+    w.set_u32(a + "rope.scaling.original_context_length", 4096);
+  }
   for (const auto& [k, v] : tok.metadata())
     if (k.rfind("tokenizer.", 0) == 0) w.set_value(k, v);
 
@@ -117,7 +125,7 @@ inline void write_moe_gguf(const std::string& path, const MoeSpec& s,
     add(b + "attn_q.weight", {D, Q}, 1, s.type);
     add(b + "attn_k.weight", {D, KV}, 1, s.type);
     add(b + "attn_v.weight", {D, KV}, 1, s.type);
-    if (s.arch == "qwen2moe") {
+    if (s.arch == "qwen2moe" || gpt_oss) {
       add(b + "attn_q.bias", {Q}, 0.1f, GgmlType::F32);
       add(b + "attn_k.bias", {KV}, 0.1f, GgmlType::F32);
       add(b + "attn_v.bias", {KV}, 0.1f, GgmlType::F32);
@@ -127,11 +135,19 @@ inline void write_moe_gguf(const std::string& path, const MoeSpec& s,
       norm(b + "attn_k_norm.weight", hd);
     }
     add(b + "attn_output.weight", {Q, D}, 0.5f, s.type);
-    norm(b + "ffn_norm.weight", D);
+    norm(b + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), D);
     add(b + "ffn_gate_inp.weight", {D, E}, 2, GgmlType::F32);
     add(b + "ffn_gate_exps.weight", {D, F, E}, 1, s.type);
     add(b + "ffn_up_exps.weight", {D, F, E}, 1, s.type);
     add(b + "ffn_down_exps.weight", {F, D, E}, 1.5f, s.type);
+    if (gpt_oss) {  // gain * sqrt(3 / ne[0]) per entry: the biases' spread set through the gain
+      add(b + "attn_output.bias", {D}, 0.1f * std::sqrt((float)D / 3), GgmlType::F32);
+      add(b + "attn_sinks.weight", {(uint64_t)s.n_heads}, 1.0f, GgmlType::F32);
+      add(b + "ffn_gate_inp.bias", {E}, 0.3f, GgmlType::F32);
+      add(b + "ffn_gate_exps.bias", {F, E}, 0.3f * std::sqrt((float)F / 3), GgmlType::F32);
+      add(b + "ffn_up_exps.bias", {F, E}, 0.3f * std::sqrt((float)F / 3), GgmlType::F32);
+      add(b + "ffn_down_exps.bias", {D, E}, 0.1f * std::sqrt((float)D / 3), GgmlType::F32);
+    }
     if (s.arch == "qwen2moe") {
       add(b + "ffn_gate_inp_shexp.weight", {D}, 1, GgmlType::F32);
       add(b + "ffn_gate_shexp.weight", {D, (uint64_t)s.shexp_ffn}, 1, s.type);

@@ -78,6 +78,7 @@ struct OpCase {
   bool interleaved = false;  // rope pairing
   int kv_heads = 1, ctx = 0, window = 0;  // attention: history positions before this step's tokens
   float softcap = 0;                      // attention score cap
+  bool sinks = false;                     // attention: a sink logit per head (gpt-oss), op_inputs.h's
   uint32_t seed = 1;
 };
 
@@ -310,6 +311,19 @@ inline std::vector<OpCase> op_cases() {
         c.softcap = cap;
         add(c);
       }
+  // gpt-oss's attention sinks (a logit per head in the softmax's denominator, some above every score): a
+  // decode step and prefill tiles, full and sliding (window 6), GQA 8 on 2, head_dim 64 and the tail 20.
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16})
+    for (int64_t hd : {20, 64})
+      for (int window : {0, 6})
+        for (int nt : {1, 7}) {
+          OpCase c{Op::Attention, t, 8, hd, nt, {1, 3}, tol_attention()};
+          c.kv_heads = 2;
+          c.ctx = 50;
+          c.window = window;
+          c.sinks = true;
+          add(c);
+        }
   // Mistral's whole-model window (12) far shorter than the history: a decode step and a prefill tile 1000
   // positions in, GQA 8 on 2, head_dim 64 / 128.
   for (GgmlType t : {GgmlType::F32, GgmlType::F16})
@@ -397,7 +411,7 @@ inline std::string case_name(const OpCase& c) {
     case Op::Attention:
       return "attention_" + lower_name(type_name(c.type)) + "_h" + n(c.rows) + "_kv" + n(c.kv_heads) + "_hd" +
              n(c.cols) + "_t" + n(c.tokens) + "_ctx" + n(c.ctx) + "_w" + n(c.window) + "_cap" +
-             name_num(c.softcap);
+             name_num(c.softcap) + (c.sinks ? "_sinks" : "");
   }
   return "?";
 }

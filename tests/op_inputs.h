@@ -118,6 +118,7 @@ struct AttentionInputs {
   int max_ctx;
   std::vector<int32_t> pos, slot;
   std::vector<float> k, v, q;  // [tokens, kv_heads, cols], [tokens, kv_heads, cols], [tokens, rows, cols]
+  std::vector<float> sinks;    // [rows] sink logits (c.sinks), the last head's above every score, or empty
   float vmax = 0;              // Mag::MaxV
   float scale;
   AttentionInputs(const AttentionInputs&) = delete;  // cache.view points into cache
@@ -148,6 +149,10 @@ struct AttentionInputs {
     for (float x : v) vmax = std::max(vmax, std::fabs(x));
     q = randn((size_t)nt * nh * hd, c.seed + 32, 3.0f);
     scale = 1.0f / std::sqrt((float)hd);
+    if (c.sinks) {
+      sinks = randn((size_t)nh, c.seed + 33, 2.0f);
+      sinks.back() = 50.0f;
+    }
   }
 };
 

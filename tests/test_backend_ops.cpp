@@ -339,8 +339,9 @@ void run_attention(const OpCase& c, Kset k) {
   AttentionInputs in(c);
   kv_write(in.cache.view, in.k.data(), in.v.data(), nt, in.pos.data(), in.slot.data());
   std::vector<float> ref((size_t)nt * nh * c.cols);
+  const float* sinks = c.sinks ? in.sinks.data() : nullptr;
   attention_ref(in.cache.view, in.q.data(), nt, nh, in.pos.data(), in.slot.data(), in.scale, ref.data(),
-                c.softcap, c.window);
+                c.softcap, c.window, sinks);
   const std::vector<double> mag(ref.size(), in.vmax);
   const auto isa = k == Kset::Avx512 ? detail::Isa::Avx512
                    : k == Kset::Avx2 ? detail::Isa::Avx2
@@ -351,7 +352,7 @@ void run_attention(const OpCase& c, Kset k) {
     std::vector<float> scratch(ns + 16, kGuard), out(ref.size() + 16, kGuard);
     const detail::AttentionArgs args{&in.cache.view, in.q.data(),    nt,       nh,
                                      in.pos.data(),  in.slot.data(), in.scale, out.data(),
-                                     scratch.data(), c.softcap,      c.window};
+                                     scratch.data(), c.softcap,      c.window, sinks};
     detail::attention_isa(isa, pool, args);
     const std::string what = std::string("attention threads=") + std::to_string(nth);
     expect_guard(out.data() + ref.size(), 16, what + " out");

@@ -280,7 +280,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // are used and 12 rows, experts are selected by several rows: both must give the same logits.
 TEST(MoeForward, PrefillEqualsDecode) {
   test::TmpDir dir("ultra_moe");
-  for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
+  for (const char* arch : {"llama", "qwen2moe", "qwen3moe", "gpt-oss"}) {
     SCOPED_TRACE(arch);
     test::MoeSpec s;
     s.arch = arch;

@@ -164,6 +164,40 @@ TEST(TensorNames, ExpertNames) {
   EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnUp), hp, TensorFormat::Gguf), Need::Required);
 }
 
+// gpt-oss: llama.cpp's names (its FFN input norm is post_attention_norm, the sinks attn_sinks.weight, the
+// biases .bias), HF's mlp.router and self_attn.sinks; the experts absent from the HF table (fused tensors
+// of their own, model/gpt_oss.h) and their biases GGUF-only rows.
+TEST(TensorNames, GptOssNames) {
+  HParams hp;
+  hp.arch = Arch::GptOss;
+  hp.n_expert = 4;
+  hp.qkv_bias = hp.o_bias = hp.attn_sinks = hp.expert_bias = true;
+  EXPECT_EQ(tensor_name(tensor_spec(TensorRole::FfnNorm), hp, TensorFormat::Gguf, 2),
+            "blk.2.post_attention_norm.weight");
+  EXPECT_EQ(hf_name(TensorRole::FfnNorm, hp, 2), "model.layers.2.post_attention_layernorm.weight");
+  EXPECT_EQ(hf_name(TensorRole::FfnGateInp, hp, 1), "model.layers.1.mlp.router.weight");
+  EXPECT_EQ(hf_name(TensorRole::FfnGateInpBias, hp, 1), "model.layers.1.mlp.router.bias");
+  EXPECT_EQ(hf_name(TensorRole::AttnSinks, hp, 0), "model.layers.0.self_attn.sinks");
+  EXPECT_EQ(gguf_name(TensorRole::AttnSinks, 0), "blk.0.attn_sinks.weight");
+  EXPECT_EQ(gguf_name(TensorRole::AttnOutBias, 5), "blk.5.attn_output.bias");
+  EXPECT_EQ(gguf_name(TensorRole::FfnUpExpsBias, 5), "blk.5.ffn_up_exps.bias");
+  for (TensorRole r : {TensorRole::FfnGateExps, TensorRole::FfnUpExps, TensorRole::FfnDownExps,
+                       TensorRole::FfnGateExpsBias, TensorRole::FfnDownExpsBias}) {
+    EXPECT_EQ(tensor_need(tensor_spec(r), hp, TensorFormat::Hf), Need::Absent) << (int)r;
+    EXPECT_EQ(tensor_need(tensor_spec(r), hp, TensorFormat::Gguf), Need::Required) << (int)r;
+  }
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::AttnSinks), hp, TensorFormat::Hf), Need::Required);
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::AttnOutBias), hp, TensorFormat::Gguf), Need::Required);
+  hp.arch = Arch::Qwen3;  // the other MoE models keep their names and have none of these rows
+  hp.qkv_bias = hp.o_bias = hp.attn_sinks = hp.expert_bias = false;
+  EXPECT_EQ(tensor_name(tensor_spec(TensorRole::FfnNorm), hp, TensorFormat::Gguf, 2),
+            "blk.2.ffn_norm.weight");
+  EXPECT_EQ(tensor_need(tensor_spec(TensorRole::FfnUpExps), hp, TensorFormat::Hf), Need::Required);
+  for (TensorRole r : {TensorRole::AttnSinks, TensorRole::AttnOutBias, TensorRole::FfnGateInpBias,
+                       TensorRole::FfnUpExpsBias})
+    EXPECT_EQ(tensor_need(tensor_spec(r), hp, TensorFormat::Gguf), Need::Absent) << (int)r;
+}
+
 // Each per-layer row: exactly one of a matrix, a vector or an experts slot; a fused matrix's parts cover
 // its rows exactly.
 TEST(TensorNames, RowsAreConsistent) {
@@ -171,7 +205,11 @@ TEST(TensorNames, RowsAreConsistent) {
   hp.dim = 64, hp.n_heads = 4, hp.n_kv_heads = 2, hp.head_dim = 16, hp.ffn_dim = 96;
   for (const TensorSpec& t : layer_tensors()) {
     EXPECT_EQ((t.matrix != nullptr) + (t.vector != nullptr) + (t.experts != nullptr), 1) << t.gguf;
-    EXPECT_EQ(t.matrix != nullptr || t.experts != nullptr, t.cols != Dim::None) << t.gguf;
+    // matrices have cols; vectors do not, except gpt-oss's expert biases ([n_expert, n] in one vector slot)
+    if (t.vector && t.cols != Dim::None)
+      EXPECT_EQ(t.rows, Dim::Experts) << t.gguf;
+    else
+      EXPECT_EQ(t.matrix != nullptr || t.experts != nullptr, t.cols != Dim::None) << t.gguf;
     int64_t rows = 0;
     for (const RowPart& p : t.parts)
       if (p.slot) rows += dim_size(p.rows, hp);

@@ -216,14 +216,15 @@ TEST(ZeroAlloc, MixedBatchStepsWithSampling) {
   EXPECT_EQ(n, 0);
 }
 
-// Mixture-of-experts models (tests/moe_gguf.h): the routing, the grouping of a chunk's rows by expert and
-// Qwen2-MoE's shared expert run in buffers sized at context creation, in decode and in mixed steps.
+// Mixture-of-experts models (tests/moe_gguf.h): the routing, the grouping of a chunk's rows by expert,
+// Qwen2-MoE's shared expert and gpt-oss's sinks, biases and clamped SwiGLU run in buffers sized at context
+// creation, in decode and in mixed steps.
 TEST(ZeroAlloc, MoeDecodeAndMixedSteps) {
 #if !ULTRA_COUNT_ALLOCS
   GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
 #endif
   test::TmpDir dir("ultra_zero_alloc_moe");
-  for (const char* arch : {"llama", "qwen2moe", "qwen3moe"}) {
+  for (const char* arch : {"llama", "qwen2moe", "qwen3moe", "gpt-oss"}) {
     test::MoeSpec s;
     s.arch = arch;
     s.n_expert = 8;

@@ -65,6 +65,11 @@ ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::stri
   if (p.backend == BackendKind::cuda)
     fail("context: this build has no CUDA backend (it was configured without a CUDA compiler)");
 #endif
+  // gpt-oss's attention sinks, biased experts and clamped SwiGLU, and YaRN's attention factor, have CPU
+  // kernels only.
+  if (p.backend == BackendKind::cuda && (hp.arch == Arch::GptOss || hp.rope_scaling.type == "yarn"))
+    fail("context: {} runs on the CPU backend only (use --backend cpu)",
+         hp.arch == Arch::GptOss ? "gpt-oss" : "YaRN rope scaling");
   if (p.backend == BackendKind::cpu && p.kv_type == KvType::bf16)
     fail("context: a bf16 KV cache is supported on the CUDA backend only (use f32 or f16)");
   return p;

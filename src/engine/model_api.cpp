@@ -151,10 +151,10 @@ Model Model::load(const std::string& path, const LoadParams& params) {
   ModelInfo& i = im->info;
   i.path = m.path;
   i.format = m.format;
-  i.arch = !hp.moe()                ? arch_name(hp.arch)
-           : hp.arch == Arch::Qwen2 ? "qwen2moe"
-           : hp.arch == Arch::Qwen3 ? "qwen3moe"
-                                    : "mixtral";
+  i.arch = !hp.moe() || hp.arch == Arch::GptOss ? arch_name(hp.arch)
+           : hp.arch == Arch::Qwen2             ? "qwen2moe"
+           : hp.arch == Arch::Qwen3             ? "qwen3moe"
+                                                : "mixtral";
   i.n_expert = hp.n_expert;
   i.n_expert_used = hp.n_expert_used;
   i.weight_type = std::string(type_name(m.layers.empty() ? m.output.type : m.layers[0].wq.type));

@@ -287,13 +287,30 @@ struct Emitter {
     });
   }
 
-  void vec(const std::string& name, const float* v, int64_t n) {
+  // An F32 vector of n values; shape: the ggml shape written (empty: {n}).
+  void vec(const std::string& name, const float* v, int64_t n, std::vector<uint64_t> shape = {}) {
     ++count;
     std::vector<float> copy(v, v + n);
-    wr.add_tensor(name, GgmlType::F32, {(uint64_t)n}, [this, name, copy](uint8_t* dst) {
+    if (shape.empty()) shape = {(uint64_t)n};
+    wr.add_tensor(name, GgmlType::F32, shape, [this, name, copy](uint8_t* dst) {
       std::memcpy(dst, copy.data(), 4 * copy.size());
       done(name);
     });
+  }
+
+  // Stacked experts written in their own type, byte for byte (gpt-oss's MXFP4 experts, which llama.cpp's
+  // converter keeps MXFP4 too): views [n_expert] of [rows, cols] each, ggml shape {cols, rows, n_expert}.
+  void raw_experts(const std::string& name, const WeightView* views, int n_expert) {
+    ++count;
+    const WeightView w0 = views[0];
+    const size_t bytes = (size_t)w0.row_bytes * w0.rows;
+    std::vector<const void*> src;
+    for (int e = 0; e < n_expert; ++e) src.push_back(views[e].data);
+    wr.add_tensor(name, w0.type, {(uint64_t)w0.cols, (uint64_t)w0.rows, (uint64_t)n_expert},
+                  [this, name, src, bytes](uint8_t* dst) {
+                    for (size_t e = 0; e < src.size(); ++e) std::memcpy(dst + e * bytes, src[e], bytes);
+                    done(name);
+                  });
   }
 };
 
@@ -339,7 +356,10 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   // Llama and Mistral (Mixtral too) become llama.cpp's "llama" (Q/K rows permuted for interleaved RoPE); the
   // others keep HF's rotate-half layout under their own arch name (qwen2moe, qwen3moe with experts).
   const bool llama_layout = hp.arch == Arch::Llama || hp.arch == Arch::Mistral;
-  const std::string arch = llama_layout ? "llama" : std::string(arch_name(hp.arch)) + (hp.moe() ? "moe" : "");
+  const bool gpt_oss = hp.arch == Arch::GptOss;
+  const std::string arch = llama_layout ? "llama"
+                           : gpt_oss    ? "gpt-oss"
+                                        : std::string(arch_name(hp.arch)) + (hp.moe() ? "moe" : "");
   if (hp.moe() && (hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) &&
       hp.expert_norm != (hp.arch == Arch::Qwen3) && opt.warn)
     opt.warn(fmt::format(
@@ -373,6 +393,24 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
   } else if (hp.rope_scaling.type == "longrope") {
     wr.set_u32(a + "rope.scaling.original_context_length", hp.rope_scaling.original_max_position_embeddings);
     wr.set_f32(a + "rope.scaling.attn_factor", hp.rope_scaling.attention_factor);
+  } else if (hp.rope_scaling.type == "yarn") {
+    // llama.cpp's keys (as its converter writes them); the attention factor travels as its default
+    // 0.1 ln(factor) + 1, and the correction range is rounded (truncate) except for gpt-oss (load_gguf.cpp)
+    const RopeScaling& rs = hp.rope_scaling;
+    const float mscale = rs.factor <= 1 ? 1.0f : (float)(0.1 * std::log((double)rs.factor) + 1.0);
+    if (std::fabs(rs.attention_factor - mscale) > 1e-6f * mscale)
+      fail("{}: yarn attention_factor {} differs from 0.1 ln(factor) + 1 = {}, which GGUF files cannot say",
+           hf_dir, rs.attention_factor, mscale);
+    if (rs.truncate == gpt_oss && opt.warn)
+      opt.warn(
+          fmt::format("{}: yarn truncate = {} is not what the GGUF reader assumes for {}; the GGUF model's "
+                      "RoPE frequencies will differ slightly",
+                      hf_dir, rs.truncate, arch));
+    wr.set_string(a + "rope.scaling.type", "yarn");
+    wr.set_f32(a + "rope.scaling.factor", rs.factor);
+    wr.set_u32(a + "rope.scaling.original_context_length", rs.original_max_position_embeddings);
+    wr.set_f32(a + "rope.scaling.yarn_beta_fast", rs.beta_fast);
+    wr.set_f32(a + "rope.scaling.yarn_beta_slow", rs.beta_slow);
   }
   wr.set_u32(a + "embedding_length", hp.dim);
   wr.set_u32(a + "block_count", hp.n_layers);
@@ -412,10 +450,12 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
     // The tensors load_hf_model loaded, in table order. (Gemma's norms were loaded as 1 + w, which is what
     // llama.cpp's GGUF files hold; Phi-3's fused matrices stay fused, as llama.cpp keeps them.)
     for (const TensorSpec& ts : layer_tensors()) {
-      if (tensor_need(ts, hp, TensorFormat::Hf) != Need::Required) continue;
+      if (tensor_need(ts, hp, TensorFormat::Gguf) != Need::Required) continue;
       const std::string name = tensor_name(ts, hp, TensorFormat::Gguf, il);
       const bool permute = llama_layout && ts.rope_rows;
-      if (ts.experts) {  // HF's per-expert matrices, stacked: ggml shape {cols, rows, n_expert}
+      if (ts.experts && (l.*ts.experts)[0].type == GgmlType::MXFP4) {
+        E.raw_experts(name, l.*ts.experts, hp.n_expert);
+      } else if (ts.experts) {  // HF's per-expert matrices, stacked: ggml shape {cols, rows, n_expert}
         const WeightView* v = l.*ts.experts;
         WeightView all = v[0];
         all.rows = v[0].rows * hp.n_expert;
@@ -428,7 +468,11 @@ int convert_hf_to_gguf(const std::string& hf_dir, const std::string& out_path, c
         E.matrix(name, l.*ts.matrix, tt, RowOrder{permute, hp.head_dim});
       } else {
         if (permute) fail("{}: attention biases with the llama layout are not supported", hf_dir);
-        E.vec(name, l.*ts.vector, dim_size(ts.rows, hp));
+        const int64_t rows = dim_size(ts.rows, hp), cols = dim_size(ts.cols, hp);
+        if (ts.cols == Dim::None)
+          E.vec(name, l.*ts.vector, rows);
+        else  // [rows, cols] (gpt-oss's expert biases): ggml shape {cols, rows}
+          E.vec(name, l.*ts.vector, rows * cols, {(uint64_t)cols, (uint64_t)rows});
       }
     }
   }
@@ -497,7 +541,8 @@ int quantize_gguf(const std::string& in_path, const std::string& out_path, const
     const bool matrix = (ti.ne.size() == 2 || experts) && ti.name.size() > 7 && ti.name.ends_with(".weight");
     const bool embedding = ti.name == embd_name || ti.name == output_name;
     const bool router = ti.name.ends_with("ffn_gate_inp.weight");  // kept, as llama-quantize keeps it
-    if (!matrix || router || (embedding && opt.keep_embeddings)) {
+    const bool mxfp4 = ti.type == GgmlType::MXFP4;                 // gpt-oss's experts: kept as they are
+    if (!matrix || router || mxfp4 || (embedding && opt.keep_embeddings)) {
       E.copy(ti);
       if (has_scale_tensor(ti.type)) E.copy(*r.find_tensor(scale_tensor_name(ti.name)));
       continue;

@@ -12,7 +12,10 @@ void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const St
   const int dim = hp.dim, k = hp.n_expert_used;
   ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
   ops.moe_router(il, l, b.xb, n, b.router);  // [n, n_expert]
-  ops.moe_route(b.router, n, hp.n_expert, k, hp.expert_norm, b.expert_ids, b.expert_w);
+  if (hp.expert_topk_softmax)
+    ops.moe_route_topk_softmax(b.router, n, hp.n_expert, k, b.expert_ids, b.expert_w);
+  else
+    ops.moe_route(b.router, n, hp.n_expert, k, hp.expert_norm, b.expert_ids, b.expert_w);
   ops.moe_ffn(il, l, b.xb, n, b.expert_ids, b.expert_w, k, b.x);
   if (hp.shexp_ffn_dim == 0) return;
   ops.matmul(MatmulOp::gate_shexp, l.w_gate_shexp, b.xb, n, b.hb, nullptr, false);  // [n, shexp_ffn]
@@ -28,13 +31,15 @@ void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const St
 //   x = embed(tokens) (* embed_scale: Gemma)
 //   per layer: q, k, v = Wq·norm(x) + bq, Wk·norm(x) + bk, Wv·norm(x) + bv
 //              q, k = head_norm(q), head_norm(k)                          (Qwen3, Gemma 3)
-//              a = Wo · attn(rope(q), rope(k), v)   (soft-capped scores, sliding window: Gemma)
+//              a = Wo · attn(rope(q), rope(k), v) (+ bo)   (soft-capped scores, sliding window: Gemma;
+//                  a sink logit per head in the softmax's denominator, + bo: gpt-oss)
 //              x += a, or x += post_norm(a)                               (Gemma)
 //              m = Wdown · (act(Wgate·norm(x)) * Wup·norm(x))   act: silu (one op where the backend fuses
 //                                                                 it), or tanh GELU (Gemma)
 //              or, with experts: m = sum over the top k experts e of w_e · FFN_e(norm(x)), routed by
 //                 softmax(Wgate_inp·norm(x)) (model/moe.h), + sigmoid(w_shexp·norm(x)) · FFN_shexp(norm(x))
-//                 with a shared expert (Qwen2-MoE)
+//                 with a shared expert (Qwen2-MoE); gpt-oss: the top k of Wgate_inp·norm(x) + b weighted
+//                 by their softmax, biased experts with the clamped SwiGLU
 //              x += m, or x += post_ffw_norm(m)                           (Gemma)
 //   logits[r] = Wout · norm(x[out_row[r]])  (soft-capped: Gemma 2)
 void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
@@ -57,13 +62,16 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     }
     ops.rope_kv_write(il, q, hp.n_heads, k, v, hp.n_kv_heads, n, hp.head_dim, rows.pos, rows.seq,
                       hp.rope_interleaved);
-    ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, hp.attn_softcap,
-                  hp.layer_swa(il) ? hp.sliding_window : 0, b.att);
+    const int window = hp.layer_swa(il) ? hp.sliding_window : 0;
+    if (l.attn_sinks)
+      ops.attention_sinks(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, window, l.attn_sinks, b.att);
+    else
+      ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, hp.attn_softcap, window, b.att);
     if (hp.post_norms) {
-      ops.matmul(MatmulOp::o, l.wo, b.att, n, b.xb, nullptr, false);  // [n, dim]
+      ops.matmul(MatmulOp::o, l.wo, b.att, n, b.xb, l.bo, false);  // [n, dim]
       ops.norm_add(b.xb, l.attn_post_norm, n, dim, hp.rms_eps, b.x);
     } else {
-      ops.matmul(MatmulOp::o, l.wo, b.att, n, b.x, nullptr, true);
+      ops.matmul(MatmulOp::o, l.wo, b.att, n, b.x, l.bo, true);
     }
 
     if (hp.moe()) {

@@ -1,7 +1,8 @@
-// The forward pass of the Llama family (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3), written once over the ops
-// a backend supplies. A backend implements ForwardOps with its kernels and owns the buffers; forward() only
-// sequences the ops, so it runs the same on host memory (CPU) and device memory (a GPU backend calls it
-// once while capturing a graph). Adding an architecture changes this one place.
+// The forward pass of the Llama family (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, and the mixtures of
+// experts Mixtral, Qwen2/3-MoE, gpt-oss), written once over the ops a backend supplies. A backend implements
+// ForwardOps with its kernels and owns the buffers; forward() only sequences the ops, so it runs the same on
+// host memory (CPU) and device memory (a GPU backend calls it once while capturing a graph). Adding an
+// architecture changes this one place.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +88,14 @@ class ForwardOps {
   // token at position i attends positions j with i - window < j <= i (sliding-window layers), else [0, i].
   virtual void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                          float scale, float softcap, int window, float* out) = 0;
+  // attention() (no soft-cap) with per-head sink logits sinks [n_heads] (gpt-oss, LayerWeights::attn_sinks):
+  // head h's weights are exp(s_p - m) / (sum_p exp(s_p - m) + exp(sinks[h] - m)), m the max of its scores and
+  // the sink. A backend without it refuses gpt-oss at context creation (the default is never reached).
+  virtual void attention_sinks(int /*il*/, const float* /*q*/, int /*n*/, int /*n_heads*/,
+                               const int32_t* /*pos*/, const int32_t* /*seq*/, float /*scale*/,
+                               int /*window*/, const float* /*sinks*/, float* /*out*/) {
+    unsupported("attention_sinks");
+  }
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
   // rope, then kv_write of the rotated k and of v (a backend may do both in one kernel).
   virtual void rope_kv_write(int il, float* q, int n_heads, float* k, const float* v, int n_kv_heads, int n,
@@ -125,17 +134,24 @@ class ForwardOps {
 
   // The ops of mixture-of-experts models only; a backend without them refuses those models at context
   // creation (the defaults are never reached).
-  // The router's logits [n, n_expert] = l.ffn_gate_inp . xn[r] (a backend may compute them more precisely
-  // than its other matmuls: the expert choice is a discrete function of them).
+  // The router's logits [n, n_expert] = l.ffn_gate_inp . xn[r] (+ l.ffn_gate_inp_b, gpt-oss) (a backend may
+  // compute them more precisely than its other matmuls: the expert choice is a discrete function of them).
   virtual void moe_router(int /*il*/, const LayerWeights& l, const float* xn, int n, float* logits) {
-    matmul(MatmulOp::router, l.ffn_gate_inp, xn, n, logits, nullptr, false);
+    matmul(MatmulOp::router, l.ffn_gate_inp, xn, n, logits, l.ffn_gate_inp_b, false);
   }
   // model/moe.h's moe_route over n rows of router logits [n, n_expert] -> ids, w [n, k].
   virtual void moe_route(float*, int /*n*/, int /*n_expert*/, int /*k*/, bool /*norm*/, int32_t*, float*) {
     unsupported("moe_route");
   }
+  // model/moe.h's moe_route_topk_softmax (gpt-oss) over n rows.
+  virtual void moe_route_topk_softmax(const float*, int /*n*/, int /*n_expert*/, int /*k*/, int32_t*,
+                                      float*) {
+    unsupported("moe_route_topk_softmax");
+  }
   // x[r] += sum over j < k of w[r, j] * down_e . (silu(gate_e . xn[r]) * (up_e . xn[r])), e = ids[r, j]: the
   // selected SwiGLU experts of layer il (l.gate_exps, l.up_exps, l.down_exps) for n rows of normed input xn.
+  // gpt-oss: each of the three products adds its bias (l.gate_exps_b ... row e), and the activation is
+  // cpu/ops.h's swiglu_oai with hp.swiglu_limit instead of silu(gate) * up.
   virtual void moe_ffn(int /*il*/, const LayerWeights&, const float* /*xn*/, int /*n*/,
                        const int32_t* /*ids*/, const float* /*w*/, int /*k*/, float* /*x*/) {
     unsupported("moe_ffn");

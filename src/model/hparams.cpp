@@ -28,6 +28,8 @@ const char* arch_name(Arch a) {
       return "gemma3";
     case Arch::Phi3:
       return "phi3";
+    case Arch::GptOss:
+      return "gpt-oss";
   }
   return "?";
 }
@@ -75,13 +77,24 @@ void HParams::validate(const std::string& source) const {
         fail("{}: longrope factors must be positive (entry {})", source, i);
     if (!(rope_scaling.attention_factor > 0) || rope_scaling.original_max_position_embeddings <= 0)
       fail("{}: invalid longrope attention factor or original_max_position_embeddings", source);
+  } else if (rope_scaling.type == "yarn") {
+    const RopeScaling& r = rope_scaling;
+    if (!(r.factor > 0 && std::isfinite(r.factor) && r.attention_factor > 0 &&
+          std::isfinite(r.attention_factor) && r.beta_fast > 0 && std::isfinite(r.beta_fast) &&
+          r.beta_slow > 0 && std::isfinite(r.beta_slow) && r.original_max_position_embeddings > 0))
+      fail(
+          "{}: invalid yarn rope_scaling parameters (factor {}, attention factor {}, beta {} / {}, original "
+          "context {})",
+          source, r.factor, r.attention_factor, r.beta_fast, r.beta_slow, r.original_max_position_embeddings);
   } else if (rope_scaling.type != "default") {
-    fail("{}: unsupported rope scaling type '{}' (supported: default, llama3, linear, longrope)", source,
-         rope_scaling.type);
+    fail("{}: unsupported rope scaling type '{}' (supported: default, llama3, linear, longrope, yarn)",
+         source, rope_scaling.type);
   }
   if (!swa_layers.empty() && ((int)swa_layers.size() != n_layers || sliding_window <= 0))
     fail("{}: {} per-layer sliding-window flags for {} layers, window {}", source, swa_layers.size(),
          n_layers, sliding_window);
+  if (!(swiglu_limit >= 0 && std::isfinite(swiglu_limit)))
+    fail("{}: invalid swiglu limit {}", source, swiglu_limit);
   if (!(rope_theta_swa >= 0 && std::isfinite(rope_theta_swa)))
     fail("{}: invalid sliding-layer rope theta {}", source, rope_theta_swa);
   for (float v : {attn_scale, attn_softcap, final_softcap, embed_scale})
@@ -120,6 +133,27 @@ std::vector<float> HParams::rope_inv_freq(bool swa, bool long_rope) const {
   if (swa && rope_theta_swa > 0) return inv;  // Gemma 3's sliding layers: default RoPE
   if (rope_scaling.type == "linear") {
     for (float& f : inv) f /= rope_scaling.factor;
+  } else if (rope_scaling.type == "yarn") {
+    // HF _compute_yarn_parameters, in float32 where it computes in float32 (the correction range in double)
+    const RopeScaling& r = rope_scaling;
+    const double pi = 3.14159265358979323846, dim = head_dim;
+    auto corr_dim = [&](double rotations) {
+      return dim * std::log(r.original_max_position_embeddings / (rotations * 2 * pi)) / (2 * std::log(base));
+    };
+    double low = corr_dim(r.beta_fast), high = corr_dim(r.beta_slow);
+    if (r.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // HF: prevents a division by zero
+    for (int i = 0; i < half; ++i) {
+      const float ramp = std::clamp(((float)i - (float)low) / (float)(high - low), 0.0f, 1.0f);
+      const float extrap = 1.0f - ramp;  // the share of the unscaled frequency
+      const float pos_freq = std::pow(base, (float)(2 * i) / (float)head_dim);
+      inv[i] = 1.0f / (r.factor * pos_freq) * (1.0f - extrap) + 1.0f / pos_freq * extrap;
+    }
   } else if (rope_scaling.type == "longrope") {
     // HF: 1 / (ext_factors * base ** (arange(0, dim, 2) / dim))
     const auto& ext = long_rope ? rope_scaling.long_factor : rope_scaling.short_factor;
@@ -238,6 +272,19 @@ void parse_rope(const json& r, HParams& hp, const std::string& path) {
     hp.rope_scaling.attention_factor = get_num(r, "attention_factor", path, 0.0);  // 0: from the lengths
     if (r.contains("partial_rotary_factor") && get_num(r, "partial_rotary_factor", path, 1.0) != 1.0f)
       fail("{}: partial_rotary_factor other than 1 is not supported", path);
+  } else if (type == "yarn") {
+    RopeScaling& rs = hp.rope_scaling;
+    if (!r.contains("factor")) fail("{}: yarn rope scaling needs a 'factor'", path);
+    rs.factor = get_num(r, "factor", path, 1.0);
+    rs.beta_fast = get_num(r, "beta_fast", path, 32.0);
+    rs.beta_slow = get_num(r, "beta_slow", path, 1.0);
+    rs.truncate = get_bool(r, "truncate", path, true);
+    // 0: max_position_embeddings (parse_hf_config_json fills it in); attention factor 0: from the factor
+    rs.original_max_position_embeddings = get_int(r, "original_max_position_embeddings", path, 0, false);
+    rs.attention_factor = get_num(r, "attention_factor", path, 0.0);
+    for (const char* key : {"mscale", "mscale_all_dim"})
+      if (r.contains(key) && !r[key].is_null())
+        fail("{}: yarn with '{}' (DeepSeek's attention scaling) is not supported", path, key);
   }
 }
 
@@ -279,6 +326,22 @@ void read_hf_experts(const json& j, const std::string& path, bool mixtral, bool 
   if (auto it = j.find("mlp_only_layers");
       it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
     fail("{}: mlp_only_layers {}: only models whose every layer has experts are supported", path, it->dump());
+}
+
+// gpt-oss (transformers' GptOssConfig / modeling_gpt_oss.py): num_local_experts experts of intermediate_size,
+// num_experts_per_tok of them per token, weighed by the softmax of their router logits (bias included) over
+// those k; biases on the router and on every expert matrix; the clamped SwiGLU with swiglu_limit; attention
+// sinks per head.
+void read_gpt_oss(const json& j, const std::string& path, HParams& hp) {
+  hp.n_expert = get_int(j, "num_local_experts", path);
+  hp.n_expert_used = get_int(j, "num_experts_per_tok", path);
+  hp.expert_ffn_dim = get_int(j, "intermediate_size", path);
+  hp.expert_norm = false;
+  hp.expert_topk_softmax = true;
+  hp.expert_bias = true;
+  hp.swiglu_limit = get_num(j, "swiglu_limit", path, 7.0);
+  if (!(hp.swiglu_limit > 0)) fail("{}: swiglu_limit must be positive, got {}", path, hp.swiglu_limit);
+  hp.attn_sinks = true;
 }
 
 }  // namespace
@@ -327,15 +390,19 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
     hp.arch = Arch::Qwen2;
   else if (archs == "Qwen3MoeForCausalLM")
     hp.arch = Arch::Qwen3;
+  else if (archs == "GptOssForCausalLM")
+    hp.arch = Arch::GptOss;
   else
     fail(
         "{}: unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
         "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text only), "
-        "Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)",
+        "Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM)",
         path, archs.empty() ? std::string("<none>") : archs);
   if (archs == "MixtralForCausalLM" || archs == "Qwen2MoeForCausalLM" || archs == "Qwen3MoeForCausalLM")
     read_hf_experts(j, path, archs == "MixtralForCausalLM", archs == "Qwen2MoeForCausalLM", hp);
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
+  const bool gpt_oss = hp.arch == Arch::GptOss;
+  if (gpt_oss) read_gpt_oss(j, path, hp);
 
   hp.n_vocab = get_int(j, "vocab_size", path);
   hp.dim = get_int(j, "hidden_size", path);
@@ -355,7 +422,8 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
   // Llama, Mistral, Qwen and Phi-3 configs default to untied embeddings, Gemma's to tied ones.
   hp.tie_embeddings = get_bool(j, "tie_word_embeddings", path, gemma);
   hp.qkv_bias = hp.arch == Arch::Qwen2 || get_bool(j, "attention_bias", path, false);
-  if (hp.qkv_bias && hp.arch != Arch::Qwen2)
+  hp.o_bias = gpt_oss && hp.qkv_bias;  // gpt-oss: attention_bias puts a bias on all four projections
+  if (hp.qkv_bias && hp.arch != Arch::Qwen2 && !gpt_oss)
     fail("{}: attention_bias = true is not supported for {}", path, arch_name(hp.arch));
   hp.qk_norm = hp.arch == Arch::Qwen3 || hp.arch == Arch::Gemma3;
   if (hp.arch == Arch::Phi3) {
@@ -388,9 +456,9 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
   }
   // Per-layer attention types (Gemma 2/3, Qwen2/3): config.json's layer_types, or the architecture's default
   // pattern (transformers 4 Gemma configs: every 2nd layer full for Gemma 2, every sliding_window_pattern-th
-  // for Gemma 3; Qwen: layers from max_window_layers on slide). Mistral and Phi-3 keep swa_layers empty: the
-  // window applies to every layer.
-  if (gemma || qwen) {
+  // for Gemma 3; Qwen: layers from max_window_layers on slide; gpt-oss: the even layers slide). Mistral and
+  // Phi-3 keep swa_layers empty: the window applies to every layer.
+  if (gemma || qwen || gpt_oss) {
     std::vector<uint8_t> swa(hp.n_layers, 0);
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
       const json& lt = j["layer_types"];
@@ -404,6 +472,8 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
           fail("{}: layer_types[{}] = '{}' is not supported (full_attention, sliding_attention)", path, il,
                t);
       }
+    } else if (gpt_oss) {
+      for (int il = 0; il < hp.n_layers; ++il) swa[il] = il % 2 == 0;
     } else if (gemma) {
       const int pattern = hp.arch == Arch::Gemma2 ? 2 : get_int(j, "sliding_window_pattern", path, 6, false);
       for (int il = 0; il < hp.n_layers; ++il) swa[il] = pattern > 0 && (il + 1) % pattern != 0;
@@ -437,6 +507,25 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
   if (hp.arch == Arch::Gemma3 && j.contains("rope_local_base_freq"))
     hp.rope_theta_swa = get_num(j, "rope_local_base_freq", path, 10000.0);
   if (hp.arch == Arch::Gemma3 && hp.rope_theta_swa == 0) hp.rope_theta_swa = 10000.0f;
+  if (hp.rope_scaling.type == "yarn") {
+    // HF _compute_yarn_parameters: the original context defaults to max_position_embeddings, the attention
+    // factor to 0.1 ln(factor) + 1 (get_mscale)
+    RopeScaling& rs = hp.rope_scaling;
+    if (rs.original_max_position_embeddings <= 0) rs.original_max_position_embeddings = hp.train_ctx;
+    // transformers takes the factor from max_position_embeddings / original_max_position_embeddings where the
+    // config gives the latter (DeepSeek's convention), in some versions instead of 'factor': only configs on
+    // which both readings agree (gpt-oss's: 131072 / 4096 = 32) are taken.
+    if (std::fabs((double)hp.train_ctx / rs.original_max_position_embeddings - rs.factor) >
+            1e-6 * rs.factor &&
+        rs.original_max_position_embeddings != hp.train_ctx)
+      fail(
+          "{}: yarn factor {} differs from max_position_embeddings / original_max_position_embeddings = {} / "
+          "{}; "
+          "transformers versions disagree on which applies, so this config is not supported",
+          path, rs.factor, hp.train_ctx, rs.original_max_position_embeddings);
+    if (rs.attention_factor == 0)
+      rs.attention_factor = rs.factor <= 1 ? 1.0f : (float)(0.1 * std::log((double)rs.factor) + 1.0);
+  }
   if (hp.rope_scaling.type == "longrope") {
     // HF _compute_longrope_parameters: with original_max_position_embeddings in the config, the attention
     // factor comes from max_position_embeddings / original_max_position_embeddings.

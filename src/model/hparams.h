@@ -1,5 +1,5 @@
 // Hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, and the mixtures of
-// experts Mixtral, Qwen2-MoE, Qwen3-MoE), read from a GGUF file or an HF config.json.
+// experts Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss), read from a GGUF file or an HF config.json.
 #pragma once
 
 #include <algorithm>
@@ -10,19 +10,25 @@
 
 namespace ultra {
 
-enum class Arch { Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3 };
+enum class Arch { Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, GptOss };
 const char* arch_name(Arch a);
 
 struct RopeScaling {
-  std::string type = "default";  // "default", "llama3", "linear" or "longrope"
-  float factor = 1.0f;           // llama3, linear: inv_freq / factor
+  std::string type = "default";  // "default", "llama3", "linear", "longrope" or "yarn"
+  float factor = 1.0f;           // llama3, linear, yarn: inv_freq / factor
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position_embeddings = 8192;
   // longrope (Phi-3): inv_freq[i] / short_factor[i] (or long_factor[i] when the context may exceed
   // original_max_position_embeddings), cos and sin times attention_factor. [head_dim/2] each.
   std::vector<float> short_factor, long_factor;
-  float attention_factor = 1.0f;
+  float attention_factor = 1.0f;  // longrope and yarn: cos and sin times this
+  // yarn (HF _compute_yarn_parameters; gpt-oss): pair i takes inv_freq / factor where i >= high, inv_freq
+  // where i <= low, linearly mixed between, with [low, high] the pair indices that turn beta_fast and
+  // beta_slow times over original_max_position_embeddings (rounded outwards to integers with truncate, as
+  // llama.cpp always does; gpt-oss's config says truncate false).
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  bool truncate = true;
 };
 
 struct HParams {
@@ -71,6 +77,17 @@ struct HParams {
   // Qwen2-MoE's shared expert: a SwiGLU FFN of shexp_ffn_dim every token runs, its output times
   // sigmoid(w_gate_inp_shexp . x) added to the experts'; 0: none.
   int shexp_ffn_dim = 0;
+  // gpt-oss: the router has a bias and picks the top n_expert_used of its logits, whose softmax (over those
+  // k only) weighs them (expert_topk_softmax); each expert's three matrices have biases (expert_bias); the
+  // expert activation is (clamp(up, -limit, limit) + 1) * g * sigmoid(1.702 g), g = min(gate, limit), for
+  // swiglu_limit > 0 (transformers' GptOssExperts, llama.cpp's swiglu_oai).
+  bool expert_topk_softmax = false;
+  bool expert_bias = false;
+  float swiglu_limit = 0;
+  // gpt-oss: o_proj has a bias too (o_bias), and each head has a learned logit (LayerWeights::attn_sinks)
+  // that joins its softmax's denominator (attn_sinks).
+  bool o_bias = false;
+  bool attn_sinks = false;
   int32_t bos_id = -1, eos_id = -1;
   // Every token id that ends generation (eos_id first when set): config.json / generation_config.json
   // eos_token_id (an id or a list of ids), GGUF tokenizer.ggml.eos/eot/eom_token_id. All < n_vocab.

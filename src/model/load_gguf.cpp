@@ -129,6 +129,17 @@ struct GgufLoader {
     return v;
   }
 
+  // A [rows, cols] tensor (ggml ne {cols, rows}) as rows * cols f32 values (gpt-oss's expert biases).
+  const float* vec2(const std::string& name, int64_t rows, int64_t cols) {
+    const auto& t = get(name);
+    if (t.ne.size() != 2 || (int64_t)t.ne[0] != cols || (int64_t)t.ne[1] != rows)
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}] (ggml order)", r.path(), name, shape_string(t.ne),
+           cols, rows);
+    const float* v = m.add_vector(t.type, t.data, rows * cols, t.n_bytes);
+    if (!v) fail("{}: tensor '{}' has type {}, expected F32, F16 or BF16", r.path(), name, type_name(t.type));
+    return v;
+  }
+
   // A whole-model vector the file may lack (GGUF-only rope factors): nullptr when absent.
   const float* optional_vec(TensorRole role, const HParams& hp) {
     const TensorSpec& t = tensor_spec(role);
@@ -170,13 +181,14 @@ struct GgufLoader {
 };
 
 // The expert keys as llama.cpp reads them: {arch}.expert_count and expert_used_count (Mixtral's "llama"
-// files, qwen2moe, qwen3moe); the experts' FFN size is feed_forward_length for llama, else
+// files, qwen2moe, qwen3moe, gpt-oss); the experts' FFN size is feed_forward_length for llama, else
 // expert_feed_forward_length (default feed_forward_length / expert_used_count); qwen2moe's shared expert is
 // expert_shared_feed_forward_length (default feed_forward_length). llama.cpp renormalises the top-k weights
-// for llama and qwen3moe, not for qwen2moe (whatever the checkpoint's norm_topk_prob).
+// for llama and qwen3moe, not for qwen2moe (whatever the checkpoint's norm_topk_prob); gpt-oss takes the
+// softmax of the top k logits (hp.expert_topk_softmax, set by the caller).
 void read_expert_keys(GgufLoader& L, const std::string& arch, HParams& hp) {
   const std::string a = arch + ".", path = L.r.path();
-  const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe";
+  const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe" || arch == "gpt-oss";
   hp.n_expert = L.key_int(a + "expert_count", 0);
   hp.n_expert_used = L.key_int(a + "expert_used_count", 0);
   const std::string router = gguf_name(TensorRole::FfnGateInp, 0);
@@ -190,18 +202,36 @@ void read_expert_keys(GgufLoader& L, const std::string& arch, HParams& hp) {
     return;
   }
   if (arch != "llama" && !moe_arch)
-    fail("{}: {}expert_count = {}: experts are supported for llama, qwen2moe and qwen3moe", path, a,
+    fail("{}: {}expert_count = {}: experts are supported for llama, qwen2moe, qwen3moe and gpt-oss", path, a,
          hp.n_expert);
   if (hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert)
     fail("{}: {}expert_used_count = {} must be between 1 and expert_count = {}", path, a, hp.n_expert_used,
          hp.n_expert);
   if (r0 && r0->ne.size() == 2 && r0->ne[1] != (uint64_t)hp.n_expert)
     fail("{}: {}expert_count = {} but '{}' routes to {} experts", path, a, hp.n_expert, router, r0->ne[1]);
-  hp.expert_norm = arch != "qwen2moe";
+  hp.expert_norm = arch != "qwen2moe" && arch != "gpt-oss";
   hp.expert_ffn_dim = arch == "llama"
                           ? hp.ffn_dim
                           : L.key_int(a + "expert_feed_forward_length", hp.ffn_dim / hp.n_expert_used);
   if (arch == "qwen2moe") hp.shexp_ffn_dim = L.key_int(a + "expert_shared_feed_forward_length", hp.ffn_dim);
+}
+
+// YaRN as llama.cpp's keys give it: rope.scaling.original_context_length (default context_length),
+// yarn_beta_fast / yarn_beta_slow (32 / 1); the attention factor is HF's and llama.cpp's default
+// 0.1 ln(factor) + 1 (a file that sets llama.cpp's other YaRN knobs is refused rather than run differently).
+// The correction range is rounded outwards as llama.cpp does, except for gpt-oss, whose every HF config says
+// truncate false (transformers computes it unrounded).
+void read_yarn_keys(GgufLoader& L, const std::string& a, bool gpt_oss, RopeScaling& rs) {
+  const std::string path = L.r.path();
+  rs.original_max_position_embeddings =
+      L.key_int(a + "rope.scaling.original_context_length", L.key_int(a + "context_length", 2048));
+  rs.beta_fast = L.key_float(a + "rope.scaling.yarn_beta_fast", 32.0);
+  rs.beta_slow = L.key_float(a + "rope.scaling.yarn_beta_slow", 1.0);
+  rs.truncate = !gpt_oss;
+  rs.attention_factor = rs.factor <= 1 ? 1.0f : (float)(0.1 * std::log((double)rs.factor) + 1.0);
+  for (const char* key : {"rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor",
+                          "rope.scaling.yarn_log_multiplier", "rope.scaling.attn_factor"})
+    if (L.r.find(a + key)) fail("{}: yarn with {}{} is not supported", path, a, key);
 }
 
 }  // namespace
@@ -238,14 +268,21 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
     hp.qk_norm = true;
   } else if (arch == "phi3") {
     hp.arch = Arch::Phi3;
+  } else if (arch == "gpt-oss") {
+    // llama.cpp's LLM_ARCH_OPENAI_MOE: biases on q, k, v, o, the router and the experts; attention sinks;
+    // the clamped SwiGLU with limit 7 (a constant there, as in transformers' GptOssExperts)
+    hp.arch = Arch::GptOss;
+    hp.qkv_bias = hp.o_bias = hp.attn_sinks = true;
+    hp.expert_topk_softmax = hp.expert_bias = true;
+    hp.swiglu_limit = 7.0f;
   } else {
     fail(
         "{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, "
-        "gemma3, "
-        "phi3)",
+        "gemma3, phi3, gpt-oss)",
         path, arch);
   }
   const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
+  const bool gpt_oss = hp.arch == Arch::GptOss;
   const std::string a = arch + ".";
   hp.dim = L.key_int(a + "embedding_length");
   hp.n_layers = L.key_int(a + "block_count");
@@ -265,9 +302,11 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   hp.rms_eps = L.key_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
   hp.rope_theta = L.key_float(a + "rope.freq_base", 10000.0);
   if (auto st = r.get_string_opt(a + "rope.scaling.type"); st && *st != "none") {
-    if (*st != "linear") fail("{}: unsupported rope scaling type '{}' (supported: none, linear)", path, *st);
-    hp.rope_scaling.type = "linear";
+    if (*st != "linear" && *st != "yarn")
+      fail("{}: unsupported rope scaling type '{}' (supported: none, linear, yarn)", path, *st);
+    hp.rope_scaling.type = *st;
     hp.rope_scaling.factor = L.key_float(a + "rope.scaling.factor", 1.0);
+    if (*st == "yarn") read_yarn_keys(L, a, gpt_oss, hp.rope_scaling);
   }
   if (gemma) {
     // llama.cpp's gemma keys; attention.scale (query_pre_attn_scalar^-0.5) is ours: llama.cpp derives it from
@@ -279,17 +318,17 @@ std::unique_ptr<ModelData> load_gguf_model(const std::string& path) {
   }
   // Mistral (arch llama) and Phi-3: attention.sliding_window alone windows every layer (as HF does;
   // llama.cpp's llama and phi3 graphs ignore the key). Qwen2/3 window only the layers the pattern marks.
-  if (gemma || hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) {
+  if (gemma || gpt_oss || hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) {
     // Per-layer sliding windows: attention.sliding_window_pattern as a list of bools, or a period n (layer il
-    // is sliding unless (il + 1) % n == 0; llama.cpp's defaults: 2 for gemma2, 6 for gemma3).
+    // is sliding unless (il + 1) % n == 0; llama.cpp's defaults: 2 for gemma2 and gpt-oss, 6 for gemma3).
     std::vector<uint8_t> swa(hp.n_layers, 0);
     const std::string key = a + "attention.sliding_window_pattern";
     if (const gguf::Value* v = r.find(key); v && v->type == gguf::ValueType::ARRAY) {
       if (v->arr->size() != (size_t)hp.n_layers)
         fail("{}: {} has {} entries for {} layers", path, key, v->arr->size(), hp.n_layers);
       for (int il = 0; il < hp.n_layers; ++il) swa[il] = v->arr->uint_at(il) != 0;
-    } else if (gemma) {
-      const int n = L.key_int(key, hp.arch == Arch::Gemma2 ? 2 : 6);
+    } else if (gemma || gpt_oss) {
+      const int n = L.key_int(key, hp.arch == Arch::Gemma3 ? 6 : 2);
       for (int il = 0; il < hp.n_layers; ++il) swa[il] = n > 0 && (il + 1) % n != 0;
     }
     if (hp.sliding_window > 0 && std::find(swa.begin(), swa.end(), 1) != swa.end())

@@ -3,7 +3,8 @@
 // mlp.{gate,up,down}_proj}, model.norm.weight, lm_head.weight (absent when tied). Mixtures of experts:
 // mlp.gate and mlp.experts.E.{gate,up,down}_proj (Qwen2/3-MoE, with Qwen2-MoE's mlp.shared_expert.* and
 // mlp.shared_expert_gate), block_sparse_moe.gate and block_sparse_moe.experts.E.w1/w3/w2 (Mixtral), each
-// expert a view of the mapped file. Q/K are in HF's rotate-half
+// expert a view of the mapped file; gpt-oss's mlp.router (+ bias), self_attn.sinks and fused experts
+// (model/gpt_oss.h, rearranged at load). Q/K are in HF's rotate-half
 // layout. Qwen3/Gemma 3 add self_attn.{q,k}_norm; Gemma 2/3 add pre_feedforward_layernorm and
 // post_feedforward_layernorm (post_attention_layernorm is then the attention output's norm) and store norms
 // as w for x * (1 + w): loaded as 1 + w. Phi-3 fuses self_attn.qkv_proj and mlp.gate_up_proj. FP8 checkpoints
@@ -22,6 +23,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/gpt_oss.h"
 #include "model/loader_util.h"
 #include "model/lowbit_weights.h"
 #include "model/model.h"
@@ -113,6 +115,17 @@ struct HfLoader {
     return v;
   }
 
+  // A [rows, cols] tensor as rows * cols f32 values.
+  const float* vec2(const std::string& name, int64_t rows, int64_t cols) {
+    const auto& t = get(name);
+    if (t.shape.size() != 2 || (int64_t)t.shape[0] != rows || (int64_t)t.shape[1] != cols)
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}]", t.file, name, shape_string(t.shape), rows,
+           cols);
+    const float* v = m.add_vector(t.type, t.data, rows * cols, t.n_bytes);
+    if (!v) fail("{}: tensor '{}': unsupported dtype {}", t.file, name, t.dtype);
+    return v;
+  }
+
   // Every tensor of the checkpoint must be used: a leftover one means config.json does not describe the
   // weights (num_hidden_layers 2 on a 3-layer checkpoint would otherwise run a truncated model). Rotary
   // inverse-frequency buffers that old checkpoints saved (*.rotary_emb.inv_freq) are recomputed from the
@@ -185,6 +198,7 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
     }
   }
   load_layer_tensors(*m, L, TensorFormat::Hf);
+  if (hp.arch == Arch::GptOss) load_gpt_oss_hf_experts(*m, *m->st, L.used, dir);
   set_rope_tables(*m);
   L.check_all_used(fmt::format("config.json: num_hidden_layers = {}, {}", hp.n_layers, arch_name(hp.arch)));
   return m;

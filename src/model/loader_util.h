@@ -18,7 +18,8 @@ void set_rope_tables(ModelData& m);
 
 // Fills m.layers[0, m.hp.n_layers) from the per-layer rows of the tensor table (tensor_names.h), in table
 // order, for a file of format f. The loader L provides: has(name); matrix(name, rows, cols), which checks
-// the shape and fails naming the tensor and the file when it is missing; vec(name, n, shift) likewise; and,
+// the shape and fails naming the tensor and the file when it is missing; vec(name, n, shift) likewise, and
+// vec2(name, rows, cols) for a [rows, cols] tensor loaded as rows * cols floats; and,
 // where one tensor holds every expert (GGUF), experts(name, n_expert, rows, cols): the experts' views.
 template <class Loader>
 void load_layer_tensors(ModelData& m, Loader& L, TensorFormat f) {
@@ -44,7 +45,8 @@ void load_layer_tensors(ModelData& m, Loader& L, TensorFormat f) {
         continue;
       }
       if (!t.matrix) {
-        l.*t.vector = L.vec(name, dim_size(t.rows, hp), norm_shift(t, hp, f));
+        l.*t.vector = t.cols == Dim::None ? L.vec(name, dim_size(t.rows, hp), norm_shift(t, hp, f))
+                                          : L.vec2(name, dim_size(t.rows, hp), dim_size(t.cols, hp));
         continue;
       }
       l.*t.matrix = L.matrix(name, dim_size(t.rows, hp), dim_size(t.cols, hp));

@@ -27,6 +27,8 @@ struct LayerWeights {
   const float* bq = nullptr;              // [n_heads*head_dim] or null
   const float* bk = nullptr;              // [n_kv_heads*head_dim] or null
   const float* bv = nullptr;              // [n_kv_heads*head_dim] or null
+  const float* bo = nullptr;              // [dim] or null (gpt-oss)
+  const float* attn_sinks = nullptr;      // [n_heads] per-head sink logits (gpt-oss) or null
   const float* q_norm = nullptr;          // [head_dim] per-head RMSNorm of q (Qwen3, Gemma 3) or null
   const float* k_norm = nullptr;          // [head_dim] per-head RMSNorm of k or null
   const float* attn_post_norm = nullptr;  // [dim] norm of the attention output (Gemma 2/3) or null
@@ -46,6 +48,11 @@ struct LayerWeights {
   const WeightView* gate_exps = nullptr;  // [n_expert] of [expert_ffn, dim]
   const WeightView* up_exps = nullptr;    // [n_expert] of [expert_ffn, dim]
   const WeightView* down_exps = nullptr;  // [n_expert] of [dim, expert_ffn]
+  // gpt-oss's biases of the router and of each expert's matrices, or null.
+  const float* ffn_gate_inp_b = nullptr;  // [n_expert]
+  const float* gate_exps_b = nullptr;     // [n_expert, expert_ffn]
+  const float* up_exps_b = nullptr;       // [n_expert, expert_ffn]
+  const float* down_exps_b = nullptr;     // [n_expert, dim]
   // Qwen2-MoE's shared expert and its sigmoid gate, or empty / null.
   WeightView w_gate_shexp;                    // [shexp_ffn, dim]
   WeightView w_up_shexp;                      // [shexp_ffn, dim]
@@ -97,6 +104,7 @@ struct ModelData : WeightTable {
   std::vector<std::vector<float>> owned;
   std::vector<std::vector<uint32_t>> owned_words;    // TQ1_0 / TQ2_0 matrices repacked to TERNARY
   std::vector<std::vector<WeightView>> owned_views;  // the experts' views (LayerWeights::gate_exps ...)
+  std::vector<std::vector<uint8_t>> owned_bytes;     // matrices rearranged at load (gpt-oss's HF experts)
 };
 
 // "[a, b, c]" for error messages.

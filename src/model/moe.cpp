@@ -38,4 +38,27 @@ void moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* id
   }
 }
 
+void moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids, float* w) {
+  for (int r = 0; r < n; ++r) {
+    const float* l = logits + (size_t)r * n_expert;
+    int32_t* id = ids + (size_t)r * k;
+    float* wr = w + (size_t)r * k;
+    // k passes of a selection (k is small): the first maximum of the experts not taken yet
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < n_expert; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken = taken || id[i] == e;
+        if (taken) continue;
+        if (best < 0 || l[e] > l[best] || (std::isnan(l[best]) && !std::isnan(l[e]))) best = e;
+      }
+      id[j] = best;
+    }
+    const float mx = l[id[0]];
+    float sum = 0;
+    for (int j = 0; j < k; ++j) sum += wr[j] = std::exp(l[id[j]] - mx);
+    for (int j = 0; j < k; ++j) wr[j] /= sum;
+  }
+}
+
 }  // namespace ultra

@@ -14,4 +14,10 @@ namespace ultra {
 // their sum (clamped below at 2^-14, as llama.cpp) when norm. 1 <= k <= n_expert. Allocates nothing.
 void moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w);
 
+// gpt-oss's routing (transformers' GptOssTopKRouter, llama.cpp's
+// LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT): for each of n rows, ids [n, k] the experts of the k largest
+// logits [n, n_expert] in descending order (ties to the lower index, NaN last), w [n, k] the softmax of those
+// k logits. logits are left as they are.
+void moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids, float* w);
+
 }  // namespace ultra

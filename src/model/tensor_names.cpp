@@ -113,6 +113,18 @@ constexpr TensorSpec kTensors[] = {
      .gguf_optional = true,
      .rows = Dim::KvDim,
      .vector = &L::bv},
+    {.role = R::AttnOutBias,
+     .gguf = "blk.{}.attn_output.bias",
+     .hf = "model.layers.{}.self_attn.o_proj.bias",
+     .when = When::OBias,
+     .rows = Dim::Embd,
+     .vector = &L::bo},
+    {.role = R::AttnSinks,
+     .gguf = "blk.{}.attn_sinks.weight",
+     .hf = "model.layers.{}.self_attn.sinks",
+     .when = When::Sinks,
+     .rows = Dim::Heads,
+     .vector = &L::attn_sinks},
     {.role = R::AttnQNorm,
      .gguf = "blk.{}.attn_q_norm.weight",
      .hf = "model.layers.{}.self_attn.q_norm.weight",
@@ -140,6 +152,8 @@ constexpr TensorSpec kTensors[] = {
      .hf = "model.layers.{}.post_attention_layernorm.weight",
      .hf_alt_when = When::PostNorms,
      .hf_alt = "model.layers.{}.pre_feedforward_layernorm.weight",
+     .gguf_alt_when = When::GptOss,
+     .gguf_alt = "blk.{}.post_attention_norm.weight",
      .rows = Dim::Embd,
      .vector = &L::ffn_norm,
      .norm = true},
@@ -186,36 +200,67 @@ constexpr TensorSpec kTensors[] = {
      .when = When::Moe,
      .hf_alt_when = When::MixtralNames,
      .hf_alt = "model.layers.{}.block_sparse_moe.gate.weight",
+     .hf_gpt_oss = "model.layers.{}.mlp.router.weight",
      .rows = Dim::Experts,
      .cols = Dim::Embd,
      .matrix = &L::ffn_gate_inp},
+    {.role = R::FfnGateInpBias,
+     .gguf = "blk.{}.ffn_gate_inp.bias",
+     .hf = "model.layers.{}.mlp.router.bias",
+     .when = When::ExpertBias,
+     .rows = Dim::Experts,
+     .vector = &L::ffn_gate_inp_b},
     {.role = R::FfnGateExps,
      .gguf = "blk.{}.ffn_gate_exps.weight",
      .hf = "model.layers.{}.mlp.experts.{}.gate_proj.weight",
      .when = When::Moe,
      .hf_alt_when = When::MixtralNames,
      .hf_alt = "model.layers.{}.block_sparse_moe.experts.{}.w1.weight",
+     .hf_when = When::NotGptOss,
      .rows = Dim::ExpertFfn,
      .cols = Dim::Embd,
      .experts = &L::gate_exps},
+    {.role = R::FfnGateExpsBias,
+     .gguf = "blk.{}.ffn_gate_exps.bias",
+     .hf = nullptr,
+     .when = When::ExpertBias,
+     .rows = Dim::Experts,
+     .cols = Dim::ExpertFfn,
+     .vector = &L::gate_exps_b},
     {.role = R::FfnUpExps,
      .gguf = "blk.{}.ffn_up_exps.weight",
      .hf = "model.layers.{}.mlp.experts.{}.up_proj.weight",
      .when = When::Moe,
      .hf_alt_when = When::MixtralNames,
      .hf_alt = "model.layers.{}.block_sparse_moe.experts.{}.w3.weight",
+     .hf_when = When::NotGptOss,
      .rows = Dim::ExpertFfn,
      .cols = Dim::Embd,
      .experts = &L::up_exps},
+    {.role = R::FfnUpExpsBias,
+     .gguf = "blk.{}.ffn_up_exps.bias",
+     .hf = nullptr,
+     .when = When::ExpertBias,
+     .rows = Dim::Experts,
+     .cols = Dim::ExpertFfn,
+     .vector = &L::up_exps_b},
     {.role = R::FfnDownExps,
      .gguf = "blk.{}.ffn_down_exps.weight",
      .hf = "model.layers.{}.mlp.experts.{}.down_proj.weight",
      .when = When::Moe,
      .hf_alt_when = When::MixtralNames,
      .hf_alt = "model.layers.{}.block_sparse_moe.experts.{}.w2.weight",
+     .hf_when = When::NotGptOss,
      .rows = Dim::Embd,
      .cols = Dim::ExpertFfn,
      .experts = &L::down_exps},
+    {.role = R::FfnDownExpsBias,
+     .gguf = "blk.{}.ffn_down_exps.bias",
+     .hf = nullptr,
+     .when = When::ExpertBias,
+     .rows = Dim::Experts,
+     .cols = Dim::Embd,
+     .vector = &L::down_exps_b},
     // HF stores the shared expert's gate as a [1, dim] matrix (loaded as the vector).
     {.role = R::FfnGateInpShexp,
      .gguf = "blk.{}.ffn_gate_inp_shexp.weight",
@@ -287,6 +332,8 @@ int64_t dim_size(Dim d, const HParams& hp) {
       return hp.shexp_ffn_dim;
     case Dim::Experts:
       return hp.n_expert;
+    case Dim::Heads:
+      return hp.n_heads;
   }
   return 0;
 }
@@ -317,12 +364,22 @@ bool holds(When w, const HParams& hp) {
       return hp.shexp_ffn_dim > 0;
     case When::MixtralNames:
       return hp.moe() && (hp.arch == Arch::Llama || hp.arch == Arch::Mistral);
+    case When::OBias:
+      return hp.o_bias;
+    case When::Sinks:
+      return hp.attn_sinks;
+    case When::ExpertBias:
+      return hp.expert_bias;
+    case When::GptOss:
+      return hp.arch == Arch::GptOss;
+    case When::NotGptOss:
+      return hp.arch != Arch::GptOss;
   }
   return false;
 }
 
 Need tensor_need(const TensorSpec& t, const HParams& hp, TensorFormat f) {
-  if (f == TensorFormat::Hf && !t.hf) return Need::Absent;
+  if (f == TensorFormat::Hf && (!t.hf || !holds(t.hf_when, hp))) return Need::Absent;
   if (holds(t.when, hp)) return Need::Required;
   return f == TensorFormat::Gguf && t.gguf_optional ? Need::Optional : Need::Absent;
 }
@@ -336,8 +393,10 @@ const TensorSpec& tensor_spec(TensorRole r) {
 }
 
 std::string tensor_name(const TensorSpec& t, const HParams& hp, TensorFormat f, int il, int e) {
-  if (f == TensorFormat::Gguf) return fmt::format(fmt::runtime(t.gguf), il);
+  if (f == TensorFormat::Gguf)
+    return fmt::format(fmt::runtime(t.gguf_alt && holds(t.gguf_alt_when, hp) ? t.gguf_alt : t.gguf), il);
   const char* pattern = t.hf_alt && holds(t.hf_alt_when, hp) ? t.hf_alt : t.hf;
+  if (t.hf_gpt_oss && hp.arch == Arch::GptOss) pattern = t.hf_gpt_oss;
   if (!pattern) fail("tensor '{}' has no HF name", t.gguf);
   return fmt::format(fmt::runtime(pattern), il, e);
 }

@@ -38,6 +38,8 @@ enum class TensorRole : uint8_t {
   AttnQBias,
   AttnKBias,
   AttnVBias,
+  AttnOutBias,  // gpt-oss
+  AttnSinks,    // gpt-oss: a logit per head in the softmax's denominator
   AttnQNorm,
   AttnKNorm,
   AttnPostNorm,
@@ -47,10 +49,14 @@ enum class TensorRole : uint8_t {
   FfnGate,
   FfnUp,
   FfnDown,
-  FfnGateInp,  // the router [n_expert, dim]
+  FfnGateInp,      // the router [n_expert, dim]
+  FfnGateInpBias,  // gpt-oss: the router's bias and the experts' biases
   FfnGateExps,
+  FfnGateExpsBias,
   FfnUpExps,
+  FfnUpExpsBias,
   FfnDownExps,
+  FfnDownExpsBias,
   FfnGateInpShexp,  // Qwen2-MoE: the shared expert's sigmoid gate [dim], and its SwiGLU FFN
   FfnGateShexp,
   FfnUpShexp,
@@ -73,6 +79,7 @@ enum class Dim : uint8_t {
   ExpertFfn,  // expert_ffn_dim
   ShexpFfn,   // shexp_ffn_dim
   Experts,    // n_expert
+  Heads,      // n_heads
 };
 int64_t dim_size(Dim d, const HParams& hp);
 
@@ -90,6 +97,11 @@ enum class When : uint8_t {
   Moe,           // experts (hp.n_expert > 0)
   SharedExpert,  // a shared expert (hp.shexp_ffn_dim > 0)
   MixtralNames,  // experts in an HF Mixtral checkpoint (block_sparse_moe.*)
+  OBias,         // hp.o_bias (gpt-oss)
+  Sinks,         // hp.attn_sinks (gpt-oss)
+  ExpertBias,    // hp.expert_bias (gpt-oss)
+  GptOss,        // arch gpt-oss
+  NotGptOss,     // any other arch
 };
 bool holds(When w, const HParams& hp);
 
@@ -110,10 +122,20 @@ struct TensorSpec {
   // The HF name where hf_alt_when holds, instead of hf (Gemma's pre_feedforward_layernorm for ffn_norm).
   When hf_alt_when = When::Never;
   const char* hf_alt = nullptr;
+  // The HF name in gpt-oss checkpoints, where it differs (its router is mlp.router).
+  const char* hf_gpt_oss = nullptr;
+  // HF checkpoints hold the tensor under its hf name only where hf_when holds too (gpt-oss's experts are
+  // fused tensors of their own, which model/gpt_oss.h reads).
+  When hf_when = When::Always;
+  // The GGUF name where gguf_alt_when holds, instead of gguf (llama.cpp names gpt-oss's FFN input norm
+  // post_attention_norm).
+  When gguf_alt_when = When::Never;
+  const char* gguf_alt = nullptr;
   // A GGUF file may carry the tensor where `when` does not hold; it is then loaded if present (llama.cpp's
   // TENSOR_NOT_REQUIRED: attention biases of any Llama-family file).
   bool gguf_optional = false;
   // Shape [rows, cols] as HF and WeightView order it (GGUF's ne is {cols, rows}); cols None: a vector [rows].
+  // A vector slot with cols: rows * cols floats, row-major (gpt-oss's expert biases [n_expert, n]).
   Dim rows = Dim::None;
   Dim cols = Dim::None;
   // Where a per-layer tensor goes: a matrix or a vector slot.

@@ -24,7 +24,7 @@ std::string find_pre_name(const Vocab& v) {
   // The names whose regexes llama.cpp and this tokenizer know; the first whose rules match wins.
   static const char* const kNames[] = {"gpt-2",        "llama-bpe",      "qwen2",  "qwen35",
                                        "deepseek-llm", "deepseek-coder", "falcon", "starcoder",
-                                       "mpt",          "refact",         "default"};
+                                       "mpt",          "refact",         "gpt-4o", "default"};
   for (const char* name : kNames) {
     PreTokenizerInfo info;
     try {

@@ -137,6 +137,7 @@ std::string no_kernel(const OpCase& c) {
       return "";
     case Op::Attention:
       if (!dense(c.type)) return "no CUDA kernel for a " + std::string(type_name(c.type)) + " cache";
+      if (c.sinks) return "no CUDA kernel for attention sinks (gpt-oss runs on the CPU)";
       if (c.cols % 8 != 0 || c.cols > 256) return "the CUDA attention kernels take head_dim % 8 == 0, <= 256";
       return "";
     case Op::Rope:

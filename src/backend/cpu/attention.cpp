@@ -33,9 +33,9 @@ inline float cache_elem(const KvLayerView& kv, const void* base, size_t i) {
 }
 
 // attend_one without SIMD (the fallback on CPUs without AVX2): the same steps, dot products in double.
-// Positions first..first+n_pos-1 of the cache.
+// Positions first..first+n_pos-1 of the cache; sink: the head's sink logit (-infinity: none).
 void attend_one_scalar(const KvLayerView& kv, const float* q, int first, int n_pos, int slot, int kvh,
-                       float scale, float softcap, float* out, float* sc) {
+                       float scale, float softcap, float* out, float* sc, float sink) {
   const int hd = kv.head_dim;
   const size_t base = cache_index(kv, slot, kvh, first);
   float m = -INFINITY;
@@ -46,11 +46,13 @@ void attend_one_scalar(const KvLayerView& kv, const float* q, int first, int n_p
     if (softcap > 0) sc[p] = std::tanh(sc[p] / softcap) * softcap;
     m = sc[p] > m ? sc[p] : m;
   }
+  m = sink > m ? sink : m;
   double sum = 0;
   for (int p = 0; p < n_pos; ++p) {
     sc[p] = std::exp(sc[p] - m);
     sum += sc[p];
   }
+  sum += std::exp(sink - m);  // 0 without a sink
   for (int i = 0; i < hd; ++i) {
     double o = 0;
     for (int p = 0; p < n_pos; ++p) o += (double)sc[p] * cache_elem(kv, kv.v, base + (size_t)p * hd + i);
@@ -64,8 +66,9 @@ namespace detail {
 
 void attention_thread_scalar(const AttentionArgs& a, int ith, int nth) {
   for_each_attention_pair(
-      a, ith, nth, [&](const float* q, float* out, int first, int n_pos, int slot, int kvh, float* sc) {
-        attend_one_scalar(*a.kv, q, first, n_pos, slot, kvh, a.scale, a.softcap, out, sc);
+      a, ith, nth,
+      [&](const float* q, float* out, int first, int n_pos, int slot, int kvh, float* sc, float sink) {
+        attend_one_scalar(*a.kv, q, first, n_pos, slot, kvh, a.scale, a.softcap, out, sc, sink);
       });
 }
 
@@ -123,14 +126,16 @@ size_t attention_scratch_floats(int max_ctx, int n_threads) {
 
 void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_tokens, int n_heads,
                const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch,
-               float softcap, int window) {
+               float softcap, int window, const float* sinks) {
   if (kv.type != GgmlType::F32 && kv.type != GgmlType::F16) bad_cache_type("attention", kv.type);
-  detail::AttentionArgs args{&kv, q, n_tokens, n_heads, pos, slot, scale, out, scratch, softcap, window};
+  detail::AttentionArgs args{&kv,   q,   n_tokens, n_heads, pos,    slot,
+                             scale, out, scratch,  softcap, window, sinks};
   detail::attention_isa(detail::active_isa(), pool, args);
 }
 
 void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_heads, const int32_t* pos,
-                   const int32_t* slot, float scale, float* out, float softcap, int window) {
+                   const int32_t* slot, float scale, float* out, float softcap, int window,
+                   const float* sinks) {
   const int hd = kv.head_dim;
   const int group = n_heads / kv.n_kv_heads;
   auto elem = [&](const void* base, size_t i) -> double {
@@ -153,7 +158,9 @@ void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_he
         if (softcap > 0) s[p] = std::tanh(s[p] / softcap) * softcap;
         m = std::max(m, s[p]);
       }
-      double sum = 0;
+      const double sink = sinks ? (double)sinks[h] : -INFINITY;
+      m = std::max(m, sink);
+      double sum = std::exp(sink - m);  // 0 without a sink
       for (int p = first; p < n_pos; ++p) {
         s[p] = std::exp(s[p] - m);
         sum += s[p];

@@ -116,8 +116,9 @@ void wsum(const E* vrows, int hd, int n, const float* w, size_t ld, const float*
     }
 }
 
-// Scores s[0, n) -> exp(s - max) in place (soft-capped first when softcap > 0); returns their sum.
-inline float softmax_weights(float* s, int n, float softcap) {
+// Scores s[0, n) -> exp(s - m) in place (soft-capped first when softcap > 0), m the max of the scores and the
+// sink logit; returns their sum plus exp(sink - m) (sink -infinity: none, nothing added).
+inline float softmax_weights(float* s, int n, float softcap, float sink) {
   if (softcap > 0)
     for (int p = 0; p < n; ++p) s[p] = __builtin_tanhf(s[p] / softcap) * softcap;
   int p = 0;
@@ -125,6 +126,7 @@ inline float softmax_weights(float* s, int n, float softcap) {
   for (; p + 8 <= n; p += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + p));
   float m = hmax256(vm);
   for (; p < n; ++p) m = s[p] > m ? s[p] : m;
+  m = sink > m ? sink : m;
   const __m256 vmax = _mm256_set1_ps(m);
   __m256 vs = _mm256_setzero_ps();
   for (p = 0; p + 8 <= n; p += 8) {
@@ -137,12 +139,13 @@ inline float softmax_weights(float* s, int n, float softcap) {
     s[p] = __builtin_expf(s[p] - m);  // (not std::exp: no inline function shared across ISA flags)
     sum += s[p];
   }
+  if (sink != -INFINITY) sum += __builtin_expf(sink - m);
   return sum;
 }
 
 template <class V, class E>
 void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int slot, int kvh, float scale,
-                float softcap, float* out, float* sc) {
+                float softcap, float sink, float* out, float* sc) {
   const int hd = kv.head_dim;
   const E* K = (const E*)kv.k + cache_index(kv, slot, kvh, first);
   const E* Vr = (const E*)kv.v + cache_index(kv, slot, kvh, first);
@@ -151,7 +154,7 @@ void attend_one(const KvLayerView& kv, const float* q, int first, int n_pos, int
   for (; p + 4 <= n_pos; p += 4)
     _mm_storeu_ps(sc + p, _mm_mul_ps(dot_rows4<V>(q, K + (size_t)p * hd, hd), vscale));
   for (; p < n_pos; ++p) sc[p] = dot_row<V>(q, K + (size_t)p * hd, hd) * scale;
-  const float sum = softmax_weights(sc, n_pos, softcap);
+  const float sum = softmax_weights(sc, n_pos, softcap, sink);
   // weighted sum of v, accumulated in registers
   const float inv = 1.0f / sum;
   wsum<V, 1, 8>(Vr, hd, n_pos, sc, 0, &inv, 1, &out);
@@ -228,7 +231,7 @@ inline void scores_tile(const float* const* qs, const E* K, int hd, int n, float
 // added: those v rows are finite). Rows i >= nq repeat query 0 and are not stored.
 template <class V, class E>
 void attend_tile(const AttentionArgs& a, const float* const* qs, float* const* outs, int nq, int pos0,
-                 int slot, int kvh, float* sc, size_t ld) {
+                 int slot, int kvh, float sink, float* sc, size_t ld) {
   const KvLayerView& kv = *a.kv;
   const int hd = kv.head_dim;
   const int F = attention_first(pos0, a.window), n = pos0 + nq - F;
@@ -241,7 +244,7 @@ void attend_tile(const AttentionArgs& a, const float* const* qs, float* const* o
     const int lo = attention_first(pos0 + i, a.window) - F, hi = pos0 + i + 1 - F;  // [lo, hi) of [0, n)
     for (int p = 0; p < lo; ++p) s[p] = 0.0f;
     for (int p = hi; p < n; ++p) s[p] = 0.0f;
-    const float sum = softmax_weights(s + lo, hi - lo, a.softcap);
+    const float sum = softmax_weights(s + lo, hi - lo, a.softcap, sink);
     inv[i] = 1.0f / sum;
   }
   for (int i = nq; i < 4; ++i)  // the repeated rows: any finite weights (not stored)
@@ -272,10 +275,10 @@ void attention_thread(const AttentionArgs& a, int ith, int nth) {
         const int n_pos = a.pos[t0] + 1 - first;
         if (kv.type == GgmlType::F32)
           attend_one<V, float>(kv, a.q + r0 * hd, first, n_pos, a.slot[t0], h / group, a.scale, a.softcap,
-                               a.out + r0 * hd, sc);
+                               attention_sink(a, h), a.out + r0 * hd, sc);
         else
           attend_one<V, uint16_t>(kv, a.q + r0 * hd, first, n_pos, a.slot[t0], h / group, a.scale, a.softcap,
-                                  a.out + r0 * hd, sc);
+                                  attention_sink(a, h), a.out + r0 * hd, sc);
         continue;
       }
       const float* qs[4];
@@ -286,9 +289,11 @@ void attention_thread(const AttentionArgs& a, int ith, int nth) {
         outs[i] = a.out + r * hd;
       }
       if (kv.type == GgmlType::F32)
-        attend_tile<V, float>(a, qs, outs, nq, a.pos[t0], a.slot[t0], h / group, sc, ld);
+        attend_tile<V, float>(a, qs, outs, nq, a.pos[t0], a.slot[t0], h / group, attention_sink(a, h), sc,
+                              ld);
       else
-        attend_tile<V, uint16_t>(a, qs, outs, nq, a.pos[t0], a.slot[t0], h / group, sc, ld);
+        attend_tile<V, uint16_t>(a, qs, outs, nq, a.pos[t0], a.slot[t0], h / group, attention_sink(a, h), sc,
+                                 ld);
     }
     t0 += nq;
   }

@@ -219,7 +219,8 @@ void CpuBackend::matmul(MatmulOp /*op*/, const WeightView& w, const float* x, in
 void CpuBackend::rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim,
                       const int32_t* pos, bool interleaved) {
   const float* inv_freq = m_.layer_rope_inv_freq(il, p_.n_ctx).data();
-  const float mscale = m_.hp.rope_scaling.type == "longrope" ? m_.hp.rope_scaling.attention_factor : 1.0f;
+  const std::string& type = m_.hp.rope_scaling.type;
+  const float mscale = type == "longrope" || type == "yarn" ? m_.hp.rope_scaling.attention_factor : 1.0f;
   // Per token, a cos and a sin per frequency from libm: a prefill's tokens go to all threads.
   split(n, kSplitRows, [&](int64_t b, int64_t e) {
     cpu::rope(q + b * n_heads * head_dim, (int)(e - b), n_heads, head_dim, pos + b, inv_freq, interleaved,
@@ -242,6 +243,13 @@ void CpuBackend::attention(int il, const float* q, int n, int n_heads, const int
                            float scale, float softcap, int window, float* out) {
   cpu::attention(pool_, kv_.layer(il), q, n, n_heads, pos, seq, scale, out, attn_scratch_.data(), softcap,
                  window);
+}
+
+void CpuBackend::attention_sinks(int il, const float* q, int n, int n_heads, const int32_t* pos,
+                                 const int32_t* seq, float scale, int window, const float* sinks,
+                                 float* out) {
+  cpu::attention(pool_, kv_.layer(il), q, n, n_heads, pos, seq, scale, out, attn_scratch_.data(), 0, window,
+                 sinks);
 }
 
 void CpuBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
@@ -280,10 +288,18 @@ void CpuBackend::moe_route(float* logits, int n, int n_expert, int k, bool norm,
   });
 }
 
+void CpuBackend::moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids,
+                                        float* w) {
+  split(n, kSplitRows, [&](int64_t b, int64_t e) {
+    ultra::moe_route_topk_softmax(logits + b * n_expert, (int)(e - b), n_expert, k, ids + b * k, w + b * k);
+  });
+}
+
 // Grouped by expert: the n * k (row, expert) pairs sorted by expert (a counting sort, rows ascending within
 // an expert), each selected expert's three matmuls over its rows only (one weight read per step, whatever
 // the number of rows), then each row's k outputs weighted and summed in slot order (llama.cpp's order) into
-// x. Decode (n = 1) reads exactly the k selected experts' weights.
+// x. Decode (n = 1) reads exactly the k selected experts' weights. gpt-oss: the experts' biases and the
+// clamped SwiGLU.
 void CpuBackend::moe_ffn(int /*il*/, const LayerWeights& l, const float* xn, int n, const int32_t* ids,
                          const float* w, int k, float* x) {
   const int n_expert = m_.hp.n_expert, dim = m_.hp.dim, ffn = m_.hp.expert_ffn_dim;
@@ -308,17 +324,21 @@ void CpuBackend::moe_ffn(int /*il*/, const LayerWeights& l, const float* xn, int
   for (int e = 0; e < n_expert; ++e) {
     const int p0 = start[e], rows = start[e + 1] - p0;
     if (rows == 0) continue;  // an expert no row selected: its weights are not read
-    cpu::matmul(pool_, l.gate_exps[e], xe + (size_t)p0 * dim, rows, g + (size_t)p0 * ffn, nullptr,
-                mm_scratch_.data());
-    cpu::matmul(pool_, l.up_exps[e], xe + (size_t)p0 * dim, rows, u + (size_t)p0 * ffn, nullptr,
-                mm_scratch_.data());
+    cpu::matmul(pool_, l.gate_exps[e], xe + (size_t)p0 * dim, rows, g + (size_t)p0 * ffn,
+                l.gate_exps_b ? l.gate_exps_b + (size_t)e * ffn : nullptr, mm_scratch_.data());
+    cpu::matmul(pool_, l.up_exps[e], xe + (size_t)p0 * dim, rows, u + (size_t)p0 * ffn,
+                l.up_exps_b ? l.up_exps_b + (size_t)e * ffn : nullptr, mm_scratch_.data());
   }
-  silu_mul(g, u, (int64_t)n_pairs * ffn, u);
+  if (const float limit = m_.hp.swiglu_limit; limit > 0)
+    split((int64_t)n_pairs * ffn, kSplitElements,
+          [&](int64_t b, int64_t e) { cpu::swiglu_oai(g + b, u + b, e - b, limit, u + b); });
+  else
+    silu_mul(g, u, (int64_t)n_pairs * ffn, u);
   for (int e = 0; e < n_expert; ++e) {
     const int p0 = start[e], rows = start[e + 1] - p0;
     if (rows == 0) continue;
-    cpu::matmul(pool_, l.down_exps[e], u + (size_t)p0 * ffn, rows, y + (size_t)p0 * dim, nullptr,
-                mm_scratch_.data());
+    cpu::matmul(pool_, l.down_exps[e], u + (size_t)p0 * ffn, rows, y + (size_t)p0 * dim,
+                l.down_exps_b ? l.down_exps_b + (size_t)e * dim : nullptr, mm_scratch_.data());
   }
   split(n, kSplitRows, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {

@@ -11,6 +11,7 @@
 // function of a shared header (core/dtype.h's conversions are static inline for that reason).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -198,7 +199,13 @@ struct AttentionArgs {
   float* scratch;  // per thread: attention_scratch_stride(max_ctx) floats
   float softcap;   // > 0: scores tanh(s / softcap) * softcap
   int window;      // > 0: positions (pos - window, pos] only
+  const float* sinks =
+      nullptr;  // [n_heads] sink logits in each head's softmax denominator (gpt-oss), or null
 };
+// Head h's sink logit: a.sinks[h], or -infinity (nothing added to the softmax) without sinks.
+static inline float attention_sink(const AttentionArgs& a, int h) {
+  return a.sinks ? a.sinks[h] : -INFINITY;
+}
 void attention_thread_scalar(const AttentionArgs& a, int ith, int nth);
 void attention_thread_avx2(const AttentionArgs& a, int ith, int nth);
 void attention_thread_avx512(const AttentionArgs& a, int ith, int nth);
@@ -222,8 +229,10 @@ static constexpr size_t attention_score_row(int max_ctx) {
 static constexpr size_t attention_scratch_stride(int max_ctx) {
   return attention_score_row(max_ctx) * kAttentionTile;
 }
-// The loop of a thread's share: f(q, out, first, n_pos, slot, kv_head, scratch) for pairs ith, ith + nth,
-// ... (q and out the pair's head_dim rows, positions [first, first + n_pos) of the slot's kv_head).
+// The loop of a thread's share: f(q, out, first, n_pos, slot, kv_head, scratch, sink) for pairs ith, ith +
+// nth,
+// ... (q and out the pair's head_dim rows, positions [first, first + n_pos) of the slot's kv_head, the head's
+// sink logit).
 template <class F>
 static inline void for_each_attention_pair(const AttentionArgs& a, int ith, int nth, F&& f) {
   const int hd = a.kv->head_dim, group = a.n_heads / a.kv->n_kv_heads;
@@ -231,7 +240,8 @@ static inline void for_each_attention_pair(const AttentionArgs& a, int ith, int 
   for (int pr = ith; pr < a.n_tokens * a.n_heads; pr += nth) {
     const int t = pr / a.n_heads, h = pr % a.n_heads;
     const int first = attention_first(a.pos[t], a.window);
-    f(a.q + (size_t)pr * hd, a.out + (size_t)pr * hd, first, a.pos[t] + 1 - first, a.slot[t], h / group, sc);
+    f(a.q + (size_t)pr * hd, a.out + (size_t)pr * hd, first, a.pos[t] + 1 - first, a.slot[t], h / group, sc,
+      attention_sink(a, h));
   }
 }
 

@@ -52,6 +52,11 @@ void rope_ref(float* x, int n_tokens, int n_heads, int head_dim, const int32_t* 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_ref(const float* gate, const float* up, int64_t n, float* out);
 
+// gpt-oss's expert activation (transformers' GptOssExperts, llama.cpp's swiglu_oai): with g = min(gate[i],
+// limit) and u = clamp(up[i], -limit, limit), out[i] = (u + 1) * g * sigmoid(1.702 * g). out may be up.
+constexpr float kSwigluOaiAlpha = 1.702f;
+void swiglu_oai(const float* gate, const float* up, int64_t n, float limit, float* out);
+
 // Gemma 2/3 (gemma_ops.cpp).
 // out[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(g) = g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3))).
 void gelu_mul(const float* gate, const float* up, int64_t n, float* out);
@@ -69,15 +74,19 @@ void kv_write(const KvLayerView& kv, const float* k, const float* v, int n_token
 
 // Causal attention over the cache: token t, head h attends to positions [0, pos[t]] of slot[t] (window > 0:
 // only (pos[t] - window, pos[t]]), kv head h / (n_heads / n_kv_heads) (GQA). Scores are q.k * scale, then
-// tanh(s / softcap) * softcap when softcap > 0. Assumes kv_write already stored this step's tokens.
+// tanh(s / softcap) * softcap when softcap > 0. sinks [n_heads] or null: head h's softmax denominator also
+// holds exp(sinks[h] - m), m the max of the scores and the sink (gpt-oss's attention sinks; transformers
+// appends the sink as one more score and drops its weight). Assumes kv_write already stored this step's
+// tokens.
 //   q: [n_tokens, n_heads, head_dim], out: [n_tokens, n_heads, head_dim]
 //   scratch: at least attention_scratch_floats(...) floats.
 size_t attention_scratch_floats(int max_ctx, int n_threads);
 void attention(ThreadPool& pool, const KvLayerView& kv, const float* q, int n_tokens, int n_heads,
                const int32_t* pos, const int32_t* slot, float scale, float* out, float* scratch,
-               float softcap = 0, int window = 0);
+               float softcap = 0, int window = 0, const float* sinks = nullptr);
 void attention_ref(const KvLayerView& kv, const float* q, int n_tokens, int n_heads, const int32_t* pos,
-                   const int32_t* slot, float scale, float* out, float softcap = 0, int window = 0);
+                   const int32_t* slot, float scale, float* out, float softcap = 0, int window = 0,
+                   const float* sinks = nullptr);
 
 // Quantise f32 rows to Q8_0 (used by `ultra quantize`/convert and tests): n % 32 == 0.
 void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out);
