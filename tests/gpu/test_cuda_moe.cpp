@@ -384,16 +384,18 @@ void bench() {
           cuda::set_moe_decode_tiles(v[0], v[1]);
           CK(cudaEventRecord(a));
           for (int it = 0; it < iters; ++it) {
-            CK(cuda::moe_route(d_logits, n, E, k, true, d_ids, d_w, nullptr, &s));
-            CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn, n, d_ids, d_w, k, d_x, s, nullptr, true));
+            CK(cuda::moe_route(d_logits.get(), n, E, k, true, d_ids.get(), d_w.get(), nullptr, &s));
+            CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn.get(), n, d_ids.get(), d_w.get(), k, d_x.get(), s,
+                             nullptr, true));
           }
           CK(cudaEventRecord(b));
           CK(cudaEventSynchronize(b));
           float ms = 0;
           CK(cudaEventElapsedTime(&ms, a, b));
           const double us = 1000.0 * ms / iters - us_route;
-          std::snprintf(line, sizeof line, "  tiles gate_unroll %d down_rows %d: experts %.1f us (%.0f GB/s)\n",
-                        v[0], v[1], us, bytes / (us * 1e3));
+          std::snprintf(line, sizeof line,
+                        "  tiles gate_unroll %d down_rows %d: experts %.1f us (%.0f GB/s)\n", v[0], v[1], us,
+                        bytes / (us * 1e3));
           say("%s", line);
         }
         cuda::set_moe_decode_tiles(0, 0);
