@@ -64,7 +64,8 @@ struct MatmulArgs {
   // quantize_x_q8_*(), x[c] ~ xq[c] * xd[c / 32]; prefill, x packed by pack_x_q8_vnni (xd unused)
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
-  // Q4_K / Q6_K / IQ4_XS decode with int8 activations: the sums of xq over each 16 and each 32 columns
+  // The block types' decode with int8 activations (kquant_int8_vnni): the sums of xq over each 16 and each 32
+  // columns
   const float* xs16 = nullptr;
   const float* xs32 = nullptr;
 };
@@ -146,7 +147,8 @@ void matmul_q8_int8_vnni(const MatmulArgs& a, int64_t r0, int64_t r1);
 constexpr int kQ8NT = 6;
 constexpr int64_t kQ8TileBlockBytes = 8 * kQ8NT * 4 + kQ8NT * 8;  // x quads, then d_x and corrections
 void pack_x_q8_vnni(const float* x, int n_tokens, int64_t cols, int j0, int j1, uint8_t* xp);
-// Decode (n_tokens == 1) of Q4_K, Q6_K and IQ4_XS with int8 activations (matmul_kquant_vnni.cpp), on while
+// Decode (n_tokens == 1) of Q4_K, Q5_K, Q6_K, IQ4_XS and the 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL) with int8 activations (matmul_kquant_vnni.cpp), on while
 // q8_int8_enabled(): x quantised as for Q8_0 (a.xq, a.xd) with the sums of xq per 16 and 32 columns
 // (a.xs16, a.xs32: x_sums_q8). Each output is the f32-rounded value of matmul.cpp's reference, the exact
 // weights times xq * xd summed in double.

@@ -431,7 +431,7 @@ void matmul(ThreadPool& pool, const WeightView& w, const float* x, int n_tokens,
   // Scratch from a 64-byte boundary (matmul_scratch_floats counts the slack).
   uint8_t* const scratch64 = (uint8_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   if (scratch && takes_kquant_int8(w, n_tokens)) {
-    // Decode of Q4_K / Q6_K / IQ4_XS with int8 activations: x quantised and summed once, here.
+    // Decode of the block types of kquant_int8_vnni with int8 activations: x quantised and summed once, here.
     const KquantLayout l = kquant_layout(w.cols);
     int8_t* xq = (int8_t*)scratch64;
     float* xd = (float*)(scratch64 + l.xd);

@@ -1,6 +1,6 @@
-// Decode of Q4_K, Q6_K and IQ4_XS with int8 activations on AVX512-VNNI (the default there, with Q8_0's:
-// cpu_internal.h's q8_int8_enabled()). Compiled with ULTRA_VNNI_ISA; called only where
-// cpu_has_avx512_vnni() holds.
+// Decode of Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL with int8 activations on AVX512-VNNI
+// (the default there, with Q8_0's: cpu_internal.h's q8_int8_enabled()). Compiled with ULTRA_VNNI_ISA; called
+// only where cpu_has_avx512_vnni() holds.
 //
 // x comes quantised per 32 columns as for Q8_0 (quantize_x_q8_*: xq int8, xd f32) with the sums of xq per
 // 16 and per 32 columns (MatmulArgs::xs16, xs32). A sub-block's weights are codes c times a scale f plus a
