@@ -18,6 +18,8 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "grammar/gbnf_parser.h"
@@ -53,10 +55,10 @@ std::string model_path() {
 }
 
 // A server on the model at path, listening on a free loopback port.
-Env* start_env(const std::string& path) {
+Env* start_env(const std::string& path, int n_ctx = kCtx) {
   Env* e = new Env{Model::load(path), nullptr, nullptr, {}, 0};
   ContextParams cp;
-  cp.n_ctx = kCtx;
+  cp.n_ctx = n_ctx;
   cp.n_slots = 4;
   cp.n_batch = 64;  // small, so that prefill chunks share steps with decodes
   cp.n_threads = 2;
@@ -298,7 +300,7 @@ TEST_F(ServerTest, Errors) {
   EXPECT_EQ(e["error"]["param"], "temperature");
   e = post("/v1/completions", {{"prompt", 5}}, 400);
   EXPECT_EQ(e["error"]["param"], "prompt");
-  e = post("/v1/completions", {{"prompt", "x"}, {"n", 2}}, 400);
+  e = post("/v1/completions", {{"prompt", "x"}, {"n", 17}}, 400);
   EXPECT_EQ(e["error"]["param"], "n");
   e = post("/v1/chat/completions", {{"messages", "hi"}}, 400);
   EXPECT_EQ(e["error"]["param"], "messages");
@@ -488,6 +490,393 @@ TEST_F(ServerTest, GrammarResponseFormatAndLogitBias) {
                                                  {"max_tokens", 1},
                                                  {"logit_bias", json::array({json::array({forced, 100})})}});
   EXPECT_EQ(favoured["choices"][0]["text"], tok.decode(std::vector<int32_t>{forced}, true));
+}
+
+// The server on a context of 1024 tokens (beyond the bundled model's 256 positions: its output is
+// constrained here), room for the tools' fallback prompt.
+class ToolServerTest : public ServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    if (env || !std::filesystem::exists(model_path())) return;
+    env = start_env(model_path(), 1024);
+  }
+};
+
+// Tool calls with the bundled model (its play-script template does not render tools: the fallback prompt and
+// Hermes tags). A named or required tool_choice is enforced: the reply's tool_calls parse and their arguments
+// validate against the function's parameters, finish_reason "tool_calls", streamed as delta.tool_calls with
+// no content leaked; bad tool definitions are a 400 naming the field.
+const json kTimeTool = {{"type", "function"},
+                        {"function",
+                         {{"name", "get_time"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties", {{"zone", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+                            {"required", {"zone"}}}}}}};
+const json kDayTool = {{"type", "function"},
+                       {"function",
+                        {{"name", "set_day"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"day", {{"enum", {"mon", "tue", "sun"}}}}}},
+                           {"required", {"day"}},
+                           {"additionalProperties", false}}}}}};
+
+bool valid_tool_call(const json& c) {
+  if (!c.is_object() || c["type"] != "function" || !c["id"].is_string() || c["id"].get<std::string>().empty())
+    return false;
+  const json a = json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+  if (!a.is_object() || a.size() != 1) return false;
+  if (c["function"]["name"] == "get_time")
+    return a.contains("zone") && a["zone"].is_number_integer() && a["zone"] >= 0 && a["zone"] <= 9;
+  if (c["function"]["name"] == "set_day")
+    return a.contains("day") && (a["day"] == "mon" || a["day"] == "tue" || a["day"] == "sun");
+  return false;
+}
+
+TEST_F(ToolServerTest, ForcedToolCallsParseAndValidate) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "What time is it?"}}});
+  const json tools = json::array({kTimeTool, kDayTool});
+  for (int seed : {1, 2, 3}) {
+    // Named: that function, one call (parallel_tool_calls false: the grammar ends after it).
+    json r = post("/v1/chat/completions",
+                  {{"messages", msgs},
+                   {"tools", tools},
+                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "set_day"}}}}},
+                   {"parallel_tool_calls", false},
+                   {"temperature", 1.0},
+                   {"seed", seed},
+                   {"max_tokens", 120}});
+    json c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    EXPECT_TRUE(c["message"]["content"].is_null()) << r;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r;
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "set_day");
+    EXPECT_TRUE(valid_tool_call(c["message"]["tool_calls"][0])) << r;
+    // Required: either function.
+    r = post("/v1/chat/completions", {{"messages", msgs},
+                                      {"tools", tools},
+                                      {"tool_choice", "required"},
+                                      {"parallel_tool_calls", false},
+                                      {"temperature", 1.0},
+                                      {"seed", seed},
+                                      {"max_tokens", 120}});
+    c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r;
+    EXPECT_TRUE(valid_tool_call(c["message"]["tool_calls"][0])) << r;
+  }
+  // Parallel calls: the output ends by itself ("tool_calls": every call validates) or at max_tokens
+  // ("length": a call cut short leaves the whole text as content).
+  for (int seed : {4, 5}) {
+    const json r = post("/v1/chat/completions", {{"messages", msgs},
+                                                 {"tools", tools},
+                                                 {"tool_choice", "required"},
+                                                 {"temperature", 1.0},
+                                                 {"seed", seed},
+                                                 {"max_tokens", 120}});
+    const json& c = r["choices"][0];
+    if (c["finish_reason"] == "length") {
+      EXPECT_EQ(c["message"]["content"].get<std::string>().rfind("<tool_call>\n{\"name\": \"", 0), 0u) << r;
+      continue;
+    }
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    ASSERT_GE(c["message"]["tool_calls"].size(), 1u) << r;
+    for (const json& tc : c["message"]["tool_calls"]) EXPECT_TRUE(valid_tool_call(tc)) << r;
+  }
+}
+
+TEST_F(ToolServerTest, ForcedToolCallsInEachOfSeveralChoices) {
+  const json r =
+      post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "Day?"}}})},
+                                    {"tools", json::array({kTimeTool, kDayTool})},
+                                    {"tool_choice", "required"},
+                                    {"parallel_tool_calls", false},
+                                    {"n", 3},
+                                    {"temperature", 1.0},
+                                    {"seed", 21},
+                                    {"max_tokens", 120}});
+  ASSERT_EQ(r["choices"].size(), 3u) << r;
+  for (const json& c : r["choices"]) {
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << r;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r;
+    EXPECT_TRUE(valid_tool_call(c["message"]["tool_calls"][0])) << r;
+  }
+}
+
+TEST_F(ToolServerTest, StreamedToolCallsAreDeltas) {
+  auto cl = client();
+  const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Which day?"}}})},
+                     {"tools", json::array({kTimeTool, kDayTool})},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}},
+                     {"parallel_tool_calls", false},
+                     {"temperature", 1.0},
+                     {"seed", 11},
+                     {"max_tokens", 120},
+                     {"stream", true}};
+  auto r = cl.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const std::vector<std::string> ev = sse_events(r->body);
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  std::string content, finish;
+  json calls = json::array();
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json j = json::parse(ev[i]);
+    const json& d = j["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls"))
+      for (const json& tc : d["tool_calls"]) calls.push_back(tc);
+    if (j["choices"][0]["finish_reason"].is_string()) finish = j["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(content, "");  // the call's text is not leaked as content
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(calls.size(), 1u) << r->body;
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_time");
+  EXPECT_TRUE(valid_tool_call(calls[0])) << r->body;
+}
+
+// tool_choice auto leaves the output free and parses it: a grammar (the client's) that writes text and then a
+// Hermes call gives the text as content (streamed as it comes) and the call as tool_calls.
+TEST_F(ToolServerTest, AutoToolCallsAreParsedFromFreeOutput) {
+  const char* g =
+      R"(root ::= "Sure. <tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": " [1-9] "}}\n</tool_call>")";
+  const json msgs = json::array({{{"role", "user"}, {"content", "Time?"}}});
+  json r =
+      post("/v1/chat/completions",
+           {{"messages", msgs}, {"tools", {kTimeTool}}, {"grammar", g}, {"seed", 1}, {"max_tokens", 120}});
+  const json& m = r["choices"][0]["message"];
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r;
+  EXPECT_EQ(m["content"], "Sure. ");
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_TRUE(valid_tool_call(m["tool_calls"][0])) << r;
+  // Streamed: the content first, then the call.
+  auto cl = client();
+  auto s = cl.Post("/v1/chat/completions",
+                   json({{"messages", msgs},
+                         {"tools", {kTimeTool}},
+                         {"grammar", g},
+                         {"seed", 1},
+                         {"max_tokens", 120},
+                         {"stream", true}})
+                       .dump(),
+                   "application/json");
+  ASSERT_TRUE(s);
+  std::string content;
+  int call_event = -1, last_content_event = -1;
+  const std::vector<std::string> ev = sse_events(s->body);
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json d = json::parse(ev[i])["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string() && !d["content"].get<std::string>().empty()) {
+      content += d["content"].get<std::string>();
+      last_content_event = (int)i;
+    }
+    if (d.contains("tool_calls")) call_event = (int)i;
+  }
+  EXPECT_EQ(content, "Sure. ");
+  EXPECT_GT(call_event, last_content_event);
+  // tool_choice none: no parsing, the text is content.
+  r = post("/v1/chat/completions", {{"messages", msgs},
+                                    {"tools", {kTimeTool}},
+                                    {"tool_choice", "none"},
+                                    {"grammar", g},
+                                    {"seed", 1},
+                                    {"max_tokens", 120}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(r["choices"][0]["message"]["content"].get<std::string>().rfind("Sure. <tool_call>", 0), 0u) << r;
+}
+
+// The tools reach the template: the request's own Qwen2.5 template renders them and the history's call and
+// result (/apply-template); the bundled template gets the fallback prompt.
+TEST_F(ToolServerTest, ToolsAndHistoryRenderThroughTheTemplate) {
+  const std::string qwen = [] {
+    std::ifstream f(std::string(ULTRA_SOURCE_DIR) +
+                    "/tests/fixtures/templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }();
+  const json msgs = json::parse(R"([{"role": "user", "content": "Time?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_time", "arguments": "{\"zone\": 3}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "noon"}])");
+  json r = post("/apply-template", {{"messages", msgs}, {"tools", {kTimeTool}}, {"chat_template", qwen}});
+  const std::string p = r["prompt"];
+  EXPECT_NE(p.find("<tools>\n{\"function\": {\"name\": \"get_time\""), std::string::npos) << p;
+  EXPECT_NE(p.find("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 3}}\n</tool_call>"),
+            std::string::npos)
+      << p;
+  EXPECT_NE(p.find("<tool_response>\nnoon\n</tool_response>"), std::string::npos) << p;
+  r = post("/apply-template", {{"messages", msgs}, {"tools", {kTimeTool}}});
+  const std::string b = r["prompt"];
+  EXPECT_EQ(b.rfind("You can call these functions", 0), 0u) << b;
+  EXPECT_NE(
+      b.find("JULIET:\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\":3}}\n</tool_call>"),
+      std::string::npos)
+      << b;
+  EXPECT_NE(b.find("ROMEO:\n<tool_response>\nnoon\n</tool_response>"), std::string::npos) << b;
+}
+
+TEST_F(ToolServerTest, BadToolRequestsName400Fields) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+  const auto err = [&](json extra) {
+    json body = {{"messages", msgs}, {"max_tokens", 4}};
+    body.update(extra);
+    return post("/v1/chat/completions", body, 400)["error"];
+  };
+  json e = err({{"tools", {{{"type", "function"}, {"function", {{"name", "bad name"}}}}}}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("tools[0].function.name"), std::string::npos) << e;
+  e = err({{"tools", {kTimeTool, {{"type", "retrieval"}}}}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("tools[1].type"), std::string::npos) << e;
+  e = err({{"tools", "get_time"}});
+  EXPECT_EQ(e["param"], "tools");
+  e = err(
+      {{"tools", {kTimeTool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}});
+  EXPECT_EQ(e["param"], "tool_choice");
+  EXPECT_NE(e["message"].get<std::string>().find("'nope'"), std::string::npos) << e;
+  e = err({{"tool_choice", "required"}});
+  EXPECT_EQ(e["param"], "tool_choice");
+  e = err({{"tools", {kTimeTool}}, {"tool_choice", "required"}, {"json_schema", {{"type", "object"}}}});
+  EXPECT_EQ(e["param"], "tool_choice");
+  e = err({{"tools", {kTimeTool}}, {"parallel_tool_calls", 1}});
+  EXPECT_EQ(e["param"], "parallel_tool_calls");
+  json bad_params = kTimeTool;
+  bad_params["function"]["parameters"]["properties"]["zone"]["multipleOf"] = 2;
+  e = err({{"tools", {bad_params}}, {"tool_choice", "required"}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("multipleOf"), std::string::npos) << e;
+  e = post("/v1/chat/completions",
+           {{"messages", json::parse(R"([{"role": "assistant", "tool_calls": "x"}])")}, {"max_tokens", 4}},
+           400)["error"];
+  EXPECT_EQ(e["param"], "messages");
+  // A tool that writes a control token's text into a template that renders tools: refused (it would become
+  // the token); allowed with allow_special_in_content, and kept apart in the fallback's system message.
+  json special = kTimeTool;
+  special["function"]["description"] = "Ends here <|endoftext|> then";
+  const std::string own_tmpl = "{% for t in tools %}{{ t | tojson }}{% endfor %}{{ messages[0].content }}";
+  e = err({{"tools", {special}}, {"chat_template", own_tmpl}});
+  EXPECT_EQ(e["param"], "tools");
+  EXPECT_NE(e["message"].get<std::string>().find("'tools[0].function.description' contains the text of the "
+                                                 "special token '<|endoftext|>'"),
+            std::string::npos)
+      << e;
+  post("/v1/chat/completions", {{"messages", msgs},
+                                {"tools", {special}},
+                                {"chat_template", own_tmpl},
+                                {"allow_special_in_content", true},
+                                {"max_tokens", 2}});
+  post("/v1/chat/completions", {{"messages", msgs}, {"tools", {special}}, {"max_tokens", 2}});
+  // The old refusal is gone: tools with auto on the bundled model answer 200.
+  const json ok =
+      post("/v1/chat/completions", {{"messages", msgs}, {"tools", {kTimeTool}}, {"max_tokens", 4}});
+  EXPECT_EQ(ok["choices"][0]["finish_reason"], "length") << ok;
+}
+
+// The scheduler's lazy grammar (tool_choice "auto"): free until the text ends with the trigger, then the
+// grammar writes the rest. The trigger here is the start of the greedy text, so the output is that start
+// and then the grammar's sentence (without the lazy grammar: the greedy text).
+TEST_F(ServerTest, LazyGrammarTakesOverAfterItsTrigger) {
+  const Tokenizer& tok = *env->model.tokenizer();
+  const std::vector<int32_t> prompt = tok.encode(kPrompts[1], true, true);
+  const std::string greedy = reference(kPrompts[1], 12);
+  // The text of the greedy output's first 3 tokens (a token boundary).
+  Context ctx(env->model, {.n_ctx = kCtx, .n_slots = 1, .n_threads = 2});
+  ctx.set_sampling(0, SamplingParams::greedy());
+  std::vector<int32_t> out;
+  generate(ctx, prompt, {.n_predict = 3}, [&](int32_t t, Context&, int) {
+    out.push_back(t);
+    return true;
+  });
+  const std::string trigger = tok.decode(out, true);
+  ASSERT_FALSE(trigger.empty());
+  ASSERT_EQ(greedy.rfind(trigger, 0), 0u);
+  for (const bool lazy : {true, false}) {
+    auto r = std::make_shared<server::GenRequest>();
+    r->prompt = prompt;
+    r->sampling = SamplingParams::greedy();
+    r->max_tokens = 40;
+    if (lazy) {
+      r->lazy_trigger = trigger;
+      r->lazy_grammar = "root ::= \" zebra zebra\"";
+    }
+    ASSERT_TRUE(env->sched->submit(r));
+    std::string text, part;
+    while (!r->wait_text(part, 5000)) text += part;
+    text += part;
+    if (lazy) {
+      EXPECT_EQ(text, trigger + " zebra zebra");
+      EXPECT_EQ(r->finish_reason, "stop");
+    } else {
+      EXPECT_EQ(text.substr(0, greedy.size()), greedy);
+    }
+  }
+}
+
+// n > 1: n completions of one prompt, each in a slot of its own with seed + i: greedy ones equal
+// generate()'s, sampled ones follow their seeds (choice i of a request is the single request with seed + i);
+// streamed, every chunk names its choice and each choice ends with its own finish_reason; usage adds the
+// completions.
+TEST_F(ServerTest, SeveralChoices) {
+  json r =
+      post("/v1/completions", {{"prompt", kPrompts[0]}, {"n", 3}, {"temperature", 0}, {"max_tokens", 12}});
+  ASSERT_EQ(r["choices"].size(), 3u) << r;
+  const std::string greedy = reference(kPrompts[0], 12);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["text"], greedy);
+    EXPECT_EQ(r["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 36);
+  const json msgs = json::array({{{"role", "user"}, {"content", "Hello"}}});
+  r = post("/v1/chat/completions",
+           {{"messages", msgs}, {"n", 4}, {"temperature", 1.0}, {"seed", 40}, {"max_tokens", 10}});
+  ASSERT_EQ(r["choices"].size(), 4u) << r;
+  std::set<std::string> distinct;
+  for (int i = 0; i < 4; ++i) {
+    const json one = post("/v1/chat/completions",
+                          {{"messages", msgs}, {"temperature", 1.0}, {"seed", 40 + i}, {"max_tokens", 10}});
+    EXPECT_EQ(r["choices"][i]["message"]["content"], one["choices"][0]["message"]["content"]) << i;
+    distinct.insert(r["choices"][i]["message"]["content"].get<std::string>());
+  }
+  EXPECT_GT(distinct.size(), 1u);
+  // Streamed.
+  auto c = client();
+  auto s = c.Post("/v1/chat/completions",
+                  json({{"messages", msgs},
+                        {"n", 2},
+                        {"temperature", 1.0},
+                        {"seed", 40},
+                        {"max_tokens", 10},
+                        {"stream", true},
+                        {"stream_options", {{"include_usage", true}}}})
+                      .dump(),
+                  "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200);
+  std::string text[2];
+  int finishes[2] = {0, 0};
+  int completion_tokens = -1;
+  for (const std::string& ev : sse_events(s->body)) {
+    if (ev == "[DONE]") break;
+    const json j = json::parse(ev);
+    if (j.contains("usage") && j["usage"].is_object()) completion_tokens = j["usage"]["completion_tokens"];
+    for (const json& ch : j["choices"]) {
+      const int i = ch["index"];
+      ASSERT_TRUE(i == 0 || i == 1) << ev;
+      if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+      if (ch["finish_reason"].is_string()) ++finishes[i];
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(text[i], r["choices"][i]["message"]["content"]) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+  EXPECT_EQ(completion_tokens, 20);
 }
 
 TEST_F(ServerTest, DisconnectFreesTheSlot) {
@@ -769,20 +1158,27 @@ TEST_F(ServerTest, SlidingWindowShorterThanThePrompt) {
 // The official openai npm package (tests/npm: `npm install` there) against the server: a chat completion,
 // the same streamed (with usage), a legacy completion with logprobs, and the client's error for a refused
 // request. Skipped, saying why, when node or the package is missing.
-TEST_F(ServerTest, OfficialOpenAiClient) {
+// Runs tests/npm/SCRIPT against the server: "" and its output, or why it cannot run (node or the openai
+// package missing).
+std::string node_client(const char* script, std::string& out) {
   const std::filesystem::path dir = std::filesystem::path(ULTRA_SOURCE_DIR) / "tests" / "npm";
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (std::system("node --version > /dev/null 2>&1") != 0) return "node is not installed";
   if (!std::filesystem::exists(dir / "node_modules" / "openai" / "package.json"))
-    GTEST_SKIP() << "the openai npm package is missing: run `npm install` in tests/npm";
-  const std::string cmd = "timeout 60 node " + (dir / "openai_client.mjs").string() +
+    return "the openai npm package is missing: run `npm install` in tests/npm";
+  const std::string cmd = "timeout 60 node " + (dir / script).string() +
                           " http://127.0.0.1:" + std::to_string(env->port) + "/v1 " + kKey;
   FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
+  if (!p) return "popen failed";
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_EQ(pclose(p), 0) << out;
+  return "";
+}
+
+TEST_F(ServerTest, OfficialOpenAiClient) {
+  std::string out;
+  if (const std::string skip = node_client("openai_client.mjs", out); !skip.empty()) GTEST_SKIP() << skip;
   const json j = json::parse(out);
 
   // What the client got equals what a plain HTTP client gets (greedy).
@@ -794,17 +1190,48 @@ TEST_F(ServerTest, OfficialOpenAiClient) {
   EXPECT_EQ(j["chat"]["role"], "assistant");
   EXPECT_EQ(j["chat"]["content"], want["choices"][0]["message"]["content"]);
   EXPECT_EQ(j["chat"]["finish_reason"], want["choices"][0]["finish_reason"]);
-  EXPECT_EQ(j["chat"]["usage"], want["usage"]);
+  // Usage but the cached prompt tokens, which depend on what the slots held before (prefix reuse).
+  const auto counts = [](json u) {
+    u.erase("prompt_tokens_details");
+    return u;
+  };
+  EXPECT_EQ(counts(j["chat"]["usage"]), counts(want["usage"]));
   EXPECT_EQ(j["stream"]["content"], j["chat"]["content"]);
   EXPECT_EQ(j["stream"]["role"], "assistant");
   EXPECT_EQ(j["stream"]["finish_reason"], j["chat"]["finish_reason"]);
-  EXPECT_EQ(j["stream"]["usage"], j["chat"]["usage"]);
+  EXPECT_EQ(counts(j["stream"]["usage"]), counts(j["chat"]["usage"]));
   EXPECT_GT(j["stream"]["chunks"].get<int>(), 2);
   EXPECT_EQ(j["completion"]["text"], reference("ROMEO:", 6));
   EXPECT_EQ(j["completion"]["logprobs"]["tokens"].size(), 6u);
   EXPECT_EQ(j["completion"]["usage"]["completion_tokens"], 6);
   EXPECT_EQ(j["error"]["status"], 400);
   EXPECT_EQ(j["error"]["param"], "n");
+}
+
+// Tool calls as the official client sees them (tests/npm/openai_tools.mjs): a named call, a required call
+// streamed and put together from its deltas, and the call sent back as history with its result.
+TEST_F(ToolServerTest, OfficialOpenAiClientToolCalls) {
+  std::string out;
+  if (const std::string skip = node_client("openai_tools.mjs", out); !skip.empty()) GTEST_SKIP() << skip;
+  const json j = json::parse(out);
+  const auto valid_day = [](const std::string& name, const std::string& arguments) {
+    const json a = json::parse(arguments, nullptr, false);
+    return name == "set_day" && a.is_object() && a.size() == 1 &&
+           (a["day"] == "mon" || a["day"] == "tue" || a["day"] == "sun");
+  };
+  EXPECT_EQ(j["named"]["finish_reason"], "tool_calls") << j;
+  EXPECT_TRUE(j["named"]["message"]["content"].is_null()) << j;
+  ASSERT_EQ(j["named"]["message"]["tool_calls"].size(), 1u) << j;
+  const json& c = j["named"]["message"]["tool_calls"][0];
+  EXPECT_EQ(c["type"], "function");
+  EXPECT_TRUE(valid_day(c["function"]["name"], c["function"]["arguments"])) << j;
+  EXPECT_EQ(j["stream"]["finish_reason"], "tool_calls") << j;
+  EXPECT_EQ(j["stream"]["content"], "") << j;
+  ASSERT_EQ(j["stream"]["calls"].size(), 1u) << j;
+  EXPECT_TRUE(valid_day(j["stream"]["calls"][0]["name"], j["stream"]["calls"][0]["arguments"])) << j;
+  EXPECT_FALSE(j["stream"]["calls"][0]["id"].get<std::string>().empty());
+  EXPECT_EQ(j["followup"]["finish_reason"], "length") << j;
+  EXPECT_GT(j["followup"]["usage"]["prompt_tokens"].get<int>(), 0);
 }
 
 // A full queue: with one slot busy and the one queue entry taken, the next request gets 503 with

@@ -15,6 +15,9 @@ void check_grammar(std::string_view gbnf);
 // JSON pointer for what a grammar cannot express (e.g. "unsupported keyword 'multipleOf' at
 // /properties/price/multipleOf"), or when the text is not JSON. The keywords taken, and where the grammar is
 // narrower than the schema: src/grammar/json_schema.h.
-std::string json_schema_to_gbnf(std::string_view schema_json);
+// max_indent: the spaces / tabs allowed after a newline between two JSON tokens (there may be nothing, one
+// space, or a newline and that many); 0 leaves at most one space or one newline, so that a sampler spends
+// at most one token on whitespace between tokens.
+std::string json_schema_to_gbnf(std::string_view schema_json, unsigned max_indent = 20);
 
 }  // namespace ultra

@@ -12,10 +12,12 @@ void check_grammar(std::string_view gbnf) {
   grammar::parse_gbnf(gbnf);
 }
 
-std::string json_schema_to_gbnf(std::string_view schema_json) {
+std::string json_schema_to_gbnf(std::string_view schema_json, unsigned max_indent) {
   const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(schema_json, nullptr, false);
   if (schema.is_discarded()) fail("json schema: not valid JSON");
-  return grammar::json_schema_to_gbnf(schema);
+  grammar::JsonSchemaOptions o;
+  o.max_indent = max_indent;
+  return grammar::json_schema_to_gbnf(schema, o);
 }
 
 }  // namespace ultra

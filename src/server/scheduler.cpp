@@ -35,6 +35,10 @@ struct Scheduler::Slot {
   // handed over, and the bytes of the generated tokens' pieces so far (the next token's offset).
   std::vector<TokenLogprobs> pending;
   size_t n_emitted = 0, n_piece_bytes = 0;
+  // The lazy grammar's watch: armed until the trigger is seen; the text's last bytes (capacity reserved at
+  // admission, so the watch allocates nothing per token).
+  bool lazy_armed = false;
+  std::string lazy_tail;
 };
 
 Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue)
@@ -128,7 +132,7 @@ void Scheduler::admit() {
     s.n_prefilled = best_prefix;
     s.last_used = ++n_admitted_;
     s.decoding = false;
-    s.stream.emplace(*model_.tokenizer(), /*skip_special=*/true);
+    s.stream.emplace(*model_.tokenizer(), /*skip_special=*/!s.req->keep_special);
     s.stops.emplace(s.req->stop);
     s.n_gen = 0;
     s.pending.clear();
@@ -136,6 +140,9 @@ void Scheduler::admit() {
     stats_.prompt_tokens_total += (int64_t)s.req->prompt.size();
     stats_.prompt_tokens_cached_total += (int64_t)best_prefix;
     ++stats_.busy_slots;
+    s.lazy_armed = !s.req->lazy_trigger.empty() && s.req->grammar.empty();
+    s.lazy_tail.clear();
+    if (s.lazy_armed) s.lazy_tail.reserve(s.req->lazy_trigger.size() + kMaxLazyPiece);
     try {  // the grammar was checked when the request came; this builds its matcher
       if (!s.req->grammar.empty()) {
         ctx_->set_grammar(seq, s.req->grammar);
@@ -203,6 +210,26 @@ void Scheduler::release_logprobs(Slot& s, bool all) {
   s.pending.erase(s.pending.begin(), s.pending.begin() + (ptrdiff_t)n);
 }
 
+// The lazy grammar takes over when the text ends with its trigger (the next sampled token is the first it
+// constrains); a trigger followed by more text in the same piece disarms the watch (the grammar cannot
+// take text already written), as does a grammar that cannot be set.
+void Scheduler::watch_lazy_trigger(Slot& s, int seq, std::string_view piece) {
+  const std::string& trigger = s.req->lazy_trigger;
+  if (piece.size() > kMaxLazyPiece) piece = piece.substr(piece.size() - kMaxLazyPiece);
+  if (s.lazy_tail.size() + piece.size() > s.lazy_tail.capacity())
+    s.lazy_tail.erase(0, s.lazy_tail.size() + piece.size() - s.lazy_tail.capacity());
+  s.lazy_tail.append(piece);
+  if (s.lazy_tail.ends_with(trigger)) {
+    s.lazy_armed = false;
+    try {
+      ctx_->set_grammar(seq, s.req->lazy_grammar);
+    } catch (const std::exception&) {  // checked at request time; the output stays free
+    }
+  } else if (s.lazy_tail.find(trigger) != std::string::npos) {
+    s.lazy_armed = false;
+  }
+}
+
 void Scheduler::on_token(Slot& s, int32_t tok, int row) {
   GenRequest& r = *s.req;
   if (++s.n_gen == 1)
@@ -222,11 +249,13 @@ void Scheduler::on_token(Slot& s, int32_t tok, int row) {
     e.top.assign(top.begin(), top.begin() + std::min<ptrdiff_t>((ptrdiff_t)top.size(), r.n_top));
     e.offset = s.n_piece_bytes;
     const Tokenizer& tk = *model_.tokenizer();
-    if (!tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
+    if (r.keep_special || !tk.is_special(tok)) s.n_piece_bytes += tk.token_to_piece(tok).size();
     s.pending.push_back(std::move(e));
   }
+  const std::string_view piece = s.stream->push(tok);
+  if (s.lazy_armed) watch_lazy_trigger(s, seq, piece);
   // Text that could begin a stop string is held back until it is known not to.
-  deliver(s, s.stops->push(s.stream->push(tok)), false);
+  deliver(s, s.stops->push(piece), false);
   if (s.stops->stopped()) {
     s.stream.reset();  // what the stream still holds comes after the stop string
     finish(s, "stop");

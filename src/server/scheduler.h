@@ -49,8 +49,14 @@ struct GenRequest {
   // computed) and n_top of the alternatives.
   bool logprobs = false;
   int n_top = 0;
-  bool cache_prompt = true;  // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
-  std::string grammar;       // GBNF the completion must follow (Context::set_grammar); "" for none
+  bool cache_prompt = true;   // may reuse a slot's cached prefix of the prompt (llama.cpp's cache_prompt)
+  std::string grammar;        // GBNF the completion must follow (Context::set_grammar); "" for none
+  bool keep_special = false;  // the text keeps control tokens' text (tool-call markers such as [TOOL_CALLS])
+  // A lazy grammar (tool_choice "auto"): once the generated text ends with lazy_trigger at a token boundary,
+  // lazy_grammar (GBNF for what follows) constrains the rest; a trigger with more text after it in the same
+  // token leaves the output free. Only without `grammar`.
+  std::string lazy_trigger;
+  std::string lazy_grammar;
 
   // --- output, guarded by m ---
   std::mutex m;
@@ -127,6 +133,8 @@ class Scheduler {
   void run();
   void admit();
   void on_token(Slot& s, int32_t tok, int row);
+  static constexpr size_t kMaxLazyPiece = 256;  // bytes of a token's text the lazy trigger's watch keeps
+  void watch_lazy_trigger(Slot& s, int seq, std::string_view piece);
   void release_logprobs(Slot& s, bool all);  // with the request's m held
   void deliver(Slot& s, const std::string& out, bool all);
   void finish(Slot& s, const char* reason, const std::string& error = {});

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 
 #include "server/chat.h"
 #include "server/constraints.h"
+#include "server/tool_calls.h"
 #include "tokenizer/utf8.h"
 #include "ultra/error.h"
 
@@ -120,7 +122,7 @@ json parse_body(const http::Request& req) {
 }
 
 // The fields a completion request may carry. Known and implemented fields are read below; known fields
-// that ask for something ultra does not do are refused when they ask for it (logit_bias, tools, ...);
+// that ask for something ultra does not do are refused when they ask for it (functions, echo, ...);
 // unknown ones are ignored with a line in the log.
 const std::set<std::string, std::less<>> kCommonFields = {"model",
                                                           "max_tokens",
@@ -168,6 +170,19 @@ const std::set<std::string, std::less<>> kChatFields = {"messages",
                                                         "add_generation_prompt",
                                                         "allow_special_in_content"};
 
+// A chat request's messages: a list (non-empty for a completion) of objects with a string role.
+void check_messages(const json& j, bool non_empty) {
+  if (!j.contains("messages") || !j["messages"].is_array() || (non_empty && j["messages"].empty()))
+    bad("messages", "'messages' must be a non-empty list of {role, content} objects");
+  for (const auto& m : j["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad("messages", "each message must be an object with a string 'role'");
+    if (m.contains("content") && !m["content"].is_null() && !m["content"].is_string() &&
+        !m["content"].is_array())
+      bad("messages", "a message's 'content' must be a string or a list of parts");
+  }
+}
+
 bool present(const json& j, const char* k) {
   return j.contains(k) && !j[k].is_null();
 }
@@ -179,10 +194,6 @@ void check_fields(const json& j, bool chat) {
                    "unsupported_parameter"};
   };
   if (chat) {
-    if (present(j, "tools") && !(j["tools"].is_array() && j["tools"].empty()))
-      unsupported("tools", "ultra does not call tools yet");
-    if (present(j, "tool_choice") && j["tool_choice"] != "none")
-      unsupported("tool_choice", "ultra does not call tools yet");
     if (present(j, "functions")) unsupported("functions", "ultra does not call functions");
     if (present(j, "function_call") && j["function_call"] != "none")
       unsupported("function_call", "ultra does not call functions");
@@ -257,7 +268,14 @@ struct Job {
   std::string id;
   int64_t created = 0;
   int n_prompt = 0;
+  int n = 1;                                      // choices
+  std::vector<std::shared_ptr<GenRequest>> reqs;  // [n] req and its copies, one per choice
+  ToolRequest tools;                              // active(): the output is parsed for tool calls
+  ToolFamily tool_family;
 };
+
+// Completions per request (n): each runs in a KV slot of its own, with seed + i.
+constexpr int kMaxChoices = 16;
 
 // Fills the sampling and stopping fields of `job` from the body; checks prompt + max_tokens <= n_ctx.
 void parse_generation(const json& j, Job& job, const Scheduler& sched) {
@@ -268,7 +286,7 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
     if (!j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
     job.include_usage = get_bool(j["stream_options"], "include_usage", false);
   }
-  if (get_int(j, "n", 1, 1, 1 << 20) != 1) bad("n", "only n = 1 is supported");
+  job.n = (int)get_int(j, "n", 1, 1, kMaxChoices);
   // logprobs: chat takes a boolean and top_logprobs (0..20), completions an integer (the alternatives).
   constexpr int kMaxTop = SamplingParams::kMaxProbs;
   if (job.chat) {
@@ -303,12 +321,28 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   try {
     if (present(j, "logit_bias")) parse_logit_bias(j["logit_bias"], sched.n_sample_vocab(), p);
     r.grammar = request_grammar(j);
+    if (job.tools.forced()) {  // the call is enforced by a grammar
+      if (!r.grammar.empty())
+        throw FieldError("tool_choice",
+                         "'tool_choice' \"required\" or a named function constrains the output, and so does "
+                         "'grammar' / 'json_schema' / 'response_format': give one");
+      r.grammar = tool_call_grammar(job.tools, job.tool_family);
+    }
   } catch (const FieldError& e) {
     bad(e.param, e.what());
   }
   if ((!r.grammar.empty() || p.n_logit_bias > 0) && !sched.constraints_supported())
-    bad(r.grammar.empty() ? "logit_bias" : "grammar",
-        "grammars, response_format and logit_bias run on the CPU backend only (this server runs on the GPU)");
+    bad(job.tools.forced()  ? "tool_choice"
+        : r.grammar.empty() ? "logit_bias"
+                            : "grammar",
+        "grammars, response_format, logit_bias and forced tool calls run on the CPU backend only "
+        "(this server runs on the GPU)");
+  r.keep_special = job.tools.active();  // the families' markers may be control tokens
+  if (job.tools.active() && !job.tools.forced() && r.grammar.empty() && sched.constraints_supported()) {
+    LazyToolGrammar lazy = lazy_tool_grammar(job.tools, job.tool_family);  // "auto": a call once begun
+    r.lazy_trigger = std::move(lazy.trigger);                              // is well formed
+    r.lazy_grammar = std::move(lazy.grammar);
+  }
   try {
     p.validate();
   } catch (const Error& e) {
@@ -355,6 +389,25 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
                      "invalid_request_error", mk, "context_length_exceeded"};
     r.max_tokens = (int)max_tokens;
   }
+}
+
+// Choice i of n: the request's input with seed + i.
+std::shared_ptr<GenRequest> choice_copy(const GenRequest& r, int i) {
+  auto c = std::make_shared<GenRequest>();
+  c->prompt = r.prompt;
+  c->sampling = r.sampling;
+  c->sampling.seed = r.sampling.seed + (uint64_t)i;
+  c->max_tokens = r.max_tokens;
+  c->stop = r.stop;
+  c->ignore_eos = r.ignore_eos;
+  c->logprobs = r.logprobs;
+  c->n_top = r.n_top;
+  c->cache_prompt = r.cache_prompt;
+  c->grammar = r.grammar;
+  c->keep_special = r.keep_special;
+  c->lazy_trigger = r.lazy_trigger;
+  c->lazy_grammar = r.lazy_grammar;
+  return c;
 }
 
 // A token's bytes as a JSON string: ill-formed UTF-8 (a piece of a multi-byte character) becomes U+FFFD;
@@ -419,8 +472,8 @@ json usage_json(const Job& job, int n_completion, int n_cached) {
 }
 
 json chunk_json(const Job& job, const std::string& text, const json& finish, bool first,
-                const json& logprobs = nullptr) {
-  json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", logprobs}};
+                const json& logprobs = nullptr, size_t index = 0) {
+  json choice = {{"index", index}, {"finish_reason", finish}, {"logprobs", logprobs}};
   if (job.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -436,6 +489,19 @@ json chunk_json(const Job& job, const std::string& text, const json& finish, boo
           {"choices", json::array({choice})}};
 }
 
+// message.tool_calls (streamed: delta.tool_calls, whose entries carry their index).
+json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+  json a = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (streamed) c["index"] = i;
+    a.push_back(std::move(c));
+  }
+  return a;
+}
+
 std::string sse(const json& j) {
   return "data: " + to_text(j) + "\n\n";
 }
@@ -444,96 +510,168 @@ std::string sse(const json& j) {
 // SSE events as text becomes final. Polled on the HTTP layer's I/O thread whenever the scheduler wakes it.
 class GenProducer final : public http::Producer {
  public:
-  GenProducer(Job job, Tokenizer tok) : job_(std::move(job)), tok_(std::move(tok)) {}
+  GenProducer(Job job, Tokenizer tok) : job_(std::move(job)), tok_(std::move(tok)) {
+    for (const auto& r : job_.reqs) {
+      Choice c;
+      c.req = r;
+      if (job_.tools.active()) c.tool_stream.emplace(job_.tool_family, job_.tools);
+      choices_.push_back(std::move(c));
+    }
+  }
 
   bool streamed() const override { return job_.stream; }
 
   void subscribe(std::function<void()> wake) override {
-    std::lock_guard lk(job_.req->m);
-    job_.req->on_update = std::move(wake);
+    for (Choice& c : choices_) {
+      std::lock_guard lk(c.req->m);
+      c.req->on_update = wake;
+    }
   }
 
   bool poll(http::Reply& out) override {
-    GenRequest& r = *job_.req;
-    std::string part;
-    std::vector<TokenLogprobs> lp;
-    bool done;
-    {
-      std::lock_guard lk(r.m);
-      part = std::move(r.text);
-      r.text.clear();
-      lp.assign(std::make_move_iterator(r.logprobs_out.begin()),
-                std::make_move_iterator(r.logprobs_out.end()));
-      r.logprobs_out.clear();
-      done = r.done;
-      if (done) r.on_update = nullptr;
+    bool all_done = true;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      if (c.done) continue;
+      GenRequest& r = *c.req;
+      std::string part;
+      std::vector<TokenLogprobs> lp;
+      {
+        std::lock_guard lk(r.m);
+        part = std::move(r.text);
+        r.text.clear();
+        lp.assign(std::make_move_iterator(r.logprobs_out.begin()),
+                  std::make_move_iterator(r.logprobs_out.end()));
+        r.logprobs_out.clear();
+        if (r.done) {
+          r.on_update = nullptr;
+          c.done = true;
+          c.finish_reason = r.finish_reason;
+          c.error = r.error;
+          c.n_completion = r.n_completion;
+          c.n_cached = r.n_cached;
+        }
+      }
+      const bool failed = c.done && (!c.error.empty() || c.finish_reason == "cancelled");
+      if (c.tool_stream) {  // text that may be a tool call is held back until the output is parsed
+        part = c.tool_stream->push(part);
+        if (c.done && !failed) {
+          ToolParse fin = c.tool_stream->finish();
+          part += fin.content;
+          c.calls = std::move(fin.calls);
+          if (!c.calls.empty() && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+        }
+      }
+      if (!c.done) all_done = false;
+      if (!job_.stream) {
+        c.text += part;
+        c.lp.insert(c.lp.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
+        continue;
+      }
+      if (!part.empty() || !lp.empty() || (c.first && job_.chat)) {
+        const json lpj = r.logprobs ? logprobs_json(tok_, job_.chat, lp) : json(nullptr);
+        out.body += sse(chunk_json(job_, part, nullptr, c.first, lpj, i));
+        c.first = false;
+      }
+      if (!c.calls.empty()) {  // OpenAI's delta.tool_calls: each call whole, with its index
+        json chunk = chunk_json(job_, "", nullptr, false, nullptr, i);
+        chunk["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(c.calls, true)}};
+        out.body += sse(chunk);
+      }
+      if (c.done && !failed) out.body += sse(chunk_json(job_, "", c.finish_reason, false, nullptr, i));
     }
+    if (!all_done) return false;
     if (!job_.stream) {
-      text_ += part;
-      lp_.insert(lp_.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
-      if (!done) return false;
       out = whole_reply();
       return true;
     }
-    if (!part.empty() || !lp.empty() || (first_ && job_.chat)) {
-      const json lpj = r.logprobs ? logprobs_json(tok_, job_.chat, lp) : json(nullptr);
-      out.body += sse(chunk_json(job_, part, nullptr, first_, lpj));
-      first_ = false;
-    }
-    if (!done) return false;
-    std::lock_guard lk(r.m);
-    if (!r.error.empty()) {
-      out.body += sse(error_body(ApiError{500, r.error, "server_error"}));
-    } else if (r.finish_reason ==
-               "cancelled") {  // the server is shutting down (a client that left reads nothing)
-      out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
-                                          "unavailable_error", "", "shutdown"}));
-    } else {
-      out.body += sse(chunk_json(job_, "", r.finish_reason, false));
-      if (job_.include_usage) {
-        json u = chunk_json(job_, "", nullptr, false);
-        u["choices"] = json::array();
-        u["usage"] = usage_json(job_, r.n_completion, r.n_cached);
-        out.body += sse(u);
-      }
+    if (const Choice* f = failed_choice()) {
+      if (!f->error.empty())
+        out.body += sse(error_body(ApiError{500, f->error, "server_error"}));
+      else  // the server is shutting down (a client that left reads nothing)
+        out.body += sse(error_body(ApiError{503, "the server is shutting down; the generation was cut short",
+                                            "unavailable_error", "", "shutdown"}));
+    } else if (job_.include_usage) {
+      json u = chunk_json(job_, "", nullptr, false);
+      u["choices"] = json::array();
+      u["usage"] = usage();
+      out.body += sse(u);
     }
     out.body += "data: [DONE]\n\n";
     return true;
   }
 
   void cancel() override {
-    job_.req->cancelled = true;  // the scheduler frees the slot before its next step
-    std::lock_guard lk(job_.req->m);
-    job_.req->on_update = nullptr;
+    for (Choice& c : choices_) {
+      c.req->cancelled = true;  // the scheduler frees the slot before its next step
+      std::lock_guard lk(c.req->m);
+      c.req->on_update = nullptr;
+    }
   }
 
  private:
+  // One of the n completions.
+  struct Choice {
+    std::shared_ptr<GenRequest> req;
+    bool first = true;  // streamed: the role is sent with the first chunk
+    bool done = false;  // the request's results below are read
+    std::string finish_reason, error;
+    int n_completion = 0, n_cached = 0;
+    std::string text;  // not streamed: the text so far
+    std::vector<TokenLogprobs> lp;
+    std::optional<ToolCallStream> tool_stream;  // tools active: finds the calls in the output
+    // The parsed calls, once the generation is done (finish_reason "tool_calls" when it ended by itself; at
+    // max_tokens it stays "length").
+    std::vector<ToolCall> calls;
+  };
+
+  const Choice* failed_choice() const {
+    for (const Choice& c : choices_)
+      if (!c.error.empty()) return &c;
+    for (const Choice& c : choices_)
+      if (c.finish_reason == "cancelled") return &c;
+    return nullptr;
+  }
+
+  // The prompt once; the completions' tokens added up; the cached prompt tokens of the first choice.
+  json usage() const {
+    int n = 0;
+    for (const Choice& c : choices_) n += c.n_completion;
+    return usage_json(job_, n, choices_[0].n_cached);
+  }
+
   http::Reply whole_reply() {
-    GenRequest& r = *job_.req;
-    std::lock_guard lk(r.m);
-    if (!r.error.empty()) return error_reply(ApiError{500, r.error, "server_error"});
-    if (r.finish_reason == "cancelled")
+    if (const Choice* f = failed_choice()) {
+      if (!f->error.empty()) return error_reply(ApiError{500, f->error, "server_error"});
       return error_reply(ApiError{503, "the server is shutting down", "unavailable_error", "", "shutdown"});
-    json choice = {{"index", 0},
-                   {"logprobs", r.logprobs ? logprobs_json(tok_, job_.chat, lp_) : json(nullptr)},
-                   {"finish_reason", r.finish_reason}};
-    if (job_.chat)
-      choice["message"] = {{"role", "assistant"}, {"content", text_}};
-    else
-      choice["text"] = text_;
+    }
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& c = choices_[i];
+      json choice = {{"index", i},
+                     {"logprobs", c.req->logprobs ? logprobs_json(tok_, job_.chat, c.lp) : json(nullptr)},
+                     {"finish_reason", c.finish_reason}};
+      if (job_.chat && !c.calls.empty())
+        choice["message"] = {{"role", "assistant"},
+                             {"content", c.text.empty() ? json(nullptr) : json(c.text)},
+                             {"tool_calls", tool_calls_json(c.calls, false)}};
+      else if (job_.chat)
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      else
+        choice["text"] = c.text;
+      choices.push_back(std::move(choice));
+    }
     return json_reply({{"id", job_.id},
                        {"object", job_.chat ? "chat.completion" : "text_completion"},
                        {"created", job_.created},
                        {"model", job_.model},
-                       {"choices", json::array({choice})},
-                       {"usage", usage_json(job_, r.n_completion, r.n_cached)}});
+                       {"choices", std::move(choices)},
+                       {"usage", usage()}});
   }
 
   Job job_;
   Tokenizer tok_;  // a handle: the reply keeps the vocabulary alive
-  bool first_ = true;
-  std::string text_;  // not streamed: the text so far
-  std::vector<TokenLogprobs> lp_;
+  std::vector<Choice> choices_;
 };
 
 }  // namespace
@@ -579,6 +717,7 @@ void Server::attach(std::shared_ptr<Scheduler> scheduler) {
     }
     tmpl_source_ = opts_.chat_template.empty() ? "model" : opts_.chat_template_label;
   }
+  tmpl_family_ = detect_tool_family(src);
   sched_ = std::move(scheduler);
   ready_ = true;
 }
@@ -592,11 +731,20 @@ const std::string& Server::chat_template_source() const {
 // (default true). The fields are checked and the request's own template parsed once, here; the function
 // renders any messages array with them (encode_chat renders more than once).
 std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nlohmann::json& j,
-                                                                        const http::Request& req) const {
+                                                                        const http::Request& req,
+                                                                        const nlohmann::json* tools) const {
   static const json kNoKwargs = json::object();
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_object())
     bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   const json* kwargs = j.contains("chat_template_kwargs") ? &j["chat_template_kwargs"] : &kNoKwargs;
+  // The template's `tools` variable (chat_template_kwargs cannot override it).
+  std::shared_ptr<const json> with_tools;
+  if (tools) {
+    json extra = *kwargs;
+    extra["tools"] = *tools;
+    with_tools = std::make_shared<const json>(std::move(extra));
+    kwargs = with_tools.get();
+  }
   const bool agp = get_bool(j, "add_generation_prompt", true);
   std::shared_ptr<const ChatTemplate> own;
   if (j.contains("chat_template")) {
@@ -611,13 +759,35 @@ std::function<std::string(const nlohmann::json&)> Server::chat_renderer(const nl
   RenderBudget budget;
   budget.cancel = req.gone.get();
   const ChatTemplate* t = own ? own.get() : tmpl_.get();
-  return [own, t, kwargs, agp, budget](const json& messages) {
+  return [own, with_tools, t, kwargs, agp, budget](const json& messages) {
     try {
       return render_chat(t, messages, agp, *kwargs, budget);
     } catch (const Error& e) {
       bad("messages", std::string("the chat template refused the conversation: ") + e.what());
     }
   };
+}
+
+// A chat request's tools: checked, and the messages and the renderer prepared for them (the family is the
+// request's own template's when it brings one, else the server's).
+Server::ChatInput Server::chat_input(const nlohmann::json& j, const http::Request& req) const {
+  ChatInput in;
+  try {
+    in.tools = parse_tool_request(j);
+  } catch (const FieldError& e) {
+    bad(e.param, e.what());
+  }
+  in.family = j.contains("chat_template") && j["chat_template"].is_string()
+                  ? detect_tool_family(j["chat_template"].get<std::string>())
+                  : tmpl_family_;
+  try {
+    in.messages = prepare_tool_messages(j["messages"], in.family, in.tools);
+  } catch (const FieldError& e) {
+    bad(e.param, e.what());
+  }
+  const bool give = in.tools.active() && in.family.template_takes_tools;
+  in.render = chat_renderer(j, req, give ? &in.tools.tools : nullptr);
+  return in;
 }
 
 http::Handlers Server::handlers() {
@@ -729,9 +899,9 @@ http::Reply Server::handle(http::Request& req) {
     }
     return json_reply({{"content", tok.decode(ids)}});
   }
-  if (!j.contains("messages") || !j["messages"].is_array())
-    bad("messages", "'messages' must be a list of {role, content} objects");
-  return json_reply({{"prompt", chat_renderer(j, req)(j["messages"])}});  // /apply-template
+  check_messages(j, false);
+  const ChatInput in = chat_input(j, req);
+  return json_reply({{"prompt", in.render(in.messages)}});  // /apply-template
 }
 
 http::Reply Server::complete(http::Request& req, bool chat) {
@@ -744,24 +914,25 @@ http::Reply Server::complete(http::Request& req, bool chat) {
   job.id = random_id(chat ? "chatcmpl-" : "cmpl-");
   job.created = now_s();
   if (chat) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
-      bad("messages", "'messages' must be a non-empty list of {role, content} objects");
-    for (const auto& m : j["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        bad("messages", "each message must be an object with a string 'role'");
-      if (m.contains("content") && !m["content"].is_null() && !m["content"].is_string() &&
-          !m["content"].is_array())
-        bad("messages", "a message's 'content' must be a string or a list of parts");
-    }
+    check_messages(j, true);
     // The template's own text may hold control tokens, the messages' text does not (unless allowed): a
     // message cannot forge a turn. No double BOS.
     const bool allow = get_bool(j, "allow_special_in_content", opts_.allow_special_in_content);
-    const auto render = chat_renderer(j, req);
+    ChatInput in = chat_input(j, req);
+    if (!allow && in.tools.active() && in.family.template_takes_tools) {
+      try {
+        check_tools_special(tok, in.tools);
+      } catch (const FieldError& e) {
+        bad(e.param, e.what());
+      }
+    }
     try {
-      job.req->prompt = encode_chat(tok, j["messages"], render, allow);
+      job.req->prompt = encode_chat(tok, in.messages, in.render, allow);
     } catch (const Error& e) {
       bad("messages", e.what());
     }
+    job.tools = std::move(in.tools);
+    job.tool_family = in.family;
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];
@@ -789,9 +960,14 @@ http::Reply Server::complete(http::Request& req, bool chat) {
   }
   parse_generation(j, job, *sched_);
   if (*req.gone) throw ApiError{499, "the client went away"};  // nothing is sent; the slot is not taken
-  if (!sched_->submit(job.req))
-    throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
-                   "", "queue_full"};
+  job.reqs.push_back(job.req);
+  for (int i = 1; i < job.n; ++i) job.reqs.push_back(choice_copy(*job.req, i));
+  for (size_t i = 0; i < job.reqs.size(); ++i)
+    if (!sched_->submit(job.reqs[i])) {
+      for (size_t k = 0; k < i; ++k) job.reqs[k]->cancelled = true;  // freed before the next step
+      throw ApiError{503, "the server is busy (the request queue is full); retry later", "unavailable_error",
+                     "", "queue_full"};
+    }
   const bool stream = job.stream;
   http::Reply r;
   if (stream) {

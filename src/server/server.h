@@ -16,6 +16,7 @@
 #include "chat/chat_template.h"
 #include "server/http.h"
 #include "server/scheduler.h"
+#include "server/tool_calls.h"
 
 namespace ultra::server {
 
@@ -62,14 +63,24 @@ class Server {
   http::Handlers handlers();
   http::Reply handle(http::Request& req);
   http::Reply complete(http::Request& req, bool chat);
+  // tools: the template's `tools` variable, or null.
   std::function<std::string(const nlohmann::json&)> chat_renderer(const nlohmann::json& j,
-                                                                  const http::Request& req) const;
+                                                                  const http::Request& req,
+                                                                  const nlohmann::json* tools) const;
+  struct ChatInput {
+    ToolRequest tools;
+    ToolFamily family;
+    nlohmann::json messages;  // as the template gets them (prepare_tool_messages)
+    std::function<std::string(const nlohmann::json&)> render;
+  };
+  ChatInput chat_input(const nlohmann::json& j, const http::Request& req) const;
   ServerOptions opts_;
   std::unique_ptr<http::Server> http_;
   std::shared_ptr<Scheduler> sched_;
   std::unique_ptr<ChatTemplate> tmpl_;  // null: the fallback format
   ChatTemplateOptions tmpl_opts_;       // the model's BOS / EOS text
   std::string tmpl_source_ = "fallback";
+  ToolFamily tmpl_family_;  // how the server's template renders and the model writes tool calls
   std::atomic<bool> ready_{false};
 };
 

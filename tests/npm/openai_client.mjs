@@ -37,7 +37,7 @@ const cmpl = await client.completions.create({ model: "bundled", prompt: "ROMEO:
 out.completion = { text: cmpl.choices[0].text, logprobs: cmpl.choices[0].logprobs, usage: cmpl.usage };
 
 try {
-  await client.chat.completions.create({ model: "bundled", messages, n: 2 });
+  await client.chat.completions.create({ model: "bundled", messages, n: 17 });
   out.error = null;
 } catch (e) {
   out.error = { status: e.status, message: e.error?.message ?? String(e), param: e.error?.param ?? null };
