@@ -15,12 +15,15 @@ const jobs = [];
 for (let i = 0; i < args.length; i += 3)
     jobs.push({ modelPath: args[i], promptIds: args[i + 1].split(",").map(Number), nGen: Number(args[i + 2] ?? 64) });
 
+// One llama.cpp thread: these models are tiny, and llama.cpp's workers spin-wait between the ops of a step,
+// which on a busy 2-core machine (ctest -j2) cost ~0.4 CPU s per token with two threads against ~0.02 with one
+// (the same tokens).
 const llama = await getLlama({ gpu: false, build: "never", skipDownload: true, usePrebuiltBinaries: true,
                                logLevel: LlamaLogLevel.error, progressLogs: false });
 for (const { modelPath, promptIds, nGen } of jobs) {
     const model = await llama.loadModel({ modelPath: path.resolve(modelPath), gpuLayers: 0 });
     const context = await model.createContext({ contextSize: promptIds.length + nGen + 1, batchSize: 64,
-                                                threads: 2, sequences: 1 });
+                                                threads: 1, sequences: 1 });
     const sequence = context.getSequence();
     const out = [];
     const iter = sequence.evaluate(promptIds, { temperature: 0, yieldEogToken: true });

@@ -61,19 +61,25 @@ inline void q4k_scales_mins(const uint8_t* q, __m256* sc, __m256* mn) {
   *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(u + 2))));
 }
 
+// A Q4_K / Q5_K block's factors for x blocks xd[0..7]: f[j] = d * sc_j * xd_j, and mins +=
+// dmin * m_j * xd_j * (the sum of xq over sub-block j).
+inline void q4k_block_factors(uint16_t d, uint16_t dmin, const uint8_t* scales, const float* xd,
+                              const float* xs32, float* f, __m256* mins) {
+  __m256 sc, mn;
+  q4k_scales_mins(scales, &sc, &mn);
+  const __m256 xdv = _mm256_loadu_ps(xd);
+  _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(d)), sc), xdv));
+  *mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dmin)), mn),
+                          _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32)), *mins);
+}
+
 float row_q4k(const BlockQ4_K* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ4_K));
-    __m256 sc, mn;
-    q4k_scales_mins(b[i].scales, &sc, &mn);
-    const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);
     alignas(32) float f[8];  // d * sc_j * xd_j
-    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), sc), xdv));
-    // sum_j dmin * m_j * xd_j * sum(xq over sub-block j)
-    mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].dmin)), mn),
-                           _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32 + 8 * i)), mins);
+    q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, f, &mins);
     const int8_t* x = xq + 256 * i;
     for (int g = 0; g < 4; ++g) {
       const __m256i q = _mm256_loadu_si256((const __m256i*)(b[i].qs + 32 * g));
@@ -132,10 +138,15 @@ float row_q6k(const BlockQ6_K* b, int64_t nb, const int8_t* xq, const float* xd,
   return hsum(_mm256_add_ps(acc0, acc1)) - 32.0f * hsum(offs);
 }
 
-float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  alignas(16) int8_t lv[16];  // the levels + 128, as unsigned bytes
+// IQ4_NL / IQ4_XS: the 16 levels + 128 as unsigned bytes, in both 128-bit lanes (a vpshufb table).
+inline __m256i iq4_table() {
+  alignas(16) int8_t lv[16];
   for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
+  return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
+}
+
+float row_iq4xs(const BlockIQ4_XS* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
+  const __m256i table = iq4_table();
   const __m128i m4 = _mm_set1_epi8(0x0F);
   const __m256i nib_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i pair_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
@@ -172,13 +183,8 @@ float row_q5k(const BlockQ5_K* b, int64_t nb, const int8_t* xq, const float* xd,
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
   for (int64_t i = 0; i < nb; ++i) {
     prefetch_block(b + i, sizeof(BlockQ5_K));
-    __m256 sc, mn;
-    q4k_scales_mins(b[i].scales, &sc, &mn);
-    const __m256 xdv = _mm256_loadu_ps(xd + 8 * i);
     alignas(32) float f[8];  // d * sc_j * xd_j
-    _mm256_store_ps(f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].d)), sc), xdv));
-    mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b[i].dmin)), mn),
-                           _mm256_mul_ps(xdv, _mm256_loadu_ps(xs32 + 8 * i)), mins);
+    q4k_block_factors(b[i].d, b[i].dmin, b[i].scales, xd + 8 * i, xs32 + 8 * i, f, &mins);
     const __m256i qh = _mm256_loadu_si256((const __m256i*)b[i].qh);
     const int8_t* x = xq + 256 * i;
     for (int g = 0; g < 4; ++g) {
@@ -224,12 +230,7 @@ inline __m256i codes32(const uint8_t* blk, const __m256i& table) {
 
 template <GgmlType T, class B>
 float row_b32(const B* b, int64_t nb, const int8_t* xq, const float* xd, const float* xs32) {
-  __m256i table = _mm256_setzero_si256();
-  if constexpr (T == GgmlType::IQ4_NL) {
-    alignas(16) int8_t lv[16];  // the levels + 128, as unsigned bytes
-    for (int k = 0; k < 16; ++k) lv[k] = (int8_t)(kIq4nlValues[k] + 128);
-    table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lv));
-  }
+  const __m256i table = T == GgmlType::IQ4_NL ? iq4_table() : _mm256_setzero_si256();
   constexpr float K = T == GgmlType::Q4_0     ? 8.0f
                       : T == GgmlType::Q5_0   ? 16.0f
                       : T == GgmlType::IQ4_NL ? 128.0f
