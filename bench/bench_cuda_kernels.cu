@@ -50,13 +50,14 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tuning.h"
 #include "core/dtype.h"
+#include "gpu_program.h"
 
 using namespace ultra;
 using namespace ultra::cuda;
+using namespace ultra::test;
 
 namespace {
 
-FILE* g_log = nullptr;
 bool g_quick = false;
 bool g_sweep = false;  // --sweep: gemv variants, attention / sampler with and without PDL
 std::vector<std::string> g_only;
@@ -64,26 +65,6 @@ bool section(const char* name) {
   return g_only.empty() || std::find(g_only.begin(), g_only.end(), name) != g_only.end();
 }
 std::vector<std::string> g_summary;
-
-void out(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char buf[2048];
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  std::fputs(buf, stdout);
-  std::fflush(stdout);
-  if (g_log) std::fputs(buf, g_log);
-}
-
-#define CK(call)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      out("ERROR %s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 template <class T>
 T* dalloc(size_t count) {
@@ -192,14 +173,14 @@ double bench_read(cudaStream_t st) {
       read_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const uint4*>(buf), bytes / 16, sink);
     });
     const double gbs = bytes / ms / 1e6;
-    out("  read ceiling: %d blocks x 256 threads: %.3f ms, %.0f GB/s\n", blocks, ms, gbs);
+    say("  read ceiling: %d blocks x 256 threads: %.3f ms, %.0f GB/s\n", blocks, ms, gbs);
     best = std::max(best, gbs);
   }
   const size_t cbytes = bytes / 2;
   const double ms = time_graph(
       st, 4, [&](int) { CK(cudaMemcpyAsync(buf + cbytes, buf, cbytes, cudaMemcpyDeviceToDevice, st)); });
   const double cgbs = 2.0 * cbytes / ms / 1e6;
-  out("  copy ceiling: cudaMemcpyAsync D2D %zu MB: %.3f ms, %.0f GB/s (read + write)\n", cbytes >> 20, ms,
+  say("  copy ceiling: cudaMemcpyAsync D2D %zu MB: %.3f ms, %.0f GB/s (read + write)\n", cbytes >> 20, ms,
       cgbs);
   g_summary.push_back(std::string("read ceiling ") + std::to_string((int)best) + " GB/s, D2D copy " +
                       std::to_string((int)cgbs) + " GB/s (read+write)");
@@ -227,7 +208,7 @@ double bench_read(cudaStream_t st) {
             CK(cudaLaunchKernelEx(&cfg, read_kernel_pdl, p, b / 16, sink));
           }
         });
-        out("  read chain %3zu MB x 32 launches%s: %.2f us, %.0f GB/s (%.1f%%)\n", mb,
+        say("  read chain %3zu MB x 32 launches%s: %.2f us, %.0f GB/s (%.1f%%)\n", mb,
             pdl ? " (PDL, overlapping)" : "", ms * 1e3, b / ms / 1e6, 100.0 * b / ms / 1e6 / best);
       }
     }
@@ -286,9 +267,9 @@ void bench_gemv(cudaStream_t st, double ceiling) {
     t.kernel = 2, t.config = 2;
     vs.push_back({"sK-4w32r", t, true});
   }
-  out("\n  gemv (BF16 weights, f32 activations): us/call (%% of read ceiling)");
-  for (auto& v : vs) out(" | %s", v.name);
-  out("\n");
+  say("\n  gemv (BF16 weights, f32 activations): us/call (%% of read ceiling)");
+  for (auto& v : vs) say(" | %s", v.name);
+  say("\n");
   for (const S& s : shapes) {
     const size_t wbytes = (size_t)s.rows * s.cols * 2;
     const size_t span = 4 * g_dev.l2_bytes;
@@ -302,7 +283,7 @@ void bench_gemv(cudaStream_t st, double ceiling) {
     float* y = dalloc<float>((size_t)32 * s.rows);
     fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
     for (int n : ns) {
-      out("  %-22s n=%-2d", s.name, n);
+      say("  %-22s n=%-2d", s.name, n);
       for (size_t vi = 0; vi < vs.size(); ++vi) {
         tuning::set_gemv_tuning(vs[vi].t);
         set_programmatic_launch(vs[vi].pdl);
@@ -312,13 +293,13 @@ void bench_gemv(cudaStream_t st, double ceiling) {
         });
         const double bytes = (double)wbytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
         const double gbs = bytes / ms / 1e6;
-        out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
+        say(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
         if (vi == 0 && (n == 1 || n == 8 || n == 32))
           g_summary.push_back(std::string("gemv ") + s.name + " n=" + std::to_string(n) + ": " +
                               std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
                               " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");
       }
-      out("\n");
+      say("\n");
     }
     tuning::set_gemv_tuning({});
     set_programmatic_launch(true);
@@ -330,7 +311,7 @@ void bench_gemv(cudaStream_t st, double ceiling) {
 
 void bench_attention(cudaStream_t st, double ceiling) {
   const int n_heads = 32, n_kv = 8, hd = 128;
-  out("\n  attention (F16 cache, 32 heads, 8 kv heads, hd 128)  ctx  rows splits  us/call   GB/s  of "
+  say("\n  attention (F16 cache, 32 heads, 8 kv heads, hd 128)  ctx  rows splits  us/call   GB/s  of "
       "read%s\n",
       g_sweep ? "  | variants: us/call" : "");
   for (int ctx : {512, 4096, 32768}) {
@@ -363,16 +344,16 @@ void bench_attention(cudaStream_t st, double ceiling) {
       const double ms = time_graph(st, 32, body);
       const double bytes = (double)rows * slot_bytes;
       const double gbs = bytes / ms / 1e6;
-      out("  %-50s %6d %4d %6d %8.2f %6.0f  %5.1f%%", "", ctx, rows, plan.n_splits, ms * 1e3, gbs,
+      say("  %-50s %6d %4d %6d %8.2f %6.0f  %5.1f%%", "", ctx, rows, plan.n_splits, ms * 1e3, gbs,
           100.0 * gbs / ceiling);
       if (g_sweep) {
         const AttentionTuning planned = plan.tuning;
         plan.tuning.pdl = true;
-        out("  | PDL %8.2f", time_graph(st, 32, body) * 1e3);
+        say("  | PDL %8.2f", time_graph(st, 32, body) * 1e3);
         plan.tuning.pdl = false;
         for (int stage : {1, 2}) {
           plan.tuning.stage = stage;
-          out("  | %s %7.2f", stage == 1 ? "split-kernel" : "combine", time_graph(st, 32, body) * 1e3);
+          say("  | %s %7.2f", stage == 1 ? "split-kernel" : "combine", time_graph(st, 32, body) * 1e3);
         }
         plan.tuning = planned;
         {  // one K/V tile in flight per block, more blocks per SM (the plan follows)
@@ -384,7 +365,7 @@ void bench_attention(cudaStream_t st, double ceiling) {
             const int gi = i % groups;
             CK(attention(p1, kv, q, rows, dpos + gi * rows, dseq + gi * rows, 0.088f, o, ws1, st));
           });
-          out("  | 1 stage (%d splits) %7.2f", p1.n_splits, ms1 * 1e3);
+          say("  | 1 stage (%d splits) %7.2f", p1.n_splits, ms1 * 1e3);
           CK(cudaFree(ws1));
         }
         for (int fs : {rows * 8 * 4 <= 1024 ? 128 : 16, rows * 8 * 4 <= 1024 ? 256 : 32}) {
@@ -395,11 +376,11 @@ void bench_attention(cudaStream_t st, double ceiling) {
             const int gi = i % groups;
             CK(attention(p2, kv, q, rows, dpos + gi * rows, dseq + gi * rows, 0.088f, o, ws2, st));
           });
-          out("  | %d splits %7.2f", fs, ms2 * 1e3);
+          say("  | %d splits %7.2f", fs, ms2 * 1e3);
           CK(cudaFree(ws2));
         }
       }
-      out("\n");
+      say("\n");
       g_summary.push_back("attention ctx=" + std::to_string(ctx) + " rows=" + std::to_string(rows) + ": " +
                           std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
                           " GB/s");
@@ -411,7 +392,7 @@ void bench_attention(cudaStream_t st, double ceiling) {
 
 void bench_prefill(cudaStream_t st) {
   const int hd = 128;
-  out("\n  prefill attention (F16 cache, hd 128, one sequence)   rows   per-row us  TFLOP/s    tiled us  "
+  say("\n  prefill attention (F16 cache, hd 128, one sequence)   rows   per-row us  TFLOP/s    tiled us  "
       "TFLOP/s  "
       "speed-up  max diff\n");
   struct Shape {
@@ -459,7 +440,7 @@ void bench_prefill(cudaStream_t st) {
         mr = std::max(mr, (double)std::fabs(h1[i]));
       }
       const double tf0 = flops / ms[0] / 1e9, tf1 = flops / ms[1] / 1e9;
-      out("  %-50s %6d %12.1f %8.1f %11.1f %8.1f %8.2fx  %.1e%s\n", sh.name, n, ms[0] * 1e3, tf0, ms[1] * 1e3,
+      say("  %-50s %6d %12.1f %8.1f %11.1f %8.1f %8.2fx  %.1e%s\n", sh.name, n, ms[0] * 1e3, tf0, ms[1] * 1e3,
           tf1, ms[0] / ms[1], md / mr, plan.tiled ? "" : "  (plan: no tiled kernel)");
       g_summary.push_back(std::string("prefill ") + sh.name + " n=" + std::to_string(n) + ": per-row " +
                           std::to_string(ms[0] * 1e3).substr(0, 7) + " us (" +
@@ -507,7 +488,7 @@ void bench_sampler(cudaStream_t st) {
                      {"top_k=40 + repeat penalty (64)", 0.8f, 40, 0.95f, 0.05f, 1.1f},
                      {"top_k=0 top_p=0.9", 1.0f, 0, 0.9f, 0.0f, 1.0f},
                      {"top_k=0 top_p=0.9 T=3 (flat)", 3.0f, 0, 0.9f, 0.0f, 1.0f}};
-  out("\n  sampler V=128256                              us/launch (1 row)   us/launch (32 rows)%s\n",
+  say("\n  sampler V=128256                              us/launch (1 row)   us/launch (32 rows)%s\n",
       g_sweep ? "  | no-PDL 1 row, 32 rows" : "");
   for (const C& c : cases) {
     std::vector<SamplerRow> rows(max_rows);
@@ -524,22 +505,22 @@ void bench_sampler(cudaStream_t st) {
     for (int n : {1, max_rows}) {
       t[i++] = time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3;
     }
-    out("  %-44s %10.1f %20.1f", c.name, t[0], t[1]);
+    say("  %-44s %10.1f %20.1f", c.name, t[0], t[1]);
     if (g_sweep) {
       set_programmatic_launch(false);
       for (int n : {1, max_rows})
-        out("  | %6.1f",
+        say("  | %6.1f",
             time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3);
       set_programmatic_launch(true);
       for (int stage : {1, 2}) {
         tuning::set_sampler_stage(stage);
         for (int n : {1, max_rows})
-          out("  | %s %6.1f", stage == 1 ? "segments" : "merge",
+          say("  | %s %6.1f", stage == 1 ? "segments" : "merge",
               time_graph(st, 8, [&](int) { CK(sample(plan, logits, V, V, drows, n, so, ws, st)); }) * 1e3);
       }
       tuning::set_sampler_stage(0);
     }
-    out("\n");
+    say("\n");
     g_summary.push_back(std::string("sampler ") + c.name + ": " + std::to_string(t[0]).substr(0, 6) +
                         " us (1 row), " + std::to_string(t[1]).substr(0, 6) + " us (32 rows)");
   }
@@ -567,7 +548,7 @@ const std::vector<LowbitShape>& lowbit_shapes() {
 void bench_lowbit(cudaStream_t st, double ceiling) {
   const std::vector<LowbitShape>& shapes = lowbit_shapes();
   const std::vector<int> ns = g_quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 4, 8, 32};
-  out("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary | fp8 simt | "
+  say("\n  lowbit gemv (f32 activations): us/call (%% of read ceiling)  | q8_0 | fp8 | ternary | fp8 simt | "
       "ternary simt\n");
   for (const LowbitShape& s : shapes) {
     const GgmlType types[3] = {GgmlType::Q8_0, GgmlType::F8_E4M3, GgmlType::TERNARY};
@@ -592,7 +573,7 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
     float* y = dalloc<float>((size_t)32 * s.rows);
     fill(x, (size_t)32 * s.cols * 4, 7, 0x3f7fffffu);
     for (int n : ns) {
-      out("  %-22s n=%-2d", s.name, n);
+      say("  %-22s n=%-2d", s.name, n);
       // Columns 4 and 5: F8_E4M3 and TERNARY through the SIMT kernel (gemv_lowbit), where gemv() takes the
       // tensor-core or the streaming one.
       for (int col = 0; col < 5; ++col) {
@@ -608,7 +589,7 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
         });
         const double bytes = (double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
         const double gbs = bytes / ms / 1e6;
-        out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
+        say(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
         if (n == 1 || n == 4)
           g_summary.push_back(std::string("lowbit gemv ") +
                               (col == 0   ? "q8_0 "
@@ -620,7 +601,7 @@ void bench_lowbit(cudaStream_t st, double ceiling) {
                               std::to_string(ms * 1e3).substr(0, 6) + " us, " + std::to_string((int)gbs) +
                               " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read");
       }
-      out("\n");
+      say("\n");
     }
     for (auto& mm : m) {
       for (auto p : mm.w) CK(cudaFree(p));
@@ -641,7 +622,7 @@ void bench_kquant(cudaStream_t st, double ceiling) {
   const char* names[] = {"bf16", "q4_k", "q6_k", "q5_k", "q4_0", "q8_0"};
   constexpr int kTypes = 6;
   const int tiles[] = {0, 12, 14, 22, 24, 42};
-  out("\n  kquant gemv (f32 activations): us/call (%% of read ceiling) | bf16 | q4_k | q6_k | q5_k | q4_0 | "
+  say("\n  kquant gemv (f32 activations): us/call (%% of read ceiling) | bf16 | q4_k | q6_k | q5_k | q4_0 | "
       "q8_0\n");
   for (const LowbitShape& s : shapes) {
     if (s.rows > 16384) continue;
@@ -668,13 +649,13 @@ void bench_kquant(cudaStream_t st, double ceiling) {
       });
     };
     for (int n : {1, 2, 4, 8}) {
-      out("  %-22s n=%-2d", s.name, n);
+      say("  %-22s n=%-2d", s.name, n);
       double bf16_ms = 0;
       for (int ti = 0; ti < kTypes; ++ti) {
         const double ms = run(ti, n);
         if (ti == 0) bf16_ms = ms;
         const double gbs = ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
-        out(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
+        say(" | %7.2f (%4.1f%%)", ms * 1e3, 100.0 * gbs / ceiling);
         if (n == 1 || n == 4)
           g_summary.push_back(std::string("kquant gemv ") + names[ti] + " " + s.name +
                               " n=" + std::to_string(n) + ": " + std::to_string(ms * 1e3).substr(0, 6) +
@@ -682,31 +663,67 @@ void bench_kquant(cudaStream_t st, double ceiling) {
                               " GB/s = " + std::to_string((int)(100.0 * gbs / ceiling)) + "% of read, " +
                               std::to_string(bf16_ms / ms).substr(0, 4) + "x bf16");
       }
-      out("\n");
+      say("\n");
     }
     for (int ti = 1; ti < 5; ++ti)  // x staged in shared memory against x through L1
       for (int n : {1, 2}) {
-        out("  %-22s n=%d  %s", s.name, n, names[ti]);
+        say("  %-22s n=%d  %s", s.name, n, names[ti]);
         for (int stage : {1, 0}) {
           set_kquant_stage(stage);
           const double ms = run(ti, n);
           const double gbs =
               ((double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4) / ms / 1e6;
-          out(" | %s %6.2f (%4.1f%%)", stage ? "x staged:" : "x via L1:", ms * 1e3, 100.0 * gbs / ceiling);
+          say(" | %s %6.2f (%4.1f%%)", stage ? "x staged:" : "x via L1:", ms * 1e3, 100.0 * gbs / ceiling);
         }
         set_kquant_stage(-1);
-        out("\n");
+        say("\n");
       }
+    {  // int8 activations (gemv_kquant_q8: the quantisation of x included) against f32 x through L1
+      uint8_t* ws = dalloc<uint8_t>(kquant_q8_ws_bytes(8, s.cols));
+      for (int ti = 1; ti < 5; ++ti)
+        for (int n : {1, 2, 4}) {
+          say("  %-22s n=%d  %s", s.name, n, names[ti]);
+          const double ms_f32 = run(ti, n);
+          const double ms_q8 = time_graph(st, 32, [&](int i) {
+            WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb};
+            CK(gemv_kquant_q8(wv, x, n, y, nullptr, false, ws, kquant_q8_ws_bytes(8, s.cols), st));
+          });
+          const double bytes = (double)m[ti].bytes + (double)n * s.cols * 4 + (double)n * s.rows * 4;
+          say(" | x f32: %6.2f (%4.1f%%) | x int8: %6.2f (%4.1f%%)\n", ms_f32 * 1e3,
+              100.0 * bytes / ms_f32 / 1e6 / ceiling, ms_q8 * 1e3, 100.0 * bytes / ms_q8 / 1e6 / ceiling);
+          if (n == 1 || n == 4)
+            g_summary.push_back(std::string("kquant gemv int8 x ") + names[ti] + " " + s.name +
+                                " n=" + std::to_string(n) + ": " + std::to_string(ms_q8 * 1e3).substr(0, 6) +
+                                " us = " + std::to_string((int)(100.0 * bytes / ms_q8 / 1e6 / ceiling)) +
+                                "% of read (f32 x: " + std::to_string((int)(100.0 * bytes / ms_f32 / 1e6 / ceiling)) +
+                                "%)");
+        }
+      for (int ti : {1, 2}) {
+        say("  %-22s n=1  %s int8 tiles", s.name, names[ti]);
+        for (int t : tiles) {
+          set_kquant_tile(t);
+          const double ms = time_graph(st, 32, [&](int i) {
+            WeightView wv{types[ti], m[ti].w[i % m[ti].w.size()], s.rows, s.cols, m[ti].rb};
+            CK(gemv_kquant_q8(wv, x, 1, y, nullptr, false, ws, kquant_q8_ws_bytes(8, s.cols), st));
+          });
+          const double gbs = ((double)m[ti].bytes + (double)s.cols * 4 + (double)s.rows * 4) / ms / 1e6;
+          say(" | %d: %6.2f (%4.1f%%)", t, ms * 1e3, 100.0 * gbs / ceiling);
+        }
+        set_kquant_tile(0);
+        say("\n");
+      }
+      CK(cudaFree(ws));
+    }
     for (int ti : {1, 2}) {
-      out("  %-22s n=1  %s tiles", s.name, names[ti]);
+      say("  %-22s n=1  %s tiles", s.name, names[ti]);
       for (int t : tiles) {
         set_kquant_tile(t);
         const double ms = run(ti, 1);
         const double gbs = ((double)m[ti].bytes + (double)s.cols * 4 + (double)s.rows * 4) / ms / 1e6;
-        out(" | %d: %6.2f (%4.1f%%)", t, ms * 1e3, 100.0 * gbs / ceiling);
+        say(" | %d: %6.2f (%4.1f%%)", t, ms * 1e3, 100.0 * gbs / ceiling);
       }
       set_kquant_tile(0);
-      out("\n");
+      say("\n");
     }
     for (auto& mm : m)
       for (auto p : mm.w) CK(cudaFree(p));
@@ -721,10 +738,10 @@ void bench_kquant(cudaStream_t st, double ceiling) {
 void bench_lowbit_bulk(cudaStream_t st, double ceiling) {
   const std::vector<LowbitShape>& shapes = lowbit_shapes();
   const int slots[] = {0, 1, 2, 3, 4, 6};
-  out("\n  lowbit tensor-core gemv, register loads (slots 0) vs bulk copies: us/call (%% of read ceiling)\n");
-  out("  %-28s", "");
-  for (int sl : slots) out(" | slots %d       ", sl);
-  out("\n");
+  say("\n  lowbit tensor-core gemv, register loads (slots 0) vs bulk copies: us/call (%% of read ceiling)\n");
+  say("  %-28s", "");
+  for (int sl : slots) say(" | slots %d       ", sl);
+  say("\n");
   for (const LowbitShape& s : shapes)
     for (GgmlType t : {GgmlType::F8_E4M3, GgmlType::TERNARY}) {
       const size_t rb = lowbit_row_bytes(t, s.cols), wbytes = (size_t)s.rows * rb;
@@ -744,7 +761,7 @@ void bench_lowbit_bulk(cudaStream_t st, double ceiling) {
         WeightView wv{t, w[0], s.rows, s.cols, rb, scale};
         wv.scale_group = s.cols, wv.scale_row_stride = fp8 ? 1 : 0;
         if (!gemv_lowbit_tc_ok(wv, n)) continue;
-        out("  %-7s %-20s n=%d", fp8 ? "fp8" : "ternary", s.name, n);
+        say("  %-7s %-20s n=%d", fp8 ? "fp8" : "ternary", s.name, n);
         for (int sl : slots) {
           const double ms = time_graph(st, 32, [&](int i) {
             WeightView v = wv;
@@ -753,13 +770,13 @@ void bench_lowbit_bulk(cudaStream_t st, double ceiling) {
           });
           const double bytes =
               (double)wbytes + (fp8 ? s.rows * 4.0 : 0.0) + (double)n * s.cols * 4 + (double)n * s.rows * 4;
-          out(" | %6.2f (%4.1f%%)", ms * 1e3, 100.0 * bytes / ms / 1e6 / ceiling);
+          say(" | %6.2f (%4.1f%%)", ms * 1e3, 100.0 * bytes / ms / 1e6 / ceiling);
           if (n == 1)
             g_summary.push_back(std::string("lowbit tc ") + (fp8 ? "fp8 " : "ternary ") + s.name +
                                 " n=1 slots " + std::to_string(sl) + ": " +
                                 std::to_string(ms * 1e3).substr(0, 6) + " us");
         }
-        out("\n");
+        say("\n");
       }
       for (auto p : w) CK(cudaFree(p));
       CK(cudaFree(scale));
@@ -785,7 +802,7 @@ void bench_fp8_gemm(cudaStream_t st) {
   uint8_t* ws = dalloc<uint8_t>(ws_bytes);
   CudaMatmul mm;
   CK(mm.init(ws, ws_bytes));
-  out("\n  prefill matmul, F8_E4M3 weights (scale per row): us/call (TFLOP/s) | bf16 weights | "
+  say("\n  prefill matmul, F8_E4M3 weights (scale per row): us/call (TFLOP/s) | bf16 weights | "
       "fp8: bf16 copy | fp8: FP8 GEMM (x per-row E4M3) | speed-up\n");
   for (const S& s : shapes) {
     const size_t n8 = (size_t)s.rows * s.cols;
@@ -799,7 +816,7 @@ void bench_fp8_gemm(cudaStream_t st) {
     fill(x, (size_t)max_n * s.cols * 4, 7, 0x3f7fffffu);
     float* y = dalloc<float>((size_t)max_n * s.rows);
     for (int n : {128, 512, 2048}) {
-      out("  %-20s n=%-5d", s.name, n);
+      say("  %-20s n=%-5d", s.name, n);
       double t[3];
       for (int v = 0; v < 3; ++v) {
         WeightView wv{v == 0 ? GgmlType::BF16 : GgmlType::F8_E4M3, v == 0 ? w16 : w8,       s.rows, s.cols,
@@ -807,10 +824,10 @@ void bench_fp8_gemm(cudaStream_t st) {
         if (v > 0) wv.scale_group = s.cols, wv.scale_row_stride = 1;
         tuning::set_fp8_gemm(v == 2 ? 1 : 2);
         t[v] = time_graph(st, 4, [&](int) { CK(mm.matmul(wv, x, n, y, nullptr, false, st)); });
-        out(" | %8.1f (%5.1f)", t[v] * 1e3, 2.0 * n * s.rows * s.cols / (t[v] * 1e-3) / 1e12);
+        say(" | %8.1f (%5.1f)", t[v] * 1e3, 2.0 * n * s.rows * s.cols / (t[v] * 1e-3) / 1e12);
       }
       tuning::set_fp8_gemm(0);
-      out(" | %.2fx\n", t[1] / t[2]);
+      say(" | %.2fx\n", t[1] / t[2]);
       g_summary.push_back(std::string("fp8 prefill ") + s.name + " n=" + std::to_string(n) + ": bf16 copy " +
                           std::to_string(t[1] * 1e3).substr(0, 7) + " us, fp8 gemm " +
                           std::to_string(t[2] * 1e3).substr(0, 7) + " us, bf16 weights " +
@@ -854,11 +871,11 @@ int main(int argc, char** argv) {
   CK(query_device(0, &g_dev));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  out("device: %s, %d SMs, L2 %zu MB, %zu GB\n", prop.name, g_dev.n_sms, g_dev.l2_bytes >> 20,
+  say("device: %s, %d SMs, L2 %zu MB, %zu GB\n", prop.name, g_dev.n_sms, g_dev.l2_bytes >> 20,
       prop.totalGlobalMem >> 30);
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  out("\nceilings\n");
+  say("\nceilings\n");
   const double ceiling = bench_read(st);
   if (section("gemv")) bench_gemv(st, ceiling);
   if (section("attention")) bench_attention(st, ceiling);
@@ -868,8 +885,8 @@ int main(int argc, char** argv) {
   if (section("lowbit_bulk")) bench_lowbit_bulk(st, ceiling);
   if (section("kquant")) bench_kquant(st, ceiling);
   if (section("fp8_gemm")) bench_fp8_gemm(st);
-  out("\nsummary\n");
-  for (const auto& s : g_summary) out("  %s\n", s.c_str());
+  say("\nsummary\n");
+  for (const auto& s : g_summary) say("  %s\n", s.c_str());
   CK(cudaStreamDestroy(st));
   if (g_log) std::fclose(g_log);
   return 0;

@@ -29,6 +29,8 @@
 #include "engine/testing.h"
 #include "greedy_util.h"
 #include "io/convert.h"
+#include "kv/layout.h"
+#include "model/model.h"
 #include "sampling/philox.h"
 #include "sampling/sampler.h"
 #include "spec_sampling_check.h"
@@ -1219,6 +1221,76 @@ TEST(CudaBackend, LowbitWeightsMatchCpu) {
     EXPECT_EQ(got, want) << c.type;
     fs::remove(path);
   }
+}
+
+// ULTRA_CUDA_PROFILE=1: every step runs directly, op by op through the profiling decorator (ProfiledOps) with
+// events around each op, and gives the same logits, bit for bit, as the captured steps; the table printed
+// when the backend goes names the matmuls by their MatmulOp and counts the single-row steps.
+TEST(CudaBackend, ProfiledStepsMatchGraphs) {
+  const Model m = Model::load(kBundled.string());
+  const int V = m.tokenizer()->n_vocab();
+  auto run = [&](bool profile, std::string* table) {
+    if (profile) setenv("ULTRA_CUDA_PROFILE", "1", 1);
+    if (profile) ::testing::internal::CaptureStderr();
+    std::vector<float> all;
+    {
+      Context cu(m, gpu(64, 16, 1));
+      cu.set_sampling(0, SamplingParams::greedy());
+      Batch b(16);
+      for (int i = 0; i < 12; ++i) b.add((i * 37 + 11) % V, i, 0, i == 11 ? Output::sample : Output::none);
+      cu.step(b);  // a 12-row step: the 16-row bucket
+      int32_t next = cu.sampled(11);
+      for (int step = 0; step < 8; ++step) {  // single-row steps
+        b.clear();
+        b.add(next, cu.seq_len(0), 0, Output::sample);
+        cu.step(b);
+        next = cu.sampled(0);
+        all.insert(all.end(), cu.logits(0).begin(), cu.logits(0).end());
+      }
+    }  // the profiled backend prints its table here
+    if (profile) *table = ::testing::internal::GetCapturedStderr();
+    unsetenv("ULTRA_CUDA_PROFILE");
+    return all;
+  };
+  std::string table;
+  const std::vector<float> graphs = run(false, nullptr);
+  const std::vector<float> profiled = run(true, &table);
+  ASSERT_EQ(graphs.size(), profiled.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < graphs.size(); ++i) diff += std::memcmp(&graphs[i], &profiled[i], 4) != 0;
+  EXPECT_EQ(diff, 0u);
+  EXPECT_NE(table.find("CUDA profile: 8 single-row steps"), std::string::npos) << table;
+  for (const char* op : {"input upload", "token log", "attention", "matmul o (+ residual)"})
+    EXPECT_NE(table.find(op), std::string::npos) << op << " missing from\n" << table;
+}
+
+// The size plan (backend/cuda/size_plan.h) is what is allocated: the device allocator's bytes and calls after
+// construction equal the plan's sums (a buffer allocated outside the plan, or planned and not allocated,
+// breaks both), and the footprint is the device bytes plus the pinned host blocks; for a dense model, for
+// mixture-of-experts models without and with a shared expert, and for low-bit weights, with one and with
+// several outputs and slots.
+TEST(CudaBackend, SizePlanIsWhatIsAllocated) {
+  const fs::path q4 = fs::temp_directory_path() / fmt::format("ultra_cuda_plan_q4_k_m_{}.gguf", getpid());
+  ConvertOptions opt;
+  opt.out_type = "q4_k_m";
+  quantize_model(kBundled.string(), q4.string(), opt);
+  for (const fs::path& path : {kBundled, kHf / "qwen3_moe", kHf / "qwen2_moe", kHf / "gemma2", q4}) {
+    const std::unique_ptr<ModelData> md = load_model(path.string());
+    for (const ContextParams& p : {gpu(256, 64, 8, KvType::f16, 4), gpu(100, 3, 1), gpu(64, 40, 40)}) {
+      const long calls0 = DeviceAllocator::total_calls();
+      CudaBackend be(*md, p, md->hp.n_vocab);
+      const cuda::CudaSizePlan& plan = be.size_plan();
+      SCOPED_TRACE(
+          fmt::format("{} n_batch {} n_outputs {}", path.filename().string(), p.n_batch, p.n_outputs));
+      EXPECT_EQ(be.allocator().bytes(), plan.device_bytes());
+      EXPECT_EQ(be.allocator().n_allocs(), plan.device_allocs());
+      EXPECT_EQ(DeviceAllocator::total_calls() - calls0, plan.device_allocs());
+      const Footprint fp = be.footprint();
+      EXPECT_EQ(fp.weights + fp.kv + fp.scratch, be.allocator().bytes() + plan.pinned_bytes());
+      EXPECT_EQ(fp.kv, kv_cache_bytes(md->hp, p.n_slots, p.n_ctx, p.kv_type, KvMemory::device));
+    }
+  }
+  fs::remove(q4);
 }
 
 TEST(CudaBackend, ClearErrors) {

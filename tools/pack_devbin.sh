@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 build="${1:-build}"
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devpack
-for b in ultra test_cuda_backend test_cuda_kernels test_cuda_ops test_cuda_moe bench_cuda_kernels bench_server bench_matmul test_cpu_ops \
+for b in ultra test_cuda_backend test_cuda_kernels test_cuda_ops test_cuda_moe test_cuda_size_plan bench_cuda_kernels bench_server bench_matmul test_cpu_ops \
          test_backend_ops test_zero_alloc; do
   [ -x "$build/$b" ] && cp "$build/$b" .devbin/
 done

@@ -18,10 +18,10 @@ void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const St
     ops.moe_route(b.router, n, hp.n_expert, k, hp.expert_norm, b.expert_ids, b.expert_w);
   ops.moe_ffn(il, l, b.xb, n, b.expert_ids, b.expert_w, k, b.x);
   if (hp.shexp_ffn_dim == 0) return;
-  ops.matmul(l.w_gate_shexp, b.xb, n, b.hb, nullptr, false);  // [n, shexp_ffn]
-  ops.matmul(l.w_up_shexp, b.xb, n, b.hb2, nullptr, false);
+  ops.matmul(MatmulOp::gate_shexp, l.w_gate_shexp, b.xb, n, b.hb, nullptr, false);  // [n, shexp_ffn]
+  ops.matmul(MatmulOp::up_shexp, l.w_up_shexp, b.xb, n, b.hb2, nullptr, false);
   ops.silu_mul(b.hb, b.hb2, (int64_t)n * hp.shexp_ffn_dim, b.hb2);
-  ops.matmul(l.w_down_shexp, b.hb2, n, b.shexp_out, nullptr, false);  // [n, dim]
+  ops.matmul(MatmulOp::down_shexp, l.w_down_shexp, b.hb2, n, b.shexp_out, nullptr, false);  // [n, dim]
   ops.sigmoid_gate_add(b.shexp_out, l.ffn_gate_inp_shexp, b.xb, n, dim, b.x);
 }
 
@@ -78,11 +78,11 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     else
       ops.attention(il, q, n, hp.n_heads, rows.pos, rows.seq, scale, hp.attn_softcap, window, b.att);
     if (hp.post_norms) {
-      ops.matmul(l.wo, b.att, n, b.xb, l.bo, false);  // [n, dim]
+      ops.matmul(MatmulOp::o, l.wo, b.att, n, b.xb, l.bo, false);  // [n, dim]
       if (tp) ops.all_reduce_sum(b.xb, nd);
       ops.norm_add(b.xb, l.attn_post_norm, n, dim, hp.rms_eps, b.x);
     } else {
-      ops.matmul(l.wo, b.att, n, b.x, l.bo, lead);
+      ops.matmul(MatmulOp::o, l.wo, b.att, n, b.x, l.bo, lead);
       if (tp) ops.all_reduce_sum(b.x, nd);
     }
 
@@ -104,11 +104,11 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     else
       ops.silu_mul(gate, up, (int64_t)n * hp.ffn_dim, b.hb2);
     if (hp.post_norms) {
-      ops.matmul(l.w_down, b.hb2, n, b.xb, nullptr, false);  // [n, dim]
+      ops.matmul(MatmulOp::down, l.w_down, b.hb2, n, b.xb, nullptr, false);  // [n, dim]
       if (tp) ops.all_reduce_sum(b.xb, nd);
       ops.norm_add(b.xb, l.ffn_post_norm, n, dim, hp.rms_eps, b.x);
     } else {
-      ops.matmul(l.w_down, b.hb2, n, b.x, nullptr, lead);
+      ops.matmul(MatmulOp::down, l.w_down, b.hb2, n, b.x, nullptr, lead);
       if (tp) ops.all_reduce_sum(b.x, nd);
     }
   }
@@ -117,7 +117,7 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
   if (rows.n_out != 1 || !ops.norm_matmul1(w.output, w.output_norm, b.x, rows.out_row, hp.rms_eps, logits)) {
     ops.gather_rows(b.x, rows.out_row, rows.n_out, dim, b.xb);
     ops.rmsnorm(b.xb, w.output_norm, rows.n_out, dim, hp.rms_eps, b.out_x);
-    ops.matmul(w.output, b.out_x, rows.n_out, logits, nullptr, false);
+    ops.matmul(MatmulOp::lm_head, w.output, b.out_x, rows.n_out, logits, nullptr, false);
   }
   if (tp) ops.gather_vocab(b.vocab_part, rows.n_out, b.logits);
   if (hp.final_softcap > 0) ops.softcap(b.logits, (int64_t)rows.n_out * hp.n_vocab, hp.final_softcap);

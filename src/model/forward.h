@@ -50,6 +50,24 @@ struct StepBuffers {
   float* shexp_out = nullptr;     // [n_batch, dim] the shared expert's output (Qwen2-MoE)
 };
 
+// Which projection of the forward a matmul computes, passed by forward() so that a backend need not guess it
+// from the matrix's shape (the CUDA backend names its profile rows and its timing switches by it).
+enum class MatmulOp : uint8_t {
+  q,
+  k,
+  v,
+  o,  // the attention output projection
+  gate,
+  up,
+  down,
+  lm_head,
+  router,  // a mixture-of-experts layer's ffn_gate_inp
+  gate_shexp,
+  up_shexp,
+  down_shexp,  // the shared expert's (Qwen2-MoE)
+};
+constexpr int kMatmulOps = (int)MatmulOp::down_shexp + 1;
+
 // The kernels a backend supplies; all pointers are backend memory. Shapes as in cpu/ops.h.
 class ForwardOps {
  public:
@@ -57,8 +75,9 @@ class ForwardOps {
   // x[t] = row tokens[t] of the embedding table.
   virtual void embed(const WeightView& table, const int32_t* tokens, int n, float* x) = 0;
   virtual void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) = 0;
-  // y[n, rows] = x[n, cols] . W^T (+ bias); accumulate: y += instead of y = (the residual add).
-  virtual void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+  // y[n, rows] = x[n, cols] . W^T (+ bias); accumulate: y += instead of y = (the residual add). op: which
+  // projection it is.
+  virtual void matmul(MatmulOp op, const WeightView& w, const float* x, int n, float* y, const float* bias,
                       bool accumulate) = 0;
   // RoPE in place on q [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] (one launch on a GPU), with
   // layer il's frequencies (ModelData::layer_rope_inv_freq).
@@ -103,14 +122,14 @@ class ForwardOps {
   // may instead compute them with one fused matrix [Wq; Wk; Wv] into memory of its own and point them there
   // ([n, dim] rows each, contiguous per projection). The default: three matmuls into the step buffers.
   virtual void qkv(int il, const LayerWeights& l, const float* x, int n, float*& q, float*& k, float*& v) {
-    matmul(l.wq, x, n, q, l.bq, false);
-    matmul(l.wk, x, n, k, l.bk, false);
-    matmul(l.wv, x, n, v, l.bv, false);
+    matmul(MatmulOp::q, l.wq, x, n, q, l.bq, false);
+    matmul(MatmulOp::k, l.wk, x, n, k, l.bk, false);
+    matmul(MatmulOp::v, l.wv, x, n, v, l.bv, false);
   }
   // The gate and up projections of layer il, the same way ([W_gate; W_up] when fused).
   virtual void gate_up(int il, const LayerWeights& l, const float* x, int n, float*& gate, float*& up) {
-    matmul(l.w_gate, x, n, gate, nullptr, false);
-    matmul(l.w_up, x, n, up, nullptr, false);
+    matmul(MatmulOp::gate, l.w_gate, x, n, gate, nullptr, false);
+    matmul(MatmulOp::up, l.w_up, x, n, up, nullptr, false);
   }
   // The ops of tensor parallelism (model/shard.h) only; a backend without them refuses split models at
   // context creation (the defaults are never reached).
@@ -133,7 +152,7 @@ class ForwardOps {
   // The router's logits [n, n_expert] = l.ffn_gate_inp . xn[r] (+ l.ffn_gate_inp_b, gpt-oss) (a backend may
   // compute them more precisely than its other matmuls: the expert choice is a discrete function of them).
   virtual void moe_router(int /*il*/, const LayerWeights& l, const float* xn, int n, float* logits) {
-    matmul(l.ffn_gate_inp, xn, n, logits, l.ffn_gate_inp_b, false);
+    matmul(MatmulOp::router, l.ffn_gate_inp, xn, n, logits, l.ffn_gate_inp_b, false);
   }
   // model/moe.h's moe_route over n rows of router logits [n, n_expert] -> ids, w [n, k].
   virtual void moe_route(float*, int /*n*/, int /*n_expert*/, int /*k*/, bool /*norm*/, int32_t*, float*) {

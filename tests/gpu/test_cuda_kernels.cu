@@ -33,26 +33,15 @@
 
 using namespace ultra;
 using namespace ultra::cuda;
+using namespace ultra::test;
 
 namespace {
 
 // ---- reporting
 
-FILE* g_log = nullptr;
 int g_pass = 0, g_fail = 0;
 std::string g_filter;
 bool g_quick = false;
-
-void out(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char buf[2048];
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  std::fputs(buf, stdout);
-  std::fflush(stdout);
-  if (g_log) std::fputs(buf, g_log);
-}
 
 bool enabled(const char* name) {
   return g_filter.empty() || std::string(name).find(g_filter) != std::string::npos;
@@ -61,20 +50,15 @@ bool enabled(const char* name) {
 void report(bool ok, const char* kernel, const std::string& shape, double err, double bound,
             const char* extra = "") {
   (ok ? g_pass : g_fail)++;
-  out("%s %-14s %-64s err=%.3e bound=%.1e %s\n", ok ? "PASS" : "FAIL", kernel, shape.c_str(), err, bound,
+  say("%s %-14s %-64s err=%.3e bound=%.1e %s\n", ok ? "PASS" : "FAIL", kernel, shape.c_str(), err, bound,
       extra);
 }
 
-#define CK(call)                                                                                    \
-  do {                                                                                              \
-    cudaError_t e_ = (call);                                                                        \
-    if (e_ != cudaSuccess) {                                                                        \
-      out("FAIL cuda-call    %s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      ++g_fail;                                                                                     \
-      out("test_cuda_kernels: %d passed, %d failed\n", g_pass, g_fail);                             \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
+// gpu_program.h's CK: a failed CUDA call outside the kernels under test ends the program, after this line.
+void summary_on_fatal() {
+  ++g_fail;
+  say("test_cuda_kernels: %d passed, %d failed\n", g_pass, g_fail);
+}
 
 std::string fmt(const char* f, ...) {
   va_list ap;
@@ -93,33 +77,6 @@ size_t tsize(GgmlType t) {
 }
 
 // ---- device memory
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  Dev() = default;
-  explicit Dev(size_t count) { alloc(count); }
-  void alloc(size_t count) {
-    n = count;
-    CK(cudaMalloc(&p, (count ? count : 1) * sizeof(T)));
-  }
-  ~Dev() {
-    if (p) cudaFree(p);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void up(const std::vector<T>& h) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down(size_t count) const {
-    std::vector<T> h(count);
-    CK(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  std::vector<T> down() const { return down(n); }
-  void poison() { CK(cudaMemset(p, 0xff, (n ? n : 1) * sizeof(T))); }  // NaN for floats, -1 for ints
-};
 
 // ---- data
 
@@ -200,31 +157,31 @@ void test_embed(GgmlType t, int vocab, int dim, int n) {
   std::vector<int32_t> tok(n);
   for (int i = 0; i < n; ++i) tok[i] = randi(0, vocab - 1);
   if (n > 2) tok[1] = vocab + 5, tok[2] = -3;  // out of range: zero rows
-  Dev<uint8_t> dt(tab.size());
-  dt.up(tab);
-  Dev<int32_t> dk(n);
-  dk.up(tok);
-  Dev<float> dx((size_t)n * dim);
+  DevBuf<uint8_t> dt(tab.size());
+  dt.put(tab);
+  DevBuf<int32_t> dk(n);
+  dk.put(tok);
+  DevBuf<float> dx((size_t)n * dim);
   dx.poison();
-  WeightView w{t, dt.p, vocab, dim, (size_t)dim * tsize(t)};
-  CK(embed(w, dk.p, n, dx.p, 0));
+  WeightView w{t, dt.get(), vocab, dim, (size_t)dim * tsize(t)};
+  CK(embed(w, dk.get(), n, dx.get(), 0));
   CK(cudaDeviceSynchronize());
   std::vector<double> ref((size_t)n * dim, 0.0);
   for (int i = 0; i < n; ++i)
     if (tok[i] >= 0 && tok[i] < vocab)
       for (int d = 0; d < dim; ++d) ref[(size_t)i * dim + d] = dec[(size_t)tok[i] * dim + d];
-  const double e = rel_err(dx.down(), ref);
+  const double e = rel_err(dx.all(), ref);
   report(ok_err(e, 0.0), "embed", fmt("%s vocab=%d dim=%d n=%d", tname(t), vocab, dim, n), e, 0.0);
 }
 
 void test_rmsnorm(int n, int dim) {
   auto x = randn((size_t)n * dim, 3.0f), w = randu(dim, 0.5f, 1.5f);
   const float eps = 1e-5f;
-  Dev<float> dx(x.size()), dw(dim), dout(x.size());
-  dx.up(x);
-  dw.up(w);
+  DevBuf<float> dx(x.size()), dw(dim), dout(x.size());
+  dx.put(x);
+  dw.put(w);
   dout.poison();
-  CK(rmsnorm(dx.p, dw.p, n, dim, eps, dout.p, 0));
+  CK(rmsnorm(dx.get(), dw.get(), n, dim, eps, dout.get(), 0));
   CK(cudaDeviceSynchronize());
   std::vector<double> ref(x.size());
   for (int r = 0; r < n; ++r) {
@@ -233,33 +190,33 @@ void test_rmsnorm(int n, int dim) {
     const double sc = 1.0 / std::sqrt(ss / dim + eps);
     for (int i = 0; i < dim; ++i) ref[(size_t)r * dim + i] = x[(size_t)r * dim + i] * sc * w[i];
   }
-  const double e = rel_err(dout.down(), ref);
+  const double e = rel_err(dout.all(), ref);
   report(ok_err(e, 2e-6), "rmsnorm", fmt("n=%d dim=%d", n, dim), e, 2e-6);
 }
 
 void test_elementwise(int64_t count, int offset) {
   // offset shifts the pointers off 16-byte alignment (scalar paths)
   auto g = randn(count + offset, 4.0f), u = randn(count + offset), y = randn(count + offset);
-  Dev<float> dg(g.size()), du(u.size()), dy(y.size()), dout(count + offset);
-  dg.up(g);
-  du.up(u);
-  dy.up(y);
+  DevBuf<float> dg(g.size()), du(u.size()), dy(y.size()), dout(count + offset);
+  dg.put(g);
+  du.put(u);
+  dy.put(y);
   dout.poison();
-  CK(silu_mul(dg.p + offset, du.p + offset, count, dout.p + offset, 0));
+  CK(silu_mul(dg.get() + offset, du.get() + offset, count, dout.get() + offset, 0));
   CK(cudaDeviceSynchronize());
   std::vector<double> ref(count);
   for (int64_t i = 0; i < count; ++i) {
     const double gg = g[i + offset];
     ref[i] = gg / (1.0 + std::exp(-gg)) * u[i + offset];
   }
-  auto o = dout.down();
+  auto o = dout.all();
   std::vector<float> o2(o.begin() + offset, o.end());
   double e = rel_err(o2, ref);
   report(ok_err(e, 2e-6), "silu_mul", fmt("count=%lld offset=%d", (long long)count, offset), e, 2e-6);
 
-  CK(add(dg.p + offset, dy.p + offset, count, 0));
+  CK(add(dg.get() + offset, dy.get() + offset, count, 0));
   CK(cudaDeviceSynchronize());
-  auto a = dg.down();
+  auto a = dg.all();
   for (int64_t i = 0; i < count; ++i)
     ref[i] = (double)(g[i + offset] + y[i + offset]);  // f32 add: exact match
   std::vector<float> a2(a.begin() + offset, a.end());
@@ -267,15 +224,15 @@ void test_elementwise(int64_t count, int offset) {
   report(ok_err(e, 0.0), "add", fmt("count=%lld offset=%d", (long long)count, offset), e, 0.0);
 
   // Gemma's ops against float64: tanh-GELU gating, scaling, soft-capping (tanhf and a few f32 roundings).
-  dg.up(g);
+  dg.put(g);
   dout.poison();
-  CK(gelu_mul(dg.p + offset, du.p + offset, count, dout.p + offset, 0));
+  CK(gelu_mul(dg.get() + offset, du.get() + offset, count, dout.get() + offset, 0));
   CK(cudaDeviceSynchronize());
   for (int64_t i = 0; i < count; ++i) {
     const double x = g[i + offset];
     ref[i] = 0.5 * x * (1 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x))) * u[i + offset];
   }
-  o = dout.down();
+  o = dout.all();
   o2.assign(o.begin() + offset, o.end());
   // Relative to the size of the terms, |x u|: for x << 0, 1 + tanh(.) cancels (tanhf's last bit becomes a
   // 1e-4 relative error of the product), which a relative error of a few negative elements would show.
@@ -292,12 +249,12 @@ void test_elementwise(int64_t count, int offset) {
   report(ok_err(e, 2e-6), "gelu_mul",
          fmt("count=%lld offset=%d (error relative to |x u|)", (long long)count, offset), e, 2e-6);
   for (float cap : {30.0f, 0.5f}) {
-    dg.up(g);
-    CK(softcap(dg.p + offset, count, cap, 0));
-    CK(scale(dg.p + offset, count, 3.0f, 0));
+    dg.put(g);
+    CK(softcap(dg.get() + offset, count, cap, 0));
+    CK(scale(dg.get() + offset, count, 3.0f, 0));
     CK(cudaDeviceSynchronize());
     for (int64_t i = 0; i < count; ++i) ref[i] = 3.0 * cap * std::tanh((double)g[i + offset] / cap);
-    a = dg.down();
+    a = dg.all();
     a2.assign(a.begin() + offset, a.end());
     e = rel_err(a2, ref);
     report(ok_err(e, 2e-6), "softcap + scale",
@@ -310,30 +267,30 @@ void test_gather(int n_src, int n_out, int dim) {
   std::vector<int32_t> rows(n_out);
   for (auto& r : rows) r = randi(0, n_src - 1);
   if (n_out > 1) rows[n_out - 1] = -1;
-  Dev<float> dx(x.size()), dout((size_t)n_out * dim);
-  Dev<int32_t> dr(n_out);
-  dx.up(x);
-  dr.up(rows);
+  DevBuf<float> dx(x.size()), dout((size_t)n_out * dim);
+  DevBuf<int32_t> dr(n_out);
+  dx.put(x);
+  dr.put(rows);
   dout.poison();
-  CK(gather_rows(dx.p, dr.p, n_out, dim, dout.p, 0));
+  CK(gather_rows(dx.get(), dr.get(), n_out, dim, dout.get(), 0));
   CK(cudaDeviceSynchronize());
   std::vector<double> ref((size_t)n_out * dim, 0.0);
   for (int r = 0; r < n_out; ++r)
     if (rows[r] >= 0)
       for (int d = 0; d < dim; ++d) ref[(size_t)r * dim + d] = x[(size_t)rows[r] * dim + d];
-  const double e = rel_err(dout.down(), ref);
+  const double e = rel_err(dout.all(), ref);
   report(ok_err(e, 0.0), "gather_rows", fmt("n_src=%d n_out=%d dim=%d", n_src, n_out, dim), e, 0.0);
 }
 
 void test_convert(GgmlType t, int64_t count) {
   auto x = randn(count, 10.0f);
-  Dev<float> dx(count);
-  Dev<uint16_t> dout(count);
-  dx.up(x);
+  DevBuf<float> dx(count);
+  DevBuf<uint16_t> dout(count);
+  dx.put(x);
   dout.poison();
-  CK(convert_f32(dx.p, count, t, dout.p, 0));
+  CK(convert_f32(dx.get(), count, t, dout.get(), 0));
   CK(cudaDeviceSynchronize());
-  auto o = dout.down();
+  auto o = dout.all();
   int64_t bad = 0;
   for (int64_t i = 0; i < count; ++i) {
     const uint16_t want = t == GgmlType::F16 ? fp32_to_fp16(x[i]) : fp32_to_bf16(x[i]);
@@ -352,13 +309,13 @@ void test_rope(int n, int n_heads, int n_kv, int hd, bool interleaved, bool with
   for (auto& p : pos) p = randi(0, 32767);
   std::vector<float> inv(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, (float)(2 * i) / (float)hd);
-  Dev<float> dq(q.size()), dk(k.size()), di(inv.size());
-  Dev<int32_t> dp(n);
-  dq.up(q);
-  dk.up(k);
-  di.up(inv);
-  dp.up(pos);
-  CK(rope(dq.p, n_heads, with_k ? dk.p : nullptr, n_kv, n, hd, dp.p, di.p, interleaved, 0));
+  DevBuf<float> dq(q.size()), dk(k.size()), di(inv.size());
+  DevBuf<int32_t> dp(n);
+  dq.put(q);
+  dk.put(k);
+  di.put(inv);
+  dp.put(pos);
+  CK(rope(dq.get(), n_heads, with_k ? dk.get() : nullptr, n_kv, n, hd, dp.get(), di.get(), interleaved, 0));
   CK(cudaDeviceSynchronize());
   auto ref_rot = [&](const std::vector<float>& x, int heads) {  // rope_ref's arithmetic
     std::vector<double> r(x.begin(), x.end());
@@ -375,8 +332,8 @@ void test_rope(int n, int n_heads, int n_kv, int hd, bool interleaved, bool with
         }
     return r;
   };
-  double e = rel_err(dq.down(), ref_rot(q, n_heads));
-  if (with_k) e = std::max(e, rel_err(dk.down(), ref_rot(k, n_kv)));
+  double e = rel_err(dq.all(), ref_rot(q, n_heads));
+  if (with_k) e = std::max(e, rel_err(dk.all(), ref_rot(k, n_kv)));
   report(ok_err(e, 1e-6), "rope",
          fmt("n=%d heads=%d kv=%d hd=%d %s%s", n, n_heads, n_kv, hd,
              interleaved ? "interleaved" : "rotate-half", with_k ? " q+k" : " q"),
@@ -385,7 +342,7 @@ void test_rope(int n, int n_heads, int n_kv, int hd, bool interleaved, bool with
 
 void test_kv_write(GgmlType t, int n, int n_slots, int n_kv, int max_ctx, int hd) {
   const size_t cache_elems = (size_t)n_slots * n_kv * max_ctx * hd;
-  Dev<uint8_t> ck(cache_elems * tsize(t)), cv(cache_elems * tsize(t));
+  DevBuf<uint8_t> ck(cache_elems * tsize(t)), cv(cache_elems * tsize(t));
   ck.poison();
   cv.poison();
   auto k = randn((size_t)n * n_kv * hd), v = randn((size_t)n * n_kv * hd);
@@ -402,16 +359,16 @@ void test_kv_write(GgmlType t, int n, int n_slots, int n_kv, int max_ctx, int hd
   }
   if (n > 2) seq[1] = -1;           // padding
   if (n > 3) pos[2] = max_ctx + 3;  // out of range: skipped
-  Dev<float> dk(k.size()), dv(v.size());
-  Dev<int32_t> dp(n), ds(n);
-  dk.up(k);
-  dv.up(v);
-  dp.up(pos);
-  ds.up(seq);
-  KvLayerView kv{t, ck.p, cv.p, n_slots, n_kv, max_ctx, hd};
-  CK(kv_write(kv, dk.p, dv.p, n, dp.p, ds.p, 0));
+  DevBuf<float> dk(k.size()), dv(v.size());
+  DevBuf<int32_t> dp(n), ds(n);
+  dk.put(k);
+  dv.put(v);
+  dp.put(pos);
+  ds.put(seq);
+  KvLayerView kv{t, ck.get(), cv.get(), n_slots, n_kv, max_ctx, hd};
+  CK(kv_write(kv, dk.get(), dv.get(), n, dp.get(), ds.get(), 0));
   CK(cudaDeviceSynchronize());
-  auto hk = ck.down(), hv = cv.down();
+  auto hk = ck.all(), hv = cv.all();
   const size_t es = tsize(t);
   std::vector<uint8_t> expect_k(cache_elems * es, 0xff), expect_v(cache_elems * es, 0xff);
   for (int i = 0; i < n; ++i) {
@@ -447,19 +404,20 @@ void test_rope_kv(GgmlType t, int n, int n_heads, int n_kv, int hd, bool interle
   std::vector<float> inv(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, (float)(2 * i) / (float)hd);
   const size_t ce = (size_t)n_slots * n_kv * max_ctx * hd * tsize(t);
-  Dev<float> q1(q.size()), k1(k.size()), q2(q.size()), k2(k.size()), dv(v.size()), di(inv.size());
-  Dev<int32_t> dp(n), ds(n);
-  Dev<uint8_t> ck1(ce), cv1(ce), ck2(ce), cv2(ce);
+  DevBuf<float> q1(q.size()), k1(k.size()), q2(q.size()), k2(k.size()), dv(v.size()), di(inv.size());
+  DevBuf<int32_t> dp(n), ds(n);
+  DevBuf<uint8_t> ck1(ce), cv1(ce), ck2(ce), cv2(ce);
   for (auto* c : {&ck1, &cv1, &ck2, &cv2}) c->poison();
-  q1.up(q), k1.up(k), q2.up(q), k2.up(k), dv.up(v), di.up(inv), dp.up(pos), ds.up(seq);
-  KvLayerView kv1{t, ck1.p, cv1.p, n_slots, n_kv, max_ctx, hd},
-      kv2{t, ck2.p, cv2.p, n_slots, n_kv, max_ctx, hd};
-  CK(rope(q1.p, n_heads, k1.p, n_kv, n, hd, dp.p, di.p, interleaved, 0));
-  CK(kv_write(kv1, k1.p, dv.p, n, dp.p, ds.p, 0));
-  CK(rope_kv_write(q2.p, n_heads, k2.p, dv.p, kv2, n, dp.p, ds.p, di.p, interleaved, 0));
+  q1.put(q), k1.put(k), q2.put(q), k2.put(k), dv.put(v), di.put(inv), dp.put(pos), ds.put(seq);
+  KvLayerView kv1{t, ck1.get(), cv1.get(), n_slots, n_kv, max_ctx, hd},
+      kv2{t, ck2.get(), cv2.get(), n_slots, n_kv, max_ctx, hd};
+  CK(rope(q1.get(), n_heads, k1.get(), n_kv, n, hd, dp.get(), di.get(), interleaved, 0));
+  CK(kv_write(kv1, k1.get(), dv.get(), n, dp.get(), ds.get(), 0));
+  CK(rope_kv_write(q2.get(), n_heads, k2.get(), dv.get(), kv2, n, dp.get(), ds.get(), di.get(), interleaved,
+                   0));
   CK(cudaDeviceSynchronize());
-  const bool same = q1.down() == q2.down() && k1.down() == k2.down() && ck1.down() == ck2.down() &&
-                    cv1.down() == cv2.down();
+  const bool same =
+      q1.all() == q2.all() && k1.all() == k2.all() && ck1.all() == ck2.all() && cv1.all() == cv2.all();
   report(same, "rope_kv_write",
          fmt("%s n=%d heads=%d kv=%d hd=%d %s == rope + kv_write (bit-exact)", tname(t), n, n_heads, n_kv, hd,
              interleaved ? "interleaved" : "rotate-half"),
@@ -478,17 +436,17 @@ void test_gemv(GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool ac
   std::vector<uint8_t> wpad(rows * rb, 0);
   for (int64_t r = 0; r < rows; ++r) std::memcpy(&wpad[r * rb], &wb[r * cols * es], cols * es);
   auto x = randn((size_t)n * cols), b = randn(rows), y0 = randn((size_t)n * rows);
-  Dev<uint8_t> dw(wpad.size());
-  Dev<float> dx(x.size()), db(rows), dy(y0.size());
-  dw.up(wpad);
-  dx.up(x);
-  db.up(b);
+  DevBuf<uint8_t> dw(wpad.size());
+  DevBuf<float> dx(x.size()), db(rows), dy(y0.size());
+  dw.put(wpad);
+  dx.put(x);
+  db.put(b);
   if (acc)
-    dy.up(y0);
+    dy.put(y0);
   else
     dy.poison();
-  WeightView w{t, dw.p, rows, cols, rb};
-  const cudaError_t e0 = gemv(w, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0, path);
+  WeightView w{t, dw.get(), rows, cols, rb};
+  const cudaError_t e0 = gemv(w, dx.get(), n, dy.get(), bias ? db.get() : nullptr, acc, 0, path);
   const char* pname = path == GemvPath::simt ? "simt" : path == GemvPath::tensor_core ? "tc" : "auto";
   const std::string shape =
       fmt("%s rows=%lld cols=%lld n=%d%s%s%s %s", tname(t), (long long)rows, (long long)cols, n,
@@ -499,7 +457,7 @@ void test_gemv(GgmlType t, int64_t rows, int64_t cols, int n, bool bias, bool ac
   }
   CK(cudaDeviceSynchronize());
   const auto ref = ref_matmul(wd, x, n, rows, cols, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
-  const double e = rel_err(dy.down(), ref);
+  const double e = rel_err(dy.all(), ref);
   report(ok_err(e, 1e-5), "gemv", shape, e, 1e-5);
 }
 
@@ -515,12 +473,12 @@ void check_gemv_fused_input(const WeightView& w, const std::vector<double>& wd, 
   auto x = randn((size_t)nx * cols), u = randn(cols), nw = randu(cols, 0.5f, 1.5f), b = randn(rows),
        y0 = randn(rows);
   for (auto& v : x) v *= swiglu ? 3.0f : 7.0f;
-  Dev<float> dx(x.size()), du(cols), dnw(cols), db(rows), dy(rows), dy2(rows), dh(cols), dg(cols);
-  Dev<int32_t> dr(1);
-  dx.up(x), du.up(u), dnw.up(nw), db.up(b);
-  dr.up(std::vector<int32_t>{row});
+  DevBuf<float> dx(x.size()), du(cols), dnw(cols), db(rows), dy(rows), dy2(rows), dh(cols), dg(cols);
+  DevBuf<int32_t> dr(1);
+  dx.put(x), du.put(u), dnw.put(nw), db.put(b);
+  dr.put(std::vector<int32_t>{row});
   if (acc)
-    dy.up(y0), dy2.up(y0);
+    dy.put(y0), dy2.put(y0);
   else
     dy.poison(), dy2.poison();
   const float eps = 1e-5f;
@@ -528,24 +486,24 @@ void check_gemv_fused_input(const WeightView& w, const std::vector<double>& wd, 
       fmt("%s rows=%lld cols=%lld%s%s%s", tn, (long long)rows, (long long)cols,
           swiglu ? "" : fmt(" row=%d", row).c_str(), bias ? " bias" : "", acc ? " acc" : "");
   const char* name = swiglu ? "gemv_swiglu" : "gemv_rmsnorm";
-  const float* bp = swiglu ? nullptr : (bias ? db.p : nullptr);
-  const cudaError_t e0 =
-      swiglu ? gemv_swiglu(w, dx.p, du.p, dy.p, acc, 0)
-             : gemv_rmsnorm(w, dx.p, row == -2 ? nullptr : dr.p, dnw.p, eps, dy.p, bp, acc, 0);
+  const float* bp = swiglu ? nullptr : (bias ? db.get() : nullptr);
+  const cudaError_t e0 = swiglu ? gemv_swiglu(w, dx.get(), du.get(), dy.get(), acc, 0)
+                                : gemv_rmsnorm(w, dx.get(), row == -2 ? nullptr : dr.get(), dnw.get(), eps,
+                                               dy.get(), bp, acc, 0);
   if (e0 != cudaSuccess) {
     report(false, name, shape, NAN, 0, cudaGetErrorString(e0));
     return;
   }
   if (swiglu) {
-    CK(silu_mul(dx.p, du.p, cols, dh.p, 0));
+    CK(silu_mul(dx.get(), du.get(), cols, dh.get(), 0));
   } else {
     if (row == -2)
-      dg.up(std::vector<float>(x.begin(), x.begin() + cols));
+      dg.put(std::vector<float>(x.begin(), x.begin() + cols));
     else
-      CK(gather_rows(dx.p, dr.p, 1, (int)cols, dg.p, 0));
-    CK(rmsnorm(dg.p, dnw.p, 1, (int)cols, eps, dh.p, 0));
+      CK(gather_rows(dx.get(), dr.get(), 1, (int)cols, dg.get(), 0));
+    CK(rmsnorm(dg.get(), dnw.get(), 1, (int)cols, eps, dh.get(), 0));
   }
-  CK(gemv(w, dh.p, 1, dy2.p, bp, acc, 0));
+  CK(gemv(w, dh.get(), 1, dy2.get(), bp, acc, 0));
   CK(cudaDeviceSynchronize());
   // float64: the input row, its transform, the products.
   std::vector<double> h(cols);
@@ -568,9 +526,9 @@ void check_gemv_fused_input(const WeightView& w, const std::vector<double>& wd, 
     for (int64_t c = 0; c < cols; ++c) sum += wd[r * cols + c] * h[c];
     ref[r] = sum;
   }
-  const auto got = dy.down();
+  const auto got = dy.all();
   const double e = rel_err(got, ref);
-  const bool same = got == dy2.down();
+  const bool same = got == dy2.all();
   report(ok_err(e, 1e-5) && same, name,
          shape + (swiglu ? " (== silu_mul + gemv bit-exact)" : " (== gather + rmsnorm + gemv bit-exact)"), e,
          1e-5, same ? "" : "differs from the ops one by one");
@@ -580,9 +538,9 @@ void test_gemv_fused_input(GgmlType t, int64_t rows, int64_t cols, bool swiglu, 
                            bool acc) {
   std::vector<double> wd;
   auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
-  Dev<uint8_t> dw(wb.size());
-  dw.up(wb);
-  check_gemv_fused_input({t, dw.p, rows, cols, (size_t)cols * tsize(t)}, wd, tname(t), swiglu, row, bias,
+  DevBuf<uint8_t> dw(wb.size());
+  dw.put(wb);
+  check_gemv_fused_input({t, dw.get(), rows, cols, (size_t)cols * tsize(t)}, wd, tname(t), swiglu, row, bias,
                          acc);
 }
 
@@ -594,19 +552,19 @@ void test_matmul(CudaMatmul& mm, GgmlType t, int64_t rows, int64_t cols, int n, 
   std::vector<double> wd;
   auto wb = encode(t, randu((size_t)rows * cols, -1.0f, 1.0f), &wd);
   auto x = randn((size_t)n * cols), b = randn(rows), y0 = randn((size_t)n * rows);
-  Dev<uint8_t> dw(wb.size());
-  Dev<float> dx(x.size()), db(rows), dy(y0.size());
-  dw.up(wb);
-  dx.up(x);
-  db.up(b);
+  DevBuf<uint8_t> dw(wb.size());
+  DevBuf<float> dx(x.size()), db(rows), dy(y0.size());
+  dw.put(wb);
+  dx.put(x);
+  db.put(b);
   if (acc)
-    dy.up(y0);
+    dy.put(y0);
   else
     dy.poison();
-  WeightView w{t, dw.p, rows, cols, (size_t)cols * tsize(t)};
+  WeightView w{t, dw.get(), rows, cols, (size_t)cols * tsize(t)};
   const std::string shape = fmt("%s rows=%lld cols=%lld n=%d%s%s", tname(t), (long long)rows, (long long)cols,
                                 n, bias ? " bias" : "", acc ? " acc" : "");
-  const cudaError_t e0 = mm.matmul(w, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
+  const cudaError_t e0 = mm.matmul(w, dx.get(), n, dy.get(), bias ? db.get() : nullptr, acc, 0);
   if (e0 != cudaSuccess) {
     report(false, "matmul", shape, NAN, 0,
            fmt("%s (cublas status %d)", cudaGetErrorString(e0), mm.last_cublas_status()).c_str());
@@ -615,7 +573,7 @@ void test_matmul(CudaMatmul& mm, GgmlType t, int64_t rows, int64_t cols, int n, 
   CK(cudaDeviceSynchronize());
   const auto ref = ref_matmul(wd, x, n, rows, cols, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
   const double bound = t == GgmlType::BF16 ? 1e-2 : t == GgmlType::F16 ? 3e-3 : 1e-5;
-  const double e = rel_err(dy.down(), ref);
+  const double e = rel_err(dy.all(), ref);
   report(ok_err(e, bound), "matmul", shape, e, bound, n > kGemvMaxRows ? "(cuBLASLt)" : "(gemv)");
 }
 
@@ -649,8 +607,8 @@ struct LowbitMatrix {
   std::vector<uint8_t> host;  // [rows, host row bytes]
   std::vector<float> scale;   // F8_E4M3 / TERNARY
   std::vector<float> wf;      // [rows, cols]
-  Dev<uint8_t> dw;
-  Dev<float> ds;
+  DevBuf<uint8_t> dw;
+  DevBuf<float> ds;
   WeightView host_view, dev_view;
 
   explicit LowbitMatrix(const LowbitCase& c) {
@@ -706,18 +664,18 @@ struct LowbitMatrix {
     const size_t rb = lowbit_row_bytes(c.t, C);
     std::vector<uint8_t> packed(rb * R);
     if (!lowbit_pack_rows(w, 0, R, packed.data())) {
-      out("FAIL lowbit_pack  %s\n", lbshape(c).c_str());
+      say("FAIL lowbit_pack  %s\n", lbshape(c).c_str());
       ++g_fail;
     }
     dw.alloc(packed.size());
-    dw.up(packed);
+    dw.put(packed);
     dev_view = w;
-    dev_view.data = dw.p;
+    dev_view.data = dw.get();
     dev_view.row_bytes = rb;
     if (!scale.empty()) {
       ds.alloc(scale.size());
-      ds.up(scale);
-      dev_view.scale = ds.p;
+      ds.put(scale);
+      dev_view.scale = ds.get();
     }
   }
 };
@@ -735,20 +693,20 @@ void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul*
   for (float& v : x) v *= x_mul;
   for (float& v : b) v *= x_mul;
   for (float& v : y0) v *= x_mul;
-  Dev<float> dx(x.size()), db(R), dy(y0.size());
-  dx.up(x);
-  db.up(b);
+  DevBuf<float> dx(x.size()), db(R), dy(y0.size());
+  dx.put(x);
+  db.put(b);
   if (acc)
-    dy.up(y0);
+    dy.put(y0);
   else
     dy.poison();
   const std::string shape = lbshape(c) + fmt(" n=%d%s%s", n, bias ? " bias" : "", acc ? " acc" : "") +
                             (x_mul != 1.0f ? fmt(" x*%g", x_mul) : std::string()) +
                             (bulk >= 0 ? fmt(" slots=%d", bulk) : std::string());
-  const cudaError_t e0 = mm ? mm->matmul(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0)
-                         : bulk >= 0
-                             ? gemv_lowbit_tc(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0, bulk)
-                             : gemv(m.dev_view, dx.p, n, dy.p, bias ? db.p : nullptr, acc, 0);
+  const cudaError_t e0 =
+      mm          ? mm->matmul(m.dev_view, dx.get(), n, dy.get(), bias ? db.get() : nullptr, acc, 0)
+      : bulk >= 0 ? gemv_lowbit_tc(m.dev_view, dx.get(), n, dy.get(), bias ? db.get() : nullptr, acc, 0, bulk)
+                  : gemv(m.dev_view, dx.get(), n, dy.get(), bias ? db.get() : nullptr, acc, 0);
   const char* kname = mm ? "lowbit_matmul" : bulk >= 0 ? "lowbit_tc" : "lowbit_gemv";
   if (e0 != cudaSuccess) {
     const std::string why = std::string(cudaGetErrorString(e0)) +
@@ -760,7 +718,7 @@ void test_lowbit_mm(const LowbitCase& c, int n, bool bias, bool acc, CudaMatmul*
   const auto ref = ref_matmul(m.wf, x, n, R, C, bias ? b.data() : nullptr, acc ? y0.data() : nullptr);
   // Through CudaMatmul, steps of more than kLowbitGemvMaxRows rows use a BF16 copy of the weights.
   const double bound = bound_override > 0.0 ? bound_override : mm && n > kLowbitGemvMaxRows ? 1e-2 : 1e-5;
-  const double e = rel_err(dy.down(), ref);
+  const double e = rel_err(dy.all(), ref);
   report(ok_err(e, bound), kname, shape, e, bound);
 }
 
@@ -770,17 +728,17 @@ void test_lowbit_embed(const LowbitCase& c, int n) {
   std::vector<int32_t> tok(n);
   for (int i = 0; i < n; ++i) tok[i] = randi(0, (int)c.rows - 1);
   if (n > 2) tok[1] = (int)c.rows + 5, tok[2] = -3;  // out of range: zero rows
-  Dev<int32_t> dk(n);
-  dk.up(tok);
-  Dev<float> dx((size_t)n * c.cols);
+  DevBuf<int32_t> dk(n);
+  dk.put(tok);
+  DevBuf<float> dx((size_t)n * c.cols);
   dx.poison();
-  CK(embed(m.dev_view, dk.p, n, dx.p, 0));
+  CK(embed(m.dev_view, dk.get(), n, dx.get(), 0));
   CK(cudaDeviceSynchronize());
   std::vector<double> ref((size_t)n * c.cols, 0.0);
   for (int i = 0; i < n; ++i)
     if (tok[i] >= 0 && tok[i] < c.rows)
       for (int64_t d = 0; d < c.cols; ++d) ref[(size_t)i * c.cols + d] = m.wf[tok[i] * c.cols + d];
-  const double e = rel_err(dx.down(), ref);
+  const double e = rel_err(dx.all(), ref);
   report(ok_err(e, 0.0), "lowbit_embed", lbshape(c) + fmt(" n=%d", n), e, 0.0);
 }
 
@@ -859,9 +817,9 @@ void run_lowbit_tests() {
     int64_t max_elems = 0;
     for (const LowbitCase& c : cases) max_elems = std::max(max_elems, c.rows * lowbit_bf16_ld(c.cols));
     max_elems = std::max<int64_t>(max_elems, 4096 * 1024);
-    Dev<uint8_t> ws(CudaMatmul::workspace_bytes(512, 4096, max_elems));
+    DevBuf<uint8_t> ws(CudaMatmul::workspace_bytes(512, 4096, max_elems));
     CudaMatmul mm;
-    CK(mm.init(ws.p, ws.n));
+    CK(mm.init(ws.get(), ws.size()));
     for (const LowbitCase& c : cases) {
       test_lowbit_mm(c, 40, true, false, &mm);
       test_lowbit_mm(c, 100, false, true, &mm);
@@ -929,21 +887,21 @@ void test_attention(const AttnCase& c) {
   std::vector<double> kd, vd;
   auto kb = encode(c.t, randn(ce), &kd), vb = encode(c.t, randn(ce), &vd);
   auto q = randn((size_t)n * c.n_heads * hd);
-  Dev<uint8_t> dk(kb.size()), dv(vb.size());
-  dk.up(kb);
-  dv.up(vb);
-  Dev<float> dq(q.size()), dout(q.size());
-  dq.up(q);
+  DevBuf<uint8_t> dk(kb.size()), dv(vb.size());
+  dk.put(kb);
+  dv.put(vb);
+  DevBuf<float> dq(q.size()), dout(q.size());
+  dq.put(q);
   dout.poison();
-  Dev<int32_t> dp(n), ds(n);
-  dp.up(c.pos);
-  ds.up(c.seq);
-  KvLayerView kv{c.t, dk.p, dv.p, n_slots, c.n_kv, max_ctx, hd};
+  DevBuf<int32_t> dp(n), ds(n);
+  dp.put(c.pos);
+  ds.put(c.seq);
+  KvLayerView kv{c.t, dk.get(), dv.get(), n_slots, c.n_kv, max_ctx, hd};
   tuning::set_attention_tiled(c.mode);
   const AttentionPlan plan = plan_attention(g_dev, kv, c.n_heads, n, c.force_splits);
   // (the tiled kernel has no windows or soft-capping: attention() takes the per-row kernel for those)
   const bool tiled = attention_tiled(plan, n) && c.window == 0 && c.softcap == 0;
-  Dev<uint8_t> ws(plan.workspace_bytes);
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
   const float scale = 1.0f / std::sqrt((float)hd);
   auto padding = [&](int t) { return c.seq[t] < 0 || c.seq[t] >= n_slots || c.pos[t] < 0; };
   int n_pad = 0;
@@ -953,8 +911,8 @@ void test_attention(const AttnCase& c) {
           std::min(max_pos + 1, max_ctx), plan.n_splits, n_pad,
           c.window || c.softcap ? fmt(" window=%d softcap=%g", c.window, c.softcap).c_str() : "",
           *c.what ? " " : "", c.what);
-  const cudaError_t e0 =
-      attention(plan, kv, dq.p, n, dp.p, ds.p, scale, dout.p, ws.p, 0, c.softcap, c.window);
+  const cudaError_t e0 = attention(plan, kv, dq.get(), n, dp.get(), ds.get(), scale, dout.get(), ws.get(), 0,
+                                   c.softcap, c.window);
   tuning::set_attention_tiled(0);
   const char* path = tiled ? "(tiled)" : "(per-row)";
   if (e0 != cudaSuccess) {
@@ -986,7 +944,7 @@ void test_attention(const AttnCase& c) {
         for (int i = 0; i < hd; ++i) o[i] += sc[p] / sum * vd[base + (size_t)p * hd + i];
     }
   }
-  const std::vector<float> got = dout.down();
+  const std::vector<float> got = dout.all();
   if (!tiled) {
     const double e = rel_err(got, ref);
     report(ok_err(e, 1e-5), "attention", shape, e, 1e-5, path);
@@ -1234,33 +1192,33 @@ void test_sampler(int V, int n_sample, std::vector<SampCase> cases) {
     off[r] = pool.size();
     pool.insert(pool.end(), cases[r].hist.begin(), cases[r].hist.end());
   }
-  Dev<float> dl(logits.size());
-  dl.up(logits);
-  Dev<int32_t> dh(pool.size());
-  if (!pool.empty()) dh.up(pool);
+  DevBuf<float> dl(logits.size());
+  dl.put(logits);
+  DevBuf<int32_t> dh(pool.size());
+  if (!pool.empty()) dh.put(pool);
   std::vector<SamplerRow> rows(n_rows);
   for (int r = 0; r < n_rows; ++r) {
     rows[r] = cases[r].p;
-    rows[r].hist = cases[r].hist.empty() ? nullptr : dh.p + off[r];
+    rows[r].hist = cases[r].hist.empty() ? nullptr : dh.get() + off[r];
     rows[r].n_hist = (int32_t)cases[r].hist.size();
     if (rows[r].logits_row != -1) rows[r].logits_row = r;
   }
-  Dev<SamplerRow> dr(n_rows);
-  dr.up(rows);
+  DevBuf<SamplerRow> dr(n_rows);
+  dr.put(rows);
   SamplerPlan plan;
   CK(plan_sampler(g_dev, n_rows, V, kSamplerMaxHistory, &plan));
-  Dev<uint8_t> ws(plan.workspace_bytes);
-  CK(sampler_workspace_init(plan, ws.p, 0));
-  Dev<int32_t> tok(n_rows), err(n_rows), ttok((size_t)n_rows * kSamplerMaxProbs);
-  Dev<float> lp(n_rows), tlp((size_t)n_rows * kSamplerMaxProbs);
-  SamplerOutputs so{tok.p, lp.p, ttok.p, tlp.p, err.p};
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  CK(sampler_workspace_init(plan, ws.get(), 0));
+  DevBuf<int32_t> tok(n_rows), err(n_rows), ttok((size_t)n_rows * kSamplerMaxProbs);
+  DevBuf<float> lp(n_rows), tlp((size_t)n_rows * kSamplerMaxProbs);
+  SamplerOutputs so{tok.get(), lp.get(), ttok.get(), tlp.get(), err.get()};
   std::vector<int32_t> first_tok;
   for (int run = 0; run < 2; ++run) {  // the second run checks that the workspace was left clean
     tok.poison(), err.poison(), ttok.poison(), lp.poison(), tlp.poison();
-    CK(sample(plan, dl.p, V, n_sample, dr.p, n_rows, so, ws.p, 0));
+    CK(sample(plan, dl.get(), V, n_sample, dr.get(), n_rows, so, ws.get(), 0));
     CK(cudaDeviceSynchronize());
-    auto ht = tok.down(), he = err.down(), htt = ttok.down();
-    auto hl = lp.down(), htl = tlp.down();
+    auto ht = tok.all(), he = err.all(), htt = ttok.all();
+    auto hl = lp.all(), htl = tlp.all();
     if (run == 1) {
       const bool same = ht == first_tok;
       report(same, "sampler", fmt("V=%d n_sample=%d rows=%d: second launch identical", V, n_sample, n_rows),
@@ -1371,39 +1329,39 @@ void test_graph() {
   auto wq = encode(GgmlType::BF16, randu((size_t)n_heads * hd * dim, -0.1f, 0.1f), &dummy);
   auto wo = encode(GgmlType::F16, randu((size_t)V * dim, -0.1f, 0.1f), &dummy);
   auto wbig = encode(GgmlType::BF16, randu((size_t)rows * dim, -0.1f, 0.1f), &dummy);
-  Dev<uint8_t> dwq(wq.size()), dwo(wo.size()), dwb(wbig.size());
-  dwq.up(wq);
-  dwo.up(wo);
-  dwb.up(wbig);
+  DevBuf<uint8_t> dwq(wq.size()), dwo(wo.size()), dwb(wbig.size());
+  dwq.put(wq);
+  dwo.put(wo);
+  dwb.put(wbig);
   auto x = randn((size_t)64 * dim), nw = randu(dim, 0.5f, 1.5f);
-  Dev<float> dx(x.size()), dnw(dim), dh((size_t)64 * dim), dq((size_t)n * n_heads * hd), dattn(dq.n),
+  DevBuf<float> dx(x.size()), dnw(dim), dh((size_t)64 * dim), dq((size_t)n * n_heads * hd), dattn(dq.size()),
       dl((size_t)n * V), dbig((size_t)64 * rows);
-  dx.up(x);
-  dnw.up(nw);
+  dx.put(x);
+  dnw.put(nw);
   std::vector<double> kd;
   const size_t ce = (size_t)2 * n_kv * ctx * hd;
   auto kb = encode(GgmlType::F16, randn(ce), &kd), vb = encode(GgmlType::F16, randn(ce), &kd);
-  Dev<uint8_t> dk(kb.size()), dv(vb.size());
-  dk.up(kb);
-  dv.up(vb);
-  KvLayerView kv{GgmlType::F16, dk.p, dv.p, 2, n_kv, ctx, hd};
+  DevBuf<uint8_t> dk(kb.size()), dv(vb.size());
+  dk.put(kb);
+  dv.put(vb);
+  KvLayerView kv{GgmlType::F16, dk.get(), dv.get(), 2, n_kv, ctx, hd};
   std::vector<int32_t> pos = {650, 3, 699, 100}, seq = {0, 1, 1, -1};
-  Dev<int32_t> dpos(n), dseq(n);
-  dpos.up(pos);
-  dseq.up(seq);
+  DevBuf<int32_t> dpos(n), dseq(n);
+  dpos.put(pos);
+  dseq.put(seq);
   std::vector<float> inv(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, (float)(2 * i) / hd);
-  Dev<float> dinv(inv.size());
-  dinv.up(inv);
+  DevBuf<float> dinv(inv.size());
+  dinv.put(inv);
   const AttentionPlan ap = plan_attention(g_dev, kv, n_heads, n, 5);
-  Dev<uint8_t> aws(ap.workspace_bytes);
-  Dev<uint8_t> mws(CudaMatmul::workspace_bytes(64, dim));
+  DevBuf<uint8_t> aws(ap.workspace_bytes);
+  DevBuf<uint8_t> mws(CudaMatmul::workspace_bytes(64, dim));
   CudaMatmul mm;
-  CK(mm.init(mws.p, mws.n));
+  CK(mm.init(mws.get(), mws.size()));
   SamplerPlan sp;
   CK(plan_sampler(g_dev, n, V, 64, &sp));
-  Dev<uint8_t> sws(sp.workspace_bytes);
-  CK(sampler_workspace_init(sp, sws.p, 0));
+  DevBuf<uint8_t> sws(sp.workspace_bytes);
+  CK(sampler_workspace_init(sp, sws.get(), 0));
   std::vector<SamplerRow> srows(n);
   for (int r = 0; r < n; ++r) {
     srows[r] = row_params(r == 0 ? 0.0f : 0.9f, 40, 0.95f, 0.05f, 4);
@@ -1411,32 +1369,34 @@ void test_graph() {
     srows[r].n_hist = 0;
     srows[r].logits_row = r;
   }
-  Dev<SamplerRow> dsr(n);
-  dsr.up(srows);
-  Dev<int32_t> stok(n), serr(n), sttok((size_t)n * kSamplerMaxProbs);
-  Dev<float> slp(n), stlp((size_t)n * kSamplerMaxProbs);
-  SamplerOutputs so{stok.p, slp.p, sttok.p, stlp.p, serr.p};
-  WeightView Wq{GgmlType::BF16, dwq.p, n_heads * hd, dim, (size_t)dim * 2};
-  WeightView Wo{GgmlType::F16, dwo.p, V, dim, (size_t)dim * 2};
-  WeightView Wb{GgmlType::BF16, dwb.p, rows, dim, (size_t)dim * 2};
+  DevBuf<SamplerRow> dsr(n);
+  dsr.put(srows);
+  DevBuf<int32_t> stok(n), serr(n), sttok((size_t)n * kSamplerMaxProbs);
+  DevBuf<float> slp(n), stlp((size_t)n * kSamplerMaxProbs);
+  SamplerOutputs so{stok.get(), slp.get(), sttok.get(), stlp.get(), serr.get()};
+  WeightView Wq{GgmlType::BF16, dwq.get(), n_heads * hd, dim, (size_t)dim * 2};
+  WeightView Wo{GgmlType::F16, dwo.get(), V, dim, (size_t)dim * 2};
+  WeightView Wb{GgmlType::BF16, dwb.get(), rows, dim, (size_t)dim * 2};
 
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto step = [&]() -> cudaError_t {
     cudaError_t e;
-    if ((e = rmsnorm(dx.p, dnw.p, 64, dim, 1e-5f, dh.p, st))) return e;
-    if ((e = mm.matmul(Wb, dh.p, 64, dbig.p, nullptr, false, st))) return e;  // cuBLASLt inside the graph
-    if ((e = gemv(Wq, dh.p, n, dq.p, nullptr, false, st))) return e;
-    if ((e = rope(dq.p, n_heads, nullptr, 0, n, hd, dpos.p, dinv.p, false, st))) return e;
-    if ((e = attention(ap, kv, dq.p, n, dpos.p, dseq.p, 0.17f, dattn.p, aws.p, st))) return e;
-    if ((e = gemv(Wo, dh.p, n, dl.p, nullptr, false, st))) return e;
-    return sample(sp, dl.p, V, V, dsr.p, n, so, sws.p, st);
+    if ((e = rmsnorm(dx.get(), dnw.get(), 64, dim, 1e-5f, dh.get(), st))) return e;
+    if ((e = mm.matmul(Wb, dh.get(), 64, dbig.get(), nullptr, false, st)))
+      return e;  // cuBLASLt inside the graph
+    if ((e = gemv(Wq, dh.get(), n, dq.get(), nullptr, false, st))) return e;
+    if ((e = rope(dq.get(), n_heads, nullptr, 0, n, hd, dpos.get(), dinv.get(), false, st))) return e;
+    if ((e = attention(ap, kv, dq.get(), n, dpos.get(), dseq.get(), 0.17f, dattn.get(), aws.get(), st)))
+      return e;
+    if ((e = gemv(Wo, dh.get(), n, dl.get(), nullptr, false, st))) return e;
+    return sample(sp, dl.get(), V, V, dsr.get(), n, so, sws.get(), st);
   };
   // warm-up run (creates the cuBLASLt plan on the host), then the direct reference results
   CK(step());
   CK(cudaStreamSynchronize(st));
-  auto ref_big = dbig.down(), ref_attn = dattn.down(), ref_l = dl.down();
-  auto ref_tok = stok.down();
+  auto ref_big = dbig.all(), ref_attn = dattn.all(), ref_l = dl.all();
+  auto ref_tok = stok.all();
   dbig.poison(), dattn.poison(), dl.poison(), stok.poison();
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -1452,7 +1412,7 @@ void test_graph() {
   for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
   CK(cudaStreamSynchronize(st));
   const bool same =
-      dbig.down() == ref_big && dattn.down() == ref_attn && dl.down() == ref_l && stok.down() == ref_tok;
+      dbig.all() == ref_big && dattn.all() == ref_attn && dl.all() == ref_l && stok.all() == ref_tok;
   report(same, "graph", "capture + 3 replays == direct launches (bit-identical)", same ? 0 : 1, 0);
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
@@ -1479,12 +1439,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (const int skip = ultra::test::skip_without_device()) return skip;
-  if (!out_dir.empty() && !(g_log = ultra::test::open_log(out_dir, "test_cuda_kernels.txt"))) return 2;
+  if (const int skip = skip_without_device()) return skip;
+  if (!out_dir.empty() && !(g_log = open_log(out_dir, "test_cuda_kernels.txt"))) return 2;
+  g_before_fatal = summary_on_fatal;
   CK(query_device(0, &g_dev));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  out("device: %s, sm_%d%d, %d SMs, L2 %zu MB, smem opt-in %zu KB; seed %llu\n", prop.name, prop.major,
+  say("device: %s, sm_%d%d, %d SMs, L2 %zu MB, smem opt-in %zu KB; seed %llu\n", prop.name, prop.major,
       prop.minor, g_dev.n_sms, g_dev.l2_bytes >> 20, g_dev.smem_optin_bytes >> 10, (unsigned long long)seed);
   g_rng.seed(seed);
 
@@ -1590,7 +1551,7 @@ int main(int argc, char** argv) {
             t.kernel = 2, t.mma = mma, t.config = cfg, t.splits = ks, t.smem_budget = budget;
             tuning::set_gemv_tuning(t);
             const std::string v = fmt("[mma %d cfg %d ks %d budget %d]", mma, cfg, ks, budget);
-            out("     variant %s\n", v.c_str());
+            say("     variant %s\n", v.c_str());
             for (int n : {1, 9, 32}) {
               test_gemv(GgmlType::BF16, 130, 4096, n, n != 9, n == 9, GemvPath::tensor_core);
               test_gemv(GgmlType::BF16, 257, 1000, n, false, false, GemvPath::tensor_core);
@@ -1610,7 +1571,7 @@ int main(int argc, char** argv) {
       tuning::GemvTuning t;
       t.kernel = 3, t.smem_budget = budget;
       tuning::set_gemv_tuning(t);
-      out("     variant [stream budget %d]\n", budget);
+      say("     variant [stream budget %d]\n", budget);
       for (GgmlType ty : {GgmlType::BF16, GgmlType::F16}) {
         test_gemv(ty, 257, 1000, 1, true, false, GemvPath::automatic);
         test_gemv(ty, 3, 64, 1, false, true, GemvPath::automatic);
@@ -1652,9 +1613,9 @@ int main(int argc, char** argv) {
     }
   }
   if (enabled("matmul")) {
-    Dev<uint8_t> ws(CudaMatmul::workspace_bytes(300, 4096));
+    DevBuf<uint8_t> ws(CudaMatmul::workspace_bytes(300, 4096));
     CudaMatmul mm;
-    CK(mm.init(ws.p, ws.n));
+    CK(mm.init(ws.get(), ws.size()));
     for (GgmlType t : {GgmlType::BF16, GgmlType::F16, GgmlType::F32}) {
       test_matmul(mm, t, 256, 512, 33, false, false);
       test_matmul(mm, t, 1000, 4096, 100, true, false);
@@ -1743,7 +1704,7 @@ int main(int argc, char** argv) {
   }
   if (enabled("graph")) test_graph();
 
-  out("test_cuda_kernels: %d passed, %d failed\n", g_pass, g_fail);
+  say("test_cuda_kernels: %d passed, %d failed\n", g_pass, g_fail);
   if (g_log) std::fclose(g_log);
   return g_fail ? 1 : 0;
 }

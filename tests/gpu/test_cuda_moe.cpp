@@ -30,49 +30,19 @@
 #include "model/moe.h"
 
 using namespace ultra;
+using namespace ultra::test;
 
 namespace {
 
-FILE* g_log = nullptr;
 int g_pass = 0, g_fail = 0;
 
-void say(const std::string& s) {
-  std::fputs(s.c_str(), stdout);
-  std::fflush(stdout);
-  if (g_log) std::fputs(s.c_str(), g_log);
-}
-
-#define CK(call)                                                                          \
-  do {                                                                                    \
-    const cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      say(std::string("FAIL cuda call ") + #call + ": " + cudaGetErrorString(e_) + "\n"); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
-template <class T>
-T* dev_copy(const std::vector<T>& h, size_t extra = 0) {
-  T* p = nullptr;
-  CK(cudaMalloc(reinterpret_cast<void**>(&p), (h.size() + extra) * sizeof(T) + 16));
-  CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-template <class T>
-std::vector<T> host_copy(const T* p, size_t n) {
-  std::vector<T> h(n);
-  CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 constexpr float kGuard = 12345.0f;
-constexpr size_t kTail = 16;
 
 // n_expert matrices [rows, cols] of one type in the device layout, back to back, and their exact values.
 struct Experts {
   cuda::ExpertWeights w;
   std::vector<float> value;  // [n_expert, rows, cols]
-  void* dev = nullptr;
+  DevBuf<uint8_t> dev;
 };
 
 Experts make_experts(GgmlType t, int n_expert, int rows, int cols, std::mt19937& rng) {
@@ -127,9 +97,9 @@ Experts make_experts(GgmlType t, int n_expert, int rows, int cols, std::mt19937&
       }
     }
   }
-  x.dev = dev_copy(bytes);
+  x.dev = DevBuf<uint8_t>(bytes);
   x.w.type = t;
-  x.w.data = x.dev;
+  x.w.data = x.dev.get();
   x.w.rows = rows;
   x.w.cols = cols;
   x.w.row_bytes = row_bytes;
@@ -166,14 +136,14 @@ void check_route(int n_expert, int k, bool norm, int n, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 2.0f);
   std::vector<float> logits((size_t)n * n_expert);
   for (float& v : logits) v = nd(rng);
-  float* d_logits = dev_copy(logits);
-  int32_t* d_ids = dev_copy(std::vector<int32_t>((size_t)n * k + kTail, -7));
-  float* d_w = dev_copy(std::vector<float>((size_t)n * k + kTail, kGuard));
-  CK(cuda::moe_route(d_logits, n, n_expert, k, norm, d_ids, d_w, nullptr));
+  DevBuf<float> d_logits(logits);
+  DevBuf<int32_t> d_ids(std::vector<int32_t>((size_t)n * k + kTail, -7));
+  DevBuf<float> d_w(std::vector<float>((size_t)n * k + kTail, kGuard));
+  CK(cuda::moe_route(d_logits.get(), n, n_expert, k, norm, d_ids.get(), d_w.get(), nullptr));
   CK(cudaDeviceSynchronize());
-  const auto p = host_copy(d_logits, logits.size());
-  const auto ids = host_copy(d_ids, (size_t)n * k + kTail);
-  const auto w = host_copy(d_w, (size_t)n * k + kTail);
+  const auto p = d_logits.all(logits.size());
+  const auto ids = d_ids.all((size_t)n * k + kTail);
+  const auto w = d_w.all((size_t)n * k + kTail);
   std::vector<float> cpu_logits = logits, cpu_w((size_t)n * k);
   std::vector<int32_t> cpu_ids((size_t)n * k);
   moe_route(cpu_logits.data(), n, n_expert, k, norm, cpu_ids.data(), cpu_w.data());
@@ -210,9 +180,6 @@ void check_route(int n_expert, int k, bool norm, int n, std::mt19937& rng) {
   char name[96];
   std::snprintf(name, sizeof name, "moe_route E=%d k=%d norm=%d n=%d", n_expert, k, norm, n);
   result(bad == 0, name, detail);
-  cudaFree(d_logits);
-  cudaFree(d_ids);
-  cudaFree(d_w);
 }
 
 // Runs moe_ffn on a case; returns the number of elements outside the bound. corrupt: the reference uses
@@ -236,34 +203,32 @@ int run_ffn(const Case& c, std::mt19937& rng, std::string& detail, bool corrupt 
     for (int j = 0; j < c.k; ++j) ids[(size_t)r * c.k + j] = perm[j], w[(size_t)r * c.k + j] = ud(rng);
   }
   if (c.bad_id) ids[(size_t)c.k - 1] = c.n_expert;  // out of range: that slot adds nothing
-  float* d_xn = dev_copy(xn);
+  DevBuf<float> d_xn(xn);
   std::vector<float> xg = x0;
   xg.resize(x0.size() + kTail, kGuard);
-  float* d_x = dev_copy(xg);
-  int32_t* d_ids = dev_copy(ids);
-  float* d_w = dev_copy(w);
-  void* ws = nullptr;
-  CK(cudaMalloc(&ws, cuda::moe_scratch_bytes(c.n, c.k, c.n_expert, c.ffn, c.dim)));
-  const cuda::MoeScratch s = cuda::moe_scratch(ws, c.n, c.k, c.n_expert, c.ffn, c.dim);
+  DevBuf<float> d_x(xg);
+  DevBuf<int32_t> d_ids(ids);
+  DevBuf<float> d_w(w);
+  DevBuf<uint8_t> ws(cuda::moe_scratch_bytes(c.n, c.k, c.n_expert, c.ffn, c.dim));
+  const cuda::MoeScratch s = cuda::moe_scratch(ws.get(), c.n, c.k, c.n_expert, c.ffn, c.dim);
   if (c.via_route) {  // router logits -> ids, w and the tiles, on the device
     std::vector<float> logits((size_t)c.n * c.n_expert);
     for (float& v : logits) v = 2.0f * nd(rng);
-    float* d_logits = dev_copy(logits);
-    CK(cuda::moe_route(d_logits, c.n, c.n_expert, c.k, true, d_ids, d_w, nullptr, &s));
+    DevBuf<float> d_logits(logits);
+    CK(cuda::moe_route(d_logits.get(), c.n, c.n_expert, c.k, true, d_ids.get(), d_w.get(), nullptr, &s));
     CK(cudaDeviceSynchronize());
-    ids = host_copy(d_ids, ids.size());
-    w = host_copy(d_w, w.size());
-    cudaFree(d_logits);
+    ids = d_ids.all(ids.size());
+    w = d_w.all(w.size());
   }
-  const cudaError_t e =
-      cuda::moe_ffn(gate.w, up.w, down.w, d_xn, c.n, d_ids, d_w, c.k, d_x, s, nullptr, c.via_route);
+  const cudaError_t e = cuda::moe_ffn(gate.w, up.w, down.w, d_xn.get(), c.n, d_ids.get(), d_w.get(), c.k,
+                                      d_x.get(), s, nullptr, c.via_route);
   int bad = 0;
   if (e != cudaSuccess) {
     detail = std::string("launch: ") + cudaGetErrorString(e);
     bad = 1;
   } else {
     CK(cudaDeviceSynchronize());
-    const auto y = host_copy(d_x, xg.size());
+    const auto y = d_x.all(xg.size());
     std::vector<double> h(c.ffn), ha(c.ffn);
     double l2_err = 0, l2_ref = 0;
     for (int r = 0; r < c.n && bad < 1000; ++r) {
@@ -322,8 +287,6 @@ int run_ffn(const Case& c, std::mt19937& rng, std::string& detail, bool corrupt 
         break;
       }
   }
-  for (void* p : {(void*)d_xn, (void*)d_x, (void*)d_ids, (void*)d_w, ws, gate.dev, up.dev, down.dev})
-    cudaFree(p);
   return bad;
 }
 
@@ -333,11 +296,11 @@ void check_router(GgmlType t, int n_expert, int dim, int n, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x((size_t)n * dim);
   for (float& v : x) v = nd(rng);
-  float* d_x = dev_copy(x);
-  float* d_out = dev_copy(std::vector<float>((size_t)n * n_expert + kTail, kGuard));
-  CK(cuda::moe_router(r.w, d_x, n, d_out, nullptr));
+  DevBuf<float> d_x(x);
+  DevBuf<float> d_out(std::vector<float>((size_t)n * n_expert + kTail, kGuard));
+  CK(cuda::moe_router(r.w, d_x.get(), n, d_out.get(), nullptr));
   CK(cudaDeviceSynchronize());
-  const auto y = host_copy(d_out, (size_t)n * n_expert + kTail);
+  const auto y = d_out.all((size_t)n * n_expert + kTail);
   int bad = 0;
   std::string detail;
   for (int i = 0; i < n; ++i)
@@ -357,7 +320,6 @@ void check_router(GgmlType t, int n_expert, int dim, int n, std::mt19937& rng) {
   std::snprintf(name, sizeof name, "moe_router %s E=%d dim=%d n=%d", std::string(type_name(t)).c_str(),
                 n_expert, dim, n);
   result(bad == 0, name, detail);
-  for (void* p : {(void*)d_x, (void*)d_out, r.dev}) cudaFree(p);
 }
 
 // --bench: one layer of a Qwen3-30B-A3B-shaped MoE (128 experts, 8 used, dim 2048, expert ffn 768) in BF16
@@ -367,13 +329,13 @@ void bench() {
   const int E = 128, k = 8, dim = 2048, ffn = 768;
   for (GgmlType t : {GgmlType::BF16, GgmlType::Q8_0}) {
     cuda::ExpertWeights w[3];
-    void* mem[3];
+    DevBuf<uint8_t> mem[3];
     for (int i = 0; i < 3; ++i) {
       const int rows = i == 2 ? dim : ffn, cols = i == 2 ? ffn : dim;
       const size_t rb = t == GgmlType::Q8_0 ? cuda::lowbit_row_bytes(t, cols) : (size_t)cols * 2;
-      CK(cudaMalloc(&mem[i], rb * rows * E));
-      CK(cudaMemset(mem[i], 0x3c, rb * rows * E));
-      w[i] = {t, mem[i], rows, cols, rb, rb * rows, E};
+      mem[i].alloc(rb * rows * E);
+      CK(cudaMemset(mem[i].get(), 0x3c, rb * rows * E));
+      w[i] = {t, mem[i].get(), rows, cols, rb, rb * rows, E};
     }
     for (int n : {1, 512}) {
       std::mt19937 rng(1);
@@ -381,14 +343,13 @@ void bench() {
       std::vector<float> logits((size_t)n * E), xn((size_t)n * dim);
       for (float& v : logits) v = nd(rng);
       for (float& v : xn) v = nd(rng);
-      float* d_logits = dev_copy(logits);
-      float* d_xn = dev_copy(xn);
-      float* d_x = dev_copy(std::vector<float>((size_t)n * dim, 0.0f));
-      int32_t* d_ids = dev_copy(std::vector<int32_t>((size_t)n * k));
-      float* d_w = dev_copy(std::vector<float>((size_t)n * k));
-      void* ws = nullptr;
-      CK(cudaMalloc(&ws, cuda::moe_scratch_bytes(n, k, E, ffn, dim)));
-      const cuda::MoeScratch s = cuda::moe_scratch(ws, n, k, E, ffn, dim);
+      DevBuf<float> d_logits(logits);
+      DevBuf<float> d_xn(xn);
+      DevBuf<float> d_x(std::vector<float>((size_t)n * dim, 0.0f));
+      DevBuf<int32_t> d_ids(std::vector<int32_t>((size_t)n * k));
+      DevBuf<float> d_w(std::vector<float>((size_t)n * k));
+      DevBuf<uint8_t> ws(cuda::moe_scratch_bytes(n, k, E, ffn, dim));
+      const cuda::MoeScratch s = cuda::moe_scratch(ws.get(), n, k, E, ffn, dim);
       cudaEvent_t a, b;
       CK(cudaEventCreate(&a));
       CK(cudaEventCreate(&b));
@@ -397,8 +358,10 @@ void bench() {
       for (int pass = 0; pass < 2; ++pass) {
         CK(cudaEventRecord(a));
         for (int it = 0; it < iters; ++it) {
-          CK(cuda::moe_route(d_logits, n, E, k, true, d_ids, d_w, nullptr, &s));
-          if (pass == 1) CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn, n, d_ids, d_w, k, d_x, s, nullptr, n == 1));
+          CK(cuda::moe_route(d_logits.get(), n, E, k, true, d_ids.get(), d_w.get(), nullptr, &s));
+          if (pass == 1)
+            CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn.get(), n, d_ids.get(), d_w.get(), k, d_x.get(), s,
+                             nullptr, n == 1));
         }
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
@@ -410,17 +373,36 @@ void bench() {
       char line[256];
       std::snprintf(line, sizeof line, "bench %s n=%d: route %.1f us, route + experts %.1f us%s",
                     std::string(type_name(t)).c_str(), n, us_route, us_all, n == 1 ? "" : "\n");
-      say(line);
+      say("%s", line);
       if (n == 1) {
         std::snprintf(line, sizeof line, " (experts %.1f us: %.0f GB/s over the %.1f MB of 8 experts)\n",
                       us_all - us_route, bytes / ((us_all - us_route) * 1e3), bytes / 1e6);
-        say(line);
+        say("%s", line);
+        // The one-row tiles (set_moe_decode_tiles): gate / up chunks in flight, down rows per warp.
+        const int variants[][2] = {{4, 0}, {2, 0}, {0, 2}, {0, 4}, {4, 2}, {4, 4}, {2, 4}};
+        for (const auto& v : variants) {
+          cuda::set_moe_decode_tiles(v[0], v[1]);
+          CK(cudaEventRecord(a));
+          for (int it = 0; it < iters; ++it) {
+            CK(cuda::moe_route(d_logits.get(), n, E, k, true, d_ids.get(), d_w.get(), nullptr, &s));
+            CK(cuda::moe_ffn(w[0], w[1], w[2], d_xn.get(), n, d_ids.get(), d_w.get(), k, d_x.get(), s,
+                             nullptr, true));
+          }
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, a, b));
+          const double us = 1000.0 * ms / iters - us_route;
+          std::snprintf(line, sizeof line,
+                        "  tiles gate_unroll %d down_rows %d: experts %.1f us (%.0f GB/s)\n", v[0], v[1], us,
+                        bytes / (us * 1e3));
+          say("%s", line);
+        }
+        cuda::set_moe_decode_tiles(0, 0);
       }
-      for (void* p : {(void*)d_logits, (void*)d_xn, (void*)d_x, (void*)d_ids, (void*)d_w, ws}) cudaFree(p);
       cudaEventDestroy(a);
       cudaEventDestroy(b);
     }
-    for (void* p : mem) cudaFree(p);
   }
 }
 
@@ -442,7 +424,7 @@ int main(int argc, char** argv) {
     }
   }
   if (const int skip = test::skip_without_device()) return skip;
-  if (!out_dir.empty() && !(g_log = test::open_log(out_dir, "test_cuda_moe.txt"))) return 2;
+  if (!out_dir.empty() && !(g_log = open_log(out_dir, "test_cuda_moe.txt"))) return 2;
   std::mt19937 rng(20261206);
   if (only_bench) {
     bench();
@@ -496,7 +478,7 @@ int main(int argc, char** argv) {
   if (do_bench) bench();
   char b[96];
   std::snprintf(b, sizeof b, "test_cuda_moe: %d passed, %d failed\n", g_pass, g_fail);
-  say(b);
+  say("%s", b);
   if (g_log) std::fclose(g_log);
   return g_fail ? 1 : 0;
 }

@@ -7,7 +7,9 @@
 //                gemv_lowbit_tc_ok, above that the BF16 copy of low-bit weights, cuBLASLt above kGemvMaxRows
 //                rows; F32 / F16 / BF16 weights as stored, Q8_0 / F8_E4M3 / TERNARY and the GGUF block
 //                types of gemv_kquant.h repacked into the device layout (lowbit_pack_rows); the block
-//                types' GEMV runs twice, x through L1 and staged in shared memory (set_kquant_stage). The FP8
+//                types' GEMV runs three times: x through L1, staged in shared memory (set_kquant_stage), and
+//                quantised to int8 (set_kquant_int8; against the reference of x as quantize_x_q8_ref gives it,
+//                q * d exact in double then rounded to f32). The FP8
 //                GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is turned off: another numerics, which test_cuda_kernels
 //                checks.
 //   rmsnorm, silu_mul, gelu_mul, softcap, rope (q only), f16_convert (convert_f32 to F16)
@@ -37,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tuning.h"
@@ -51,20 +54,7 @@ using namespace ultra::test;
 
 namespace {
 
-// ---- output
-
-FILE* g_log = nullptr;
-
-void say(const char* fmt, ...) {
-  char buf[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  std::fputs(buf, stdout);
-  std::fflush(stdout);
-  if (g_log) std::fputs(buf, g_log);
-}
+// ---- output (gpu_program.h: say, CK, DevBuf, guarded)
 
 struct Counts {
   int pass = 0, fail = 0, skip = 0;
@@ -79,66 +69,6 @@ void summary() {
     all.pass += n.pass, all.fail += n.fail, all.skip += n.skip;
   }
   say("test_cuda_ops: %d passed, %d failed, %d skipped\n", all.pass, all.fail, all.skip);
-}
-
-// A failed CUDA call other than a kernel launch under test (allocation, copy, synchronisation): the context
-// may be unusable (a kernel fault is sticky), so the program stops here.
-[[noreturn]] void cuda_fatal(const char* call, const char* file, int line, cudaError_t e) {
-  say("FAIL cuda-call %s:%d %s -> %s\n", file, line, call, cudaGetErrorString(e));
-  summary();
-  std::exit(1);
-}
-#define CK(call)                                                      \
-  do {                                                                \
-    const cudaError_t e_ = (call);                                    \
-    if (e_ != cudaSuccess) cuda_fatal(#call, __FILE__, __LINE__, e_); \
-  } while (0)
-
-// ---- device memory
-
-constexpr size_t kTail = 16;  // guard elements past every output
-
-template <class T>
-class DevBuf {
- public:
-  DevBuf() = default;
-  explicit DevBuf(size_t n) : n_(n) {
-    CK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)));
-  }
-  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { put(h); }
-  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~DevBuf() {
-    if (p_) cudaFree(p_);
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  void put(const std::vector<T>& h) {
-    if (h.size() > n_)
-      cuda_fatal("DevBuf::put (host data larger than the buffer)", __FILE__, __LINE__, cudaErrorInvalidValue);
-    CK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> all() const {
-    std::vector<T> h(n_);
-    CK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// n elements of data (or of fill where data is shorter) followed by kTail guards of value fill.
-template <class T>
-DevBuf<T> guarded(size_t n, T fill, const std::vector<T>* data = nullptr) {
-  std::vector<T> h(n + kTail, fill);
-  if (data) std::copy(data->begin(), data->begin() + std::min(n, data->size()), h.begin());
-  return DevBuf<T>(h);
 }
 
 // ---- comparison
@@ -303,6 +233,24 @@ Outcome run_matmul(const OpCase& c, int drop_cols = 0) {
     CK(cudaDeviceSynchronize());
     y_staged = dy2.all();
   }
+  // And with int8 activations (gemv_kquant_q8), against the reference of x as the CPU quantises it.
+  std::vector<float> y_int8, x_int8;
+  if (direct && cuda::is_kquant(c.type) && cuda::kquant_q8_ok(dw->view, nt)) {
+    DevBuf<float> dy3 = guarded(ny, kGuard);
+    cuda::set_kquant_int8(1);
+    const cudaError_t e3 = g_mm->matmul(dw->view, dx.get(), nt, dy3.get(), b ? db.get() : nullptr, false, 0);
+    cuda::set_kquant_int8(-1);
+    if (!launch_ok(o, "CudaMatmul::matmul (x int8)", e3)) return o;
+    CK(cudaDeviceSynchronize());
+    y_int8 = dy3.all();
+    x_int8.resize(in->x.size());
+    std::vector<int8_t> xq(c.cols);
+    std::vector<float> xd(c.cols / 32);
+    for (int t = 0; t < nt; ++t) {
+      cpu::detail::quantize_x_q8_ref(in->x.data() + t * c.cols, c.cols, xq.data(), xd.data());
+      for (int64_t i = 0; i < c.cols; ++i) x_int8[t * c.cols + i] = (float)((double)xq[i] * xd[i / 32]);
+    }
+  }
   WeightView rv = in->wt.view;
   const std::vector<double>* wv = &in->wv;
   std::vector<uint16_t> w16;
@@ -337,6 +285,12 @@ Outcome run_matmul(const OpCase& c, int drop_cols = 0) {
     if (!y_staged.empty()) compare(out, "y (x staged)", tol_cuda(c), y_staged, ref.data(), mag.data(), ny);
   };
   check(o, x);
+  if (!y_int8.empty()) {  // y (x int8) against the reference of the quantised x (exact products, rounded once)
+    std::vector<float> ref(ny);
+    cpu::matmul_ref(rv, x_int8.data(), nt, ref.data(), b);
+    const auto mag = dot_magnitudes(*wv, c.rows, c.cols, x_int8.data(), nt, b);
+    compare(o, "y (x int8)", tol_cuda(c), y_int8, ref.data(), mag.data(), ny);
+  }
   if (o.bad && x != in->x) {
     // Where cuBLASLt has no algorithm for the shape, CudaMatmul::matmul runs gemv, 32 rows at a time, on x
     // as it is: the other path of the entry, held to the same rule against its own reference.
@@ -548,6 +502,7 @@ int main(int argc, char** argv) {
   }
   if (const int skip = skip_without_device()) return skip;
   if (!out_dir.empty() && !(g_log = open_log(out_dir, "test_cuda_ops.txt"))) return 2;
+  g_before_fatal = summary;
   CK(cuda::query_device(0, &g_dev));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));

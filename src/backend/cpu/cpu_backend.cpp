@@ -278,8 +278,8 @@ void CpuBackend::rmsnorm(const float* x, const float* w, int n_rows, int dim, fl
         [&](int64_t b, int64_t e) { cpu::rmsnorm(x + b * dim, w, (int)(e - b), dim, eps, out + b * dim); });
 }
 
-void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
-                        bool accumulate) {
+void CpuBackend::matmul(MatmulOp /*op*/, const WeightView& w, const float* x, int n, float* y,
+                        const float* bias, bool accumulate) {
   if (!accumulate) return cpu::matmul(pool_, w, x, n, y, bias, mm_scratch_.data());
   float* tmp = acc_.data();
   cpu::matmul(pool_, w, x, n, tmp, bias, mm_scratch_.data());

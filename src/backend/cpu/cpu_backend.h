@@ -45,7 +45,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   // ForwardOps
   void embed(const WeightView& table, const int32_t* tokens, int n, float* x) override;
   void rmsnorm(const float* x, const float* w, int n_rows, int dim, float eps, float* out) override;
-  void matmul(const WeightView& w, const float* x, int n, float* y, const float* bias,
+  void matmul(MatmulOp op, const WeightView& w, const float* x, int n, float* y, const float* bias,
               bool accumulate) override;
   void rope(int il, float* q, int n_heads, float* k, int n_kv_heads, int n, int head_dim, const int32_t* pos,
             bool interleaved) override;

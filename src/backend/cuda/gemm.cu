@@ -224,8 +224,14 @@ cudaError_t CudaMatmul::matmul(const WeightView& w, const float* x, int n, float
                                bool accumulate, cudaStream_t stream) {
   if (n < 1) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   const bool lowbit = is_lowbit(w.type);
-  if (n <= (lowbit ? kLowbitGemvMaxRows : kGemvMaxRows) || gemv_lowbit_tc_ok(w, n))
+  if (n <= (lowbit ? kLowbitGemvMaxRows : kGemvMaxRows) || gemv_lowbit_tc_ok(w, n)) {
+    // The block types' decode with int8 x (gemv_kquant.h), x quantised into the activation scratch.
+    if (impl_ && is_kquant(w.type) && kquant_int8_on() && kquant_q8_ok(w, n) &&
+        impl_->ws_bytes >= kCublasWorkspaceBytes + kquant_q8_ws_bytes(n, w.cols))
+      return gemv_kquant_q8(w, x, n, y, bias, accumulate, impl_->ws + kCublasWorkspaceBytes,
+                            impl_->ws_bytes - kCublasWorkspaceBytes, stream);
     return gemv(w, x, n, y, bias, accumulate, stream);
+  }
   if (!impl_ || w.rows <= 0 || w.cols <= 0 || !w.data) return cudaErrorInvalidValue;
   if (lowbit && fp8_gemm_on() && lowbit_scale_per_row_or_tensor(w) &&
       (w.scale_row_stride == 0 || w.scale_row_stride == 1) && w.cols % 16 == 0 && w.row_bytes % 16 == 0) {

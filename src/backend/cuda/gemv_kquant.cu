@@ -150,7 +150,8 @@ __device__ __forceinline__ void kq_x16(const KqArgs& a, int t, int c0, float (&x
 // xs[((t * 2 + g) * 4 + q) * n_units + k] = x[t, kq_col(k, g) + 4 q .. + 4) (float4).
 template <GgmlType T, int NMAX, int R, int U, bool S>
 __global__ void __launch_bounds__(kKqThreads) gemv_kquant_kernel(KqArgs a) {
-  extern __shared__ float4 xs[];
+  extern __shared__ float4 xs_mem[];
+  float4* xs = xs_mem;
   const int lane = threadIdx.x & 31;
   const int n_units = kq_units(a.cols);
   if constexpr (S) {
@@ -339,6 +340,179 @@ bool kquant_view_ok(const WeightView& w) {
          w.row_bytes % 16 == 0 && w.rows <= (int64_t)0x7fffffff * kKqWarps;
 }
 
+// ---- The GEMV with int8 activations (gemv_kquant_q8)
+//
+// x quantised per 32 columns (kq_quantize_x_kernel, one warp per block of 32: the CPU's quantize_x_q8_ref,
+// d = max |x| / 127, q = x * (127 / max |x|) rounded to nearest even) into the workspace: xq [n, cols] int8,
+// then xm [n, cols / 16] of (d as bits, sum of the 16 q). The GEMV (launched programmatically: its first
+// weight loads are issued before it waits for the quantisation) copies xq and xm into shared memory in the
+// lanes' unit order (kq_locate, 16 columns per 16-byte chunk), then per unit, group and row of x: four
+// dp4a give dot = sum code * q exactly, and the group adds d * (a * (dot - K * s) + b * s), K the code
+// offset and s the group's sum of q.
+
+constexpr size_t kKqQ8MaxSmem = 200u << 10;  // shared memory of the int8 GEMV: n * cols * 1.5 bytes
+int g_int8 = -1;                             // set_kquant_int8; -1: kernel_tuning().kq_int8
+
+__global__ void __launch_bounds__(256)
+    kq_quantize_x_kernel(const float* __restrict__ x, int64_t cols, int n, int8_t* __restrict__ xq,
+                         int2* __restrict__ xm) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t blocks = cols / 32;
+  const int64_t gw = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (gw >= (int64_t)n * blocks) return;
+  const int64_t t = gw / blocks, b = gw - t * blocks;
+  const float v = __ldcg(x + t * cols + 32 * b + lane);
+  const float m = warp_max(fabsf(v));
+  const float d = m / 127.0f;
+  const float id = m > 0.0f ? 127.0f / m : 0.0f;
+  const int q = __float2int_rn(v * id);
+  xq[t * cols + 32 * b + lane] = (int8_t)q;
+  int s = q;
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((lane & 15) == 0) xm[t * (cols / 16) + 2 * b + (lane >> 4)] = make_int2(__float_as_int(d), s);
+}
+
+template <GgmlType T, int NMAX, int R, int U>
+__global__ void __launch_bounds__(kKqThreads)
+    gemv_kquant_q8_kernel(KqArgs a, const int8_t* __restrict__ xq, const int2* __restrict__ xm) {
+  extern __shared__ float4 xs_mem[];  // (the staged kernel's declaration: one type per name)
+  uint4* xs = reinterpret_cast<uint4*>(xs_mem);  // [n][2][n_units] chunks of xq, then xms
+  const int lane = threadIdx.x & 31;
+  const int n_units = kq_units(a.cols);
+  int2* xms = reinterpret_cast<int2*>(xs + (size_t)a.n * 2 * n_units);  // [n][2][n_units] (d, s)
+  const int64_t row0 = ((int64_t)blockIdx.x * kKqWarps + (threadIdx.x >> 5)) * R;
+  const bool live = row0 < a.rows;
+  const uint8_t* wrow[R];  // the warp's rows (row0 again for rows past the end: loaded, never stored)
+#pragma unroll
+  for (int j = 0; j < R; ++j) wrow[j] = a.w + (row0 + j < a.rows ? row0 + j : row0) * a.row_bytes;
+  KqUnit u[U][R];
+  const auto load = [&](int k0) {
+#pragma unroll
+    for (int v = 0; v < U; ++v)
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if (k0 + 32 * v < n_units) u[v][j] = kq_load<T>(wrow[j], a.cols, k0 + 32 * v);
+  };
+  if (live) load(lane);  // the weights do not depend on the kernels before
+  pdl_wait();
+  const int chunks = (int)(a.cols / 16);
+  for (int i = threadIdx.x; i < a.n * chunks; i += kKqThreads) {
+    const int t = i / chunks, c = (i - t * chunks) * 16;
+    int k, g, e;
+    kq_locate<T>(c, &k, &g, &e);
+    const int dst = (t * 2 + g) * n_units + k;
+    xs[dst] = __ldcg(reinterpret_cast<const uint4*>(xq + (int64_t)t * a.cols + c));
+    xms[dst] = __ldcg(xm + (int64_t)t * chunks + c / 16);
+  }
+  __syncthreads();
+  pdl_trigger();
+  if (!live) return;
+
+  float acc[R][NMAX];
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int t = 0; t < NMAX; ++t) acc[j][t] = 0.0f;
+  constexpr int K = kq_offset<T>();
+  for (int k0 = lane; k0 < n_units; k0 += 32 * U) {
+    if (k0 != lane) load(k0);
+#pragma unroll
+    for (int v = 0; v < U; ++v) {
+      const int k = k0 + 32 * v;
+      if (k >= n_units) break;
+      uint32_t w[R][2][4];
+      float sa[R][2], sb[R][2];
+#pragma unroll
+      for (int j = 0; j < R; ++j) kq_words<T>(u[v][j], k, w[j][0], w[j][1], sa[j], sb[j]);
+#pragma unroll
+      for (int t = 0; t < NMAX; ++t) {
+        if (t >= a.n) break;
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const uint4 xv = xs[(t * 2 + g) * n_units + k];
+          const int2 m = xms[(t * 2 + g) * n_units + k];
+          const float d = __int_as_float(m.x);
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            int dot = __dp4a((int)w[j][g][0], (int)xv.x, 0);
+            dot = __dp4a((int)w[j][g][1], (int)xv.y, dot);
+            dot = __dp4a((int)w[j][g][2], (int)xv.z, dot);
+            dot = __dp4a((int)w[j][g][3], (int)xv.w, dot);
+            float r = sa[j][g] * (float)(dot - K * m.y);
+            if constexpr (kq_has_min(T)) r = fmaf(sb[j][g], (float)m.y, r);
+            acc[j][t] = fmaf(d, r, acc[j][t]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < R; ++j)
+#pragma unroll
+    for (int t = 0; t < NMAX; ++t) {
+      if (t >= a.n) break;
+      const float v = warp_sum(acc[j][t]);
+      if (lane == ((j * NMAX + t) & 31) && row0 + j < a.rows) {
+        const int64_t r = row0 + j;
+        float s = v;
+        if (a.bias) s += a.bias[r];
+        float* yp = a.y + (int64_t)t * a.rows + r;
+        *yp = a.accumulate ? __ldcg(yp) + s : s;
+      }
+    }
+}
+
+size_t kq8_smem(int n, int64_t cols) {
+  return (size_t)n * (size_t)cols / 16 * (16 + 8);
+}
+
+template <GgmlType T, int NMAX, int R, int U>
+cudaError_t launch_kq8(const KqArgs& a, const int8_t* xq, const int2* xm, cudaStream_t stream) {
+  const size_t smem = kq8_smem(a.n, a.cols);
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      gemv_kquant_q8_kernel<T, NMAX, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kKqQ8MaxSmem);
+  if (attr != cudaSuccess) return attr;
+  const int64_t rows_per_block = (int64_t)R * kKqWarps;
+  const int64_t tiles = (a.rows + rows_per_block - 1) / rows_per_block;
+  return launch_ex(gemv_kquant_q8_kernel<T, NMAX, R, U>, dim3((unsigned)tiles), dim3(kKqThreads), smem, stream,
+                   1, kPdlCore, a, xq, xm);
+}
+
+template <GgmlType T>
+cudaError_t dispatch_kq8(const KqArgs& a, const int8_t* xq, const int2* xm, cudaStream_t stream) {
+  const bool small = a.rows < 4096;
+  if (a.n == 1) switch (g_tile) {
+      case 11:
+        return launch_kq8<T, 1, 1, 1>(a, xq, xm, stream);
+      case 12:
+        return launch_kq8<T, 1, 1, 2>(a, xq, xm, stream);
+      case 14:
+        return launch_kq8<T, 1, 1, 4>(a, xq, xm, stream);
+      case 21:
+        return launch_kq8<T, 1, 2, 1>(a, xq, xm, stream);
+      case 22:
+        return launch_kq8<T, 1, 2, 2>(a, xq, xm, stream);
+      case 24:
+        return launch_kq8<T, 1, 2, 4>(a, xq, xm, stream);
+      case 41:
+        return launch_kq8<T, 1, 4, 1>(a, xq, xm, stream);
+      case 42:
+        return launch_kq8<T, 1, 4, 2>(a, xq, xm, stream);
+      default:
+        break;
+    }
+  if (a.n == 1)
+    return small ? launch_kq8<T, 1, 1, 4>(a, xq, xm, stream) : launch_kq8<T, 1, 2, 2>(a, xq, xm, stream);
+  if (a.n == 2)
+    return small ? launch_kq8<T, 2, 1, 4>(a, xq, xm, stream) : launch_kq8<T, 2, 2, 2>(a, xq, xm, stream);
+  if (a.n <= 4)
+    return small ? launch_kq8<T, 4, 1, 2>(a, xq, xm, stream) : launch_kq8<T, 4, 2, 2>(a, xq, xm, stream);
+  return small ? launch_kq8<T, 8, 1, 2>(a, xq, xm, stream) : launch_kq8<T, 8, 2, 1>(a, xq, xm, stream);
+}
+
 // ---- BF16 dequantisation
 
 template <GgmlType T>
@@ -395,6 +569,47 @@ cudaError_t gemv_kquant(const WeightView& w, const float* x, int n, float* y, co
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+void set_kquant_int8(int on) {
+  g_int8 = on;
+}
+
+bool kquant_int8_on() {
+  return g_int8 >= 0 ? g_int8 != 0 : kernel_tuning().kq_int8;
+}
+
+size_t kquant_q8_ws_bytes(int n, int64_t cols) {
+  const size_t q = ((size_t)n * (size_t)cols + 255) / 256 * 256;
+  return q + (size_t)n * (size_t)(cols / 16) * sizeof(int2);
+}
+
+bool kquant_q8_ok(const WeightView& w, int n) {
+  return n >= 1 && n <= kKqMaxN && kquant_view_ok(w) && kq8_smem(n, w.cols) <= kKqQ8MaxSmem;
+}
+
+cudaError_t gemv_kquant_q8(const WeightView& w, const float* x, int n, float* y, const float* bias,
+                           bool accumulate, void* ws, size_t ws_bytes, cudaStream_t stream) {
+  if (!x || !y || !ws || !aligned16(ws) || !kquant_q8_ok(w, n) || ws_bytes < kquant_q8_ws_bytes(n, w.cols))
+    return cudaErrorInvalidValue;
+  int8_t* xq = static_cast<int8_t*>(ws);
+  int2* xm = reinterpret_cast<int2*>(xq + ((size_t)n * (size_t)w.cols + 255) / 256 * 256);
+  const int64_t warps = (int64_t)n * (w.cols / 32);
+  if (cudaError_t e = launch_ex(kq_quantize_x_kernel, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, stream, 1,
+                                kPdlCore, x, (int64_t)w.cols, n, xq, xm);
+      e != cudaSuccess)
+    return e;
+  KqArgs a{};
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.rows = w.rows;
+  a.cols = w.cols;
+  a.row_bytes = (int64_t)w.row_bytes;
+  a.bias = bias;
+  a.accumulate = accumulate;
+  a.x = x;
+  a.n = n;
+  a.y = y;
+  return kq_switch(w.type, [&](auto type) { return dispatch_kq8<decltype(type)::value>(a, xq, xm, stream); });
 }
 
 cudaError_t kquant_dequant_bf16(const WeightView& w, void* out, cudaStream_t stream) {

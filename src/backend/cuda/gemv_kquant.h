@@ -62,6 +62,26 @@ void set_kquant_tile(int ru);
 // timed on a GPU).
 void set_kquant_stage(int on);
 
+// The decode GEMV with int8 activations (llama.cpp's and the CPU's speed path, matmul_kquant_vnni.cpp): x
+// quantised per 32 columns as the CPU's quantize_x_q8_ref does (d = max |x| / 127, q = x / d rounded to
+// nearest even), then integer dot products of the codes with q (dp4a) per 16-column group: the result is
+// the exact weights times q * d, summed in f32 (the CPU's int8 reference up to f32 rounding). Two launches
+// (the quantisation, then the GEMV, launched programmatically when enabled: its first weight loads overlap
+// the quantisation). ws: kquant_q8_ws_bytes(n, cols) bytes of device scratch, 16-byte aligned.
+// kquant_q8_ok: the view and n it takes (n <= 8, x of n * cols * 1.5 bytes fits in shared memory).
+size_t kquant_q8_ws_bytes(int n, int64_t cols);
+bool kquant_q8_ok(const WeightView& w, int n);
+cudaError_t gemv_kquant_q8(const WeightView& w,  // [rows, cols], device layout
+                           const float* x,       // [n, cols]
+                           int n,
+                           float* y,           // [n, rows]
+                           const float* bias,  // [rows] or null
+                           bool accumulate, void* ws, size_t ws_bytes, cudaStream_t stream);
+// Whether CudaMatmul::matmul takes the int8 GEMV for the block types' decode steps: set_kquant_int8 1 on,
+// 0 off, -1 as ULTRA_CUDA_KQ_INT8 (kernel_tuning().kq_int8).
+void set_kquant_int8(int on);
+bool kquant_int8_on();
+
 // out[r, c] = bf16(W[r, c]) (round to nearest even), out [rows, ld] BF16, ld = lowbit_bf16_ld(cols) (cols:
 // a multiple of 32, so ld == cols), 16-byte aligned.
 cudaError_t kquant_dequant_bf16(const WeightView& w, void* out, cudaStream_t stream);

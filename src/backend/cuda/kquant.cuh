@@ -143,17 +143,20 @@ __host__ __device__ constexpr bool kq_has_min(GgmlType t) {
   return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K;
 }
 
-// The codes of unit k as exact f32 (q[g][e] for column kq_col(k, g) + e, the offset subtracted for Q4_0,
-// Q5_0, Q6_K) and each group's scale a[g] and minimum b[g] (0 where kq_has_min is false): the weight is
-// a * q + b, as the CPU's dequant_block computes it (the product a * q exact).
+// The codes of unit k as bytes: lo[p] / hi[p] hold the codes of columns kq_col(k, 0) + 4 p .. + 3 and
+// kq_col(k, 1) + 4 p .. + 3 (byte e of a word: column + e; codes 0..63, so also valid signed bytes), and
+// each group's scale a[g] and minimum b[g] (0 where kq_has_min is false): the weight is a * (q - K) + b with
+// K = kq_offset(T), as the CPU's dequant_block computes it.
 template <GgmlType T>
-__device__ __forceinline__ void kq_codes(const KqUnit& u, int k, float (&q)[2][16], float (&a)[2],
-                                         float (&b)[2]) {
+__host__ __device__ constexpr int kq_offset() {
+  return T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q6_K ? 32 : 0;
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void kq_words(const KqUnit& u, int k, uint32_t (&lo)[4], uint32_t (&hi)[4],
+                                         float (&a)[2], float (&b)[2]) {
   const uint32_t c[4] = {u.b.x, u.b.y, u.b.z, u.b.w};
-  uint32_t lo[4], hi[4];
-  float bias;  // 2^23 + the code offset
   if constexpr (kq_legacy(T)) {
-    bias = T == GgmlType::Q4_0 ? 8388616.0f : T == GgmlType::Q5_0 ? 8388624.0f : 8388608.0f;
     a[0] = a[1] = f16_bits(u.d);
     b[0] = b[1] = kq_has_m(T) ? f16_bits(u.m) : 0.0f;
 #pragma unroll
@@ -166,7 +169,6 @@ __device__ __forceinline__ void kq_codes(const KqUnit& u, int k, float (&q)[2][1
     }
   } else if constexpr (T == GgmlType::Q6_K) {
     const int i = k & 7, half = i >> 2, r = i & 3, sh = 2 * (r >> 1);
-    bias = 8388640.0f;
     const float d = f16_bits(u.d);
     a[0] = d * (float)(int8_t)kq_byte_of(u.a, 8 * half + r);
     a[1] = d * (float)(int8_t)kq_byte_of(u.a, 8 * half + r + 4);
@@ -179,7 +181,6 @@ __device__ __forceinline__ void kq_codes(const KqUnit& u, int k, float (&q)[2][1
     }
   } else {  // Q4_K / Q5_K
     const int j = (k & 7) >> 1;
-    bias = 8388608.0f;
     const float d = f16_bits(u.a.x), dmin = f16_bits(u.a.x >> 16);
     uint32_t sc, m;
     kq_scale_min(u.a, 2 * j, &sc, &m);
@@ -196,6 +197,16 @@ __device__ __forceinline__ void kq_codes(const KqUnit& u, int k, float (&q)[2][1
       }
     }
   }
+}
+
+// The codes of unit k as exact f32 (q[g][e] for column kq_col(k, g) + e, the offset K subtracted) and each
+// group's scale a[g] and minimum b[g] (kq_words): the weight is a * q + b (the product a * q exact).
+template <GgmlType T>
+__device__ __forceinline__ void kq_codes(const KqUnit& u, int k, float (&q)[2][16], float (&a)[2],
+                                         float (&b)[2]) {
+  uint32_t lo[4], hi[4];
+  kq_words<T>(u, k, lo, hi, a, b);
+  const float bias = 8388608.0f + (float)kq_offset<T>();  // 2^23 + the code offset
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
     q[0][4 * p + 0] = kq_byte<0>(lo[p], bias), q[1][4 * p + 0] = kq_byte<0>(hi[p], bias);

@@ -217,11 +217,10 @@ __device__ __forceinline__ void decode8(const Raw<T>& r, float (&f)[8]) {
 template <int NP>
 constexpr int kUnrollOf = NP == 1 ? 8 : 4;
 
-template <GgmlType T, bool GATED, int NP>
+template <GgmlType T, bool GATED, int NP, int U = kUnrollOf<NP>>
 __device__ __forceinline__ void moe_dot_chunks(const uint8_t* ra, const uint8_t* rb, int64_t c0, int64_t cols,
                                                const float* const (&xs)[NP], int np, float (&acc_a)[NP],
                                                float (&acc_b)[NP], int n_chunks) {
-  constexpr int U = kUnrollOf<NP>;
   Raw<T> wa[U], wb[U];
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -250,8 +249,12 @@ __device__ __forceinline__ void moe_dot_chunks(const uint8_t* ra, const uint8_t*
   }
 }
 
-template <GgmlType T, bool GATED, int NP = kMoeTilePairs>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+// Blocks per SM the register budget is set for: the unroll U bounds the raw loads held per lane.
+template <bool GATED, int U>
+constexpr int kMinBlocksOf = GATED && U <= 2 ? 4 : GATED && U <= 4 ? 3 : 1;
+
+template <GgmlType T, bool GATED, int NP = kMoeTilePairs, int U = kUnrollOf<NP>>
+__global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocksOf<GATED, U>))
     moe_gemv_kernel(ExpertWeights a, ExpertWeights b, const float* x, const int32_t* x_row, int64_t x_stride,
                     float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles,
                     int n_rows) {
@@ -279,11 +282,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   float acc_a[NP] = {}, acc_b[NP] = {};
   const int64_t n_chunks = (a.cols - lane * 8 + 255) / 256;  // this lane's chunks (cols % 8 == 0)
   int64_t c0 = lane * 8, i = 0;
-  constexpr int U = kUnrollOf<NP>;
   for (; i + U <= n_chunks; i += U, c0 += 256 * U)
-    moe_dot_chunks<T, GATED, NP>(ra, rb, c0, a.cols, xs, np, acc_a, acc_b, U);
+    moe_dot_chunks<T, GATED, NP, U>(ra, rb, c0, a.cols, xs, np, acc_a, acc_b, U);
   if (i < n_chunks)
-    moe_dot_chunks<T, GATED, NP>(ra, rb, c0, a.cols, xs, np, acc_a, acc_b, (int)(n_chunks - i));
+    moe_dot_chunks<T, GATED, NP, U>(ra, rb, c0, a.cols, xs, np, acc_a, acc_b, (int)(n_chunks - i));
 #pragma unroll
   for (int q = 0; q < NP; ++q) {
     if (q >= np) break;
@@ -448,47 +450,94 @@ cudaError_t launch_ffn_mma(const ExpertWeights& gate, const ExpertWeights& up, c
   return cudaGetLastError();
 }
 
-// One row (decode), k dividing 8: warp w of block b computes item i = 8 b + w, the dot product of output
-// element d = i / k of slot j = i % k's expert, W_down[ids[j]][d] . h[slot_pair[j]]; the block's first warp
-// of each element then adds sum_j w[j] * dot_j to x[d] in slot order (the down projection and moe_combine
-// in one pass, every (element, slot) a warp of its own).
-template <GgmlType T>
+// One row (decode), k dividing 8: warp w of block b takes slot j = w % k and the R output elements
+// d = R (G b + w / k) + i (i < R, G = 8 / k element groups per block) of slot j's expert, the dot products
+// W_down[ids[j]][d] . h[slot_pair[j]] (the R rows' loads issued together); then thread i of each element
+// group adds sum_j w[j] * dot_j to x[d] in slot order (the down projection and moe_combine in one pass).
+template <GgmlType T, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     moe_down1_kernel(ExpertWeights down, const float* h, int64_t ffn, const int32_t* ids,
                      const int32_t* slot_pair, const float* w, int k, float* x) {
-  __shared__ float part[kGemvWarps];
+  __shared__ float part[kGemvWarps][R];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t item = (int64_t)blockIdx.x * kGemvWarps + warp, d = item / k;
-  const int j = (int)(item % k);
+  const int groups = kGemvWarps / k, j = warp % k;
+  const int64_t d0 = ((int64_t)blockIdx.x * groups + warp / k) * R;
   const int e = ids[j], p = slot_pair[j];
-  const bool ok = d < down.rows && e >= 0 && e < down.n_expert && p >= 0;
-  float dot = 0.0f;
-  if (ok) {
-    const uint8_t* ra =
-        static_cast<const uint8_t*>(down.data) + (size_t)e * down.expert_bytes + (size_t)d * down.row_bytes;
-    const float* const xs[1] = {h + (int64_t)p * ffn};
-    float acc[1] = {0.0f}, unused[1] = {0.0f};
-    constexpr int U = kUnrollOf<1>;
+  const bool ok = e >= 0 && e < down.n_expert && p >= 0;
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+  if (ok && d0 < down.rows) {
+    const uint8_t* rows[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      rows[i] = static_cast<const uint8_t*>(down.data) + (size_t)e * down.expert_bytes +
+                (size_t)(d0 + i < down.rows ? d0 + i : d0) * down.row_bytes;
+    const float* xs = h + (int64_t)p * ffn;
+    constexpr int U = R >= 4 ? 2 : R >= 2 ? 4 : 8;  // chunks of each row in flight
     const int64_t n_chunks = (down.cols - lane * 8 + 255) / 256;
-    int64_t c0 = lane * 8, i = 0;
-    for (; i + U <= n_chunks; i += U, c0 += 256 * U)
-      moe_dot_chunks<T, false, 1>(ra, ra, c0, down.cols, xs, 1, acc, unused, U);
-    if (i < n_chunks)
-      moe_dot_chunks<T, false, 1>(ra, ra, c0, down.cols, xs, 1, acc, unused, (int)(n_chunks - i));
-    dot = warp_sum(acc[0]);
+    for (int64_t i0 = 0; i0 < n_chunks; i0 += U) {
+      Raw<T> raw[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (i0 + u < n_chunks)
+#pragma unroll
+          for (int i = 0; i < R; ++i) load_raw<T>(rows[i], lane * 8 + 256 * (i0 + u), down.cols, raw[u][i]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i0 + u >= n_chunks) break;
+        const int64_t c0 = lane * 8 + 256 * (i0 + u);
+        const float4 x0 = *reinterpret_cast<const float4*>(xs + c0);
+        const float4 x1 = *reinterpret_cast<const float4*>(xs + c0 + 4);
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          float f[8];
+          decode8<T>(raw[u][i], f);
+#pragma unroll
+          for (int c = 0; c < 8; ++c) acc[i] = fmaf(f[c], xv[c], acc[i]);
+        }
+      }
+    }
   }
-  if (lane == 0) part[warp] = dot;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0) part[warp][i] = v;
+  }
   __syncthreads();
-  if (lane != 0 || j != 0 || d >= down.rows) return;
+  if (threadIdx.x >= groups * R) return;
+  const int g = threadIdx.x / R, i = threadIdx.x % R;
+  const int64_t d = ((int64_t)blockIdx.x * groups + g) * R + i;
+  if (d >= down.rows) return;
   float s = 0.0f;
   bool first = true;
   for (int jj = 0; jj < k; ++jj) {
     const int ej = ids[jj];
     if (ej < 0 || ej >= down.n_expert || slot_pair[jj] < 0) continue;
-    s = first ? w[jj] * part[warp + jj] : fmaf(w[jj], part[warp + jj], s);
+    s = first ? w[jj] * part[g * k + jj][i] : fmaf(w[jj], part[g * k + jj][i], s);
     first = false;
   }
   x[d] += s;
+}
+
+int g_gate_u = 0, g_down_r = 0;  // set_moe_decode_tiles
+
+template <GgmlType T, int U>
+void launch_gate_up1(const ExpertWeights& gate, const ExpertWeights& up, const float* xn, int k,
+                     const MoeScratch& s, cudaStream_t stream) {
+  const int ffn = (int)gate.rows;
+  moe_gemv_kernel<T, true, 1, U>
+      <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
+          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
+}
+
+template <GgmlType T, int R>
+void launch_down1(const ExpertWeights& down, const int32_t* ids, const float* w, int k, float* x,
+                  const MoeScratch& s, cudaStream_t stream) {
+  const int64_t per_block = (int64_t)(kGemvWarps / k) * R;
+  moe_down1_kernel<T, R><<<(unsigned)((down.rows + per_block - 1) / per_block), kGemvWarps * 32, 0, stream>>>(
+      down, s.h, down.cols, ids, s.slot_pair, w, k, x);
 }
 
 template <GgmlType T>
@@ -496,13 +545,29 @@ cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, cons
                         const float* xn, const int32_t* ids, const float* w, int k, float* x,
                         const MoeScratch& s, cudaStream_t stream) {
   const int ffn = (int)gate.rows, dim = (int)down.rows;
-  moe_gemv_kernel<T, true, 1>
-      <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
-          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
+  switch (g_gate_u) {
+    case 2:
+      launch_gate_up1<T, 2>(gate, up, xn, k, s, stream);
+      break;
+    case 4:
+      launch_gate_up1<T, 4>(gate, up, xn, k, s, stream);
+      break;
+    default:
+      launch_gate_up1<T, kUnrollOf<1>>(gate, up, xn, k, s, stream);
+      break;
+  }
   if (kGemvWarps % k == 0) {
-    moe_down1_kernel<T>
-        <<<(unsigned)(((int64_t)dim * k + kGemvWarps - 1) / kGemvWarps), kGemvWarps * 32, 0, stream>>>(
-            down, s.h, ffn, ids, s.slot_pair, w, k, x);
+    switch (g_down_r) {
+      case 2:
+        launch_down1<T, 2>(down, ids, w, k, x, s, stream);
+        break;
+      case 4:
+        launch_down1<T, 4>(down, ids, w, k, x, s, stream);
+        break;
+      default:
+        launch_down1<T, 1>(down, ids, w, k, x, s, stream);
+        break;
+    }
   } else {  // down per slot into y, then the weighted sum
     moe_gemv_kernel<T, false, 1>
         <<<dim3((unsigned)((dim + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
@@ -543,6 +608,11 @@ cudaError_t with_type(GgmlType t, F&& f) {
 }
 
 }  // namespace
+
+void set_moe_decode_tiles(int gate_unroll, int down_rows) {
+  g_gate_u = gate_unroll;
+  g_down_r = down_rows;
+}
 
 bool moe_weights_ok(const ExpertWeights& w) {
   if (!w.data || w.rows <= 0 || w.cols <= 0 || w.n_expert <= 0 || w.cols % 8 != 0 || w.row_bytes % 16 != 0 ||

@@ -41,6 +41,7 @@ CudaTuning read_cuda_tuning() {
   if (const char* e = env("ULTRA_CUDA_FP8_GEMM")) t.fp8_gemm = *e == '1';
   if (const char* e = env("ULTRA_CUDA_LB_TILE")) t.lb_tile = std::atoi(e);
   if (const char* e = env("ULTRA_CUDA_KQ_STAGE")) t.kq_stage = std::atoi(e) != 0;
+  if (const char* e = env("ULTRA_CUDA_KQ_INT8")) t.kq_int8 = std::atoi(e) != 0;
   if (const char* e = env("ULTRA_CUDA_LOWBIT_TC")) t.lowbit_tc = *e != '0';
   if (const char* e = env("ULTRA_CUDA_LOWBIT_BULK")) t.lowbit_bulk = std::atoi(e);  // clamped where used
   if (const char* e = env("ULTRA_CUDA_LOWBIT_TC_BLOCKS"); e && std::atoi(e) > 0)

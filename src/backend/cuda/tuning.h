@@ -103,6 +103,7 @@ struct CudaTuning {
   bool fp8_gemm = false;       // ULTRA_CUDA_FP8_GEMM=1: F8_E4M3 prefill through cuBLASLt's FP8 GEMM
   int lb_tile = 0;             // ULTRA_CUDA_LB_TILE=RU: gemv_lowbit's one-row tile (0 automatic)
   bool kq_stage = false;       // ULTRA_CUDA_KQ_STAGE=1: gemv_kquant stages x in shared memory
+  bool kq_int8 = false;        // ULTRA_CUDA_KQ_INT8=1: block types' decode with int8 x (gemv_kquant_q8)
   bool lowbit_tc = true;       // ULTRA_CUDA_LOWBIT_TC=0: no tensor-core low-bit gemv
   int lowbit_bulk = -1;        // ULTRA_CUDA_LOWBIT_BULK=N: its bulk-copy slots (-1 automatic)
   int lowbit_tc_blocks = 132;  // ULTRA_CUDA_LOWBIT_TC_BLOCKS: the fewest blocks its tiling leaves

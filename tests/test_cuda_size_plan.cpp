@@ -1,0 +1,181 @@
+// The CUDA backend's size plan (backend/cuda/size_plan.h) on the host, no device needed: every buffer's
+// bytes against the shapes written out here, the buffers each kind of model allocates (the one-row fused
+// buffers of every model, the expert buffers of a mixture-of-experts one, the shared expert's only with
+// one), and the sums the memory check, the allocator and the footprint read. That the allocations follow the
+// plan is test_cuda_backend's SizePlanIsWhatIsAllocated (on a device).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "backend/cuda/backend_kernels.h"
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/size_plan.h"
+#include "kv/layout.h"
+
+using namespace ultra;
+using cuda::CudaSizePlan;
+
+namespace {
+
+HParams dense() {
+  HParams hp;
+  hp.n_vocab = 1000;
+  hp.dim = 96;
+  hp.n_layers = 3;
+  hp.n_heads = 4;
+  hp.n_kv_heads = 2;
+  hp.head_dim = 40;  // q_dim 160 > dim: xb is q_dim wide
+  hp.ffn_dim = 200;
+  return hp;
+}
+
+HParams moe(int shexp) {
+  HParams hp = dense();
+  hp.ffn_dim = 0;
+  hp.n_expert = 8;
+  hp.n_expert_used = 2;
+  hp.expert_ffn_dim = 64;
+  hp.shexp_ffn_dim = shexp;
+  return hp;
+}
+
+ContextParams params(int n_batch, int n_outputs, int n_ctx = 100, int n_slots = 3) {
+  ContextParams p;
+  p.backend = BackendKind::cuda;
+  p.n_ctx = n_ctx;
+  p.n_batch = n_batch;
+  p.n_outputs = n_outputs;
+  p.n_slots = n_slots;
+  p.kv_type = KvType::f16;
+  return p;
+}
+
+constexpr cuda::CudaSizeInputs kInputs{12345, 0, 4096, 777};
+
+// bytes per label, summed, and the number of allocations per label.
+struct Listing {
+  std::map<std::string, size_t> bytes;
+  std::map<std::string, int> count;
+};
+Listing list(const CudaSizePlan& s) {
+  Listing l;
+  s.each_device([&](const char* what, size_t b) {
+    l.bytes[what] += b;
+    ++l.count[what];
+  });
+  return l;
+}
+
+size_t aligned(size_t b) {
+  return (b + 255) / 256 * 256;
+}
+
+}  // namespace
+
+TEST(CudaSizePlan, DenseModelBuffers) {
+  const HParams hp = dense();
+  const ContextParams p = params(64, 8);
+  const CudaSizePlan s = cuda::plan_cuda_sizes(hp, p, kInputs);
+  const size_t nb = 64, q = 160, kv = 80, ffn = 200;
+  EXPECT_EQ(s.n_rows, 64);
+  EXPECT_EQ(s.n_out, 32);  // the largest bucket, above n_outputs 8: a 32-row graph samples 32 outputs
+  EXPECT_EQ(s.max_hist, 100);
+  EXPECT_EQ(s.weights, 12345u);
+  EXPECT_EQ(s.xb, 4 * nb * q);
+  EXPECT_EQ(s.k, 4 * nb * kv);
+  EXPECT_EQ(s.hb2, 4 * nb * ffn);
+  EXPECT_EQ(s.logits, 4 * 32 * 1000u);
+  EXPECT_EQ(s.qkv1, 4 * (q + 2 * kv));  // the fused one-row buffers are in the plan
+  EXPECT_EQ(s.gu1, 4 * 2 * ffn);
+  EXPECT_EQ(s.token_log, 4 * 3 * 100u);
+  EXPECT_EQ(s.proposals, sizeof(cuda::SpecDist) * 3 * kProposalRing);
+  EXPECT_EQ(s.matmul_ws, cuda::CudaMatmul::workspace_bytes(64, 200, 0));
+
+  const Listing l = list(s);
+  EXPECT_EQ(l.count.at("KV cache"), 2 * hp.n_layers);
+  EXPECT_EQ(l.bytes.at("KV cache"), kv_cache_bytes(hp, 3, 100, KvType::f16, KvMemory::device));
+  // x, xb, q, k, v, att, hb, hb2, out_x, qkv1, gu1
+  EXPECT_EQ(l.count.at("activations"), 11);
+  EXPECT_EQ(l.bytes.at("activations"), 4 * (nb * 96 + nb * q + nb * q + 2 * nb * kv + nb * q + 2 * nb * ffn +
+                                            32 * 96 + q + 2 * kv + 2 * ffn));
+  for (const char* moe_only :
+       {"router logits", "expert choice", "expert weights", "shared expert", "expert scratch"})
+    EXPECT_EQ(l.count.count(moe_only), 0u) << moe_only;
+  EXPECT_EQ(l.bytes.at("attention workspace"), 4096u);
+  EXPECT_EQ(l.bytes.at("sampler workspace"), 777u);
+  EXPECT_EQ(l.bytes.at("linked tokens"), sizeof(cuda::LinkedTokens));
+
+  // The allocator's sum: every buffer rounded up to 256 bytes.
+  size_t sum = 0;
+  int n = 0;
+  s.each_device([&](const char*, size_t b) {
+    sum += aligned(b);
+    ++n;
+  });
+  EXPECT_EQ(s.device_bytes(), sum);
+  EXPECT_EQ(s.device_allocs(), n);
+  EXPECT_EQ(n, 1 + 2 * hp.n_layers + 11 + 1 /*logits*/ + 3 /*token log, link, proposals*/ + 3 /*workspaces*/ +
+                   2 /*step IO*/);
+  EXPECT_EQ(s.pinned_bytes(), 2 * (s.io.in_bytes + s.io.out_bytes) + 4 * 32 * 1000u);
+  const Footprint fp = s.footprint();
+  EXPECT_EQ(fp.weights, aligned(12345));
+  EXPECT_EQ(fp.kv, l.bytes.at("KV cache"));
+  EXPECT_EQ(fp.weights + fp.kv + fp.scratch, s.device_bytes() + s.pinned_bytes());
+}
+
+TEST(CudaSizePlan, ExpertBuffers) {
+  for (int shexp : {0, 48}) {
+    SCOPED_TRACE(shexp);
+    const HParams hp = moe(shexp);
+    const CudaSizePlan s = cuda::plan_cuda_sizes(hp, params(40, 40), kInputs);
+    const CudaSizePlan d = cuda::plan_cuda_sizes(dense(), params(40, 40), kInputs);
+    const Listing l = list(s);
+    EXPECT_EQ(l.bytes.at("router logits"), 4 * 40 * 8u);
+    EXPECT_EQ(l.bytes.at("expert choice"), 4 * 40 * 2u);
+    EXPECT_EQ(l.bytes.at("expert weights"), 4 * 40 * 2u);
+    EXPECT_EQ(l.bytes.at("expert scratch"), cuda::moe_scratch_bytes(40, 2, 8, 64, 96));
+    EXPECT_EQ(l.count.count("shared expert"), shexp ? 1u : 0u);
+    if (shexp) {
+      EXPECT_EQ(l.bytes.at("shared expert"), 4 * 40 * 96u);
+    }
+    EXPECT_EQ(s.device_allocs(), d.device_allocs() + (shexp ? 5 : 4));
+    // The FFN activations are as wide as the widest FFN: the experts' (64) or the shared expert's (48).
+    EXPECT_EQ(s.hb, 4 * 40 * 64u);
+    EXPECT_EQ(s.gu1, 4 * 2 * 64u);
+  }
+}
+
+TEST(CudaSizePlan, ShapesAndOptionalBuffers) {
+  // n_batch 3: the largest bucket is 2, n_outputs 1 -> 2 output rows; the 3-row step is a prefill slot.
+  CudaSizePlan s = cuda::plan_cuda_sizes(dense(), params(3, 1), {});
+  EXPECT_EQ(s.n_out, 2);
+  EXPECT_EQ(s.max_hist, 100);
+  // No attention workspace (one split): not allocated.
+  EXPECT_EQ(list(s).count.count("attention workspace"), 0u);
+  // A long context: the penalty window stops at kMaxHistory.
+  s = cuda::plan_cuda_sizes(dense(), params(8, 8, SamplingParams::kMaxHistory + 10, 1), {});
+  EXPECT_EQ(s.max_hist, SamplingParams::kMaxHistory);
+  // Low-bit prefill: the matmul workspace holds the largest BF16 copy.
+  cuda::CudaSizeInputs in = kInputs;
+  in.max_lowbit_elems = 1 << 20;
+  EXPECT_EQ(cuda::plan_cuda_sizes(dense(), params(64, 8), in).matmul_ws,
+            cuda::CudaMatmul::workspace_bytes(64, 200, 1 << 20));
+}
+
+TEST(CudaSizePlan, StepIoLayout) {
+  const cuda::StepIoLayout l = cuda::StepIoLayout::make(5, 3);
+  // Inputs: tokens, feeds, positions, sequences (5 rows), output rows and sampler rows (3), each 256-aligned.
+  EXPECT_EQ(l.tok, 0u);
+  EXPECT_EQ(l.feed, 256u);
+  EXPECT_EQ(l.pos, 256u + aligned(5 * sizeof(TokenFeed)));
+  EXPECT_EQ(l.srow, l.out_row + 256);
+  EXPECT_EQ(l.in_bytes, l.srow + aligned(3 * sizeof(cuda::SamplerRow)));
+  // Results: tokens, logprobs, top tokens and logprobs (kSamplerMaxProbs each), error flags.
+  EXPECT_EQ(l.top_logprob, l.top_token + aligned(3 * cuda::kSamplerMaxProbs * 4));
+  EXPECT_EQ(l.out_bytes, l.error + 256);
+  EXPECT_EQ(l.out_bytes, 3 * 256 + 2 * aligned(3 * cuda::kSamplerMaxProbs * 4));
+}
