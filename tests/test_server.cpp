@@ -1380,13 +1380,13 @@ TEST_F(ServerTest, SlidingWindowShorterThanThePrompt) {
 // request. Skipped, saying why, when node or the package is missing.
 // Runs tests/npm/SCRIPT against the server: "" and its output, or why it cannot run (node or the openai
 // package missing).
-std::string node_client(const char* script, std::string& out) {
+std::string node_client(const char* script, std::string& out, const std::string& args = "") {
   const std::filesystem::path dir = std::filesystem::path(ULTRA_SOURCE_DIR) / "tests" / "npm";
   if (std::system("node --version > /dev/null 2>&1") != 0) return "node is not installed";
   if (!std::filesystem::exists(dir / "node_modules" / "openai" / "package.json"))
     return "the openai npm package is missing: run `npm install` in tests/npm";
   const std::string cmd = "timeout 60 node " + (dir / script).string() +
-                          " http://127.0.0.1:" + std::to_string(env->port) + "/v1 " + kKey;
+                          " http://127.0.0.1:" + std::to_string(env->port) + "/v1 " + kKey + args;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return "popen failed";
   char buf[4096];
@@ -1429,10 +1429,22 @@ TEST_F(ServerTest, OfficialOpenAiClient) {
 }
 
 // Tool calls as the official client sees them (tests/npm/openai_tools.mjs): a named call, a required call
-// streamed and put together from its deltas, and the call sent back as history with its result.
+// streamed and put together from its deltas, and the call sent back as history with its result; and the
+// named and the streamed required call again through real templates of the families (llama.cpp's
+// models/templates: Qwen2.5, Llama 3.1, Mistral Nemo, Hermes 3) sent as the request's chat_template, each
+// call written in its family's syntax, enforced by the grammar and parsed back. (Command R+'s template makes
+// a 954-token prompt, which leaves no room for a call in this server's 1024-token context; test_tool_calls'
+// ToolGrammar tests force and parse its calls.)
 TEST_F(ToolServerTest, OfficialOpenAiClientToolCalls) {
   std::string out;
-  if (const std::string skip = node_client("openai_tools.mjs", out); !skip.empty()) GTEST_SKIP() << skip;
+  const char* const kTemplates[] = {
+      "Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+      "mistralai-Mistral-Nemo-Instruct-2407.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"};
+  std::string args;
+  for (const char* t : kTemplates)
+    args += " " + (std::filesystem::path(ULTRA_SOURCE_DIR) / "tests/fixtures/templates" / t).string();
+  if (const std::string skip = node_client("openai_tools.mjs", out, args); !skip.empty())
+    GTEST_SKIP() << skip;
   const json j = json::parse(out);
   const auto valid_day = [](const std::string& name, const std::string& arguments) {
     const json a = json::parse(arguments, nullptr, false);
@@ -1452,6 +1464,18 @@ TEST_F(ToolServerTest, OfficialOpenAiClientToolCalls) {
   EXPECT_FALSE(j["stream"]["calls"][0]["id"].get<std::string>().empty());
   EXPECT_EQ(j["followup"]["finish_reason"], "length") << j;
   EXPECT_GT(j["followup"]["usage"]["prompt_tokens"].get<int>(), 0);
+  for (const char* t : kTemplates) {
+    SCOPED_TRACE(t);
+    ASSERT_TRUE(j["templates"].contains(t)) << j;
+    const json& r = j["templates"][t];
+    EXPECT_EQ(r["named"]["finish_reason"], "tool_calls") << r;
+    ASSERT_EQ(r["named"]["message"]["tool_calls"].size(), 1u) << r;
+    const json& f = r["named"]["message"]["tool_calls"][0]["function"];
+    EXPECT_TRUE(valid_day(f["name"], f["arguments"])) << r;
+    EXPECT_EQ(r["stream"]["finish_reason"], "tool_calls") << r;
+    ASSERT_EQ(r["stream"]["calls"].size(), 1u) << r;
+    EXPECT_TRUE(valid_day(r["stream"]["calls"][0]["name"], r["stream"]["calls"][0]["arguments"])) << r;
+  }
 }
 
 // A full queue: with one slot busy and the one queue entry taken, the next request gets 503 with
