@@ -81,6 +81,10 @@ def main():
     out.append("}  // namespace ultra::iq_packed")
     dst = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "core", "iq_grids_packed.h")
     open(dst, "w").write("\n".join(out) + "\n")
+    try:  # the repository's layout of the tables (the file is checked like every source)
+        subprocess.run(["clang-format", "-i", dst], check=True)
+    except (OSError, subprocess.CalledProcessError):
+        print("clang-format not run: format the file before committing it")
     print(f"wrote {os.path.normpath(dst)}")
 
 
