@@ -15,6 +15,7 @@
 //   IQ1_M    as IQ1_S with s3 per 16, delta's sign per 8, and d an f16 spread over the scale words
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -71,30 +72,37 @@ static inline uint16_t iq1m_d(const BlockIQ1_M& b) {
   return (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
 }
 
+// IQ2's scale from a 4-bit code: ggml's d * (0.5 + s) * 0.25 (quant_decode.h's decode uses it too).
+static inline float iq2_scale(float d, uint32_t s) {
+  return d * (0.5f + s) * 0.25f;
+}
+// 8 values db * grid byte * (-1 where bit j of signs is set), ggml's operations in its order.
+static inline void iq_signed8(float* y, float db, const int8_t* g, uint8_t signs) {
+  for (int j = 0; j < 8; ++j) y[j] = db * (uint8_t)g[j] * (signs & (1 << j) ? -1.f : 1.f);
+}
+// IQ3's two 4-byte grid entries of 8 values side by side.
+static inline void iq3_pair(int8_t* g, const std::array<int8_t, 4>& a, const std::array<int8_t, 4>& b) {
+  std::memcpy(g, a.data(), 4);
+  std::memcpy(g + 4, b.data(), 4);
+}
+
 static inline void dequant_block(const BlockIQ2_XXS& b, float* y) {
   const float d = fp16_to_fp32(b.d);
   for (int ib = 0; ib < 8; ++ib) {
     uint32_t aux[2];
     std::memcpy(aux, b.qs + 4 * ib, 8);
-    const float db = d * (0.5f + (aux[1] >> 28)) * 0.25f;
-    for (int l = 0; l < 4; ++l) {
-      const auto& g = kIq2xxsGrid[(aux[0] >> (8 * l)) & 0xff];
-      const uint8_t signs = kIqSigns[(aux[1] >> (7 * l)) & 127];
-      for (int j = 0; j < 8; ++j) y[j] = db * (uint8_t)g[j] * (signs & (1 << j) ? -1.f : 1.f);
-      y += 8;
-    }
+    const float db = iq2_scale(d, aux[1] >> 28);
+    for (int l = 0; l < 4; ++l, y += 8)
+      iq_signed8(y, db, kIq2xxsGrid[(aux[0] >> (8 * l)) & 0xff].data(), kIqSigns[(aux[1] >> (7 * l)) & 127]);
   }
 }
 static inline void dequant_block(const BlockIQ2_XS& b, float* y) {
   const float d = fp16_to_fp32(b.d);
   for (int ib = 0; ib < 8; ++ib) {
-    const float db[2] = {d * (0.5f + (b.scales[ib] & 0xf)) * 0.25f, d * (0.5f + (b.scales[ib] >> 4)) * 0.25f};
-    for (int l = 0; l < 4; ++l) {
+    const float db[2] = {iq2_scale(d, b.scales[ib] & 0xf), iq2_scale(d, b.scales[ib] >> 4)};
+    for (int l = 0; l < 4; ++l, y += 8) {
       const uint16_t q = b.qs[4 * ib + l];
-      const auto& g = kIq2xsGrid[q & 511];
-      const uint8_t signs = kIqSigns[q >> 9];
-      for (int j = 0; j < 8; ++j) y[j] = db[l / 2] * (uint8_t)g[j] * (signs & (1 << j) ? -1.f : 1.f);
-      y += 8;
+      iq_signed8(y, db[l / 2], kIq2xsGrid[q & 511].data(), kIqSigns[q >> 9]);
     }
   }
 }
@@ -102,12 +110,9 @@ static inline void dequant_block(const BlockIQ2_S& b, float* y) {
   const float d = fp16_to_fp32(b.d);
   const uint8_t *qs = b.qs, *signs = b.qs + 32;
   for (int ib = 0; ib < 8; ++ib) {
-    const float db[2] = {d * (0.5f + (b.scales[ib] & 0xf)) * 0.25f, d * (0.5f + (b.scales[ib] >> 4)) * 0.25f};
-    for (int l = 0; l < 4; ++l) {
-      const auto& g = kIq2sGrid[qs[l] | ((b.qh[ib] << (8 - 2 * l)) & 0x300)];
-      for (int j = 0; j < 8; ++j) y[j] = db[l / 2] * (uint8_t)g[j] * (signs[l] & (1 << j) ? -1.f : 1.f);
-      y += 8;
-    }
+    const float db[2] = {iq2_scale(d, b.scales[ib] & 0xf), iq2_scale(d, b.scales[ib] >> 4)};
+    for (int l = 0; l < 4; ++l, y += 8)
+      iq_signed8(y, db[l / 2], kIq2sGrid[qs[l] | ((b.qh[ib] << (8 - 2 * l)) & 0x300)].data(), signs[l]);
     qs += 4;
     signs += 4;
   }
@@ -119,14 +124,10 @@ static inline void dequant_block(const BlockIQ3_XXS& b, float* y) {
     uint32_t aux;
     std::memcpy(&aux, b.qs + 64 + 4 * ib, 4);
     const float db = d * (0.5f + (aux >> 28)) * 0.5f;
-    for (int l = 0; l < 4; ++l) {
-      const uint8_t signs = kIqSigns[(aux >> (7 * l)) & 127];
-      const auto &g1 = kIq3xxsGrid[qs[2 * l]], &g2 = kIq3xxsGrid[qs[2 * l + 1]];
-      for (int j = 0; j < 4; ++j) {
-        y[j] = db * (uint8_t)g1[j] * (signs & (1 << j) ? -1.f : 1.f);
-        y[j + 4] = db * (uint8_t)g2[j] * (signs & (1 << (j + 4)) ? -1.f : 1.f);
-      }
-      y += 8;
+    for (int l = 0; l < 4; ++l, y += 8) {
+      int8_t g[8];
+      iq3_pair(g, kIq3xxsGrid[qs[2 * l]], kIq3xxsGrid[qs[2 * l + 1]]);
+      iq_signed8(y, db, g, kIqSigns[(aux >> (7 * l)) & 127]);
     }
     qs += 8;
   }
@@ -137,14 +138,11 @@ static inline void dequant_block(const BlockIQ3_S& b, float* y) {
   for (int ib = 0; ib < 8; ib += 2) {
     const float db[2] = {d * (1 + 2 * (b.scales[ib / 2] & 0xf)), d * (1 + 2 * (b.scales[ib / 2] >> 4))};
     for (int h = 0; h < 2; ++h) {
-      for (int l = 0; l < 4; ++l) {
-        const auto& g1 = kIq3sGrid[qs[2 * l] | ((qh[h] << (8 - 2 * l)) & 256)];
-        const auto& g2 = kIq3sGrid[qs[2 * l + 1] | ((qh[h] << (7 - 2 * l)) & 256)];
-        for (int j = 0; j < 4; ++j) {
-          y[j] = db[h] * (uint8_t)g1[j] * (signs[l] & (1 << j) ? -1.f : 1.f);
-          y[j + 4] = db[h] * (uint8_t)g2[j] * (signs[l] & (1 << (j + 4)) ? -1.f : 1.f);
-        }
-        y += 8;
+      for (int l = 0; l < 4; ++l, y += 8) {
+        int8_t g[8];
+        iq3_pair(g, kIq3sGrid[qs[2 * l] | ((qh[h] << (8 - 2 * l)) & 256)],
+                 kIq3sGrid[qs[2 * l + 1] | ((qh[h] << (7 - 2 * l)) & 256)]);
+        iq_signed8(y, db[h], g, signs[l]);
       }
       qs += 8;
       signs += 4;

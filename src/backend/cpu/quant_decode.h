@@ -207,8 +207,8 @@ inline void put8_iq1(int8_t* q, const std::array<int8_t, 8>& g, bool minus) {
 }
 // IQ2_XS / IQ2_S: the two per-16 scales of 32-element group ib from its scale byte.
 inline void iq2_scales(Decoded<256>& d, int ib, float dd, uint8_t sc) {
-  d.s[2 * ib] = dd * (0.5f + (sc & 0xf)) * 0.25f;
-  d.s[2 * ib + 1] = dd * (0.5f + (sc >> 4)) * 0.25f;
+  d.s[2 * ib] = iq2_scale(dd, sc & 0xf);
+  d.s[2 * ib + 1] = iq2_scale(dd, sc >> 4);
   d.o[2 * ib] = d.o[2 * ib + 1] = 0.0f;
 }
 inline void decode(const BlockIQ2_XXS& b, Decoded<256>& d) {
@@ -219,7 +219,7 @@ inline void decode(const BlockIQ2_XXS& b, Decoded<256>& d) {
     for (int l = 0; l < 4; ++l)
       put8(d.q + 32 * ib + 8 * l, bytes8(kIq2xxsGrid[(aux[0] >> (8 * l)) & 0xff]),
            kIqSigns[(aux[1] >> (7 * l)) & 127]);
-    set_pair(d.s, d.o, 2 * ib, dd * (0.5f + (aux[1] >> 28)) * 0.25f, 0.0f);
+    set_pair(d.s, d.o, 2 * ib, iq2_scale(dd, aux[1] >> 28), 0.0f);
   }
 }
 inline void decode(const BlockIQ2_XS& b, Decoded<256>& d) {
