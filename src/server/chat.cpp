@@ -293,6 +293,13 @@ StopStrings::StopStrings(std::vector<std::string> stops) : stops_(std::move(stop
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
+size_t partial_marker_tail(std::string_view text, std::string_view marker) {
+  if (marker.empty()) return 0;
+  for (size_t k = std::min(marker.size() - 1, text.size()); k > 0; --k)
+    if (text.substr(text.size() - k) == marker.substr(0, k)) return k;
+  return 0;
+}
+
 std::string StopStrings::push(std::string_view text) {
   if (stopped_) return {};
   held_.append(text);
@@ -308,12 +315,7 @@ std::string StopStrings::push(std::string_view text) {
   }
   // Hold back the longest tail that is a proper prefix of a stop string.
   size_t keep = 0;
-  for (const std::string& st : stops_)
-    for (size_t k = std::min(st.size() - 1, held_.size()); k > keep; --k)
-      if (held_.compare(held_.size() - k, k, st, 0, k) == 0) {
-        keep = k;
-        break;
-      }
+  for (const std::string& st : stops_) keep = std::max(keep, partial_marker_tail(held_, st));
   out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

@@ -63,6 +63,10 @@ std::vector<int32_t> encode_chat(const Tokenizer& tok, const nlohmann::json& mes
                                  const std::function<std::string(const nlohmann::json&)>& render,
                                  bool allow_special_in_content);
 
+// The length of the longest tail of `text` that is a proper prefix of `marker` (0: none): streamed text that
+// may still become the marker, held back until more comes (stop strings, tool-call and reasoning markers).
+size_t partial_marker_tail(std::string_view text, std::string_view marker);
+
 // Stop strings over streamed text: push() takes newly generated text and returns what is final, holding
 // back a tail that could be the beginning of a stop string (so that no part of a stop string ever leaks
 // into a stream); once a stop string is complete, stopped() is true and the text before it has been

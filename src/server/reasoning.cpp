@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "server/chat.h"
+
 namespace ultra::server {
 
 namespace {
@@ -17,20 +19,14 @@ bool is_blank(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-// The length of the longest tail of s that is a proper prefix of one of the markers: text that may still
-// become one and must wait for more.
+// The longest tail of s that is a proper prefix of one of the markers: text that may still become one.
 size_t marker_prefix_tail(std::string_view s, std::initializer_list<std::string_view> markers) {
   size_t best = 0;
-  for (std::string_view m : markers)
-    for (size_t k = std::min(s.size(), m.size() - 1); k > best; --k)
-      if (s.substr(s.size() - k) == m.substr(0, k)) {
-        best = k;
-        break;
-      }
+  for (std::string_view m : markers) best = std::max(best, partial_marker_tail(s, m));
   return best;
 }
 
-// The first of the markers in s at or after `from`: its position (npos when none) and which.
+// The first of the markers in s: its position (npos when none) and which.
 size_t find_first(std::string_view s, std::initializer_list<std::string_view> markers,
                   std::string_view& which) {
   size_t at = std::string_view::npos;

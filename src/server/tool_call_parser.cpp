@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <random>
 
+#include "server/chat.h"
 #include "server/tool_calls.h"
 
 namespace ultra::server {
@@ -705,11 +706,8 @@ std::string ToolCallStream::push(std::string_view text) {
       end = std::min(end, at);
       continue;
     }
-    for (size_t k = std::min(mk.size() - 1, b.size() - emitted_); k > 0; --k)  // a tail that could begin it
-      if (b.substr(b.size() - k) == mk.substr(0, k)) {
-        end = std::min(end, b.size() - k);
-        break;
-      }
+    end =
+        std::min(end, b.size() - partial_marker_tail(b.substr(emitted_), mk));  // a tail that could begin it
   }
   std::string out(b.substr(emitted_, end - emitted_));
   emitted_ = end;
