@@ -301,10 +301,7 @@ int cmd_chat(int argc, char** argv) {
     } else {
       TextStream stream(*tok, /*skip_special=*/reasoning != server::ReasoningSyntax::Harmony);
       server::StopStrings stop(stops);
-      std::string tail;  // the prompt's last tokens' text: does it end inside a <think> block?
-      for (size_t i = prompt.size() - std::min<size_t>(prompt.size(), 8); i < prompt.size(); ++i)
-        tail += tok->token_to_piece(prompt[i]);
-      server::ReasoningStream split(reasoning, server::prompt_opens_thinking(tail));
+      server::ReasoningStream split(reasoning, server::prompt_opens_thinking(*tok, prompt));
       // The reasoning dimmed on a terminal, the answer as it is; the reply keeps the answer only.
       bool dimmed = false;
       auto show = [&](server::ReasoningSplit&& p) {

@@ -80,6 +80,13 @@ bool prompt_opens_thinking(std::string_view tail) {
   return tail.ends_with(kThinkOpen);
 }
 
+bool prompt_opens_thinking(const Tokenizer& tok, std::span<const int32_t> prompt) {
+  std::string tail;
+  for (size_t i = prompt.size() - std::min<size_t>(prompt.size(), 8); i < prompt.size(); ++i)
+    tail += tok.token_to_piece(prompt[i]);
+  return prompt_opens_thinking(tail);
+}
+
 ReasoningStream::ReasoningStream(ReasoningSyntax syntax, bool in_thinking)
     : syntax_(syntax),
       place_(syntax == ReasoningSyntax::Think && in_thinking ? Place::Thinking : Place::Start) {}

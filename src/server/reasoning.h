@@ -13,6 +13,7 @@
 // (GenRequest::keep_special), and every marker is taken out here.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,8 @@ const char* reasoning_syntax_name(ReasoningSyntax s);
 // Whether a prompt's text (its last few tokens' text is enough) ends inside a thinking block: "<think>"
 // followed by white space only.
 bool prompt_opens_thinking(std::string_view prompt_tail);
+// The same for a prompt's tokens (its last 8 tokens' text, control tokens' included).
+bool prompt_opens_thinking(const Tokenizer& tok, std::span<const int32_t> prompt);
 
 struct ReasoningSplit {
   std::string reasoning;        // the reasoning's text

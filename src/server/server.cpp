@@ -1014,13 +1014,7 @@ http::Reply Server::complete(http::Request& req, bool chat) {
     job.tools = std::move(in.tools);
     job.tool_family = in.family;
     job.reasoning = in.reasoning;
-    if (job.reasoning == ReasoningSyntax::Think) {  // the prompt's last tokens' text: "<think>\n"?
-      std::string tail;
-      const auto& p = job.req->prompt;
-      for (size_t i = p.size() - std::min<size_t>(p.size(), 8); i < p.size(); ++i)
-        tail += tok.token_to_piece(p[i]);
-      job.in_thinking = prompt_opens_thinking(tail);
-    }
+    job.in_thinking = job.reasoning == ReasoningSyntax::Think && prompt_opens_thinking(tok, job.req->prompt);
   } else {
     if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
     const json& p = j["prompt"];
