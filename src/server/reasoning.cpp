@@ -173,11 +173,11 @@ void ReasoningStream::run(ReasoningSplit& out, bool at_end) {
     if (place_ == Place::Header) {
       const size_t m = pending_.find(kMessage);
       if (m == std::string::npos) {
-        if (at_end) {
-          pending_.clear();
-          return;
-        }
-        // a header is short; a runaway one is kept whole until the output ends
+        // the header so far moves to header_ (a tail that may begin the marker stays), so that a runaway
+        // header is scanned once, not again with every piece; a header never closed is dropped
+        const size_t keep = at_end ? 0 : partial_marker_tail(pending_, kMessage);
+        header_ += std::string_view(pending_).substr(0, pending_.size() - keep);
+        pending_.erase(0, pending_.size() - keep);
         return;
       }
       header_ += pending_.substr(0, m);
