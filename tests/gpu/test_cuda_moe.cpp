@@ -379,7 +379,7 @@ void bench() {
                       us_all - us_route, bytes / ((us_all - us_route) * 1e3), bytes / 1e6);
         say("%s", line);
         // The one-row tiles (set_moe_decode_tiles): gate / up chunks in flight, down rows per warp.
-        const int variants[][2] = {{4, 0}, {2, 0}, {0, 2}, {0, 4}, {4, 2}, {4, 4}, {2, 4}};
+        const int variants[][2] = {{8, 1}, {8, 2}, {2, 2}, {4, 1}, {4, 2}, {4, 4}, {2, 4}};
         for (const auto& v : variants) {
           cuda::set_moe_decode_tiles(v[0], v[1]);
           CK(cudaEventRecord(a));

@@ -521,7 +521,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   x[d] += s;
 }
 
-int g_gate_u = 0, g_down_r = 0;  // set_moe_decode_tiles
+// The one-row step's tiles: gate / up chunks in flight per lane and down output elements per warp. Chosen by
+// test_cuda_moe --bench-only on an H100 (Qwen3-30B-A3B shape, 8 of 128 experts; docs/CUDA.md): 4 and 2 took
+// BF16 experts from 25.1 to 22.1 us and Q8_0 from 36.5 to 22.6 us against the earlier 8 and 1.
+constexpr int kDecodeGateUnroll = 4, kDecodeDownRows = 2;
+int g_gate_u = 0, g_down_r = 0;  // set_moe_decode_tiles (0: the defaults above)
 
 template <GgmlType T, int U>
 void launch_gate_up1(const ExpertWeights& gate, const ExpertWeights& up, const float* xn, int k,
@@ -549,23 +553,23 @@ cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, cons
     case 2:
       launch_gate_up1<T, 2>(gate, up, xn, k, s, stream);
       break;
-    case 4:
-      launch_gate_up1<T, 4>(gate, up, xn, k, s, stream);
+    case 8:
+      launch_gate_up1<T, 8>(gate, up, xn, k, s, stream);
       break;
-    default:
-      launch_gate_up1<T, kUnrollOf<1>>(gate, up, xn, k, s, stream);
+    default:  // 4
+      launch_gate_up1<T, kDecodeGateUnroll>(gate, up, xn, k, s, stream);
       break;
   }
   if (kGemvWarps % k == 0) {
     switch (g_down_r) {
-      case 2:
-        launch_down1<T, 2>(down, ids, w, k, x, s, stream);
+      case 1:
+        launch_down1<T, 1>(down, ids, w, k, x, s, stream);
         break;
       case 4:
         launch_down1<T, 4>(down, ids, w, k, x, s, stream);
         break;
-      default:
-        launch_down1<T, 1>(down, ids, w, k, x, s, stream);
+      default:  // 2
+        launch_down1<T, kDecodeDownRows>(down, ids, w, k, x, s, stream);
         break;
     }
   } else {  // down per slot into y, then the weighted sum

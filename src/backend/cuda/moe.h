@@ -89,8 +89,8 @@ cudaError_t sigmoid_gate_add(const float* y, const float* gate_w, const float* x
                              cudaStream_t stream);
 
 // Timing experiments (test_cuda_moe --bench): the one-row step's gate / up GEMV with gate_unroll chunks of
-// each row in flight per lane (2, 4; 0: 8) and its down projection with down_rows output elements per warp
-// (2, 4; 0: 1).
+// each row in flight per lane (2, 8; 0: the default 4) and its down projection with down_rows output elements
+// per warp (1, 4; 0: the default 2).
 void set_moe_decode_tiles(int gate_unroll, int down_rows);
 
 }  // namespace ultra::cuda
