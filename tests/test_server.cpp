@@ -583,7 +583,7 @@ class ToolServerTest : public ServerTest {
  protected:
   static void SetUpTestSuite() {
     if (env || !std::filesystem::exists(model_path())) return;
-    env = start_env(model_path(), 1024);
+    env = start_env(model_path(), 2048);
   }
 };
 
@@ -1431,15 +1431,15 @@ TEST_F(ServerTest, OfficialOpenAiClient) {
 // Tool calls as the official client sees them (tests/npm/openai_tools.mjs): a named call, a required call
 // streamed and put together from its deltas, and the call sent back as history with its result; and the
 // named and the streamed required call again through real templates of the families (llama.cpp's
-// models/templates: Qwen2.5, Llama 3.1, Mistral Nemo, Hermes 3) sent as the request's chat_template, each
-// call written in its family's syntax, enforced by the grammar and parsed back. (Command R+'s template makes
-// a 954-token prompt, which leaves no room for a call in this server's 1024-token context; test_tool_calls'
-// ToolGrammar tests force and parse its calls.)
+// models/templates: Qwen2.5, Llama 3.1, Mistral Nemo, Hermes 3, Command R+) sent as the request's
+// chat_template, each call written in its family's syntax, enforced by the grammar and parsed back. (Command
+// R+'s template makes a 954-token prompt: the tool servers' context is 2048.)
 TEST_F(ToolServerTest, OfficialOpenAiClientToolCalls) {
   std::string out;
   const char* const kTemplates[] = {
       "Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
-      "mistralai-Mistral-Nemo-Instruct-2407.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"};
+      "mistralai-Mistral-Nemo-Instruct-2407.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+      "CohereForAI-c4ai-command-r-plus-tool_use.jinja"};
   std::string args;
   for (const char* t : kTemplates)
     args += " " + (std::filesystem::path(ULTRA_SOURCE_DIR) / "tests/fixtures/templates" / t).string();
