@@ -8,9 +8,12 @@
 //   logits of a 24-token prefill (every row an output) and of 8 decode steps within 1e-5 of the whole
 //   model's; 16 greedy tokens and 16 seeded sampled tokens identical; no allocation in decode steps on any
 //   rank.
+// Mixtures of experts (every expert by columns, model/shard.h): the HF fixtures Mixtral, Qwen2-MoE (shared
+// expert), Qwen3-MoE, gpt-oss (F32, and MXFP4 experts at 2 ranks), and Qwen2-MoE GGUF files of Q8_0 and Q4_K
+// experts, the same checks; no allocation per step on one.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
-// cannot be made: more ranks than heads, a rank's heads across GQA groups, a mixture of experts, a Q8_0
-// column split inside a block.
+// cannot be made: more ranks than heads, a rank's heads across GQA groups, experts (and a shared expert)
+// narrower than a block per rank, a Q8_0 column split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <chrono>
@@ -29,6 +32,7 @@
 #include "engine/model_impl.h"
 #include "engine/tensor_parallel.h"
 #include "model/shard.h"
+#include "moe_gguf.h"
 #include "ultra/convert.h"
 #include "ultra/generate.h"
 
@@ -267,7 +271,46 @@ int main(int argc, char** argv) {
         }
         fs::remove(gguf);
       }
+      // Mixtures of experts (every expert and the shared expert split by columns, the router on every
+      // rank): the HF fixtures in F32 (gpt-oss's biased experts and sinks; its MXFP4 experts of 64 columns
+      // are two 32-column blocks: 3 ranks refused), and GGUF files of quantized experts (tests/moe_gguf.h):
+      // Qwen2-MoE's experts and shared expert of 96 columns in Q8_0 (3 blocks), and of 512 in Q4_K (two
+      // 256-column blocks: 3 ranks refused). gpt-oss's F32 fixture has 4 layers (the others 2), each two
+      // sums over ranks, and reaches 1.2e-5 (2 ranks) to 1.4e-5 (3) on logits of 6.4: 2e-5 there (a
+      // misplaced slice or a bias added twice is off by 1e-2 or more).
+      for (const char* f : {"mixtral", "qwen2_moe", "qwen3_moe"})
+        compare(root / "tests/fixtures/hf" / f, size);
+      compare(root / "tests/fixtures/hf/gpt_oss", size, 2e-5);
+      if (size == 2) {
+        compare(root / "tests/fixtures/hf/gpt_oss_mxfp4", size);
+      } else {
+        const std::string e =
+            error_of([&] { Model::load((root / "tests/fixtures/hf/gpt_oss_mxfp4").string(), {.tp = size}); });
+        check(e.find("expert FFN width 64 is too narrow for 3 ranks (32-column blocks)") != std::string::npos,
+              "MXFP4 experts of 2 blocks over 3 ranks refused: " + e);
+      }
+      for (const GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K}) {
+        const fs::path gguf = fs::temp_directory_path() /
+                              ("ultra_test_tp_" + std::to_string(getpid()) + "_" + std::to_string(g_rank) +
+                               "_moe_" + std::string(type_name(type)) + ".gguf");
+        test::MoeSpec ms;
+        ms.arch = "qwen2moe";
+        ms.expert_type = type;
+        ms.dim = type == GgmlType::Q4_K ? 256 : 64;  // the experts' rows: whole Q4_K blocks
+        ms.expert_ffn = ms.shexp_ffn = type == GgmlType::Q4_K ? 512 : 96;
+        test::write_moe_gguf(gguf.string(), ms);
+        if (size == 3 && type == GgmlType::Q4_K) {
+          const std::string e = error_of([&] { Model::load(gguf.string(), {.tp = size}); });
+          check(e.find("expert FFN width 512 is too narrow for 3 ranks (256-column blocks)") !=
+                    std::string::npos,
+                "Q4_K experts of 2 blocks over 3 ranks refused: " + e);
+        } else {
+          compare(gguf, size);
+        }
+        fs::remove(gguf);
+      }
       no_allocation_per_step(root / "models/target.gguf", size);
+      no_allocation_per_step(root / "tests/fixtures/hf/qwen2_moe", size);
       if (size == 2) idle_leader(root / "models/target.gguf", size);
 
       const std::string fixture = (root / "tests/fixtures/hf/llama_gqa").string();
@@ -283,9 +326,21 @@ int main(int argc, char** argv) {
         const std::string gqa = error_of([&] { shard_model(*odd, 0, 3); });
         check(gqa.find("query heads of 4 KV heads do not split over 3 ranks (rank 1") != std::string::npos,
               "GQA groups cut: " + gqa);
-        auto moe = load_model((root / "tests/fixtures/hf/mixtral").string());
-        const std::string experts = error_of([&] { shard_model(*moe, 0, 2); });
-        check(experts.find("mixtures of experts") != std::string::npos, "experts: " + experts);
+        auto moe = load_model((root / "tests/fixtures/hf/qwen2_moe").string());  // experts 64, shared 96
+        for (int e = 0; e < moe->hp.n_expert; ++e) {  // Q8_0: 2 blocks per expert row, 3 of the shared one
+          auto& d = const_cast<WeightView&>(moe->layers[1].down_exps[e]);
+          d.type = GgmlType::Q8_0;
+          d.row_bytes = 2 * sizeof(BlockQ8_0);
+        }
+        const std::string experts = error_of([&] { shard_model(*moe, 0, 3); });
+        check(experts.find("expert FFN width 64 is too narrow for 3 ranks (32-column blocks)") !=
+                  std::string::npos,
+              "Q8_0 experts over 3 ranks: " + experts);
+        moe->layers[0].w_down_shexp.type = GgmlType::Q4_K;  // 96 columns: not one 256-column block
+        const std::string shexp = error_of([&] { shard_model(*moe, 0, 2); });
+        check(shexp.find("shared expert FFN width 96 is too narrow for 2 ranks (256-column blocks)") !=
+                  std::string::npos,
+              "Q4_K shared expert: " + shexp);
         m->layers[1].w_down.type = GgmlType::Q8_0;  // 128 columns: 4 blocks, 3 ranks cut no block
         m->layers[1].w_down.row_bytes = 4 * sizeof(BlockQ8_0);
         m->layers[1].wo.type = GgmlType::Q8_0;  // 64 columns, 2 blocks: 4 heads of 16 over 4 ranks cut them
