@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -135,11 +136,18 @@ int cmd_serve(int argc, char** argv) {
   std::thread http_thread([&] { srv.listen(); });
 
   int rc = 0;
+  std::atomic<bool> fatal{false};
   try {
     Model model = split ? *split : Model::load(mf.model, mf.load_params());
     ContextParams cp = mf.context_params();
     cp.n_slots = parallel;
-    auto s = std::make_shared<server::Scheduler>(model, cp, queue);
+    // A split model's failed step (a rank stopped or died) ends the job: rank 0 exits with the error, and
+    // mpirun ends the other ranks.
+    auto s = std::make_shared<server::Scheduler>(model, cp, queue, [&](const std::string& e) {
+      fmt::print(stderr, "error: tensor parallelism: {}; the ranks are out of step, ending the job\n", e);
+      fatal = true;
+      kill(getpid(), SIGTERM);  // the signal thread stops the server
+    });
     for (const std::string& w : s->warnings()) fmt::print(stderr, "warning: {}\n", w);
     {
       std::lock_guard lk(sched_m);
@@ -156,7 +164,7 @@ int cmd_serve(int argc, char** argv) {
   http_thread.join();
   sig_thread.join();
   if (sched) sched->shutdown();
-  return rc;
+  return fatal ? 1 : rc;
 }
 
 }  // namespace ultra::cli
