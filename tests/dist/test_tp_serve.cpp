@@ -280,50 +280,55 @@ TEST_F(TpServe, SampledChoicesAsOneProcess) {
   EXPECT_EQ(a, b);
 }
 
+// A job of `ultra serve --tp 2` (more: further flags) with a streamed request running, then `sig` sent to
+// rank 1: what the stream received after the signal and the seconds it took to end, and the job's exit
+// status (-1: still running 20 s later) and output.
+struct Interrupted {
+  std::string rest;
+  double stream_s = 0;
+  int status = -1;
+  std::string output;
+};
+Interrupted interrupt_rank1(int sig, const std::vector<std::string>& more = {}) {
+  const ultra::test::TmpDir dir("ultra_tp_serve");
+  Served job(split_args(more), dir.file("job.log"));
+  Interrupted r;
+  EXPECT_GT(job.port(), 0) << job.output();
+  if (job.port() <= 0) return r;
+  const auto conn = stream_started(job.port());
+  const pid_t r1 = rank_pid(job.pid(), 1);
+  EXPECT_GT(r1, 0);
+  if (r1 <= 0) return r;
+  const auto t0 = Clock::now();
+  kill(r1, sig);
+  r.rest = conn->read_all();
+  r.stream_s = seconds_since(t0);
+  r.status = job.exit_status(20);
+  r.output = job.output();
+  return r;
+}
+
 // A rank killed mid-stream: mpirun ends the job at once (rank 0 too: the connection closes) and says which
 // rank died.
 TEST(TpServeFailure, RankKilledEndsTheJob) {
-  const ultra::test::TmpDir dir("ultra_tp_serve");
-  Served job(split_args(), dir.file("job.log"));
-  ASSERT_GT(job.port(), 0) << job.output();
-  const auto conn = stream_started(job.port());
-  const pid_t r1 = rank_pid(job.pid(), 1);
-  ASSERT_GT(r1, 0);
-  const auto t0 = Clock::now();
-  kill(r1, SIGKILL);
-  const std::string rest = conn->read_all();
-  const int st = job.exit_status(20);
-  const double s = seconds_since(t0);
-  EXPECT_NE(st, 0) << job.output();
-  EXPECT_LT(s, 10);
-  EXPECT_EQ(streamed(rest).find("[DONE]"), std::string::npos) << "the stream went on: " << rest;
-  const std::string out = job.output();
-  EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
-  EXPECT_NE(out.find("signal 9"), std::string::npos) << out;
+  const Interrupted r = interrupt_rank1(SIGKILL);
+  EXPECT_LT(r.stream_s, 10);
+  EXPECT_EQ(streamed(r.rest).find("[DONE]"), std::string::npos) << "the stream went on: " << r.rest;
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
 }
 
 // A rank that stops answering mid-stream (SIGSTOP): rank 0's step ends with the collective's error after
 // --tp-timeout 2 s, the stream ends with that error, and rank 0 ends the job (its error line, a non-zero
 // exit) rather than serve the next requests on a communicator that stopped.
 TEST(TpServeFailure, RankHungEndsTheJobWithItsError) {
-  const ultra::test::TmpDir dir("ultra_tp_serve");
-  Served job(split_args({"--tp-timeout", "2"}), dir.file("job.log"));
-  ASSERT_GT(job.port(), 0) << job.output();
-  const auto conn = stream_started(job.port());
-  const pid_t r1 = rank_pid(job.pid(), 1);
-  ASSERT_GT(r1, 0);
-  const auto t0 = Clock::now();
-  kill(r1, SIGSTOP);
-  const std::string rest = conn->read_all();
-  const double s_stream = seconds_since(t0);
-  EXPECT_NE(rest.find("no answer within 2 s"), std::string::npos) << rest;
-  EXPECT_LT(s_stream, 10);
-  const int st = job.exit_status(20);
-  const std::string out = job.output();
-  EXPECT_NE(st, 0) << out;
-  EXPECT_GE(st, 0) << "the job went on serving after its communicator stopped: " << out;
-  EXPECT_NE(out.find("error: tensor parallelism"), std::string::npos) << out;
-  kill(r1, SIGCONT);
+  const Interrupted r = interrupt_rank1(SIGSTOP, {"--tp-timeout", "2"});
+  EXPECT_NE(r.rest.find("no answer within 2 s"), std::string::npos) << r.rest;
+  EXPECT_LT(r.stream_s, 10);
+  EXPECT_GT(r.status, 0) << "the job went on serving after its communicator stopped (-1) or exited 0: "
+                         << r.output;
+  EXPECT_NE(r.output.find("error: tensor parallelism"), std::string::npos) << r.output;
 }
 
 }  // namespace
