@@ -309,8 +309,9 @@ int main(int argc, char** argv) {
       // are two 32-column blocks: 3 ranks refused), and GGUF files of quantized experts (tests/moe_gguf.h):
       // Qwen2-MoE's experts and shared expert of 96 columns in Q8_0 (3 blocks), and of 512 in Q4_K (two
       // 256-column blocks: 3 ranks refused). gpt-oss's F32 fixture has 4 layers (the others 2), each two
-      // sums over ranks, and reaches 1.2e-5 (2 ranks) to 1.4e-5 (3) on logits of 6.4: 2e-5 there (a
-      // misplaced slice or a bias added twice is off by 1e-2 or more).
+      // sums over ranks, and reaches 1.2e-5 (2 ranks) to 1.4e-5 (3) on logits of 6.4 (summing the
+      // ranks' parts before adding the residual leaves it there): 2e-5 (a misplaced slice or a bias added
+      // twice is off by 1e-2 or more).
       for (const char* f : {"mixtral", "qwen2_moe", "qwen3_moe"})
         compare(root / "tests/fixtures/hf" / f, size);
       compare(root / "tests/fixtures/hf/gpt_oss", size, 2e-5);
