@@ -211,6 +211,7 @@ void shard_model(ModelData& m, int rank, int size) {
   if (hp.moe()) {
     hp.expert_ffn_dim = (int)ex.cl;
     hp.shexp_ffn_dim = (int)shx.cl;
+    hp.ffn_dim = 0;  // no dense FFN runs: the FFN scratch (max_ffn_dim) is the experts' shard's
   } else {
     hp.ffn_dim = (int)ffn.cl;
   }

@@ -362,6 +362,21 @@ int main(int argc, char** argv) {
         check(gqa.find("query heads of 4 KV heads do not split over 3 ranks (rank 1") != std::string::npos,
               "GQA groups cut: " + gqa);
         auto moe = load_model((root / "tests/fixtures/hf/qwen2_moe").string());  // experts 64, shared 96
+        {  // rank 1 of 2's shard: half of each expert and of the shared expert, scratch sized for those
+          auto half = load_model((root / "tests/fixtures/hf/qwen2_moe").string());
+          const size_t whole = half->weight_bytes;
+          const auto* d0 = static_cast<const uint8_t*>(half->layers[1].down_exps[3].data);
+          shard_model(*half, 1, 2);
+          const HParams& hp = half->hp;
+          const WeightView& d = half->layers[1].down_exps[3];
+          check(hp.expert_ffn_dim == 32 && hp.shexp_ffn_dim == 48 && hp.max_ffn_dim() == 48 && d.cols == 32 &&
+                    d.data == d0 + 32 * 4 && half->layers[1].gate_exps[3].rows == 32 &&
+                    half->weight_bytes < whole * 3 / 5,
+                "Qwen2-MoE's shard of rank 1 of 2: expert FFN " + std::to_string(hp.expert_ffn_dim) +
+                    ", shared " + std::to_string(hp.shexp_ffn_dim) + ", scratch width " +
+                    std::to_string(hp.max_ffn_dim()) + ", weights " + std::to_string(half->weight_bytes) +
+                    " of " + std::to_string(whole));
+        }
         for (int e = 0; e < moe->hp.n_expert; ++e) {  // Q8_0: 2 blocks per expert row, 3 of the shared one
           auto& d = const_cast<WeightView&>(moe->layers[1].down_exps[e]);
           d.type = GgmlType::Q8_0;
