@@ -75,14 +75,10 @@ Cols cols_of(const ModelData& m, const char* what, int64_t width, int64_t blk, i
   return c;
 }
 
-// The block (in columns) that every listed down projection's column split must keep whole: the least common
-// multiple of their types' blocks (1 for none).
-int64_t down_block(std::initializer_list<const WeightView*> ws) {
-  int64_t blk = 1;
-  for (const WeightView* w : ws)
-    if (w->rows > 0)
-      if (const auto tt = type_traits(w->type)) blk = std::lcm(blk, (int64_t)tt->block_elems);
-  return blk;
+// The columns of one quantization block of w (1 for an empty view or a type without blocks).
+int64_t block_of(const WeightView& w) {
+  const auto tt = w.rows > 0 ? type_traits(w.type) : std::nullopt;
+  return tt ? (int64_t)tt->block_elems : 1;
 }
 
 // The FFN splits: the dense FFN's (ffn), or each expert's (expert) and the shared expert's (shexp).
@@ -93,11 +89,10 @@ struct FfnSplit {
 FfnSplit ffn_split_of(const ModelData& m, int r, int size) {
   const HParams& hp = m.hp;
   int64_t dense = 1, expert = 1, shexp = 1;
-  for (const LayerWeights& l : m.layers) {
-    dense = std::lcm(dense, down_block({&l.w_down}));
-    shexp = std::lcm(shexp, down_block({&l.w_down_shexp}));
-    for (int e = 0; l.down_exps && e < hp.n_expert; ++e)
-      expert = std::lcm(expert, down_block({&l.down_exps[e]}));
+  for (const LayerWeights& l : m.layers) {  // a split keeps every layer's blocks whole (mixed types)
+    dense = std::lcm(dense, block_of(l.w_down));
+    shexp = std::lcm(shexp, block_of(l.w_down_shexp));
+    for (int e = 0; l.down_exps && e < hp.n_expert; ++e) expert = std::lcm(expert, block_of(l.down_exps[e]));
   }
   FfnSplit s;
   if (!hp.moe()) {
