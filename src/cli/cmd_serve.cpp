@@ -119,6 +119,7 @@ int cmd_serve(int argc, char** argv) {
   if (bound < 0) fail("cannot listen on {}:{}", host, port);
   fmt::print(stderr, "ultra serve: listening on http://{}:{} (loading {})\n", host, bound, mf.model);
 
+  std::atomic<bool> fatal{false};  // a split model's step failed (the scheduler's on_fatal): exit 1
   std::mutex sched_m;
   std::shared_ptr<server::Scheduler> sched;
   std::thread sig_thread([&] {
@@ -136,7 +137,6 @@ int cmd_serve(int argc, char** argv) {
   std::thread http_thread([&] { srv.listen(); });
 
   int rc = 0;
-  std::atomic<bool> fatal{false};
   try {
     Model model = split ? *split : Model::load(mf.model, mf.load_params());
     ContextParams cp = mf.context_params();
