@@ -9,11 +9,12 @@
 //   model's; 16 greedy tokens and 16 seeded sampled tokens identical; no allocation in decode steps on any
 //   rank.
 // Mixtures of experts (every expert by columns, model/shard.h): the HF fixtures Mixtral, Qwen2-MoE (shared
-// expert), Qwen3-MoE, gpt-oss (F32, and MXFP4 experts at 2 ranks), and Qwen2-MoE GGUF files of Q8_0 and Q4_K
-// experts, the same checks; no allocation per step on one.
+// expert), Qwen3-MoE, gpt-oss (F32, and MXFP4 experts at 2 ranks), and GGUF files (tests/moe_gguf.h) of
+// Qwen2-MoE with Q8_0 and Q4_K experts, Mixtral with Q8_0 experts and gpt-oss in F32, the same checks; no
+// allocation per step on one.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
 // cannot be made: more ranks than heads, a rank's heads across GQA groups, experts (and a shared expert)
-// narrower than a block per rank, a Q8_0 column split inside a block.
+// narrower than a block per rank, an F8_E4M3 expert, a Q8_0 column split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <chrono>
@@ -308,10 +309,10 @@ int main(int argc, char** argv) {
       // rank): the HF fixtures in F32 (gpt-oss's biased experts and sinks; its MXFP4 experts of 64 columns
       // are two 32-column blocks: 3 ranks refused), and GGUF files of quantized experts (tests/moe_gguf.h):
       // Qwen2-MoE's experts and shared expert of 96 columns in Q8_0 (3 blocks), and of 512 in Q4_K (two
-      // 256-column blocks: 3 ranks refused). gpt-oss's F32 fixture has 4 layers (the others 2), each two
-      // sums over ranks, and reaches 1.2e-5 (2 ranks) to 1.4e-5 (3) on logits of 6.4 (summing the
-      // ranks' parts before adding the residual leaves it there): 2e-5 (a misplaced slice or a bias added
-      // twice is off by 1e-2 or more).
+      // 256-column blocks: 3 ranks refused); Mixtral's (arch llama) in Q8_0, gpt-oss's in F32. gpt-oss's F32
+      // fixture has 4 layers (the others 2), each two sums over ranks, and reaches 1.2e-5 (2 ranks) to 1.4e-5
+      // (3) on logits of 6.4 (summing the ranks' parts before adding the residual leaves it there): 2e-5 (a
+      // misplaced slice or a bias added twice is off by 1e-2 or more).
       for (const char* f : {"mixtral", "qwen2_moe", "qwen3_moe"})
         compare(root / "tests/fixtures/hf" / f, size);
       compare(root / "tests/fixtures/hf/gpt_oss", size, 2e-5);
@@ -323,17 +324,23 @@ int main(int argc, char** argv) {
         check(e.find("expert FFN width 64 is too narrow for 3 ranks (32-column blocks)") != std::string::npos,
               "MXFP4 experts of 2 blocks over 3 ranks refused: " + e);
       }
-      for (const GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K}) {
+      struct MoeCase {
+        const char* arch;
+        GgmlType experts;
+      };
+      for (const MoeCase c : {MoeCase{"qwen2moe", GgmlType::Q8_0}, MoeCase{"qwen2moe", GgmlType::Q4_K},
+                              MoeCase{"llama", GgmlType::Q8_0}, MoeCase{"gpt-oss", GgmlType::F32}}) {
         const fs::path gguf = fs::temp_directory_path() /
                               ("ultra_test_tp_" + std::to_string(getpid()) + "_" + std::to_string(g_rank) +
-                               "_moe_" + std::string(type_name(type)) + ".gguf");
+                               "_" + c.arch + "_" + std::string(type_name(c.experts)) + ".gguf");
+        const bool q4k = c.experts == GgmlType::Q4_K;
         test::MoeSpec ms;
-        ms.arch = "qwen2moe";
-        ms.expert_type = type;
-        ms.dim = type == GgmlType::Q4_K ? 256 : 64;  // the experts' rows: whole Q4_K blocks
-        ms.expert_ffn = ms.shexp_ffn = type == GgmlType::Q4_K ? 512 : 96;
+        ms.arch = c.arch;
+        ms.expert_type = c.experts;
+        ms.dim = q4k ? 256 : 64;  // the experts' rows: whole Q4_K blocks
+        ms.expert_ffn = ms.shexp_ffn = q4k ? 512 : 96;
         test::write_moe_gguf(gguf.string(), ms);
-        if (size == 3 && type == GgmlType::Q4_K) {
+        if (size == 3 && q4k) {
           const std::string e = error_of([&] { Model::load(gguf.string(), {.tp = size}); });
           check(e.find("expert FFN width 512 is too narrow for 3 ranks (256-column blocks)") !=
                     std::string::npos,
@@ -391,6 +398,16 @@ int main(int argc, char** argv) {
         check(shexp.find("shared expert FFN width 96 is too narrow for 2 ranks (256-column blocks)") !=
                   std::string::npos,
               "Q4_K shared expert: " + shexp);
+        auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());  // an FP8 checkpoint's expert
+        static const float kScale = 1.0f;
+        auto& d = const_cast<WeightView&>(f8->layers[0].down_exps[2]);
+        d.type = GgmlType::F8_E4M3;
+        d.row_bytes = (size_t)d.cols;
+        d.scale = &kScale;
+        const std::string fp8 = error_of([&] { shard_model(*f8, 0, 2); });
+        check(fp8.find("layer 0's expert 2 down projection is F8_E4M3, which is not split by columns yet") !=
+                  std::string::npos,
+              "F8_E4M3 expert: " + fp8);
         m->layers[1].w_down.type = GgmlType::Q8_0;  // 128 columns: 4 blocks, 3 ranks cut no block
         m->layers[1].w_down.row_bytes = 4 * sizeof(BlockQ8_0);
         m->layers[1].wo.type = GgmlType::Q8_0;  // 64 columns, 2 blocks: 4 heads of 16 over 4 ranks cut them
