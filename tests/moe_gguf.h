@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct MoeSpec {
   int expert_ffn = 64;            // llama: feed_forward_length; qwen: expert_feed_forward_length
   int shexp_ffn = 96;             // qwen2moe only
   GgmlType type = GgmlType::F32;  // of the matrices (the router and norms stay F32, as llama.cpp writes)
+  std::optional<GgmlType> expert_type;  // of the experts' and the shared expert's matrices; unset: type
   uint32_t seed = 1;
   // Called before writing: change keys (w.set_*) or the tensors (names, shapes) about to be added.
   struct Tensor {
@@ -118,6 +120,7 @@ inline void write_moe_gguf(const std::string& path, const MoeSpec& s,
   };
   const uint64_t D = s.dim, hd = s.dim / s.n_heads, Q = hd * s.n_heads, KV = hd * s.n_kv_heads,
                  E = s.n_expert, F = s.expert_ffn;
+  const GgmlType et = s.expert_type.value_or(s.type);
   add("token_embd.weight", {D, (uint64_t)n_vocab}, std::sqrt((float)D / 3), s.type);  // entries U(-1, 1)
   for (int il = 0; il < s.n_layers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
@@ -137,9 +140,9 @@ inline void write_moe_gguf(const std::string& path, const MoeSpec& s,
     add(b + "attn_output.weight", {Q, D}, 0.5f, s.type);
     norm(b + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), D);
     add(b + "ffn_gate_inp.weight", {D, E}, 2, GgmlType::F32);
-    add(b + "ffn_gate_exps.weight", {D, F, E}, 1, s.type);
-    add(b + "ffn_up_exps.weight", {D, F, E}, 1, s.type);
-    add(b + "ffn_down_exps.weight", {F, D, E}, 1.5f, s.type);
+    add(b + "ffn_gate_exps.weight", {D, F, E}, 1, et);
+    add(b + "ffn_up_exps.weight", {D, F, E}, 1, et);
+    add(b + "ffn_down_exps.weight", {F, D, E}, 1.5f, et);
     if (gpt_oss) {  // gain * sqrt(3 / ne[0]) per entry: the biases' spread set through the gain
       add(b + "attn_output.bias", {D}, 0.1f * std::sqrt((float)D / 3), GgmlType::F32);
       add(b + "attn_sinks.weight", {(uint64_t)s.n_heads}, 1.0f, GgmlType::F32);
@@ -150,9 +153,9 @@ inline void write_moe_gguf(const std::string& path, const MoeSpec& s,
     }
     if (s.arch == "qwen2moe") {
       add(b + "ffn_gate_inp_shexp.weight", {D}, 1, GgmlType::F32);
-      add(b + "ffn_gate_shexp.weight", {D, (uint64_t)s.shexp_ffn}, 1, s.type);
-      add(b + "ffn_up_shexp.weight", {D, (uint64_t)s.shexp_ffn}, 1, s.type);
-      add(b + "ffn_down_shexp.weight", {(uint64_t)s.shexp_ffn, D}, 0.5f, s.type);
+      add(b + "ffn_gate_shexp.weight", {D, (uint64_t)s.shexp_ffn}, 1, et);
+      add(b + "ffn_up_shexp.weight", {D, (uint64_t)s.shexp_ffn}, 1, et);
+      add(b + "ffn_down_shexp.weight", {(uint64_t)s.shexp_ffn, D}, 0.5f, et);
     }
   }
   norm("output_norm.weight", D);

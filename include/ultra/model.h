@@ -150,9 +150,10 @@ struct LoadParams {
   // the model this process's shard of tp ranks, which must be the ranks of MPI_COMM_WORLD (the program
   // started as `mpirun -np <tp> ...`, each rank loading the same file; only its slices of the mapped file are
   // read). Rank 0 creates the Context and runs everything on it; every other rank calls run_tp_follower()
-  // (ultra/context.h). Dense models with F32/F16/BF16 weights and block types whose blocks the split keeps
-  // whole; needs mmap. Throws ultra::Error for a build without MPI, a rank count other than tp, a model that
-  // does not split (heads, KV heads, FFN width, quantization blocks, experts).
+  // (ultra/context.h). Dense models and mixtures of experts (every expert split by columns) with
+  // F32/F16/BF16 weights and block types whose blocks the split keeps whole; needs mmap. Throws ultra::Error
+  // for a build without MPI, a rank count other than tp, a model that does not split (heads, KV heads, FFN
+  // or expert width, quantization blocks).
   int tp = 1;
   double tp_timeout_s = 60;  // longest wait of one collective before the job ends with an error
 };

@@ -153,7 +153,10 @@ int cmd_run(int argc, char** argv) {
   std::optional<Context> draft;
   if (!F.model_draft.empty()) {
     LoadParams dlp = F.model.load_params();
-    dlp.tp = 1;  // the draft runs whole on rank 0
+    // --tp: the draft runs whole on rank 0. It is small (its point), so splitting it would buy little memory
+    // and cost a collective per layer on each of its sequential steps; whole, its steps need no other rank,
+    // and the split target keeps its one context (the other ranks follow only the target's steps).
+    dlp.tp = 1;
     draft_model.emplace(Model::load(F.model_draft, dlp));
     check_draft_compatible(model, *draft_model);
     ContextParams dp = F.model.context_params();

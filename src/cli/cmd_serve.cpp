@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -118,6 +119,7 @@ int cmd_serve(int argc, char** argv) {
   if (bound < 0) fail("cannot listen on {}:{}", host, port);
   fmt::print(stderr, "ultra serve: listening on http://{}:{} (loading {})\n", host, bound, mf.model);
 
+  std::atomic<bool> fatal{false};  // a split model's step failed (the scheduler's on_fatal): exit 1
   std::mutex sched_m;
   std::shared_ptr<server::Scheduler> sched;
   std::thread sig_thread([&] {
@@ -139,7 +141,13 @@ int cmd_serve(int argc, char** argv) {
     Model model = split ? *split : Model::load(mf.model, mf.load_params());
     ContextParams cp = mf.context_params();
     cp.n_slots = parallel;
-    auto s = std::make_shared<server::Scheduler>(model, cp, queue);
+    // A split model's failed step (a rank stopped or died) ends the job: rank 0 exits with the error, and
+    // mpirun ends the other ranks.
+    auto s = std::make_shared<server::Scheduler>(model, cp, queue, [&](const std::string& e) {
+      fmt::print(stderr, "error: tensor parallelism: {}; the ranks are out of step, ending the job\n", e);
+      fatal = true;
+      kill(getpid(), SIGTERM);  // the signal thread stops the server
+    });
     for (const std::string& w : s->warnings()) fmt::print(stderr, "warning: {}\n", w);
     {
       std::lock_guard lk(sched_m);
@@ -156,7 +164,7 @@ int cmd_serve(int argc, char** argv) {
   http_thread.join();
   sig_thread.join();
   if (sched) sched->shutdown();
-  return rc;
+  return fatal ? 1 : rc;
 }
 
 }  // namespace ultra::cli

@@ -60,6 +60,11 @@ void ModelFlags::add_tp(CLI::App& app) {
                  "command, the others its steps)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app.add_option("--tp-timeout", tp_timeout,
+                 "--tp: seconds a step waits for the other ranks before it fails (a rank that stopped or "
+                 "died); the job then ends with that error")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
 }
 
 bool tp_follower_ran(const Model& model) {

@@ -41,7 +41,10 @@ struct ModelFlags {
   void resolve_model();
   // --tp (ultra run, ultra bench): the model split over the ranks of the MPI job.
   void add_tp(CLI::App& app);
-  LoadParams load_params() const { return {.mmap = !no_mmap, .tp = tp}; }  // --no-mmap, --tp
+  double tp_timeout = 60;  // --tp-timeout S: the longest wait of one collective (LoadParams::tp_timeout_s)
+  LoadParams load_params() const {  // --no-mmap, --tp, --tp-timeout
+    return {.mmap = !no_mmap, .tp = tp, .tp_timeout_s = tp_timeout};
+  }
   ContextParams context_params() const;
   std::string kv_type_name() const;  // the KV type in use
 };

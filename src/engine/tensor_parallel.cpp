@@ -34,6 +34,15 @@ void tp_send_step(dist::Communicator& comm, const StepRows& rows, int32_t* wire)
   comm.broadcast(wire, (size_t)tp_rows_words(rows.n, rows.n_out) * 4, 0);
 }
 
+void tp_send_copy_kv(dist::Communicator& comm, int from, int to, int n) {
+  TpHeader h;
+  h.cmd = TpCmd::copy_kv;
+  h.a[0] = from;
+  h.a[1] = to;
+  h.a[2] = n;
+  comm.broadcast(&h, sizeof h, 0);
+}
+
 void tp_send(dist::Communicator& comm, TpCmd cmd) noexcept {
   TpHeader h;
   h.cmd = cmd;
@@ -109,6 +118,10 @@ void tp_follow(const ModelData& m, const std::function<void(TpCmd)>& after) {
         be->step(rows, nullptr, 0, nullptr, nullptr, stats);
         break;
       }
+      case TpCmd::copy_kv:
+        if (!be) fail("tensor parallelism: rank {} got a KV copy before its context", m.tp_rank);
+        be->copy_kv((int)h.a[0], (int)h.a[1], (int)h.a[2]);  // checked by rank 0's Context::copy_seq
+        break;
       case TpCmd::destroy:
         be.reset();
         break;

@@ -17,12 +17,13 @@ namespace dist {
 class Communicator;
 }
 
-enum class TpCmd : int32_t { create = 1, step = 2, destroy = 3, end = 4 };
+enum class TpCmd : int32_t { create = 1, step = 2, destroy = 3, end = 4, copy_kv = 5 };
 
 struct TpHeader {
   TpCmd cmd = TpCmd::end;
   int32_t pad = 0;
-  // create: n_ctx, n_slots, n_batch, n_outputs, n_threads, kv_type, n_sample, mem_limit; step: n, n_out.
+  // create: n_ctx, n_slots, n_batch, n_outputs, n_threads, kv_type, n_sample, mem_limit; step: n, n_out;
+  // copy_kv: from, to, n (Context::copy_seq: every rank copies its shard of the KV cache).
   int64_t a[8] = {};
 };
 
@@ -34,6 +35,7 @@ inline int64_t tp_rows_words(int n, int n_out) {
 // Rank 0's messages. tp_send_step packs the rows into wire [tp_rows_words(n_batch, n_outputs)].
 void tp_send_create(dist::Communicator& comm, const ContextParams& p, int n_sample);
 void tp_send_step(dist::Communicator& comm, const StepRows& rows, int32_t* wire);
+void tp_send_copy_kv(dist::Communicator& comm, int from, int to, int n);
 // destroy and end; never throws (called from destructors): a failed send is for the next collective to
 // report, or the job is ending anyway.
 void tp_send(dist::Communicator& comm, TpCmd cmd) noexcept;

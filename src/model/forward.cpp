@@ -6,12 +6,16 @@ namespace ultra {
 
 namespace {
 
-// The FFN of a mixture-of-experts layer: x += experts(norm(x)) (+ the gated shared expert).
-void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const StepBuffers& b,
-               ForwardOps& ops) {
+// The FFN of a mixture-of-experts layer: x += experts(norm(x)) (+ the gated shared expert). Split over
+// ranks (model/shard.h: every expert and the shared expert by columns, the router on every rank), each rank
+// routes alike and adds its columns' part; the rank that is not the lead starts from zeros instead of the
+// residual, and the caller sums x over the ranks.
+void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const StepBuffers& b, ForwardOps& ops,
+               bool lead) {
   const int dim = hp.dim, k = hp.n_expert_used;
   ops.rmsnorm(b.x, l.ffn_norm, n, dim, hp.rms_eps, b.xb);
-  ops.moe_router(il, l, b.xb, n, b.router);  // [n, n_expert]
+  if (!lead) ops.scale(b.x, (int64_t)n * dim, 0.0f);  // x is finite: zeros (the lead adds the residual)
+  ops.moe_router(il, l, b.xb, n, b.router);           // [n, n_expert]
   if (hp.expert_topk_softmax)
     ops.moe_route_topk_softmax(b.router, n, hp.n_expert, k, b.expert_ids, b.expert_w);
   else
@@ -43,8 +47,9 @@ void moe_layer(const HParams& hp, const LayerWeights& l, int il, int n, const St
 //              x += m, or x += post_ffw_norm(m)                           (Gemma)
 //   logits[r] = Wout · norm(x[out_row[r]])  (soft-capped: Gemma 2)
 // Split over ranks (w.tp_size > 1, model/shard.h), each rank runs this on its shard: the embedding rows and
-// the row-split projections' outputs (Wo, Wdown) are summed over the ranks (all_reduce_sum; rank 0 adds the
-// residual and the bias before the sum, the others only their part), the logits all-gathered.
+// the row-split projections' outputs (Wo, Wdown, the experts' and the shared expert's down projections) are
+// summed over the ranks (all_reduce_sum; rank 0 adds the residual and the bias before the sum, the others
+// only their part), the logits all-gathered.
 void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, const StepBuffers& b,
              ForwardOps& ops) {
   const int n = rows.n, dim = hp.dim;
@@ -87,7 +92,8 @@ void forward(const HParams& hp, const WeightTable& w, const StepRows& rows, cons
     }
 
     if (hp.moe()) {
-      moe_layer(hp, l, il, n, b, ops);
+      moe_layer(hp, l, il, n, b, ops, lead);
+      if (tp) ops.all_reduce_sum(b.x, nd);
       continue;
     }
     float *gate = b.hb, *up = b.hb2;

@@ -1,6 +1,8 @@
 #include "model/shard.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -31,21 +33,19 @@ WeightView col_slice(const WeightView& w, int64_t c0, int64_t n, const std::stri
   return s;
 }
 
-// Rank r's part of the heads and of the FFN.
-struct Split {
-  int h0, hl;      // query heads [h0, h0 + hl)
-  int kv0, kvl;    // the KV heads they read
-  int64_t f0, fl;  // FFN columns
+// Rank r's part of the heads.
+struct Heads {
+  int h0, hl;    // query heads [h0, h0 + hl)
+  int kv0, kvl;  // the KV heads they read
 };
 
 // Query heads [h0, h1) of rank r (ranks differ by one head at most), and the KV heads they read: replicated
 // where ranks share one. The shard's own GQA grouping must map its query heads onto them as the model does:
-// local head h reads local KV head h / (hl / kvl). FFN columns in whole blocks of the down projection's type
-// (ranks differ by one block). Throws naming what does not split.
-Split split_of(const ModelData& m, int r, int size) {
+// local head h reads local KV head h / (hl / kvl). Throws naming what does not split.
+Heads heads_of(const ModelData& m, int r, int size) {
   const HParams& hp = m.hp;
   const int H = hp.n_heads, KV = hp.n_kv_heads, group = H / KV;
-  Split s;
+  Heads s;
   s.h0 = (int)((int64_t)r * H / size);
   s.hl = (int)((int64_t)(r + 1) * H / size) - s.h0;
   s.kv0 = s.h0 / group;
@@ -57,13 +57,59 @@ Split split_of(const ModelData& m, int r, int size) {
         "{}: the {} query heads of {} KV heads do not split over {} ranks (rank {} would hold query heads "
         "{} .. {} of KV heads {} .. {})",
         m.path, H, KV, size, r, s.h0, s.h0 + s.hl - 1, s.kv0, s.kv0 + s.kvl - 1);
-  const auto tt = m.layers.empty() ? std::nullopt : type_traits(m.layers[0].w_down.type);
-  const int64_t blk = tt ? tt->block_elems : 1, units = hp.ffn_dim / blk;
-  if (units < size)
-    fail("{}: the FFN width {} is too narrow for {} ranks ({}-column blocks)", m.path, hp.ffn_dim, size, blk);
-  s.f0 = r * units / size * blk;
-  s.fl = (r + 1) * units / size * blk - s.f0;
   return s;
+}
+
+// Rank r's columns [c0, c0 + cl) of an FFN of width columns: whole blocks of blk columns (the down
+// projections' quantization blocks; ranks differ by one block at most). Throws naming what does not split.
+struct Cols {
+  int64_t c0 = 0, cl = 0;
+};
+Cols cols_of(const ModelData& m, const char* what, int64_t width, int64_t blk, int r, int size) {
+  const int64_t units = width / blk;
+  if (units < size)
+    fail("{}: the {} width {} is too narrow for {} ranks ({}-column blocks)", m.path, what, width, size, blk);
+  Cols c;
+  c.c0 = r * units / size * blk;
+  c.cl = (r + 1) * units / size * blk - c.c0;
+  return c;
+}
+
+// The columns of one quantization block of w (1 for an empty view or a type without blocks).
+int64_t block_of(const WeightView& w) {
+  const auto tt = w.rows > 0 ? type_traits(w.type) : std::nullopt;
+  return tt ? (int64_t)tt->block_elems : 1;
+}
+
+// The FFN splits: the dense FFN's (ffn), or each expert's (expert) and the shared expert's (shexp).
+struct FfnSplit {
+  Cols ffn, expert, shexp;
+};
+
+FfnSplit ffn_split_of(const ModelData& m, int r, int size) {
+  const HParams& hp = m.hp;
+  int64_t dense = 1, expert = 1, shexp = 1;
+  for (const LayerWeights& l : m.layers) {  // a split keeps every layer's blocks whole (mixed types)
+    dense = std::lcm(dense, block_of(l.w_down));
+    shexp = std::lcm(shexp, block_of(l.w_down_shexp));
+    for (int e = 0; l.down_exps && e < hp.n_expert; ++e) expert = std::lcm(expert, block_of(l.down_exps[e]));
+  }
+  FfnSplit s;
+  if (!hp.moe()) {
+    s.ffn = cols_of(m, "FFN", hp.ffn_dim, dense, r, size);
+    return s;
+  }
+  s.expert = cols_of(m, "expert FFN", hp.expert_ffn_dim, expert, r, size);
+  if (hp.shexp_ffn_dim > 0) s.shexp = cols_of(m, "shared expert FFN", hp.shexp_ffn_dim, shexp, r, size);
+  return s;
+}
+
+// Columns [c0, c0 + cl) of every row of a [rows, width] array: a copy owned by m.
+const float* col_copy(ModelData& m, const float* a, int64_t rows, int64_t width, const Cols& c) {
+  if (!a) return nullptr;
+  std::vector<float>& out = m.owned.emplace_back((size_t)(rows * c.cl));
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(a + i * width + c.c0, c.cl, out.data() + i * c.cl);
+  return out.data();
 }
 
 }  // namespace
@@ -74,27 +120,33 @@ void shard_model(ModelData& m, int rank, int size) {
   if (size == 1) return;
   if (m.tp_size != 1) fail("tensor parallelism: the model is split already");
   const std::string& src = m.path;
-  if (hp.moe())
-    fail("{}: tensor parallelism does not split mixtures of experts yet ({} experts); run without --tp", src,
-         hp.n_expert);
   if (size > hp.n_heads) fail("{}: --tp {} is more ranks than the {} attention heads", src, size, hp.n_heads);
   const int64_t V = hp.n_vocab, vs = (V + size - 1) / size, v0 = rank * vs;
   if ((size - 1) * vs >= V) fail("{}: the vocabulary ({}) is too small to split over {} ranks", src, V, size);
   const int64_t vl = std::min(V, v0 + vs) - v0;
+  const int E = hp.moe() ? hp.n_expert : 0;
   // Every rank's splits checked on every rank (so that all refuse alike), before anything changes.
   const int hd = hp.head_dim;
   for (int r = 0; r < size; ++r) {
-    const Split s = split_of(m, r, size);
+    const Heads h = heads_of(m, r, size);
+    const FfnSplit f = ffn_split_of(m, r, size);
     for (size_t il = 0; il < m.layers.size(); ++il) {
       const LayerWeights& l = m.layers[il];
-      col_slice(l.wo, (int64_t)s.h0 * hd, (int64_t)s.hl * hd,
+      col_slice(l.wo, (int64_t)h.h0 * hd, (int64_t)h.hl * hd,
                 fmt::format("layer {}'s output projection", il));
-      col_slice(l.w_down, s.f0, s.fl, fmt::format("layer {}'s down projection", il));
+      if (!hp.moe()) col_slice(l.w_down, f.ffn.c0, f.ffn.cl, fmt::format("layer {}'s down projection", il));
+      for (int e = 0; e < E; ++e)
+        col_slice(l.down_exps[e], f.expert.c0, f.expert.cl,
+                  fmt::format("layer {}'s expert {} down projection", il, e));
+      if (hp.shexp_ffn_dim > 0)
+        col_slice(l.w_down_shexp, f.shexp.c0, f.shexp.cl,
+                  fmt::format("layer {}'s shared expert down projection", il));
     }
   }
-  const Split sp = split_of(m, rank, size);
-  const int q0 = sp.h0, hl = sp.hl, kv0 = sp.kv0, kvl = sp.kvl;
-  const int64_t f0 = sp.f0, fl = sp.fl;
+  const Heads sh = heads_of(m, rank, size);
+  const int q0 = sh.h0, hl = sh.hl, kv0 = sh.kv0, kvl = sh.kvl;
+  const FfnSplit fs = ffn_split_of(m, rank, size);
+  const Cols ffn = fs.ffn, ex = fs.expert, shx = fs.shexp;
 
   size_t full = matrix_bytes(m.tok_embd) + (m.output.data != m.tok_embd.data ? matrix_bytes(m.output) : 0);
   const bool tied = m.output.data == m.tok_embd.data;
@@ -103,8 +155,10 @@ void shard_model(ModelData& m, int rank, int size) {
   size_t shard = matrix_bytes(m.tok_embd) + (tied ? 0 : matrix_bytes(m.output));
   for (size_t il = 0; il < m.layers.size(); ++il) {
     LayerWeights& l = m.layers[il];
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      full += matrix_bytes(*w);
+    const std::initializer_list<const WeightView*> dense = {
+        &l.wq,   &l.wk,     &l.wv,           &l.wo,         &l.w_gate,
+        &l.w_up, &l.w_down, &l.w_gate_shexp, &l.w_up_shexp, &l.w_down_shexp};
+    for (const WeightView* w : dense) full += matrix_bytes(*w);
     l.wq = row_slice(l.wq, (int64_t)q0 * hd, (int64_t)hl * hd);
     l.wk = row_slice(l.wk, (int64_t)kv0 * hd, (int64_t)kvl * hd);
     l.wv = row_slice(l.wv, (int64_t)kv0 * hd, (int64_t)kvl * hd);
@@ -114,18 +168,48 @@ void shard_model(ModelData& m, int rank, int size) {
     l.wo = col_slice(l.wo, (int64_t)q0 * hd, (int64_t)hl * hd, "wo");
     if (l.attn_sinks) l.attn_sinks += q0;
     if (rank != 0) l.bo = nullptr;  // added once, by rank 0, before the sum
-    l.w_gate = row_slice(l.w_gate, f0, fl);
-    l.w_up = row_slice(l.w_up, f0, fl);
-    l.w_down = col_slice(l.w_down, f0, fl, "w_down");
+    if (!hp.moe()) {
+      l.w_gate = row_slice(l.w_gate, ffn.c0, ffn.cl);
+      l.w_up = row_slice(l.w_up, ffn.c0, ffn.cl);
+      l.w_down = col_slice(l.w_down, ffn.c0, ffn.cl, "w_down");
+    }
     l.wqkv = {};  // the fused views no longer match the split ones
     l.w_gate_up = {};
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      shard += matrix_bytes(*w);
+    if (E > 0) {  // every expert by columns; the router (and the shared expert's gate) on every rank
+      // [gate x E, up x E, down x E]: the arrays LayerWeights points to.
+      std::vector<WeightView>& v = m.owned_views.emplace_back((size_t)3 * E);
+      for (int e = 0; e < E; ++e) {
+        for (const WeightView* w : {&l.gate_exps[e], &l.up_exps[e], &l.down_exps[e]})
+          full += matrix_bytes(*w);
+        v[e] = row_slice(l.gate_exps[e], ex.c0, ex.cl);
+        v[E + e] = row_slice(l.up_exps[e], ex.c0, ex.cl);
+        v[2 * E + e] = col_slice(l.down_exps[e], ex.c0, ex.cl, "down_exps");
+      }
+      l.gate_exps = v.data();
+      l.up_exps = v.data() + E;
+      l.down_exps = v.data() + 2 * E;
+      for (const WeightView& w : v) shard += matrix_bytes(w);
+      l.gate_exps_b = col_copy(m, l.gate_exps_b, E, hp.expert_ffn_dim, ex);
+      l.up_exps_b = col_copy(m, l.up_exps_b, E, hp.expert_ffn_dim, ex);
+      if (rank != 0) l.down_exps_b = nullptr;  // weighted and added once, by rank 0, before the sum
+    }
+    if (hp.shexp_ffn_dim > 0) {
+      l.w_gate_shexp = row_slice(l.w_gate_shexp, shx.c0, shx.cl);
+      l.w_up_shexp = row_slice(l.w_up_shexp, shx.c0, shx.cl);
+      l.w_down_shexp = col_slice(l.w_down_shexp, shx.c0, shx.cl, "w_down_shexp");
+    }
+    for (const WeightView* w : dense) shard += matrix_bytes(*w);
   }
   m.weight_bytes = m.weight_bytes - std::min(m.weight_bytes, full) + shard;
   hp.n_heads = hl;
   hp.n_kv_heads = kvl;
-  hp.ffn_dim = (int)fl;
+  if (hp.moe()) {
+    hp.expert_ffn_dim = (int)ex.cl;
+    hp.shexp_ffn_dim = (int)shx.cl;
+    hp.ffn_dim = 0;  // no dense FFN runs: the FFN scratch (max_ffn_dim) is the experts' shard's
+  } else {
+    hp.ffn_dim = (int)ffn.cl;
+  }
   m.tp_rank = rank;
   m.tp_size = size;
   m.vocab0 = v0;

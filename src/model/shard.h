@@ -16,8 +16,19 @@
 //                          rows summed over ranks (the rank that holds a token writes it, the others zeros),
 //                          the logits all-gathered
 //   norms                  every rank (small)
-// A column split keeps whole quantization blocks (refused otherwise); F8_E4M3 and TERNARY matrices (scales
-// per column group) and mixtures of experts are refused for now.
+//   mixtures of experts    every expert by columns, as the dense FFN: each rank holds rows [f0, f0 + fl) of
+//                          every expert's Wgate and Wup (and of gpt-oss's gate/up biases) and those columns
+//                          of its Wdown (whole quantization blocks, ranks differ by one block at most); the
+//                          experts' down biases added on rank 0 only. Qwen2-MoE's shared expert the same way
+//                          over its own width. The router (and the shared expert's sigmoid gate) on every
+//                          rank: each rank routes every token alike and runs the same experts on its
+//                          columns, and the MoE block's output is summed over the ranks with the one
+//                          all-reduce the dense FFN has. Not by expert (whole experts per rank): that needs
+//                          an all-to-all of the routed tokens per layer, and a rank's load would depend on
+//                          the routing (at decode, k of n_expert experts: some ranks idle); by columns every
+//                          rank reads 1/n of each selected expert, whatever the routing.
+// A column split keeps whole quantization blocks (refused otherwise, naming the matrix and the block);
+// F8_E4M3 and TERNARY matrices (scales per column group) are refused for now.
 #pragma once
 
 #include "model/model.h"
@@ -25,8 +36,8 @@
 namespace ultra {
 
 // Splits m (a whole model as loaded) into rank's shard of size ranks, in place. Throws ultra::Error naming
-// what does not split (heads, KV heads, the FFN width, a block that a column split would cut, a type or an
-// architecture not split yet) before anything is changed.
+// what does not split (heads, KV heads, the FFN or an expert's width, a block that a column split would cut,
+// a type not split yet) before anything is changed.
 void shard_model(ModelData& m, int rank, int size);
 
 }  // namespace ultra

@@ -45,8 +45,9 @@ struct Scheduler::Slot {
   const GenRequest* source_req = nullptr;
 };
 
-Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue)
-    : model_(model), max_queue_((size_t)std::max(0, max_queue)) {
+Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_queue,
+                     std::function<void(const std::string&)> on_fatal)
+    : model_(model), max_queue_((size_t)std::max(0, max_queue)), on_fatal_(std::move(on_fatal)) {
   if (!model.tokenizer()) throw Error("the model has no tokenizer: the server needs one");
   ctx_ = std::make_unique<Context>(model, params);
   for (const std::string& w : ctx_->warnings()) warnings_.push_back(w);
@@ -393,6 +394,13 @@ void Scheduler::run() {
     } catch (const std::exception& e) {
       for (Slot& s : slots_)
         if (s.req) finish(s, "stop", e.what());
+      if (model_.info().tp_size > 1) {  // the ranks are out of step: no later step can run
+        {
+          std::lock_guard lk(qm_);
+          stopping_ = true;
+        }
+        if (on_fatal_) on_fatal_(e.what());
+      }
       continue;
     }
     ++stats_.steps_total;

@@ -116,7 +116,11 @@ struct SchedulerStats {
 class Scheduler {
  public:
   // Creates the context (params.n_slots = the number of parallel sequences) and starts the thread.
-  Scheduler(const Model& model, const ContextParams& params, int max_queue);
+  // on_fatal: called on the scheduler's thread when a step of a model split over ranks (--tp) fails (a rank
+  // stopped answering or died: the ranks are out of step and no later step can run); the running requests
+  // have then ended with the error, the queued ones are cancelled and the scheduler takes no more.
+  Scheduler(const Model& model, const ContextParams& params, int max_queue,
+            std::function<void(const std::string&)> on_fatal = {});
   ~Scheduler();  // shutdown()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -155,6 +159,7 @@ class Scheduler {
   int n_ctx_ = 0, n_slots_ = 0, n_batch_ = 0, n_sample_ = 0;
   bool cpu_ = false;
   size_t max_queue_;
+  std::function<void(const std::string&)> on_fatal_;
   std::vector<std::string> warnings_;
 
   std::mutex qm_;

@@ -8,9 +8,13 @@
 //   logits of a 24-token prefill (every row an output) and of 8 decode steps within 1e-5 of the whole
 //   model's; 16 greedy tokens and 16 seeded sampled tokens identical; no allocation in decode steps on any
 //   rank.
+// Mixtures of experts (every expert by columns, model/shard.h): the HF fixtures Mixtral, Qwen2-MoE (shared
+// expert), Qwen3-MoE, gpt-oss (F32, and MXFP4 experts at 2 ranks), and GGUF files (tests/moe_gguf.h) of
+// Qwen2-MoE with Q8_0 and Q4_K experts, Mixtral with Q8_0 experts and gpt-oss in F32, the same checks; no
+// allocation per step on one.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
-// cannot be made: more ranks than heads, a rank's heads across GQA groups, a mixture of experts, a Q8_0
-// column split inside a block.
+// cannot be made: more ranks than heads, a rank's heads across GQA groups, experts (and a shared expert)
+// narrower than a block per rank, an F8_E4M3 expert, a Q8_0 column split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <chrono>
@@ -29,6 +33,7 @@
 #include "engine/model_impl.h"
 #include "engine/tensor_parallel.h"
 #include "model/shard.h"
+#include "moe_gguf.h"
 #include "ultra/convert.h"
 #include "ultra/generate.h"
 
@@ -122,6 +127,39 @@ void compare(const fs::path& path, int size, double tol = 1e-5) {
   sp.seed = 1234;
   const auto ws = generated(whole, prompt, sp), ss = generated(split, prompt, sp);
   check(ws == ss, name + ": seeded sampled tokens identical");
+}
+
+// Context::copy_seq on a split model (the server's n > 1 choices): every rank copies its shard of the KV
+// cache. A prompt prefilled in slot 0, copied to slot 1 and decoded there 8 steps: logits within tol of the
+// whole model's, and slot 0's next step unchanged.
+void copied_sequence(const fs::path& path, int size) {
+  const Model split = Model::load(path.string(), {.tp = size, .tp_timeout_s = 30});
+  if (g_rank != 0) {
+    run_tp_follower(split);
+    return;
+  }
+  auto run = [](const Model& m) {
+    Context ctx(m, {.n_ctx = 64, .n_slots = 2, .n_batch = 16, .n_outputs = 2, .n_threads = 1});
+    Batch b(16);
+    const std::vector<int32_t> prompt = {1, 50, 300, 7, 9, 1000, 42, 3};
+    b.add_sequence(prompt, 0, 0, Output::none);
+    ctx.step(b);
+    ctx.copy_seq(0, 1, (int)prompt.size());
+    std::vector<float> out;
+    for (int i = 0; i < 8; ++i) {
+      b.clear();
+      b.add(100 + 37 * i, (int32_t)prompt.size() + i, 1, Output::logits);
+      if (i == 0) b.add(5, (int32_t)prompt.size(), 0, Output::logits);
+      ctx.step(b);
+      for (int r = 0; r < b.size(); ++r) out.insert(out.end(), ctx.logits(r).begin(), ctx.logits(r).end());
+    }
+    return out;
+  };
+  const auto a = run(Model::load(path.string())), b = run(split);
+  double d = a.size() == b.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, (double)std::fabs(a[i] - b[i]));
+  std::printf("[tp %d] copy_seq: max |split - whole| logits = %.3g\n", size, d);
+  check(d < 1e-5, "copy_seq: the copied slot's logits within 1e-5");
 }
 
 // No allocation per decode step on any rank: rank 0 counts its own thread's allocations over each window of
@@ -267,7 +305,54 @@ int main(int argc, char** argv) {
         }
         fs::remove(gguf);
       }
+      // Mixtures of experts (every expert and the shared expert split by columns, the router on every
+      // rank): the HF fixtures in F32 (gpt-oss's biased experts and sinks; its MXFP4 experts of 64 columns
+      // are two 32-column blocks: 3 ranks refused), and GGUF files of quantized experts (tests/moe_gguf.h):
+      // Qwen2-MoE's experts and shared expert of 96 columns in Q8_0 (3 blocks), and of 512 in Q4_K (two
+      // 256-column blocks: 3 ranks refused); Mixtral's (arch llama) in Q8_0, gpt-oss's in F32. gpt-oss's F32
+      // fixture has 4 layers (the others 2), each two sums over ranks, and reaches 1.2e-5 (2 ranks) to 1.4e-5
+      // (3) on logits of 6.4 (summing the ranks' parts before adding the residual leaves it there): 2e-5 (a
+      // misplaced slice or a bias added twice is off by 1e-2 or more).
+      for (const char* f : {"mixtral", "qwen2_moe", "qwen3_moe"})
+        compare(root / "tests/fixtures/hf" / f, size);
+      compare(root / "tests/fixtures/hf/gpt_oss", size, 2e-5);
+      if (size == 2) {
+        compare(root / "tests/fixtures/hf/gpt_oss_mxfp4", size);
+      } else {
+        const std::string e =
+            error_of([&] { Model::load((root / "tests/fixtures/hf/gpt_oss_mxfp4").string(), {.tp = size}); });
+        check(e.find("expert FFN width 64 is too narrow for 3 ranks (32-column blocks)") != std::string::npos,
+              "MXFP4 experts of 2 blocks over 3 ranks refused: " + e);
+      }
+      struct MoeCase {
+        const char* arch;
+        GgmlType experts;
+      };
+      for (const MoeCase c : {MoeCase{"qwen2moe", GgmlType::Q8_0}, MoeCase{"qwen2moe", GgmlType::Q4_K},
+                              MoeCase{"llama", GgmlType::Q8_0}, MoeCase{"gpt-oss", GgmlType::F32}}) {
+        const fs::path gguf = fs::temp_directory_path() /
+                              ("ultra_test_tp_" + std::to_string(getpid()) + "_" + std::to_string(g_rank) +
+                               "_" + c.arch + "_" + std::string(type_name(c.experts)) + ".gguf");
+        const bool q4k = c.experts == GgmlType::Q4_K;
+        test::MoeSpec ms;
+        ms.arch = c.arch;
+        ms.expert_type = c.experts;
+        ms.dim = q4k ? 256 : 64;  // the experts' rows: whole Q4_K blocks
+        ms.expert_ffn = ms.shexp_ffn = q4k ? 512 : 96;
+        test::write_moe_gguf(gguf.string(), ms);
+        if (size == 3 && q4k) {
+          const std::string e = error_of([&] { Model::load(gguf.string(), {.tp = size}); });
+          check(e.find("expert FFN width 512 is too narrow for 3 ranks (256-column blocks)") !=
+                    std::string::npos,
+                "Q4_K experts of 2 blocks over 3 ranks refused: " + e);
+        } else {
+          compare(gguf, size);
+        }
+        fs::remove(gguf);
+      }
+      copied_sequence(root / "models/target.gguf", size);
       no_allocation_per_step(root / "models/target.gguf", size);
+      no_allocation_per_step(root / "tests/fixtures/hf/qwen2_moe", size);
       if (size == 2) idle_leader(root / "models/target.gguf", size);
 
       const std::string fixture = (root / "tests/fixtures/hf/llama_gqa").string();
@@ -283,9 +368,46 @@ int main(int argc, char** argv) {
         const std::string gqa = error_of([&] { shard_model(*odd, 0, 3); });
         check(gqa.find("query heads of 4 KV heads do not split over 3 ranks (rank 1") != std::string::npos,
               "GQA groups cut: " + gqa);
-        auto moe = load_model((root / "tests/fixtures/hf/mixtral").string());
-        const std::string experts = error_of([&] { shard_model(*moe, 0, 2); });
-        check(experts.find("mixtures of experts") != std::string::npos, "experts: " + experts);
+        auto moe = load_model((root / "tests/fixtures/hf/qwen2_moe").string());  // experts 64, shared 96
+        {  // rank 1 of 2's shard: half of each expert and of the shared expert, scratch sized for those
+          auto half = load_model((root / "tests/fixtures/hf/qwen2_moe").string());
+          const size_t whole = half->weight_bytes;
+          const auto* d0 = static_cast<const uint8_t*>(half->layers[1].down_exps[3].data);
+          shard_model(*half, 1, 2);
+          const HParams& hp = half->hp;
+          const WeightView& d = half->layers[1].down_exps[3];
+          check(hp.expert_ffn_dim == 32 && hp.shexp_ffn_dim == 48 && hp.max_ffn_dim() == 48 && d.cols == 32 &&
+                    d.data == d0 + 32 * 4 && half->layers[1].gate_exps[3].rows == 32 &&
+                    half->weight_bytes < whole * 3 / 5,
+                "Qwen2-MoE's shard of rank 1 of 2: expert FFN " + std::to_string(hp.expert_ffn_dim) +
+                    ", shared " + std::to_string(hp.shexp_ffn_dim) + ", scratch width " +
+                    std::to_string(hp.max_ffn_dim()) + ", weights " + std::to_string(half->weight_bytes) +
+                    " of " + std::to_string(whole));
+        }
+        for (int e = 0; e < moe->hp.n_expert; ++e) {  // Q8_0: 2 blocks per expert row, 3 of the shared one
+          auto& d = const_cast<WeightView&>(moe->layers[1].down_exps[e]);
+          d.type = GgmlType::Q8_0;
+          d.row_bytes = 2 * sizeof(BlockQ8_0);
+        }
+        const std::string experts = error_of([&] { shard_model(*moe, 0, 3); });
+        check(experts.find("expert FFN width 64 is too narrow for 3 ranks (32-column blocks)") !=
+                  std::string::npos,
+              "Q8_0 experts over 3 ranks: " + experts);
+        moe->layers[0].w_down_shexp.type = GgmlType::Q4_K;  // 96 columns: not one 256-column block
+        const std::string shexp = error_of([&] { shard_model(*moe, 0, 2); });
+        check(shexp.find("shared expert FFN width 96 is too narrow for 2 ranks (256-column blocks)") !=
+                  std::string::npos,
+              "Q4_K shared expert: " + shexp);
+        auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());  // an FP8 checkpoint's expert
+        static const float kScale = 1.0f;
+        auto& d = const_cast<WeightView&>(f8->layers[0].down_exps[2]);
+        d.type = GgmlType::F8_E4M3;
+        d.row_bytes = (size_t)d.cols;
+        d.scale = &kScale;
+        const std::string fp8 = error_of([&] { shard_model(*f8, 0, 2); });
+        check(fp8.find("layer 0's expert 2 down projection is F8_E4M3, which is not split by columns yet") !=
+                  std::string::npos,
+              "F8_E4M3 expert: " + fp8);
         m->layers[1].w_down.type = GgmlType::Q8_0;  // 128 columns: 4 blocks, 3 ranks cut no block
         m->layers[1].w_down.row_bytes = 4 * sizeof(BlockQ8_0);
         m->layers[1].wo.type = GgmlType::Q8_0;  // 64 columns, 2 blocks: 4 heads of 16 over 4 ranks cut them

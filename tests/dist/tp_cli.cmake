@@ -1,6 +1,7 @@
 # ctest test_tp_cli: `ultra run --tp N` and `ultra bench --tp N` under mpirun (cmake -P, with ULTRA, MPIEXEC
 # and ROOT defined): the bundled model's greedy and seeded sampled output at --tp 2 and 3 equal to `ultra
-# run` alone, bench runs at --tp 2, and --tp other than the job's size is refused with its message.
+# run` alone, bench runs at --tp 2, --tp other than the job's size is refused with its message, and
+# speculative decoding at --tp 2 and a mixture of experts at --tp 3 give one process's output.
 set(ids --prompt-ids 1,50,300,7 -n 16 -t 1)
 function(run out_var rc_var)
   execute_process(COMMAND ${ARGN} WORKING_DIRECTORY ${ROOT} OUTPUT_VARIABLE out ERROR_VARIABLE err
@@ -31,4 +32,28 @@ endif()
 run(out rc ${MPIEXEC} -np 2 --oversubscribe ${ULTRA} run --tp 3 ${ids})
 if(rc MATCHES "^0\n" OR NOT rc MATCHES "--tp 3, but this job has 2 MPI ranks")
   message(FATAL_ERROR "--tp 3 in a job of 2 ranks was not refused: ${rc}")
+endif()
+# Speculative decoding at --tp 2 (the draft, models/draft.gguf, runs whole on rank 0: it is small, its steps
+# need no collectives, and the split target keeps its one context): the same greedy and seeded sampled output
+# as one process.
+foreach(sampling "--temp;0" "--temp;0.8;-s;42")
+  run(alone rc ${ULTRA} run ${ids} ${sampling} --speculative)
+  if(NOT rc MATCHES "^0\n" OR alone STREQUAL "")
+    message(FATAL_ERROR "ultra run --speculative ${sampling}: ${rc}")
+  endif()
+  run(split rc ${MPIEXEC} -np 2 --oversubscribe ${ULTRA} run --tp 2 ${ids} ${sampling} --speculative)
+  if(NOT rc MATCHES "^0\n" OR NOT rc MATCHES "speculative = K")
+    message(FATAL_ERROR "mpirun -np 2 ultra run --tp 2 --speculative ${sampling}: ${rc}")
+  endif()
+  if(NOT split STREQUAL alone)
+    message(FATAL_ERROR "--tp 2 --speculative ${sampling}: '${split}' differs from '${alone}'")
+  endif()
+  message(STATUS "--tp 2 --speculative ${sampling}: same output as alone")
+endforeach()
+# A mixture of experts (every expert split by columns): the Mixtral fixture's greedy output at --tp 3.
+set(moe -m ${ROOT}/tests/fixtures/hf/mixtral --prompt-ids 1,50,300,7 -n 12 -t 1 --temp 0)
+run(alone rc ${ULTRA} run ${moe})
+run(split rc ${MPIEXEC} -np 3 --oversubscribe ${ULTRA} run --tp 3 ${moe})
+if(NOT rc MATCHES "^0\n" OR alone STREQUAL "" OR NOT split STREQUAL alone)
+  message(FATAL_ERROR "mixtral --tp 3: '${split}' differs from '${alone}': ${rc}")
 endif()

@@ -170,6 +170,11 @@ CpuBackend::~CpuBackend() {
   tp_send(*comm_, TpCmd::destroy);
 }
 
+void CpuBackend::copy_kv(int from, int to, int n) {
+  if (tp_lead_) tp_send_copy_kv(*comm_, from, to, n);
+  kv_.copy(from, to, n);
+}
+
 void CpuBackend::poison_kv(int seq, int from) {
   kv_.poison(seq, from);
 }

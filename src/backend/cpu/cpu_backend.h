@@ -36,7 +36,8 @@ class CpuBackend final : public Backend, private ForwardOps {
     apply_logit_rules(p, allow, logits_.data() + (size_t)k * m_.hp.n_vocab, n_sample_);
   }
   void poison_kv(int seq, int from) override;
-  void copy_kv(int from, int to, int n) override { kv_.copy(from, to, n); }
+  // A split model's rank 0 has the other ranks copy their shards of the cache too.
+  void copy_kv(int from, int to, int n) override;
 
   KvCache& kv() { return kv_; }
   ThreadPool& pool() { return pool_; }
