@@ -1,7 +1,8 @@
 // The collectives that tensor parallelism needs (Megatron-style: an all-reduce after each row-split
 // projection, an all-gather of vocabulary shards, the step's batch broadcast from rank 0), behind one seam
 // with one implementation per transport: MPI here (ranks started by `mpirun`, across hosts by its hostfile);
-// NCCL later, bootstrapped over this one.
+// NCCL (nccl_communicator.h: on device buffers, its unique id broadcast over this one, so that mpirun
+// launches both).
 //
 // Every collective works on the caller's buffers and on scratch allocated when the communicator is made
 // (capacity: the most floats one collective carries), so that a step allocates nothing. Every collective
@@ -11,7 +12,8 @@
 //
 // all_reduce_sum gives every rank the same bits, and the same bits whatever the number of ranks' transport
 // algorithm: the shards are gathered and summed in rank order (x_0 + x_1 + ... + x_{n-1}, left to right),
-// not reduced in the order the transport's algorithm picks.
+// not reduced in the order the transport's algorithm picks. The bf16 all-reduce sums in f32 in the same
+// order and rounds once (to nearest even).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +37,8 @@ class Communicator {
 
   // x[0, n) = the sum over ranks of every rank's x[0, n), in rank order; n <= capacity().
   virtual void all_reduce_sum(float* x, size_t n) = 0;
+  // The same over bf16 values (their bit patterns): x[i] = bf16(f32 sum in rank order); n <= capacity().
+  virtual void all_reduce_sum_bf16(uint16_t* x, size_t n) = 0;
   // out[r * n + i] = rank r's in[i], for every rank r; n <= capacity(). in may not alias out.
   virtual void all_gather(const float* in, size_t n, float* out) = 0;
   // bytes of data from rank root to every rank (bytes <= 4 * capacity()).

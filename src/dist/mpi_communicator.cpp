@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "dist/communicator.h"
 
@@ -59,16 +60,26 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(float* x, size_t n) override {
     check_count("all_reduce_sum", n);
-    exchange("all_reduce_sum", x, n, scratch_.data());
+    exchange("all_reduce_sum", x, n, MPI_FLOAT, scratch_.data());
     for (size_t i = 0; i < n; ++i) {  // rank order, left to right: the same bits on every rank
       float s = scratch_[i];
       for (int r = 1; r < size_; ++r) s += scratch_[(size_t)r * n + i];
       x[i] = s;
     }
   }
+  void all_reduce_sum_bf16(uint16_t* x, size_t n) override {
+    check_count("all_reduce_sum_bf16", n);
+    auto* g = reinterpret_cast<uint16_t*>(scratch_.data());  // [size, n] bf16: half the floats' bytes
+    exchange("all_reduce_sum_bf16", x, n, MPI_UINT16_T, g);
+    for (size_t i = 0; i < n; ++i) {
+      float s = bf16_to_fp32(g[i]);
+      for (int r = 1; r < size_; ++r) s += bf16_to_fp32(g[(size_t)r * n + i]);
+      x[i] = fp32_to_bf16(s);
+    }
+  }
   void all_gather(const float* in, size_t n, float* out) override {
     check_count("all_gather", n);
-    exchange("all_gather", in, n, out);
+    exchange("all_gather", in, n, MPI_FLOAT, out);
   }
   void broadcast(void* data, size_t bytes, int root) override {
     if (root < 0 || root >= size_) fail("MPI broadcast: root {} of {} ranks", root, size_);
@@ -87,7 +98,7 @@ class MpiCommunicator final : public Communicator {
   }
   void barrier() override {
     float one = 1.0f;
-    exchange("barrier", &one, 1, scratch_.data());
+    exchange("barrier", &one, 1, MPI_FLOAT, scratch_.data());
   }
   bool settle(double seconds) override {
     if (!broken_ || pending_ == 0) return !broken_;
@@ -128,16 +139,18 @@ class MpiCommunicator final : public Communicator {
       fail("MPI {} on rank {} of {}: {}", what, rank_, size_, std::string(msg, (size_t)len));
     }
   }
-  // out[r * n ..] = rank r's in[0, n) for every r: every pair of ranks exchanges its block directly.
-  void exchange(const char* what, const float* in, size_t n, float* out) {
+  // out[r * n ..] = rank r's in[0, n) for every r (elements of type T, MPI type t): every pair of ranks
+  // exchanges its block directly.
+  template <class T>
+  void exchange(const char* what, const T* in, size_t n, MPI_Datatype t, T* out) {
     usable(what);
     int nr = 0;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      post(MPI_Irecv(out + (size_t)r * n, (int)n, MPI_FLOAT, r, kTag, comm_, &reqs_[nr++]), what);
-      post(MPI_Isend(in, (int)n, MPI_FLOAT, r, kTag, comm_, &reqs_[nr++]), what);
+      post(MPI_Irecv(out + (size_t)r * n, (int)n, t, r, kTag, comm_, &reqs_[nr++]), what);
+      post(MPI_Isend(in, (int)n, t, r, kTag, comm_, &reqs_[nr++]), what);
     }
-    if (out + (size_t)rank_ * n != in) std::memcpy(out + (size_t)rank_ * n, in, n * sizeof(float));
+    if (out + (size_t)rank_ * n != in) std::memcpy(out + (size_t)rank_ * n, in, n * sizeof(T));
     wait(what, n, nr);
   }
   // Polls the nr posted requests until they complete or timeout_s passes (then throws; broken from then on).

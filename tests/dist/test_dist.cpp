@@ -1,10 +1,10 @@
 // The MPI transport of src/dist (communicator.h), run by ctest under `mpirun -np 2` and `-np 3` on this host:
 // every collective's results on every rank against what each rank computes itself (each rank's data is a
-// known function of its rank), all_reduce_sum bit-identical on every rank and equal to the sum in rank order,
-// no host allocation on the calling thread over 200 collectives after a warm-up (in one of three windows:
-// Open MPI grows a free list once in a while), the capacity refused past
-// its end, and a late rank: the others' all-reduce ends with an error after the timeout (not a hang), then
-// settle() completes it once the late rank arrives and the communicator works again.
+// known function of its rank), all_reduce_sum (f32 and bf16) bit-identical on every rank and equal to the sum
+// in rank order, no host allocation on the calling thread over 200 collectives after a warm-up (in one of
+// three windows: Open MPI grows a free list once in a while), the capacity refused past its end, and a late
+// rank: the others' all-reduce ends with an error after the timeout (not a hang), then settle() completes it
+// once the late rank arrives and the communicator works again.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "alloc_counter.h"
+#include "core/dtype.h"
 #include "dist/communicator.h"
 #include "ultra/error.h"
 
@@ -68,6 +69,38 @@ int main() {
     ok = true;
     for (int r = 1; r < size && ok; ++r) ok = std::memcmp(out.data(), out.data() + (size_t)r * n, n * 4) == 0;
     check(ok, "all_reduce_sum of " + std::to_string(n) + ": the same bits on every rank");
+  }
+  // bf16: summed in f32 in rank order, rounded once; the same bits on every rank.
+  {
+    std::vector<uint16_t> xb(opt.capacity), gb(opt.capacity);
+    for (size_t n : {size_t{1}, size_t{4097}, opt.capacity}) {
+      for (size_t i = 0; i < n; ++i) xb[i] = fp32_to_bf16(value(rank, i));
+      comm->all_reduce_sum_bf16(xb.data(), n);
+      bool ok = true;
+      for (size_t i = 0; i < n && ok; ++i) {
+        float s = bf16_to_fp32(fp32_to_bf16(value(0, i)));
+        for (int r = 1; r < size; ++r) s += bf16_to_fp32(fp32_to_bf16(value(r, i)));
+        ok = xb[i] == fp32_to_bf16(s);
+      }
+      check(ok, "all_reduce_sum_bf16 of " + std::to_string(n) +
+                    " equals the f32 sum in rank order, rounded once");
+      for (size_t i = 0; i < n; ++i) gb[i] = xb[i];
+      comm->all_reduce_sum_bf16(gb.data(), n);  // every rank holds the same bits: the sum is size times them
+      ok = true;
+      for (size_t i = 0; i < n && ok; ++i) {
+        float s = bf16_to_fp32(xb[i]);
+        for (int r = 1; r < size; ++r) s += bf16_to_fp32(xb[i]);
+        ok = gb[i] == fp32_to_bf16(s);
+      }
+      check(ok, "all_reduce_sum_bf16 of " + std::to_string(n) + ": the same bits on every rank");
+    }
+    try {
+      comm->all_reduce_sum_bf16(xb.data(), opt.capacity + 1);
+      check(false, "all_reduce_sum_bf16 past the capacity is refused");
+    } catch (const Error& e) {
+      check(std::string(e.what()).find("capacity") != std::string::npos,
+            "bf16 capacity error names the capacity");
+    }
   }
   for (int root = 0; root < size; ++root) {
     char msg[64] = {};
