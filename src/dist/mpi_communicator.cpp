@@ -61,10 +61,13 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(float* x, size_t n) override {
     check_count("all_reduce_sum", n);
     exchange("all_reduce_sum", x, n, MPI_FLOAT, scratch_.data());
-    for (size_t i = 0; i < n; ++i) {  // rank order, left to right: the same bits on every rank
-      float s = scratch_[i];
-      for (int r = 1; r < size_; ++r) s += scratch_[(size_t)r * n + i];
-      x[i] = s;
+    // Rank order, left to right: the same bits on every rank. One rank's block at a time (x[i] += block r's
+    // [i], a loop the compiler vectorizes), the same order of additions per element as a loop over ranks.
+    const float* g = scratch_.data();
+    std::memcpy(x, g, n * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      const float* b = g + (size_t)r * n;
+      for (size_t i = 0; i < n; ++i) x[i] += b[i];
     }
   }
   void all_reduce_sum_bf16(uint16_t* x, size_t n) override {
