@@ -4,6 +4,10 @@
 # lacks (everything ldd resolves outside libc / libstdc++ / CUDA), into .devpack/bin.tar.xz, which a device call carries
 # (`carry: [".devpack"]`) and unpacks with `tar xJf .devpack/bin.tar.xz` before
 # `export LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64` (tools/gpu_run_all.sh does the export).
+# test_nccl_comm (the NCCL transport; forks its ranks, no mpirun there) needs libnccl.so.2, which is not packed
+# (218 MB): the GPU machine's PyTorch has one (pip's nvidia-nccl-cu13): add the directory of
+# `python3 -c "import glob, site; print(*glob.glob(site.getsitepackages()[0] + '/nvidia/**/libnccl.so.2', recursive=True))"`
+# to LD_LIBRARY_PATH.
 #   tools/pack_devbin.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +15,7 @@ build="${1:-build}"
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devpack
 for b in ultra test_cuda_backend test_cuda_kernels test_cuda_ops test_cuda_moe test_cuda_size_plan bench_cuda_kernels bench_server bench_matmul test_cpu_ops \
-         test_backend_ops test_zero_alloc; do
+         test_backend_ops test_zero_alloc test_nccl_comm; do
   [ -x "$build/$b" ] && cp "$build/$b" .devbin/
 done
 strip .devbin/*

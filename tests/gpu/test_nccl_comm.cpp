@@ -10,7 +10,8 @@
 // against): all_reduce_sum f32 and bf16, all_gather, broadcast from every root, for a decode step's sizes
 // (4096, 8192 floats: one row of a 4096- or 8192-wide model) up to the capacity (1M floats); the
 // asynchronous mode (10 all-reduces enqueued on a stream of the caller's, then wait()); the capacity refused;
-// a late rank: the others' all-reduce ends with an error after the timeout, settle() completes it once the
+// no host allocation on the calling thread over a decode step's collectives after a warm-up; a late rank: the
+// others' all-reduce ends with an error after the timeout, settle() completes it once the
 // late rank arrives, and the communicator works again. Then the median latency of one all-reduce of 4096,
 // 8192 and 512K floats (informational; with MPI, the MPI transport's on host memory beside it).
 // --hang: rank 1 stops answering; rank 0's all-reduce must end with the timeout's error within seconds,
@@ -34,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "alloc_counter.h"
 #include "core/dtype.h"
 #include "dist/communicator.h"
 #include "dist/nccl_communicator.h"
@@ -271,6 +273,39 @@ void collectives(dist::Communicator* mpi, dist::NcclCommunicator& nccl, size_t c
   }
 }
 
+// No host allocation on the calling thread over a decode step's collectives after a warm-up of the same
+// pattern, synchronous and asynchronous (three windows of 50 rounds: at least one without any, as test_dist
+// allows Open MPI's free lists).
+void no_allocation(dist::NcclCommunicator& nccl) {
+#if ULTRA_COUNT_ALLOCS
+  DeviceBuffer<float> x(8192), all((size_t)nccl.size() * 8192);
+  auto decode_like = [&](int rounds) {
+    for (int it = 0; it < rounds; ++it) {
+      nccl.all_reduce_sum(x.p, 8192);
+      nccl.all_gather(x.p, 1000, all.p);
+      nccl.broadcast(x.p, 256, 0);
+      nccl.set_async(true);
+      for (int k = 0; k < 4; ++k) nccl.all_reduce_sum(x.p, 4096);
+      nccl.wait();
+      nccl.set_async(false);
+    }
+  };
+  count_this_thread();
+  decode_like(50);
+  long counts[3];
+  for (long& c : counts) {
+    AllocCount ac;
+    decode_like(50);
+    ac.stop();
+    c = g_allocs_mine.load();
+  }
+  check(std::min({counts[0], counts[1], counts[2]}) == 0,
+        "a decode step's collectives allocate nothing on the calling thread (windows: " +
+            std::to_string(counts[0]) + ", " + std::to_string(counts[1]) + ", " + std::to_string(counts[2]) +
+            ")");
+#endif
+}
+
 // rank 1 joins an all-reduce 1.5 s late; the others' timeout is 0.5 s.
 void late_rank(dist::Communicator& boot) {
   dist::DistOptions o;
@@ -395,6 +430,7 @@ int run_rank(dist::Communicator& boot, dist::Communicator* mpi, bool hang) {
       std::printf("test_nccl_comm: %d ranks (%s bootstrap), rank 0 on device %d of %d\n", boot.size(),
                   boot.name(), nccl->device(), n_dev);
     collectives(mpi, *nccl, opt.capacity);
+    no_allocation(*nccl);
     for (size_t n : {size_t{4096}, size_t{8192}, size_t{8192 * 64}}) latency(mpi, *nccl, n);
     nccl.reset();
     late_rank(boot);
