@@ -107,25 +107,10 @@ class Nccl final : public NcclCommunicator {
   void set_async(bool async) override { async_ = async; }
 
   void all_reduce_sum(float* x, size_t n) override {
-    check_count("all_reduce_sum", n);
-    if (size_ <= 2) {
-      call("all_reduce_sum", ncclAllReduce(x, x, n, ncclFloat, ncclSum, comm_, stream_));
-    } else {
-      call("all_reduce_sum", ncclAllGather(x, scratch_, n, ncclFloat, comm_, stream_));
-      cuda("all_reduce_sum", rank_order_sum_f32(static_cast<const float*>(scratch_), size_, n, x, stream_));
-    }
-    done("all_reduce_sum", n);
+    reduce("all_reduce_sum", x, n, ncclFloat, rank_order_sum_f32);
   }
   void all_reduce_sum_bf16(uint16_t* x, size_t n) override {
-    check_count("all_reduce_sum_bf16", n);
-    if (size_ <= 2) {
-      call("all_reduce_sum_bf16", ncclAllReduce(x, x, n, ncclBfloat16, ncclSum, comm_, stream_));
-    } else {
-      call("all_reduce_sum_bf16", ncclAllGather(x, scratch_, n, ncclBfloat16, comm_, stream_));
-      cuda("all_reduce_sum_bf16",
-           rank_order_sum_bf16(static_cast<const uint16_t*>(scratch_), size_, n, x, stream_));
-    }
-    done("all_reduce_sum_bf16", n);
+    reduce("all_reduce_sum_bf16", x, n, ncclBfloat16, rank_order_sum_bf16);
   }
   void all_gather(const float* in, size_t n, float* out) override {
     check_count("all_gather", n);
@@ -224,6 +209,20 @@ class Nccl final : public NcclCommunicator {
     }
   }
   void call(const char* what, ncclResult_t r) { complete(what, r); }
+  // x = the sum over ranks in rank order: ncclAllReduce itself up to 2 ranks (a + b == b + a), else the
+  // gathered blocks summed by the kernel.
+  template <class T>
+  void reduce(const char* what, T* x, size_t n, ncclDataType_t type,
+              cudaError_t (*ordered)(const T*, int, size_t, T*, cudaStream_t)) {
+    check_count(what, n);
+    if (size_ <= 2) {
+      call(what, ncclAllReduce(x, x, n, type, ncclSum, comm_, stream_));
+    } else {
+      call(what, ncclAllGather(x, scratch_, n, type, comm_, stream_));
+      cuda(what, ordered(static_cast<const T*>(scratch_), size_, n, x, stream_));
+    }
+    done(what, n);
+  }
   void cuda(const char* what, cudaError_t e) {
     if (e != cudaSuccess) {
       broken_ = true;

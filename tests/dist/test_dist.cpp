@@ -16,28 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "alloc_counter.h"
 #include "core/dtype.h"
 #include "dist/communicator.h"
+#include "rank_checks.h"
 #include "ultra/error.h"
 
 using namespace ultra;
-
-namespace {
-
-int g_pass = 0, g_fail = 0, g_rank = 0;
-
-void check(bool ok, const std::string& what) {
-  (ok ? g_pass : g_fail)++;
-  if (!ok) std::printf("FAIL rank %d: %s\n", g_rank, what.c_str());
-}
-
-// Rank r's i-th value: distinct per rank and index, not exactly summable in f32 in every order.
-float value(int r, size_t i) {
-  return std::sin(0.37f * (float)(i + 1) + 1.3f * (float)r) * (1.0f + 0.001f * (float)r) + 1e-3f * (float)i;
-}
-
-}  // namespace
 
 int main() {
   dist::DistOptions opt;
@@ -136,16 +120,7 @@ int main() {
   // allocations in one window of about a quarter of the runs; never with 2 ranks): three windows of 200
   // collectives, at least one without any allocation. (Tensor parallelism's steps will want persistent
   // requests or shared-memory windows to make every window zero.)
-  long counts[3];
-  for (long& c : counts) {
-    AllocCount ac;
-    decode_like(50);
-    ac.stop();
-    c = g_allocs_mine.load();
-  }
-  check(std::min({counts[0], counts[1], counts[2]}) == 0,
-        "200 collectives allocate nothing on the calling thread (windows: " + std::to_string(counts[0]) +
-            ", " + std::to_string(counts[1]) + ", " + std::to_string(counts[2]) + ")");
+  check_no_allocation("200 collectives", [&] { decode_like(50); });
 #endif
 
   // A late rank: rank 1 joins the all-reduce 1.5 s late; the others' timeout is 0.5 s.
