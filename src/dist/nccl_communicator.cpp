@@ -45,33 +45,10 @@ class Nccl final : public NcclCommunicator {
       fail("NCCL: a communicator's capacity must be 1 .. 2^36 floats (got {})", o.capacity);
     capacity_ = o.capacity;
 
-    // Every rank reaches the bootstrap's collectives below even when its own setup failed, so that the
-    // others learn of it at once instead of at their timeout.
-    std::string why = setup_device(device);
-    float bad = why.empty() ? 0.0f : 1.0f;
-    boot.all_reduce_sum(&bad, 1);
-    if (!why.empty()) fail("NCCL on rank {} of {}: {}", rank_, size_, why);
-    if (bad > 0)
-      fail("NCCL on rank {} of {}: another rank has no usable CUDA device (its output says why)", rank_,
-           size_);
-
-    IdMessage msg;
-    if (rank_ == 0) msg.ok = ncclGetUniqueId(&msg.id) == ncclSuccess;
-    boot.broadcast(&msg, sizeof msg, 0);
-    if (!msg.ok) fail("NCCL: rank 0 could not make the unique id (ncclGetUniqueId)");
-
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;  // creation and enqueues return at once; the waits below are bounded
-    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, msg.id, rank_, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      comm_ = nullptr;
-      fail("NCCL on rank {} of {}: ncclCommInitRankConfig: {}", rank_, size_, ncclGetErrorString(r));
-    }
     try {
-      complete("ncclCommInitRankConfig", r);
+      init(device);
     } catch (const Error&) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
+      release();
       throw;
     }
   }
@@ -93,10 +70,7 @@ class Nccl final : public NcclCommunicator {
       else
         ncclCommAbort(comm_);  // a collective may still be waiting for a rank that is gone
     }
-    if (!broken_) {  // after a timeout the stream's kernels may never end: leave the memory to the exit
-      if (scratch_) cudaFree(scratch_);
-      if (own_) cudaStreamDestroy(own_);
-    }
+    if (!broken_) release();  // after a timeout the stream's kernels may never end: leave them to the exit
   }
 
   const char* name() const override { return "NCCL"; }
@@ -113,7 +87,7 @@ class Nccl final : public NcclCommunicator {
     reduce("all_reduce_sum_bf16", x, n, ncclBfloat16, rank_order_sum_bf16);
   }
   void all_gather(const float* in, size_t n, float* out) override {
-    check_count("all_gather", n);
+    enter("all_gather", n);
     call("all_gather", ncclAllGather(in, out, n, ncclFloat, comm_, stream_));
     done("all_gather", n);
   }
@@ -121,10 +95,12 @@ class Nccl final : public NcclCommunicator {
     if (root < 0 || root >= size_) fail("NCCL broadcast: root {} of {} ranks", root, size_);
     if (bytes > 4 * capacity_)
       fail("NCCL broadcast: {} bytes, more than the capacity ({} bytes)", bytes, 4 * capacity_);
+    enter("broadcast", 0);
     call("broadcast", ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
     done("broadcast", bytes);
   }
   void barrier() override {
+    enter("barrier", 0);
     call("barrier", ncclAllReduce(one_, one_, 1, ncclFloat, ncclSum, comm_, stream_));
     wait_for("barrier", 1);  // a barrier is the host's: always waits
   }
@@ -154,6 +130,45 @@ class Nccl final : public NcclCommunicator {
   }
 
  private:
+  void init(int device) {
+    // Every rank reaches the bootstrap's collectives below even when its own setup failed, so that the
+    // others learn of it at once instead of at their timeout.
+    Communicator& boot = boot_;
+    std::string why = setup_device(device);
+    float bad = why.empty() ? 0.0f : 1.0f;
+    boot.all_reduce_sum(&bad, 1);
+    if (!why.empty()) fail("NCCL on rank {} of {}: {}", rank_, size_, why);
+    if (bad > 0)
+      fail("NCCL on rank {} of {}: another rank has no usable CUDA device (its output says why)", rank_,
+           size_);
+
+    IdMessage msg;
+    if (rank_ == 0) msg.ok = ncclGetUniqueId(&msg.id) == ncclSuccess;
+    boot.broadcast(&msg, sizeof msg, 0);
+    if (!msg.ok) fail("NCCL: rank 0 could not make the unique id (ncclGetUniqueId)");
+
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;  // creation and enqueues return at once; the waits below are bounded
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, msg.id, rank_, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      comm_ = nullptr;
+      fail("NCCL on rank {} of {}: ncclCommInitRankConfig: {}", rank_, size_, ncclGetErrorString(r));
+    }
+    try {
+      complete("ncclCommInitRankConfig", r);
+    } catch (const Error&) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
+  }
+  void release() {
+    if (scratch_) cudaFree(scratch_);
+    if (own_) cudaStreamDestroy(own_);
+    scratch_ = nullptr;
+    own_ = nullptr;
+  }
+
   std::string setup_device(int device) {
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -174,10 +189,13 @@ class Nccl final : public NcclCommunicator {
     return {};
   }
 
-  void check_count(const char* what, size_t n) const {
+  // Every collective's start: refused after an error or an unsettled timeout, or past the capacity; the
+  // communicator's device made current (the caller's thread may have another: a server's step thread).
+  void enter(const char* what, size_t n) const {
     if (broken_) fail("NCCL {}: the communicator stopped at an earlier error or timeout (end the job)", what);
     if (n > capacity_)
       fail("NCCL {}: {} values, more than the communicator's capacity ({})", what, n, capacity_);
+    cudaSetDevice(device_);
   }
   ncclResult_t async_error() const {
     ncclResult_t a = ncclSuccess;
@@ -214,7 +232,7 @@ class Nccl final : public NcclCommunicator {
   template <class T>
   void reduce(const char* what, T* x, size_t n, ncclDataType_t type,
               cudaError_t (*ordered)(const T*, int, size_t, T*, cudaStream_t)) {
-    check_count(what, n);
+    enter(what, n);
     if (size_ <= 2) {
       call(what, ncclAllReduce(x, x, n, type, ncclSum, comm_, stream_));
     } else {

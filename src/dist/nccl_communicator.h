@@ -15,6 +15,7 @@
 // rank arrived after all); abort() calls ncclCommAbort (which unblocks the stream's kernels) and then the
 // bootstrap's abort (MPI_Abort), ending every rank's process.
 //
+// Every collective makes the communicator's device current on the calling thread.
 // Synchronous by default: each collective returns when its results are in place. set_async(true) makes
 // them return once enqueued on the stream (set_stream: a backend's own stream, in a CUDA graph's capture
 // too), and wait() bounds the wait for everything enqueued so far.
