@@ -1,5 +1,5 @@
 // The communication cost of tensor parallelism's steps over src/dist's communicators, run under mpirun:
-//   mpirun -np 2 build/bench_comm [--sizes 4096,8192,...] [--iters N] [--nccl] [--json]
+//   mpirun -np 2 build/bench_comm [--sizes 4096,8192,...] [--iters N] [--split-min-bytes B] [--nccl] [--json]
 // For each size n (floats; default: one row of a 4096- and of an 8192-wide model, then prefill chunks of
 // 8192-wide rows: 16, 128 and 512 rows), the median, 10th and 90th percentile of the wall time of one
 // all_reduce_sum (as a step calls it: in place, rank-order sum) over --iters repetitions after a warm-up,
@@ -77,9 +77,13 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes{4096, 8192, 8192 * 16, 8192 * 128, 8192 * 512};
   int iters = 500;
   bool nccl = false, json = false;
+  size_t split_min_bytes = dist::DistOptions{}.split_min_bytes;
   app.add_option("--sizes", sizes, "all-reduce sizes in floats")->delimiter(',');
   app.add_option("--iters", iters, "repetitions per size (fewer for large sizes)")
       ->check(CLI::Range(10, 1000000));
+  app.add_option(
+      "--split-min-bytes", split_min_bytes,
+      "MPI: split all-reduces of 3+ ranks past this many bytes sent per rank (a huge value: never)");
   app.add_flag("--nccl", nccl, "also the NCCL transport (one GPU per rank)");
   app.add_flag("--json", json, "one JSON object per line");
   CLI11_PARSE(app, argc, argv);
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
     dist::DistOptions o;
     o.capacity = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 128256);
     o.timeout_s = 120;
+    o.split_min_bytes = split_min_bytes;
     auto comm = dist::make_mpi_communicator(o);
     const int rank = comm->rank(), size = comm->size();
     std::vector<float> x(o.capacity, 0.5f);

@@ -25,6 +25,10 @@ namespace ultra::dist {
 struct DistOptions {
   size_t capacity = size_t{1} << 20;  // most floats in one collective (per rank)
   double timeout_s = 60;              // longest wait of one collective
+  // An all-reduce of 3 ranks or more whose direct exchange would send more than this many bytes per rank
+  // ((size - 1) * 4 n) runs as a reduce-scatter and an all-gather instead: 2 (size - 1) / size * 4 n bytes
+  // in two message latencies instead of one (MPI transport; the same bits either way).
+  size_t split_min_bytes = 64 << 10;
 };
 
 class Communicator {

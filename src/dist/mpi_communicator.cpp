@@ -3,7 +3,10 @@
 // MPI_Testall until they complete or the timeout passes: the wait can end (a collective of the MPI library
 // blocks without a bound), and nothing is allocated per call (MPI's own requests come from its free lists).
 // With the few ranks of tensor parallelism, every rank exchanges its block with every other rank directly:
-// one message latency per collective, (size - 1) * n floats sent and received per rank.
+// one message latency per collective, (size - 1) * n floats sent and received per rank. A large all-reduce of
+// 3 ranks or more (DistOptions::split_min_bytes) is a reduce-scatter (each rank receives every rank's part of
+// its own 1 / size chunk and sums it in rank order) and an all-gather of the summed chunks: two latencies,
+// 2 (size - 1) / size * n floats per rank, and the same additions in the same order as the direct exchange.
 #include <mpi.h>
 
 #include <chrono>
@@ -27,7 +30,8 @@ bool g_we_init = false;  // MPI_Init_thread was called here (so MPI_Finalize is 
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(const DistOptions& o) : timeout_s_(o.timeout_s) {
+  explicit MpiCommunicator(const DistOptions& o)
+      : timeout_s_(o.timeout_s), split_min_bytes_(o.split_min_bytes) {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -60,6 +64,8 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce_sum(float* x, size_t n) override {
     check_count("all_reduce_sum", n);
+    if (size_ >= 3 && (size_t)(size_ - 1) * n * sizeof(float) > split_min_bytes_)
+      return split_all_reduce(x, n);
     exchange("all_reduce_sum", x, n, MPI_FLOAT, scratch_.data());
     // Rank order, left to right: the same bits on every rank. One rank's block at a time (x[i] += block r's
     // [i], a loop the compiler vectorizes), the same order of additions per element as a loop over ranks.
@@ -104,19 +110,32 @@ class MpiCommunicator final : public Communicator {
     exchange("barrier", &one, 1, MPI_FLOAT, scratch_.data());
   }
   bool settle(double seconds) override {
-    if (!broken_ || pending_ == 0) return !broken_;
     const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    while (broken_) {
+      if (pending_ == 0) return false;  // broken by an MPI error, not a timeout
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= seconds)
+        return false;
       int done = 0;
       if (MPI_Testall(pending_, reqs_.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return false;
-      if (done) {
-        broken_ = false;
-        pending_ = 0;
-        return true;
+      if (!done) {
+        std::this_thread::yield();
+        continue;
       }
-      std::this_thread::yield();
+      broken_ = false;
+      pending_ = 0;
+      if (split_.x) {
+        // A split all-reduce that timed out in its reduce-scatter: the other ranks wait for this one's summed
+        // chunk, so its all-gather runs too (its results are not delivered: the call has thrown). A timeout
+        // there leaves its requests pending, waited for on the next turns.
+        const Split sp = split_;
+        split_ = {};
+        try {
+          split_gather(sp.x, sp.n);
+        } catch (const Error&) {
+        }
+      }
     }
-    return false;
+    return true;
   }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -141,6 +160,51 @@ class MpiCommunicator final : public Communicator {
       MPI_Error_string(rc, msg, &len);
       fail("MPI {} on rank {} of {}: {}", what, rank_, size_, std::string(msg, (size_t)len));
     }
+  }
+  // Rank r's chunk of a split all-reduce of n: [chunk0(r), chunk0(r + 1)).
+  size_t chunk0(int r, size_t n) const { return (size_t)r * n / (size_t)size_; }
+  // The reduce-scatter: every rank sends each other rank its part of their chunk and receives every rank's
+  // part of its own (into scratch slot r, chunk-sized slots); then its chunk of x = their sum in rank order.
+  void split_all_reduce(float* x, size_t n) {
+    const char* what = "all_reduce_sum";
+    usable(what);
+    const size_t slot = (n + (size_t)size_ - 1) / (size_t)size_;
+    const size_t m0 = chunk0(rank_, n), m = chunk0(rank_ + 1, n) - m0;
+    float* g = scratch_.data();
+    int nr = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const size_t r0 = chunk0(r, n), rn = chunk0(r + 1, n) - r0;
+      post(MPI_Irecv(g + (size_t)r * slot, (int)m, MPI_FLOAT, r, kTag, comm_, &reqs_[nr++]), what);
+      post(MPI_Isend(x + r0, (int)rn, MPI_FLOAT, r, kTag, comm_, &reqs_[nr++]), what);
+    }
+    std::memcpy(g + (size_t)rank_ * slot, x + m0, m * sizeof(float));
+    split_ = {x, n};  // what settle() resumes if this wait times out
+    wait(what, n, nr);
+    split_ = {};
+    split_gather(x, n);
+  }
+  // The all-gather of a split all-reduce, once this rank's parts are in scratch: sums its chunk (rank order,
+  // one block at a time) into x and exchanges the summed chunks.
+  void split_gather(float* x, size_t n) {
+    const char* what = "all_reduce_sum";
+    const size_t slot = (n + (size_t)size_ - 1) / (size_t)size_;
+    const size_t m0 = chunk0(rank_, n), m = chunk0(rank_ + 1, n) - m0;
+    const float* g = scratch_.data();
+    float* y = x + m0;
+    std::memcpy(y, g, m * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      const float* b = g + (size_t)r * slot;
+      for (size_t i = 0; i < m; ++i) y[i] += b[i];
+    }
+    int nr = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const size_t r0 = chunk0(r, n), rn = chunk0(r + 1, n) - r0;
+      post(MPI_Irecv(x + r0, (int)rn, MPI_FLOAT, r, kTag, comm_, &reqs_[nr++]), what);
+      post(MPI_Isend(y, (int)m, MPI_FLOAT, r, kTag, comm_, &reqs_[nr++]), what);
+    }
+    wait(what, n, nr);
   }
   // out[r * n ..] = rank r's in[0, n) for every r (elements of type T, MPI type t): every pair of ranks
   // exchanges its block directly.
@@ -183,7 +247,12 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   double timeout_s_;
   bool broken_ = false;
-  int pending_ = 0;                // requests of the collective that timed out
+  int pending_ = 0;  // requests of the collective that timed out
+  struct Split {
+    float* x = nullptr;
+    size_t n = 0;
+  } split_;  // a split all-reduce whose reduce-scatter timed out (settle() resumes it)
+  size_t split_min_bytes_;
   std::vector<float> scratch_;     // [size, capacity] the gathered shards of an all-reduce
   std::vector<MPI_Request> reqs_;  // [2 size] one collective's messages
 };

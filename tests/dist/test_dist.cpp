@@ -33,7 +33,9 @@ int main() {
 
   // all_gather and all_reduce_sum for several sizes.
   std::vector<float> in(opt.capacity), out((size_t)size * opt.capacity), x(opt.capacity);
-  for (size_t n : {size_t{1}, size_t{7}, size_t{4096}, opt.capacity}) {
+  // 10007 and the capacity: split all-reduces (a reduce-scatter and an all-gather) from 3 ranks on, in
+  // uneven chunks.
+  for (size_t n : {size_t{1}, size_t{7}, size_t{4096}, size_t{10007}, opt.capacity}) {
     for (size_t i = 0; i < n; ++i) in[i] = value(rank, i);
     comm->all_gather(in.data(), n, out.data());
     bool ok = true;
@@ -123,22 +125,31 @@ int main() {
   check_no_allocation("200 collectives", [&] { decode_like(50); });
 #endif
 
-  // A late rank: rank 1 joins the all-reduce 1.5 s late; the others' timeout is 0.5 s.
-  {
+  // A late rank: rank 1 joins the all-reduce 1.5 s late; the others' timeout is 0.5 s. A short all-reduce
+  // and one of the capacity (split into a reduce-scatter and an all-gather from 3 ranks on: settle() runs
+  // the all-gather the late rank waits for).
+  for (size_t n : {size_t{64}, opt.capacity}) {
+    const std::string ns = " (" + std::to_string(n) + " values)";
     dist::DistOptions o2 = opt;
     o2.timeout_s = 0.5;
     auto late = dist::make_mpi_communicator(o2);
     late->barrier();
-    for (size_t i = 0; i < 64; ++i) x[i] = value(rank, i);
+    for (size_t i = 0; i < n; ++i) x[i] = value(rank, i);
     if (rank == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      late->all_reduce_sum(x.data(), 64);
-      check(true, "the late rank's all-reduce completes");
+      late->all_reduce_sum(x.data(), n);
+      bool ok = true;
+      for (size_t i = 0; i < n && ok; ++i) {
+        float s = value(0, i);
+        for (int r = 1; r < size; ++r) s += value(r, i);
+        ok = std::memcmp(&s, &x[i], 4) == 0;
+      }
+      check(ok, "the late rank's all-reduce completes with the sum" + ns);
     } else {
       const auto t0 = std::chrono::steady_clock::now();
       try {
-        late->all_reduce_sum(x.data(), 64);
-        check(false, "an all-reduce waiting for a late rank times out");
+        late->all_reduce_sum(x.data(), n);
+        check(false, "an all-reduce waiting for a late rank times out" + ns);
       } catch (const Error& e) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         check(s >= 0.45 && s < 1.4,
@@ -151,7 +162,7 @@ int main() {
         } catch (const Error&) {
           check(true, "");
         }
-        check(late->settle(10), "settle() completes the late collective");
+        check(late->settle(10), "settle() completes the late collective" + ns);
       }
     }
     late->barrier();
