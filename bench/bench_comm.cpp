@@ -89,6 +89,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+#ifndef ULTRA_HAVE_NCCL
+    if (nccl)
+      throw Error("--nccl: this build has no NCCL transport (ultra_nccl: the CUDA toolkit's NCCL and MPI)");
+#endif
     dist::DistOptions o;
     o.capacity = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), 128256);
     o.timeout_s = 120;
@@ -122,9 +126,6 @@ int main(int argc, char** argv) {
       }
       cudaFree(d);
     }
-#else
-    if (nccl)
-      throw Error("--nccl: this build has no NCCL transport (ultra_nccl: the CUDA toolkit's NCCL and MPI)");
 #endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm: %s\n", e.what());
