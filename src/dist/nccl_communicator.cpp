@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -60,7 +61,7 @@ class Nccl final : public NcclCommunicator {
       if (clean) {
         // Finalize flushes the communicator's work; non-blocking, so bounded like the rest.
         try {
-          complete("ncclCommFinalize", ncclCommFinalize(comm_));
+          complete("ncclCommFinalize", ncclCommFinalize(comm_), true);
         } catch (const Error&) {
           clean = false;
         }
@@ -155,7 +156,7 @@ class Nccl final : public NcclCommunicator {
       fail("NCCL on rank {} of {}: ncclCommInitRankConfig: {}", rank_, size_, ncclGetErrorString(r));
     }
     try {
-      complete("ncclCommInitRankConfig", r);
+      complete("ncclCommInitRankConfig", r, true);
     } catch (const Error&) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -209,19 +210,23 @@ class Nccl final : public NcclCommunicator {
          size_, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
   }
   // A call on the non-blocking communicator: ncclInProgress means it is still being set up (enqueued, for a
-  // collective); its state is polled until it is done, an error, or the timeout.
-  void complete(const char* what, ncclResult_t r) {
+  // collective); its state is polled until it is done, an error, or the timeout: the collectives' for a
+  // collective, at least kLifecycleS for the communicator's creation and finalization (NCCL's topology
+  // discovery and connection setup take seconds; a short collective timeout must not fail them).
+  static constexpr double kLifecycleS = 120;
+  void complete(const char* what, ncclResult_t r, bool lifecycle = false) {
     if (r == ncclSuccess) return;
     if (r != ncclInProgress) nccl_fail(what, r);
+    const double limit = lifecycle ? std::max(timeout_s_, kLifecycleS) : timeout_s_;
     const auto t0 = Clock::now();
     for (;;) {
       const ncclResult_t a = async_error();
       if (a == ncclSuccess) return;
       if (a != ncclInProgress) nccl_fail(what, a);
-      if (seconds_since(t0) > timeout_s_) {
+      if (seconds_since(t0) > limit) {
         broken_ = true;
         fail("NCCL {} on rank {} of {}: not done within {} s (a rank did not join, or stopped)", what, rank_,
-             size_, timeout_s_);
+             size_, limit);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

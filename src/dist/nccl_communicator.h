@@ -11,7 +11,8 @@
 // Timeouts: the communicator is NCCL's non-blocking kind (ncclConfig_t::blocking = 0), so that neither its
 // creation nor an enqueue can block without bound; every wait polls cudaStreamQuery and
 // ncclCommGetAsyncError until the stream is done, an error is reported, or DistOptions::timeout_s passes
-// (then ultra::Error naming the collective, and the communicator is broken). settle() keeps polling (the late
+// (at least 120 s for the communicator's creation and finalization, which take NCCL seconds) (then
+// ultra::Error naming the collective, and the communicator is broken). settle() keeps polling (the late
 // rank arrived after all); abort() calls ncclCommAbort (which unblocks the stream's kernels) and then the
 // bootstrap's abort (MPI_Abort), ending every rank's process.
 //

@@ -298,6 +298,7 @@ void late_rank(dist::Communicator& boot) {
     for (int r = 1; r < size; ++r) ref[i] += value(r, i);
   }
   x.put(h.data(), 64);
+  boot.barrier();  // every rank's creation done (it may take one rank longer than the 0.5 s timeout)
   late->barrier();
   if (late->rank() == 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -366,6 +367,7 @@ void latency(dist::Communicator* mpi, dist::NcclCommunicator& nccl, size_t n) {
   o.timeout_s = 2;
   auto nccl = dist::make_nccl_communicator(boot, o);
   DeviceBuffer<float> x(8192);
+  boot.barrier();  // every rank's creation done
   nccl->barrier();
   if (boot.rank() != 0) {
     std::this_thread::sleep_for(std::chrono::seconds(60));  // stops answering
