@@ -120,7 +120,9 @@ TEST(CudaSizePlan, DenseModelBuffers) {
   EXPECT_EQ(s.device_allocs(), n);
   EXPECT_EQ(n, 1 + 2 * hp.n_layers + 11 + 1 /*logits*/ + 3 /*token log, link, proposals*/ + 3 /*workspaces*/ +
                    2 /*step IO*/);
-  EXPECT_EQ(s.pinned_bytes(), 2 * (s.io.in_bytes + s.io.out_bytes) + 4 * 32 * 1000u);
+  // Two sets of step IO blocks (inputs, results, logit rules) and the logits' download block.
+  EXPECT_EQ(s.io.mask_words, 32u);  // vocabulary 1000: 32 words
+  EXPECT_EQ(s.pinned_bytes(), 2 * (s.io.in_bytes + s.io.out_bytes + s.io.rules_bytes) + 4 * 32 * 1000u);
   const Footprint fp = s.footprint();
   EXPECT_EQ(fp.weights, aligned(12345));
   EXPECT_EQ(fp.kv, l.bytes.at("KV cache"));
@@ -174,8 +176,17 @@ TEST(CudaSizePlan, StepIoLayout) {
   EXPECT_EQ(l.pos, 256u + aligned(5 * sizeof(TokenFeed)));
   EXPECT_EQ(l.srow, l.out_row + 256);
   EXPECT_EQ(l.in_bytes, l.srow + aligned(3 * sizeof(cuda::SamplerRow)));
-  // Results: tokens, logprobs, top tokens and logprobs (kSamplerMaxProbs each), error flags.
+  // Results: tokens, logprobs, top tokens and logprobs (kSamplerMaxProbs each), error flags (the sampler's
+  // and the logit rules').
   EXPECT_EQ(l.top_logprob, l.top_token + aligned(3 * cuda::kSamplerMaxProbs * 4));
-  EXPECT_EQ(l.out_bytes, l.error + 256);
-  EXPECT_EQ(l.out_bytes, 3 * 256 + 2 * aligned(3 * cuda::kSamplerMaxProbs * 4));
+  EXPECT_EQ(l.rule_error, l.error + 256);
+  EXPECT_EQ(l.out_bytes, l.rule_error + 256);
+  EXPECT_EQ(l.out_bytes, 4 * 256 + 2 * aligned(3 * cuda::kSamplerMaxProbs * 4));
+  // The logit rules' block: a 16-byte aligned mask row per output (ceil(vocab / 32) words rounded up to 4),
+  // then the outputs' bias lists.
+  const cuda::StepIoLayout v = cuda::StepIoLayout::make(5, 3, 1000);  // 32 words -> 32
+  EXPECT_EQ(v.mask_words, 32u);
+  EXPECT_EQ(cuda::StepIoLayout::make(5, 3, 1025).mask_words, 36u);  // 33 words -> 36
+  EXPECT_EQ(v.bias_at, aligned(3 * 32 * 4));
+  EXPECT_EQ(v.rules_bytes, v.bias_at + aligned(3 * SamplingParams::kMaxLogitBias * 8));
 }

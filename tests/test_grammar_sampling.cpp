@@ -5,12 +5,14 @@
 // refused with clear errors, and a -100 bias bans a token.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "engine/testing.h"
 #include "sanitized.h"
 #include "ultra/context.h"
 #include "ultra/generate.h"
@@ -342,4 +344,70 @@ TEST(GrammarSampling, CropFarBackFeedsTheTokensAgain) {
     again.insert(again.end(), rest.begin(), rest.end());
     EXPECT_EQ(again, first.tokens);
   }
+}
+
+// Queued steps on an asynchronous backend (testing::defer_steps runs each step when it is completed, as the
+// GPU does), the pattern of a GPU decode loop: each step is submitted before the last one is waited for,
+// its rows kSampled. A constrained sequence's mask needs the token the queued step samples, so the context
+// completes that step first; masks and biases are the step's own (the backend copies them at submit).
+// Sequence 0 (grammar) and 1 (a banned token) draw what plain steps draw; sequence 2's Output::logits rows
+// show the grammar's mask (greedy on the host from them gives the plain run's tokens).
+TEST(GrammarSampling, QueuedStepsOnAnAsynchronousBackend) {
+  const Model& m = bundled();
+  const Tokenizer& tk = bundled_tok();
+  const std::vector<int32_t> prompt = tk.encode("The weather today is", true, false);
+  const int32_t banned = tk.encode(" the", false, false)[0];
+  auto run = [&](bool queued) {
+    Context ctx(m, {.n_ctx = 256, .n_slots = 3, .n_batch = 32, .n_outputs = 4, .n_threads = 2});
+    if (queued) ultra::testing::defer_steps(ctx);
+    ctx.set_sampling(0, warm(3));
+    SamplingParams sp = warm(4);
+    sp.add_logit_bias(banned, -100.0f);
+    ctx.set_sampling(1, sp);
+    ctx.set_grammar(0, kObject);
+    ctx.set_grammar(2, kObject);
+    Batch b(32);
+    for (int s = 0; s < 3; ++s) b.add_sequence(prompt, 0, s, s == 2 ? Output::logits : Output::sample);
+    ctx.step(b);
+    int32_t next2 = -1;  // sequence 2's next token, the argmax of its last logits row
+    auto argmax2 = [&](int row) {
+      const auto l = ctx.logits(row).first(ctx.n_sample_vocab());
+      next2 = (int32_t)(std::max_element(l.begin(), l.end()) - l.begin());
+    };
+    argmax2(b.size() - 1);
+    for (int k = 0; k < 80; ++k) {
+      b.clear();
+      b.add(Batch::kSampled, ctx.seq_len(0), 0, Output::sample);
+      b.add(Batch::kSampled, ctx.seq_len(1), 1, Output::sample);
+      if (queued) {
+        ctx.submit(b);
+        if (ctx.n_queued() == 2) ctx.wait();
+      } else {
+        ctx.step(b);
+      }
+      if (k % 2 == 1) {  // sequence 2 alone, one logits row, in a plain step (logits() needs no queued step)
+        while (ctx.n_queued() > 0) ctx.wait();
+        b.clear();
+        b.add(next2, ctx.seq_len(2), 2, Output::logits);
+        ctx.step(b);
+        argmax2(0);
+      }
+    }
+    while (ctx.n_queued() > 0) ctx.wait();
+    std::vector<std::vector<int32_t>> out;
+    for (int s = 0; s < 3; ++s)
+      out.emplace_back(ctx.seq_tokens(s).begin() + (std::ptrdiff_t)prompt.size(), ctx.seq_tokens(s).end());
+    out[2].push_back(next2);
+    return out;
+  };
+  const auto plain = run(false), queued = run(true);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(queued[s], plain[s]) << "sequence " << s;
+  for (int s : {0, 2}) {  // constrained: a JSON object, then end-of-generation tokens only
+    const auto& t = queued[s];
+    const auto end = std::find_if(t.begin(), t.end(), [&](int32_t x) { return tk.is_eog(x); });
+    ASSERT_NE(end, t.end()) << "sequence " << s << ": " << tk.decode(t);
+    const std::string text = tk.decode({t.begin(), end});
+    EXPECT_TRUE(nlohmann::json::parse(text, nullptr, false).is_object()) << s << ": " << text;
+  }
+  EXPECT_EQ(std::count(queued[1].begin(), queued[1].end(), banned), 0);
 }

@@ -229,8 +229,8 @@ class Context {
   void copy_seq(int from, int to, int n);
 
   // --- sampling: one sampler per sequence ---
-  // Validates (logit_bias tokens below n_sample_vocab()); allocates nothing. A logit bias is applied on the
-  // CPU backend only: on another, a sampler with one throws.
+  // Validates (logit_bias tokens below n_sample_vocab()); allocates nothing. A logit bias is applied on
+  // every backend (the CUDA backend's in the step, before its sampler).
   void set_sampling(int seq, const SamplingParams& p);
   const SamplingParams& sampling(int seq) const;
   // A grammar constraint (llama.cpp's GBNF syntax, root rule "root"): the tokens the sequence's sample
@@ -244,8 +244,11 @@ class Context {
   //  * The mask is computed on the host before the step (src/grammar/token_mask.h) and applied to the
   //    row's logits before the sampler's chain (then a logit bias). Steps with constrained rows allocate
   //    nothing once the grammar states they meet were seen before.
-  //  * CPU backend only (a GPU context throws: the mask would have to be copied to the device each step),
-  //    and only Output::sample rows (not propose / verify). Needs the model's tokenizer.
+  //  * On the CUDA backend the mask (n_sample_vocab() / 32 words) is copied into the step's pinned block and
+  //    applied inside the step. The host needs the sequence's tokens for it: a step submitted while the one
+  //    that samples the sequence's last token is queued (Batch::kSampled) waits for that step first (the
+  //    other sequences of the batch wait with it); a Batch::follow token still on the device in the followed
+  //    context's queued step throws. Needs the model's tokenizer.
   // Throws ultra::Error with the parser's message (line, column, what was expected) for a bad grammar,
   // and while steps are queued. Setting a grammar replaces the previous one.
   void set_grammar(int seq, std::string_view gbnf);

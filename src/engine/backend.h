@@ -33,10 +33,17 @@ struct SampleJob {
   // the linked backend's ring entry of sequence q_src (q_src >= 0) or a point mass on it (q_src < 0).
   Output kind = Output::sample;
   int32_t q_src = -1;
-  // A grammar constraint's allowed tokens (bit t of word t / 32), host memory valid for the step; null:
-  // none. Set only on backends that apply it (the CPU's); with it or a logit bias the CPU backend applies
-  // apply_logit_rules() to the row's logits before sampling.
+  // A grammar constraint's allowed tokens (bit t of word t / 32), host memory valid for the call that takes
+  // the job (submit / step); null: none. With it or a logit bias the backend applies apply_logit_rules() to
+  // the row's logits before sampling (the CPU backend on the host, the CUDA backend in the step).
   const uint32_t* allow = nullptr;
+};
+// An Output::logits row of a sequence with a grammar or a logit bias: the logits it shows get the rules
+// too (speculative decoding samples from them on the host).
+struct LogitsRule {
+  int out = 0;                             // index of the row among the step's outputs
+  const SamplingParams* params = nullptr;  // the sequence's settings (logit_bias)
+  const uint32_t* allow = nullptr;         // the grammar's mask as in SampleJob::allow, or null
 };
 // Ring entries of kept proposals per sequence: a verification reads up to K of them (K <= 64).
 constexpr int kProposalRing = 64;
@@ -94,10 +101,14 @@ class Backend {
 
   // Logits [n_vocab] of output k of the last step, in host memory (a GPU backend copies them on demand).
   virtual const float* logits(int k) = 0;
-  // apply_logit_rules() on output k's logits of the last step (a logits row of a sequence with a grammar or
-  // a logit bias). Only backends that apply them (the CPU's); the others throw.
+  // The logit rules of a step's Output::logits rows (LogitsRule). A backend with rules_in_step() takes them
+  // before the step (logits_rules(), valid for the next submit() / step() call, which applies them inside
+  // the step); the others get apply_rules() for each after the step has run: apply_logit_rules() on output
+  // k's logits.
+  virtual bool rules_in_step() const { return false; }
+  virtual void logits_rules(const LogitsRule* /*rules*/, int /*n*/) {}
   virtual void apply_rules(int /*k*/, const SamplingParams& /*p*/, const uint32_t* /*allow*/) {
-    fail("{}: grammar constraints and logit bias run on the CPU backend only", name());
+    fail("{}: the logit rules of a logits row are applied inside the step (logits_rules)", name());
   }
   // Context::copy_seq: positions [0, n) of slot `from` become those of slot `to` (every layer's K and V, and
   // what else the backend keeps per position: the CUDA backend's token log), ordered after the steps

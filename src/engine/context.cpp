@@ -127,13 +127,50 @@ size_t Context::Impl::engine_bytes(const ContextParams& p) {
          (size_t)p.n_slots * (2 * sizeof(int32_t) + sizeof(int) + sizeof(SamplingParams));
 }
 
+void Context::Impl::complete_for_masks(const Batch& b) {
+  if (!mask_vocab || queue.n_queued() == 0) return;  // no grammar yet, or every token known
+  // The queued step (the one submitted just before: at most one is queued).
+  const int ri = queue.oldest_index();
+  StepRecord& r = queue.at(ri);
+  if (r.completed) return;
+  const int n = b.size();
+  // last_row as scratch: the last row with an output of each sequence of b (-1: none, or not in b).
+  for (int i = 0; i < r.n; ++i) last_row[r.seq[i]] = -1;
+  for (int i = 0; i < n; ++i) last_row[b.seq(i)] = -1;
+  for (int i = 0; i < n; ++i)
+    if (b.output(i) != Output::none) last_row[b.seq(i)] = i;
+  bool wait_queued = false;
+  for (int i = 0; i < n; ++i) {
+    const int s = b.seq(i);
+    if (!constraints[s] || last_row[s] < i) continue;  // no mask reads this row's token in this step
+    const RowToken t = b.token(i);
+    if (t.from == TokenFrom::sampled && !sampled.known(s)) wait_queued = true;
+    if (t.from == TokenFrom::followed && followed(t.value, b.pos(i)) < 0)
+      fail(
+          "submit: row {}: sequence {} has a grammar, and its token Batch::follow({}) is still on the device "
+          "in a queued step of the followed context (wait() for the followed context first)",
+          i, s, t.value);
+  }
+  // Tokens of the queued step that only the device knows yet (fed on the device), read by a mask of b.
+  for (int i = 0; i < r.n && !wait_queued; ++i)
+    wait_queued = r.feed[i] != TokenFeed::id && constraints[r.seq[i]] && last_row[r.seq[i]] >= 0;
+  if (!wait_queued) return;
+  // The host waits for the queued step now; wait() will only show it.
+  check_followed_known(r);
+  be->complete(stats);
+  finish(ri);
+  r.completed = true;
+}
+
 void Context::Impl::submit(const Batch& b) {
   const auto t0 = std::chrono::steady_clock::now();
   if (queue.n_queued() >= 2) fail("submit: two steps are already queued (wait() for one first)");
   check_no_reader();
   validate(b);
+  if (be->asynchronous()) complete_for_masks(b);
   const int ri = queue.next_index();
   StepRecord& r = queue.next();
+  r.completed = false;
   const int n = b.size();
   int n_out = 0, n_jobs = 0, n_rules = 0;
   bool reads = false;
@@ -213,12 +250,14 @@ void Context::Impl::submit(const Batch& b) {
   r.reads_source = reads;
   const StepRows rows = r.rows();
   const bool async = be->asynchronous();
+  const bool rules_in_step = be->rules_in_step();
+  if (rules_in_step) be->logits_rules(rule_rows.data(), n_rules);
   if (async)
     be->submit(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
   else
     be->step(rows, r.jobs.data(), n_jobs, r.results.data(), r.top.data(), stats);
-  for (int k = 0; k < n_rules; ++k) {  // only on the CPU (set_grammar and logit_bias refuse the others)
-    const RuleRow& rr = rule_rows[k];
+  for (int k = 0; k < n_rules && !rules_in_step; ++k) {
+    const LogitsRule& rr = rule_rows[k];
     be->apply_rules(rr.out, *rr.params, rr.allow);
   }
   // The step is the backend's now: the sequences' new lengths, and what kSampled will mean for them.
@@ -261,7 +300,7 @@ void Context::Impl::wait() {
   check_followed_known(r);  // the host must be able to learn the followed tokens: before the step ends
   queue.pop();
   if (r.reads_source) --queued_reads;
-  if (be->asynchronous()) {
+  if (be->asynchronous() && !r.completed) {  // (completed: a grammar's mask waited for it already)
     be->complete(stats);
     finish(ri);
   }
@@ -338,9 +377,6 @@ void Context::copy_seq(int from, int to, int n) {
 
 void Context::set_sampling(int seq, const SamplingParams& p) {
   p.validate(impl_->n_sample);
-  if (p.n_logit_bias > 0 && impl_->p.backend != BackendKind::cpu)
-    fail("set_sampling: logit_bias is applied on the CPU backend only (this context runs on {})",
-         impl_->be->name());
   impl_->seqs.set_sampling(seq, p);
 }
 
@@ -348,9 +384,6 @@ void Context::set_grammar(int seq, std::string_view gbnf) {
   Impl& im = *impl_;
   im.seqs.check(seq, "set_grammar");
   im.queue.check_idle("set_grammar");
-  if (im.p.backend != BackendKind::cpu)
-    fail("set_grammar: grammar constraints run on the CPU backend only (this context runs on {})",
-         im.be->name());
   const Tokenizer* t = im.model.tokenizer();
   if (!t) fail("set_grammar: the model has no tokenizer (a grammar constrains text)");
   if (!im.mask_vocab) {

@@ -47,13 +47,9 @@ struct Context::Impl {
   std::shared_ptr<const grammar::MaskVocab> mask_vocab;
   GrammarTablesCache grammar_tables;  // by grammar text: the sequences using one share its tables
   // Output::logits rows of sequences with a grammar or a logit bias, in a step: their logits get the rules
-  // after it (sample rows get them in the backend, before sampling). [n_outputs]
-  struct RuleRow {
-    int out;
-    const SamplingParams* params;
-    const uint32_t* allow;
-  };
-  std::vector<RuleRow> rule_rows;
+  // in the step (Backend::rules_in_step) or after it (sample rows get them in the backend, before
+  // sampling). [n_outputs]
+  std::vector<LogitsRule> rule_rows;
   std::vector<uint32_t> masks;
   StepStats stats;
 
@@ -74,6 +70,11 @@ struct Context::Impl {
 
   // --- context.cpp ---
   void submit(const Batch& b);
+  // Before submit() stages b on an asynchronous backend: a grammar's mask needs its sequence's tokens on the
+  // host, so when a row of a constrained sequence (with an output row at or after it in b) takes a token
+  // the queued step samples (kSampled), that step is completed now (wait() then only shows it); a token
+  // followed from another context's queued step throws.
+  void complete_for_masks(const Batch& b);
   // The host's side of the step in record ri that has run: the tokens the device fed into the sequences'
   // copies, then what kSampled stands for.
   void finish(int ri);

@@ -122,7 +122,8 @@ class Speculation {
   const bool spec_rows;  // sampled rounds with Output::propose / Output::verify rows
   const Output out_kind, draft_kind;
   // Rounds of fixed length on asynchronous backends (the GPU) run as one queued round: the target follows
-  // the draft's sequence for the round's duration.
+  // the draft's sequence for the round's duration. Not with a grammar on the target's sequence: its masks
+  // are computed on the host, from the drafts.
   const bool device_round;
 
   SpeculativeStats st;
@@ -161,7 +162,7 @@ Speculation::Speculation(Context& target_, Context* draft_, const GenerateParams
       out_kind(greedy ? Output::sample : Output::logits),
       draft_kind(greedy ? Output::sample : Output::propose),
       device_round((greedy || spec_rows) && draft && sp.p_min <= 0 && draft->asynchronous() &&
-                   target.asynchronous()),
+                   target.asynchronous() && !target_.has_grammar(gp_.seq)),
       on_token(on_token_),
       scratch(target_.model().info().n_vocab),
       p(target_.model().info().n_vocab),

@@ -22,6 +22,7 @@ struct StepRecord {
   Buffer<int32_t> row_job;            // [n_batch] sample job of a row, or -1
   Buffer<int32_t> link_seq;           // [n_batch] the followed sequence of a Batch::follow row, or -1
   bool reads_source = false;          // some row reads the followed context's device state
+  bool completed = false;             // queued, and completed already (Context::Impl::complete_for_masks)
   std::vector<SampleJob> jobs;        // [n_outputs]
   std::vector<SampleResult> results;  // [n_outputs]
   Buffer<TokenLogprob> top;           // [n_outputs, kMaxProbs]

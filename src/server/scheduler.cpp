@@ -53,7 +53,6 @@ Scheduler::Scheduler(const Model& model, const ContextParams& params, int max_qu
   for (const std::string& w : ctx_->warnings()) warnings_.push_back(w);
   n_ctx_ = ctx_->params().n_ctx;
   n_sample_ = ctx_->n_sample_vocab();
-  cpu_ = ctx_->params().backend == BackendKind::cpu;
   n_slots_ = ctx_->params().n_slots;
   n_batch_ = ctx_->params().n_batch;
   slots_.resize((size_t)n_slots_);

@@ -134,8 +134,6 @@ class Scheduler {
   int n_ctx() const { return n_ctx_; }
   int n_slots() const { return n_slots_; }
   int n_sample_vocab() const { return n_sample_; }
-  // Whether requests may carry a grammar or a logit bias (the context runs on the CPU).
-  bool constraints_supported() const { return cpu_; }
   const Model& model() const { return model_; }
   const SchedulerStats& stats() const { return stats_; }
   std::vector<std::string> warnings() const { return warnings_; }
@@ -157,7 +155,6 @@ class Scheduler {
   Model model_;
   std::unique_ptr<Context> ctx_;
   int n_ctx_ = 0, n_slots_ = 0, n_batch_ = 0, n_sample_ = 0;
-  bool cpu_ = false;
   size_t max_queue_;
   std::function<void(const std::string&)> on_fatal_;
   std::vector<std::string> warnings_;

@@ -343,15 +343,9 @@ void parse_generation(const json& j, Job& job, const Scheduler& sched) {
   } catch (const FieldError& e) {
     bad(e.param, e.what());
   }
-  if ((!r.grammar.empty() || p.n_logit_bias > 0) && !sched.constraints_supported())
-    bad(job.tools.forced()  ? "tool_choice"
-        : r.grammar.empty() ? "logit_bias"
-                            : "grammar",
-        "grammars, response_format, logit_bias and forced tool calls run on the CPU backend only "
-        "(this server runs on the GPU)");
   // the families' markers may be control tokens, and harmony's are
   r.keep_special = job.tools.active() || job.reasoning == ReasoningSyntax::Harmony;
-  if (job.tools.active() && !job.tools.forced() && r.grammar.empty() && sched.constraints_supported() &&
+  if (job.tools.active() && !job.tools.forced() && r.grammar.empty() &&
       job.reasoning != ReasoningSyntax::Harmony) {
     LazyToolGrammar lazy = lazy_tool_grammar(job.tools, job.tool_family);  // "auto": a call once begun
     r.lazy_trigger = std::move(lazy.trigger);                              // is well formed

@@ -1,5 +1,5 @@
-// Small kernels of the CUDA backend's step (not forward ops): the device copy of each sequence's tokens, and
-// the tokens fed on the device.
+// Small kernels of the CUDA backend's step (not forward ops): the device copy of each sequence's tokens, the
+// tokens fed on the device, and the logit rules applied before the sampler.
 #include "backend/cuda/backend_kernels.h"
 
 #include <algorithm>
@@ -39,7 +39,70 @@ __global__ void copy_kernel_k(int4* dst, const int4* src, size_t n) {
     dst[i] = src[i];
 }
 
+constexpr int kRuleThreads = 1024;
+constexpr int kRuleWords = 4096;  // mask words per chunk (131072 tokens; 16 KB of shared memory)
+
+// One block per output row (logit_rules).
+__global__ void __launch_bounds__(kRuleThreads)
+    logit_rules_kernel(float* logits, int64_t ld, int n_sample, const SamplerRow* rows, int32_t* bad_out) {
+  __shared__ RuleBias bias[kRuleMaxBias];
+  __shared__ __align__(16) uint32_t mask[kRuleWords];
+  const int k = blockIdx.x, tid = threadIdx.x;
+  const uint32_t* allow = rows[k].allow;
+  const RuleBias* hb = rows[k].bias;
+  const int nb = min(max(rows[k].n_bias, 0), kRuleMaxBias);
+  if (!allow && nb == 0) {
+    if (tid == 0) bad_out[k] = 0;
+    return;
+  }
+  float* l = logits + (int64_t)k * ld;
+  bool bad = false;
+  if (allow) {
+    // By chunks of kRuleWords words: the chunk of the pinned mask into shared memory (16-byte loads over
+    // the bus, all in flight at once), then its tokens, coalesced.
+    const int n_words = (n_sample + 31) / 32;
+    for (int c0 = 0; c0 < n_words; c0 += kRuleWords) {
+      const int nw = min(kRuleWords, n_words - c0), n_vec = (nw + 3) / 4;
+      for (int i = tid; i < n_vec; i += kRuleThreads)
+        reinterpret_cast<uint4*>(mask)[i] = reinterpret_cast<const uint4*>(allow + c0)[i];
+      __syncthreads();
+      const int t_end = min(n_sample, (c0 + nw) * 32);
+      for (int t = c0 * 32 + tid; t < t_end; t += kRuleThreads) {
+        const float v = l[t];
+        bad |= !isfinite(v);
+        const int w = t / 32 - c0;
+        if (!((mask[w] >> (t & 31)) & 1u)) l[t] = -INFINITY;
+      }
+      __syncthreads();
+    }
+  } else {
+    for (int t = tid; t < n_sample; t += kRuleThreads) bad |= !isfinite(l[t]);
+  }
+  for (int j = tid; j < nb; j += kRuleThreads) bias[j] = hb[j];
+  bad = __syncthreads_or(bad);  // also orders the masked logits and the bias list before the biases
+  if (tid == 0) bad_out[k] = bad ? 1 : 0;
+  // Each distinct token by the thread of its first entry, which applies all its entries in order.
+  for (int j = tid; j < nb; j += kRuleThreads) {
+    const int t = bias[j].token;
+    if (t < 0 || t >= n_sample) continue;
+    bool first = true;
+    for (int i = 0; i < j && first; ++i) first = bias[i].token != t;
+    if (!first) continue;
+    float v = l[t];
+    for (int i = j; i < nb; ++i)
+      if (bias[i].token == t) v = bias[i].bias <= -100.0f ? -INFINITY : v + bias[i].bias;
+    l[t] = v;
+  }
+}
+
 }  // namespace
+
+cudaError_t logit_rules(float* logits, int64_t ld, int n_sample, const SamplerRow* rows, int n_rows,
+                        int32_t* bad, cudaStream_t stream) {
+  if (n_rows <= 0) return cudaSuccess;
+  logit_rules_kernel<<<n_rows, kRuleThreads, 0, stream>>>(logits, ld, n_sample, rows, bad);
+  return cudaGetLastError();
+}
 
 cudaError_t copy_kernel(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes % 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) return cudaErrorInvalidValue;

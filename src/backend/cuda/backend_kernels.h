@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels.h"
 #include "model/token_feed.h"
 
 namespace ultra::cuda {
@@ -37,5 +38,18 @@ cudaError_t token_log_write(int32_t* log,  // [n_slots, n_ctx]
 // where one side may be pinned host memory (read or written over the bus by the kernel): a step's input
 // upload and result download as kernel nodes instead of copy nodes in its graph.
 cudaError_t copy_kernel(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+
+// The logit rules of a step's output rows (SamplerRow::allow / bias / n_bias), before its sampler: for each
+// row k < n_rows with rules, bad[k] = 1 when logits row k holds a NaN or infinity among its first n_sample
+// entries (else 0), then each of those entries whose bit in allow is clear becomes -infinity, then the
+// biases are applied in order to the tokens below n_sample (logit += bias; bias <= -100: -infinity):
+// sampling/sampler.h's apply_logit_rules, the same operations in the same order. Rows without rules get
+// bad[k] = 0 and keep their logits. One block per row; the mask is read from pinned host memory.
+cudaError_t logit_rules(float* logits,  // [n_rows, ld]
+                        int64_t ld, int n_sample,
+                        const SamplerRow* rows,  // [n_rows] device memory
+                        int n_rows,
+                        int32_t* bad,  // [n_rows] device memory
+                        cudaStream_t stream);
 
 }  // namespace ultra::cuda

@@ -221,6 +221,14 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
   rows.out_row = io_->dev_in<const int32_t>(lay.out_row);
   ops_->set_attention_plan(&plan);
   forward(m_.hp, weights_->table(), rows, b_, prof_ops_ ? static_cast<ForwardOps&>(*prof_ops_) : *ops_);
+  const cuda::SamplerRow* srow = io_->dev_in<const cuda::SamplerRow>(lay.srow);
+  if (n_out > 0) {  // every step: a captured one serves steps with and without rules
+    begin("logit rules");
+    cuda::check(cuda::logit_rules(b_.logits, m_.hp.n_vocab, n_sample_, srow, n_out,
+                                  io_->dev_out<int32_t>(lay.rule_error), stream_),
+                "logit rules");
+    end();
+  }
   if (sample && n_out > 0) {
     cuda::SamplerOutputs out;
     out.token = io_->dev_out<int32_t>(lay.token);
@@ -228,8 +236,8 @@ void CudaBackend::enqueue(int n, int n_out, bool sample, const cuda::AttentionPl
     out.top_token = io_->dev_out<int32_t>(lay.top_token);
     out.top_logprob = io_->dev_out<float>(lay.top_logprob);
     out.error = io_->dev_out<int32_t>(lay.error);
-    cuda::check(cuda::sample(sampler_plan_, b_.logits, m_.hp.n_vocab, n_sample_,
-                             io_->dev_in<const cuda::SamplerRow>(lay.srow), n_out, out, sampler_ws_, stream_),
+    cuda::check(cuda::sample(sampler_plan_, b_.logits, m_.hp.n_vocab, n_sample_, srow, n_out, out,
+                             sampler_ws_, stream_),
                 "sampler");
     cuda::check(cuda::copy_kernel(io_->host_out(parity), io_->dev_out(), lay.out_bytes, stream_),
                 "result download");
@@ -272,7 +280,8 @@ void CudaBackend::submit(const StepRows& rows, const SampleJob* jobs, int n_jobs
   // Stage the rows (padding rows: sequence -1) and one sampler row per output.
   const cuda::SamplerSources src{token_log_, p_.n_ctx, plan_.max_hist, proposals_,
                                  link_ ? link_->proposals_ : nullptr};
-  io_->stage(par, rows, shape.n, shape.n_out, jobs, n_jobs, src);
+  io_->stage(par, rows, shape.n, shape.n_out, jobs, n_jobs, logits_rules_, n_logits_rules_, n_sample_, src);
+  n_logits_rules_ = 0;  // they were this step's
   io_->new_step();
 
   // Tokens read from the linked backend: this stream waits (on the device) for its last submitted step.

@@ -69,6 +69,13 @@ class CudaBackend final : public Backend {
   void complete(StepStats& stats) override;
   std::span<const BackendStat> stats() const override;  // graph_launches, launch_us, gpu_idle_us, gpu_gaps
   const float* logits(int k) override;
+  // Grammar masks and logit biases are applied in the step, before the sampler (logit_rules(), reading the
+  // masks from the step's pinned rules block), to sampled rows and to Output::logits rows alike.
+  bool rules_in_step() const override { return true; }
+  void logits_rules(const LogitsRule* rules, int n) override {
+    logits_rules_ = rules;
+    n_logits_rules_ = n;
+  }
   void poison_kv(int seq, int from) override;
   // On the stream: one cudaMemcpy2DAsync per layer's K and V (kv_copy) and one copy of the token log's
   // positions [0, n).
@@ -114,6 +121,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudaOps> ops_;
   std::unique_ptr<cuda::StepIo> io_;
   cuda::StepGraphs graphs_;
+  const LogitsRule* logits_rules_ = nullptr;  // of the next submitted step's Output::logits rows
+  int n_logits_rules_ = 0;
   std::unique_ptr<cuda::StepProfiler> prof_;  // ULTRA_CUDA_PROFILE only
   std::unique_ptr<cuda::ProfiledOps> prof_ops_;
 

@@ -356,6 +356,12 @@ struct SpecDist {
   float p[kSamplerMaxTopK];
 };
 
+constexpr int kRuleMaxBias = 300;  // biases per row: SamplingParams::kMaxLogitBias
+struct RuleBias {                  // the layout of ultra::LogitBias
+  int32_t token;
+  float bias;  // added; <= -100: banned (-infinity)
+};
+
 struct SamplerRow {        // one per output row, in device memory (the engine fills it before a graph replay)
   float temperature;       // <= 0 or NaN: greedy
   int32_t top_k;           // <= 0 or >= n_sample: all tokens
@@ -380,6 +386,16 @@ struct SamplerRow {        // one per output row, in device memory (the engine f
   SpecDist* propose;
   const int32_t* x;
   const SpecDist* q;
+  // Logit rules (a grammar constraint's mask, a logit bias) of output row k, the row of this entry:
+  // logit_rules() (backend_kernels.h) applies them to logits row k before the sampler runs, also for a row
+  // that is not sampled (logits_row < 0: an Output::logits row, whose logits the host reads).
+  const uint32_t* allow;  // bit t of word t / 32: token t allowed; pinned host memory read over the bus;
+                          // 16-byte aligned, ceil(n_sample / 32) words rounded up to 4; null: no mask
+  const RuleBias* bias;   // [n_bias] pinned host memory, applied in order (SamplingParams::logit_bias)
+  int32_t n_bias;
+  // Nonzero when the row has rules: its -infinity logits are the rules' (refused or banned tokens), not a
+  // broken model's; the sampler takes them as probability 0 (logit_rules reports non-finite logits itself).
+  int32_t rules;
 };
 
 struct SamplerOutputs {

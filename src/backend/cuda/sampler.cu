@@ -783,7 +783,7 @@ __global__ void __launch_bounds__(kPThreads) sampler_part_kernel(SampArgs a) {
     for (int e = 0; e < E; ++e) {
       const int i = i0 + e * kPThreads + tid;
       if (i < cnt) {
-        if (!isfinite(v[e])) bad = true;
+        if (!isfinite(v[e]) && !(p.rules && v[e] == -INFINITY)) bad = true;
         s.keys[i] = make_key(v[e], s0 + i);
       }
     }
@@ -823,7 +823,8 @@ __global__ void __launch_bounds__(kPThreads) sampler_part_kernel(SampArgs a) {
   if (md.greedy) {
     m_b = key_val(mx);
     double loc = 0.0;
-    for (int i = tid; i < cnt; i += kPThreads) loc += (double)expf(key_val(s.keys[i]) - m_b);
+    if (m_b != -INFINITY)  // else a segment of refused tokens only (SamplerRow::rules): its sum is 0
+      for (int i = tid; i < cnt; i += kPThreads) loc += (double)expf(key_val(s.keys[i]) - m_b);
     s_b = block_sum(loc, s.red_d);
   }
   unsigned kb;
@@ -1045,7 +1046,7 @@ __device__ void sample_row(const SampArgs& a, int row, Smem& s, uint32_t* bitmap
         for (int e = half * kSub; e < half * kSub + kSub; ++e) {
           const int id = base + e * kThreads + (int)threadIdx.x;
           bool ok = id < n;
-          if (ok && !isfinite(v[e])) bad = true;
+          if (ok && !isfinite(v[e]) && !(p.rules && v[e] == -INFINITY)) bad = true;
           if (ok && ((bitmap[id >> 5] >> (id & 31)) & 1u)) ok = false;  // its override stands for it
           consider(v[e], id, ok, my_max);
         }

@@ -14,7 +14,7 @@ CudaSizePlan plan_cuda_sizes(const HParams& hp, const ContextParams& p, const Cu
   s.n_out = std::max(p.n_outputs, StepGraphs::largest_bucket(s.n_rows));
   s.max_hist = std::min(SamplingParams::kMaxHistory, p.n_ctx);
   s.kv = kv_layout(hp, p.n_slots, p.n_ctx, p.kv_type);
-  s.io = StepIoLayout::make(s.n_rows, s.n_out);
+  s.io = StepIoLayout::make(s.n_rows, s.n_out, hp.n_vocab);
 
   const size_t f = sizeof(float), nb = s.n_rows, no = s.n_out;
   const size_t q_dim = (size_t)hp.n_heads * hp.head_dim, kv_dim = (size_t)hp.n_kv_heads * hp.head_dim;
@@ -66,7 +66,7 @@ int CudaSizePlan::device_allocs() const {
 }
 
 size_t CudaSizePlan::pinned_bytes() const {
-  return StepIo::kInFlight * (io.in_bytes + io.out_bytes) + pinned_logits;
+  return StepIo::kInFlight * (io.in_bytes + io.out_bytes + io.rules_bytes) + pinned_logits;
 }
 
 Footprint CudaSizePlan::footprint() const {

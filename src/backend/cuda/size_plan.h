@@ -61,7 +61,8 @@ struct CudaSizePlan {
   // The step IO blocks' device mirrors.
   size_t step_in = 0, step_out = 0;  // io.in_bytes, io.out_bytes
 
-  // Pinned host memory: StepIo::kInFlight input and result blocks, and the logits' download block.
+  // Pinned host memory: StepIo::kInFlight input, result and logit-rules blocks, and the logits' download
+  // block.
   size_t pinned_logits = 0;  // [n_out, n_vocab] f32
 
   // f(what, bytes) for every device allocation, in order (what: the allocator's label).

@@ -1,6 +1,7 @@
 #include "backend/cuda/step_io.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "backend/cuda/device_memory.h"
@@ -8,7 +9,13 @@
 
 namespace ultra::cuda {
 
-StepIoLayout StepIoLayout::make(int n_rows, int n_out) {
+static_assert(sizeof(RuleBias) == sizeof(LogitBias) &&
+                  offsetof(LogitBias, token) == offsetof(RuleBias, token) &&
+                  offsetof(LogitBias, bias) == offsetof(RuleBias, bias),
+              "logit biases are copied into the rules block as they are");
+static_assert(kRuleMaxBias == SamplingParams::kMaxLogitBias, "a row's biases fit its rules block entry");
+
+StepIoLayout StepIoLayout::make(int n_rows, int n_out, int n_vocab) {
   StepIoLayout l{};
   const size_t nb = n_rows, no = n_out;
   size_t o = 0;
@@ -30,7 +37,13 @@ StepIoLayout StepIoLayout::make(int n_rows, int n_out) {
   l.top_token = put(no * kSamplerMaxProbs * 4);
   l.top_logprob = put(no * kSamplerMaxProbs * 4);
   l.error = put(no * 4);
+  l.rule_error = put(no * 4);
   l.out_bytes = o;
+  l.mask_words = ((size_t)(std::max(n_vocab, 0) + 31) / 32 + 3) / 4 * 4;
+  o = 0;
+  put(no * l.mask_words * 4);
+  l.bias_at = put(no * SamplingParams::kMaxLogitBias * sizeof(RuleBias));
+  l.rules_bytes = o;
   return l;
 }
 
@@ -42,6 +55,7 @@ StepIo::StepIo(const StepIoLayout& lay, int n_out_cap, int n_vocab, void* d_in, 
   for (int i = 0; i < kInFlight; ++i) {
     check(cudaMallocHost((void**)&h_in_[i], lay_.in_bytes), "pinned host allocation");
     check(cudaMallocHost((void**)&h_out_[i], lay_.out_bytes), "pinned host allocation");
+    check(cudaMallocHost((void**)&h_rules_[i], lay_.rules_bytes), "pinned host allocation");
     std::memset(h_in_[i], 0, lay_.in_bytes);
     check(cudaEventCreateWithFlags(&done_ev_[i], cudaEventDisableTiming), "event creation");
   }
@@ -54,13 +68,32 @@ StepIo::~StepIo() {
   for (int i = 0; i < kInFlight; ++i) {
     if (h_in_[i]) cudaFreeHost(h_in_[i]);
     if (h_out_[i]) cudaFreeHost(h_out_[i]);
+    if (h_rules_[i]) cudaFreeHost(h_rules_[i]);
     if (done_ev_[i]) cudaEventDestroy(done_ev_[i]);
   }
   if (h_logits_) cudaFreeHost(h_logits_);
 }
 
+// The rules of output row k into the rules block h (SamplerRow::allow / bias / n_bias / rules).
+void StepIo::stage_rules(uint8_t* h, int k, const SamplingParams& sp, const uint32_t* allow, int n_sample,
+                         SamplerRow& s) const {
+  if (allow) {
+    uint32_t* m = reinterpret_cast<uint32_t*>(h) + (size_t)k * lay_.mask_words;
+    std::memcpy(m, allow, (size_t)(n_sample + 31) / 32 * sizeof(uint32_t));
+    s.allow = m;
+  }
+  if (sp.n_logit_bias > 0) {
+    RuleBias* b = reinterpret_cast<RuleBias*>(h + lay_.bias_at) + (size_t)k * SamplingParams::kMaxLogitBias;
+    std::memcpy(b, sp.logit_bias, (size_t)sp.n_logit_bias * sizeof(RuleBias));
+    s.bias = b;
+    s.n_bias = sp.n_logit_bias;
+  }
+  s.rules = s.allow || s.n_bias > 0;
+}
+
 void StepIo::stage(int parity, const StepRows& rows, int n_eff, int n_out_eff, const SampleJob* jobs,
-                   int n_jobs, const SamplerSources& src) {
+                   int n_jobs, const LogitsRule* rules, int n_rules, int n_sample,
+                   const SamplerSources& src) {
   uint8_t* h_in = h_in_[parity];
   int32_t* tok = reinterpret_cast<int32_t*>(h_in + lay_.tok);
   TokenFeed* feed = reinterpret_cast<TokenFeed*>(h_in + lay_.feed);
@@ -113,7 +146,11 @@ void StepIo::stage(int parity, const StepRows& rows, int n_eff, int n_out_eff, c
         s.q = src.linked_proposals + (size_t)job.q_src * kProposalRing + entry;
       }
     }
+    if (job.allow || sp.n_logit_bias > 0) stage_rules(h_rules_[parity], job.out, sp, job.allow, n_sample, s);
   }
+  for (int i = 0; i < n_rules; ++i)
+    stage_rules(h_rules_[parity], rules[i].out, *rules[i].params, rules[i].allow, n_sample,
+                srow[rules[i].out]);
 }
 
 void StepIo::read_results(int parity, const SampleJob* jobs, int n_jobs, SampleResult* results,
@@ -124,12 +161,15 @@ void StepIo::read_results(int parity, const SampleJob* jobs, int n_jobs, SampleR
   const int32_t* r_ttok = reinterpret_cast<const int32_t*>(h_out + lay_.top_token);
   const float* r_tlp = reinterpret_cast<const float*>(h_out + lay_.top_logprob);
   const int32_t* r_err = reinterpret_cast<const int32_t*>(h_out + lay_.error);
+  const int32_t* r_rule_err = reinterpret_cast<const int32_t*>(h_out + lay_.rule_error);
   for (int j = 0; j < n_jobs; ++j) {
     const int k = jobs[j].out;
     SampleResult& r = results[j];
     r.token = r_tok[k];
     r.logprob = r_lp[k];
-    r.nonfinite = r_err[k] != 0;
+    // With rules, -infinity logits are theirs: the flag is logit_rules', of the logits before them.
+    const bool rules = jobs[j].allow || jobs[j].params->n_logit_bias > 0;
+    r.nonfinite = (rules ? r_rule_err[k] : r_err[k]) != 0;
     r.n_top = 0;
     const int want = std::min(jobs[j].params->n_probs, kSamplerMaxProbs);
     for (int i = 0; i < want && r_ttok[k * kSamplerMaxProbs + i] >= 0; ++i) {

@@ -21,10 +21,14 @@ namespace ultra::cuda {
 
 // Byte offsets of the step's inputs and results in their blocks (each array 256-byte aligned).
 struct StepIoLayout {
-  size_t tok, feed, pos, seq, out_row, srow, in_bytes;              // inputs
-  size_t token, logprob, top_token, top_logprob, error, out_bytes;  // results
-  // For steps of up to n_rows rows and n_out output rows.
-  static StepIoLayout make(int n_rows, int n_out);
+  size_t tok, feed, pos, seq, out_row, srow, in_bytes;                          // inputs
+  size_t token, logprob, top_token, top_logprob, error, rule_error, out_bytes;  // results
+  // The logit rules' block (pinned host memory only, read by logit_rules() over the bus): per output row
+  // its mask ([mask_words] u32, 16-byte aligned: ceil(n_vocab / 32) rounded up to 4) at k * mask_words * 4,
+  // and from bias_at its biases ([SamplingParams::kMaxLogitBias] RuleBias) at k * kMaxLogitBias.
+  size_t mask_words, bias_at, rules_bytes;
+  // For steps of up to n_rows rows and n_out output rows, over a vocabulary of n_vocab tokens.
+  static StepIoLayout make(int n_rows, int n_out, int n_vocab = 0);
 };
 
 // What a step's sampler rows point at besides their jobs (device memory).
@@ -41,7 +45,7 @@ class StepIo {
   static constexpr int kInFlight = StepGraphs::kParities;
 
   // d_in, d_out: the device mirrors, lay.in_bytes and lay.out_bytes of device memory. Allocates the pinned
-  // blocks: kInFlight of each, and [n_out_cap, n_vocab] floats of logits.
+  // blocks: kInFlight of each (inputs, results, logit rules), and [n_out_cap, n_vocab] floats of logits.
   StepIo(const StepIoLayout& lay, int n_out_cap, int n_vocab, void* d_in, void* d_out);
   ~StepIo();
   StepIo(const StepIo&) = delete;
@@ -64,10 +68,13 @@ class StepIo {
   cudaEvent_t done(int parity) const { return done_ev_[parity]; }  // recorded after each step's commands
 
   // Stages the rows (padded to n rows with padding rows: sequence -1) and one sampler row per output (n_out,
-  // those without a job skipped) into the input block of parity.
+  // those without a job skipped) into the input block of parity; the logit rules of the jobs (SampleJob::
+  // allow, SamplingParams::logit_bias) and of the Output::logits rows in rules[0, n_rules) into its rules
+  // block, n_sample tokens' worth of each mask.
   void stage(int parity, const StepRows& rows, int n, int n_out, const SampleJob* jobs, int n_jobs,
-             const SamplerSources& src);
-  // The sampled tokens, logprobs and top tokens of jobs[0, n_jobs) from the result block of parity.
+             const LogitsRule* rules, int n_rules, int n_sample, const SamplerSources& src);
+  // The sampled tokens, logprobs and top tokens of jobs[0, n_jobs) from the result block of parity (a job
+  // with logit rules is non-finite when its logits were before the rules: logit_rules' flag).
   void read_results(int parity, const SampleJob* jobs, int n_jobs, SampleResult* results,
                     TokenLogprob* top) const;
   // Logits of output k ([n_vocab] of d_logits [n_out_cap, n_vocab]), downloaded once per step.
@@ -75,10 +82,14 @@ class StepIo {
   void new_step() { std::fill(logits_ready_.begin(), logits_ready_.end(), 0); }
 
  private:
+  void stage_rules(uint8_t* h, int k, const SamplingParams& sp, const uint32_t* allow, int n_sample,
+                   SamplerRow& s) const;
+
   StepIoLayout lay_;
   size_t n_vocab_;
   std::array<uint8_t*, kInFlight> h_in_{};  // by submission parity
   std::array<uint8_t*, kInFlight> h_out_{};
+  std::array<uint8_t*, kInFlight> h_rules_{};  // lay_.rules_bytes each
   uint8_t* d_in_ = nullptr;
   uint8_t* d_out_ = nullptr;
   std::array<cudaEvent_t, kInFlight> done_ev_{};
