@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -35,6 +36,7 @@
 #include "sampling/sampler.h"
 #include "spec_sampling_check.h"
 #include "ultra/generate.h"
+#include "ultra/grammar.h"
 #include "ultra/perplexity.h"
 #include "ultra/speculative.h"
 
@@ -725,6 +727,19 @@ TEST(CudaBackend, ZeroAllocationPerStep) {
   }
 }
 
+// One decode step of sequences [0, n_seqs), each fed the token its last step sampled: queued one ahead
+// (submit, then wait for the older step once two are queued) or a plain step.
+void decode_step(Context& ctx, Batch& b, int n_seqs, bool queued) {
+  b.clear();
+  for (int s = 0; s < n_seqs; ++s) b.add(Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+  if (queued) {
+    ctx.submit(b);
+    if (ctx.n_queued() == 2) ctx.wait();
+  } else {
+    ctx.step(b);
+  }
+}
+
 // Queued steps (Context::submit one step ahead, each kSampled token fed on the device from the step still
 // running): the same tokens as plain steps, with penalties on (the device's copy of each sequence's tokens
 // must hold the fed tokens) and three sequences sampled in different ways; and no host (stepping thread) or
@@ -762,14 +777,7 @@ TEST(CudaBackend, QueuedStepsFeedTokensOnTheDevice) {
         g_allocs = g_allocs_mine = 0;
         g_counting = true;
       }
-      b.clear();
-      for (int s = 0; s < 3; ++s) b.add(Batch::kSampled, ctx.seq_len(s), s, Output::sample);
-      if (queued) {
-        ctx.submit(b);
-        if (ctx.n_queued() == 2) ctx.wait();
-      } else {
-        ctx.step(b);
-      }
+      decode_step(ctx, b, 3, queued);
     }
     while (ctx.n_queued() > 0) ctx.wait();
     g_counting = false;
@@ -796,6 +804,299 @@ TEST(CudaBackend, QueuedStepsFeedTokensOnTheDevice) {
   EXPECT_EQ(host, 0);
 #endif
   EXPECT_EQ(dev, 0);
+}
+
+// ---- Grammar-constrained sampling and logit bias on the GPU: the masks are computed on the host (as on the
+// CPU), copied into the step's pinned rules block and applied with the biases by logit_rules() inside the
+// step, before the sampler; a constrained sequence's next step waits for its last token on the host.
+
+// A JSON schema's grammar (whitespace: at most one space or newline between tokens) and a check of a text
+// against it.
+const char* kPersonSchema = R"({"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    "ok": {"type": "boolean"}},
+  "required": ["name", "age", "tags", "ok"], "additionalProperties": false})";
+
+void expect_person(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << text;
+  EXPECT_TRUE(j["name"].is_string()) << text;
+  EXPECT_TRUE(j["age"].is_number_integer() && j["age"] >= 0 && j["age"] <= 120) << text;
+  EXPECT_TRUE(j["tags"].is_array() && j["tags"].size() <= 3) << text;
+  EXPECT_TRUE(j["ok"].is_boolean()) << text;
+  EXPECT_EQ(j.size(), 4u) << text;
+}
+
+// generate() of sequence 0 under grammar g (none: "") and sampler sp; the tokens up to an end-of-generation
+// one (ended: one was drawn).
+struct Generated {
+  std::vector<int32_t> tokens;
+  bool ended = false;
+  GenerateResult res;
+};
+Generated generate_with(Context& ctx, const std::string& g, const SamplingParams& sp,
+                        const std::vector<int32_t>& prompt, int n_predict, bool ignore_eos = false) {
+  ctx.set_sampling(0, sp);
+  if (g.empty())
+    ctx.clear_grammar(0);
+  else
+    ctx.set_grammar(0, g);
+  Generated out;
+  GenerateParams gp;
+  gp.n_predict = n_predict;
+  gp.ignore_eos = ignore_eos;
+  const Tokenizer& tk = *ctx.model().tokenizer();
+  out.res = generate(ctx, prompt, gp, [&](int32_t t, Context&, int) {
+    if (tk.is_eog(t) && !ignore_eos) {
+      out.ended = true;
+    } else {
+      out.tokens.push_back(t);
+    }
+    return true;
+  });
+  return out;
+}
+
+// A JSON schema's grammar on the bundled model: greedy, a seeded top-k sampler (the sampler's one-pass
+// path) and a seeded all-tokens sampler, from three prompts, through generate() (which queues the next step
+// ahead; a constrained one waits for the token): the CPU's tokens, and each output is an object of the
+// schema. Then a constrained, a biased and a plain sequence in the same steps, each submitted one ahead of
+// the last wait: the CPU's plain steps' tokens.
+TEST(CudaBackend, GrammarConstrainedDecodingMatchesCpu) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::string g = json_schema_to_gbnf(kPersonSchema, 0);
+  std::vector<SamplingParams> samplers(3, SamplingParams::greedy());
+  samplers[1].temperature = 0.8f;
+  samplers[1].top_k = 40;
+  samplers[1].seed = 11;
+  samplers[2].temperature = samplers[2].top_p = 1.0f;
+  samplers[2].top_k = 0;
+  samplers[2].min_p = 0.0f;
+  samplers[2].seed = 12;
+  Context cu(m, gpu(512));
+  Context cpu(m, {.n_ctx = 512, .n_threads = 4});
+  for (size_t k = 0; k < samplers.size(); ++k)
+    for (const char* p : {"The weather today is", "Once upon a time", "ROMEO:"}) {
+      SCOPED_TRACE(fmt::format("sampler {}, prompt '{}'", k, p));
+      const std::vector<int32_t> prompt = tk.encode(p, true, false);
+      const Generated want = generate_with(cpu, g, samplers[k], prompt, 200);
+      const Generated got = generate_with(cu, g, samplers[k], prompt, 200);
+      EXPECT_EQ(got.tokens, want.tokens);
+      ASSERT_TRUE(got.ended) << tk.decode(got.tokens);
+      expect_person(tk.decode(got.tokens));
+    }
+
+  // Three sequences stepped together, queued one ahead on the GPU.
+  const int32_t banned = tk.encode(" the", false, false)[0];
+  auto run = [&](ContextParams cp, bool queued) {
+    Context ctx(m, cp);
+    ctx.set_sampling(0, samplers[1]);
+    ctx.set_grammar(0, g);
+    SamplingParams biased = samplers[1];
+    biased.seed = 13;
+    biased.add_logit_bias(banned, -100.0f);
+    ctx.set_sampling(1, biased);
+    ctx.set_sampling(2, samplers[1]);
+    Batch b(64);
+    for (int s = 0; s < 3; ++s)
+      b.add_sequence(tk.encode("Once upon a time", true, false), 0, s, Output::sample);
+    ctx.step(b);
+    for (int i = 0; i < 80; ++i) {
+      decode_step(ctx, b, 3, queued);
+    }
+    while (ctx.n_queued() > 0) ctx.wait();
+    std::vector<std::vector<int32_t>> out;
+    for (int s = 0; s < 3; ++s) out.emplace_back(ctx.seq_tokens(s).begin(), ctx.seq_tokens(s).end());
+    return out;
+  };
+  const auto want = run({.n_ctx = 256, .n_slots = 3, .n_threads = 4}, false);
+  const auto got = run(gpu(256, 64, 8, KvType::f32, 3), true);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(got[s], want[s]) << "sequence " << s;
+  EXPECT_EQ(std::count(got[1].begin(), got[1].end(), banned), 0);
+  const auto from = got[0].begin() + (std::ptrdiff_t)tk.encode("Once upon a time", true, false).size();
+  const auto text_end = std::find_if(from, got[0].end(), [&](int32_t t) { return tk.is_eog(t); });
+  ASSERT_NE(text_end, got[0].end());
+  const std::vector<int32_t> text(from, text_end);
+  expect_person(tk.decode(text));
+}
+
+// logit_bias on the GPU (logit_rules, before the sampler): a seeded sampler with a banned token and a
+// token listed twice (the biases add up) draws the CPU's tokens, never the banned one; a +1000 bias makes a
+// greedy sequence repeat its token; an Output::logits row of a sequence with a grammar and a bias shows
+// the CPU's logits with the rules applied (-infinity at the same tokens).
+TEST(CudaBackend, LogitBiasMatchesCpu) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::vector<int32_t> prompt = tk.encode("Once upon a time", true, false);
+  Context cu(m, gpu(256));
+  Context cpu(m, {.n_ctx = 256, .n_threads = 4});
+  // The token the plain sampler draws most: banned below.
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 40;
+  sp.seed = 21;
+  const Generated plain = generate_with(cu, "", sp, prompt, 64, true);
+  std::map<int32_t, int> count;
+  for (int32_t t : plain.tokens) ++count[t];
+  const int32_t banned = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) {
+                           return a.second < b.second;
+                         })->first;
+  const int32_t boosted = tk.encode(" king", false, false)[0];
+  ASSERT_NE(banned, boosted);
+  sp.add_logit_bias(banned, -100.0f);
+  sp.add_logit_bias(boosted, 2.0f);
+  sp.add_logit_bias(boosted, 1.5f);
+  const Generated want = generate_with(cpu, "", sp, prompt, 64, true);
+  const Generated got = generate_with(cu, "", sp, prompt, 64, true);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(std::count(got.tokens.begin(), got.tokens.end(), banned), 0);
+  EXPECT_GT(std::count(got.tokens.begin(), got.tokens.end(), boosted), count[boosted]);
+  std::printf(
+      "[cuda logit bias] 64 sampled tokens: banned %d (%d times unbiased) 0 times, boosted %d %ld times "
+      "(%d unbiased)\n",
+      banned, count[banned], boosted, (long)std::count(got.tokens.begin(), got.tokens.end(), boosted),
+      count[boosted]);
+  SamplingParams dom = SamplingParams::greedy();
+  dom.add_logit_bias(boosted, 1000.0f);
+  const Generated all = generate_with(cu, "", dom, prompt, 32, true);
+  EXPECT_EQ(std::count(all.tokens.begin(), all.tokens.end(), boosted), 32);
+
+  // Output::logits rows (speculative decoding's sampled rounds read them): the rules are in the logits. The
+  // grammar allows only '{' first, then a quote or whitespace: the quote is boosted, a newline banned.
+  SamplingParams ruled = SamplingParams::greedy();
+  ruled.add_logit_bias(tk.encode("\"", false, false)[0], 3.0f);
+  ruled.add_logit_bias(tk.encode("\n", false, false)[0], -100.0f);
+  const std::string g = json_schema_to_gbnf(kPersonSchema, 0);
+  auto logits_of = [&](Context& ctx) {
+    ctx.clear(0);
+    ctx.set_sampling(0, ruled);
+    ctx.set_grammar(0, g);
+    Batch b(64);
+    b.add_sequence(prompt, 0, 0, Output::logits);
+    ctx.step(b);
+    std::vector<std::vector<float>> rows;
+    rows.emplace_back(ctx.logits(b.size() - 1).begin(), ctx.logits(b.size() - 1).end());
+    b.clear();  // "{" fed as input (the grammar's only start), then the next row's logits
+    b.add(tk.encode("{", false, false)[0], (int)prompt.size(), 0, Output::logits);
+    ctx.step(b);
+    rows.emplace_back(ctx.logits(0).begin(), ctx.logits(0).end());
+    return rows;
+  };
+  const auto lw = logits_of(cpu), lg = logits_of(cu);
+  const int n_sample = cu.n_sample_vocab();
+  for (size_t r = 0; r < lw.size(); ++r) {
+    int n_inf = 0, n_diff = 0;
+    double worst = 0;
+    for (int t = 0; t < n_sample; ++t) {
+      const bool inf_w = std::isinf(lw[r][t]), inf_g = std::isinf(lg[r][t]);
+      n_inf += inf_w;
+      if (inf_w != inf_g) ++n_diff;
+      if (!inf_w && !inf_g) worst = std::max(worst, (double)std::fabs(lw[r][t] - lg[r][t]));
+    }
+    std::printf(
+        "[cuda logit rules] logits row %zu: %d of %d tokens -inf on the CPU, %d differ on the GPU, "
+        "max-abs %.3g\n",
+        r, n_inf, n_sample, n_diff, worst);
+    EXPECT_GT(n_inf, 0);
+    EXPECT_EQ(n_diff, 0) << "row " << r;
+    EXPECT_LT(worst, 1e-3) << "row " << r;
+  }
+}
+
+// Steps with a grammar, a logit bias and neither, queued one ahead (a constrained sequence's step waits
+// for the token on the host): no host allocation on the stepping thread and no device allocation once the
+// graphs are captured and the grammar's states were met.
+TEST(CudaBackend, ZeroAllocationPerStepWithRules) {
+#if !ULTRA_COUNT_ALLOCS
+  GTEST_SKIP() << "allocation counting is disabled under AddressSanitizer";
+#endif
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  Context ctx(m, gpu(256, 64, 8, KvType::f16, 4));
+  SamplingParams sp;
+  sp.repeat_penalty = 1.1f;
+  sp.n_probs = 5;
+  sp.seed = 3;
+  for (int s = 0; s < 4; ++s) ctx.set_sampling(s, sp);
+  ctx.set_grammar(1, "root ::= [a-z ,.]*");  // one matcher state: its mask is computed once, then reused
+  SamplingParams biased = sp;
+  biased.add_logit_bias(tk.encode(" the", false, false)[0], -100.0f);
+  biased.add_logit_bias(tk.encode(" and", false, false)[0], 2.0f);
+  ctx.set_sampling(2, biased);
+  Batch b(64);
+  auto steps = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      bool full = false;
+      for (int s = 1; s < 4; ++s) full |= ctx.seq_len(s) > 200;
+      if (full) {
+        while (ctx.n_queued() > 0) ctx.wait();
+        for (int s = 1; s < 4; ++s) ctx.clear(s);
+      }
+      b.clear();
+      for (int s = 1; s < 4; ++s)
+        b.add(ctx.seq_len(s) == 0 ? 1 : Batch::kSampled, ctx.seq_len(s), s, Output::sample);
+      ctx.submit(b);
+      if (ctx.n_queued() == 2) ctx.wait();
+    }
+    while (ctx.n_queued() > 0) ctx.wait();
+  };
+  steps(40);  // warm-up: the graphs of both parities captured, the grammar's state seen
+  size_t free0 = 0, free1 = 0, total = 0;
+  cudaMemGetInfo(&free0, &total);
+  const long dev0 = DeviceAllocator::total_calls();
+  count_this_thread();
+  g_allocs = g_allocs_mine = 0;
+  g_counting = true;
+  steps(256);  // crosses a clear of the sequences (their constraint starts again)
+  g_counting = false;
+  cudaMemGetInfo(&free1, &total);
+  std::printf(
+      "[cuda zero-alloc rules] 256 queued steps (a grammar, a bias, a plain sequence): host %ld on the "
+      "stepping thread, device %ld, free memory change %lld bytes\n",
+      g_allocs_mine.load(), DeviceAllocator::total_calls() - dev0, (long long)free1 - (long long)free0);
+  EXPECT_EQ(g_allocs_mine.load(), 0);
+  EXPECT_EQ(DeviceAllocator::total_calls(), dev0);
+  EXPECT_EQ(free1, free0);
+}
+
+// What a grammar costs on the GPU (issue 35): decode tokens/s of the bundled model, greedy, from the same
+// prompts, with the JSON schema's grammar and without (the same number of tokens: ignore_eos). A
+// constrained step waits for the previous one's token on the host, computes the mask (vocabulary / 32
+// words) and copies it into the step's pinned block; the unconstrained steps are queued one ahead.
+TEST(CudaBackend, GrammarCostOnDecode) {
+  const Model m = Model::load(kBundled.string());
+  const Tokenizer& tk = *m.tokenizer();
+  const std::string g = json_schema_to_gbnf(kPersonSchema, 0);
+  Context cu(m, gpu(512));
+  const SamplingParams greedy = SamplingParams::greedy();
+  const char* prompts[] = {"The weather today is", "Once upon a time", "ROMEO:", "JULIET:", "First Citizen:"};
+  auto run = [&](bool constrained) {
+    int n = 0;
+    double ms = 0;
+    for (const char* p : prompts) {
+      const std::vector<int32_t> prompt = tk.encode(p, true, false);
+      // Constrained: up to the end of the object; unconstrained: as many tokens (measured in pass 0).
+      const Generated r = generate_with(cu, constrained ? g : "", greedy, prompt, 48, !constrained);
+      n += r.res.n_eval;
+      ms += r.res.eval_ms;
+    }
+    return std::pair{n, ms};
+  };
+  run(true);  // warm-up: graphs captured, the grammar's states met
+  run(false);
+  const auto [nc, msc] = run(true);
+  const auto [nu, msu] = run(false);
+  const double tc = 1e3 * nc / msc, tu = 1e3 * nu / msu;
+  std::printf(
+      "[cuda grammar cost] bundled model (vocabulary %d), greedy decode: JSON-schema grammar %.0f tokens/s "
+      "(%d steps), unconstrained %.0f tokens/s (%d steps): constrained at %.0f%% of unconstrained, %.1f "
+      "us more per token\n",
+      cu.n_sample_vocab(), tc, nc, tu, nu, 100.0 * tc / tu, 1e3 * (msc / nc - msu / nu));
+  EXPECT_GT(nc, 0);
+  EXPECT_GT(nu, 0);
 }
 
 // Context::follow on the GPU: rows of one context take tokens from another context's queued steps, read
