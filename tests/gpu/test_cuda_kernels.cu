@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tuning.h"
 #include "core/dtype.h"
@@ -1045,10 +1046,12 @@ struct RefSample {
   double margin = 1.0;
 };
 
-RefSample ref_sample(const float* logits, int n, const SamplerRow& p, const std::vector<int32_t>& hist) {
+// rules: the row has logit rules (SamplerRow::rules): -infinity is a refused token, not an error.
+RefSample ref_sample(const float* logits, int n, const SamplerRow& p, const std::vector<int32_t>& hist,
+                     bool rules = false) {
   RefSample r;
   for (int i = 0; i < n; ++i)
-    if (!std::isfinite(logits[i])) {
+    if (!std::isfinite(logits[i]) && !(rules && logits[i] == -INFINITY)) {
       r.err = 1;
       return r;
     }
@@ -1317,6 +1320,167 @@ void run_sampler_tests(int V, int n_sample) {
   }
   if (g_quick) cs.resize(8);
   test_sampler(V, n_sample, cs);
+}
+
+// =====================================================================================================
+// logit rules (backend_kernels.h logit_rules: a grammar mask read from pinned host memory, logit biases)
+// against the host's apply_logit_rules (written again here), then the sampler on the ruled logits (-inf:
+// refused tokens) against ref_sample.
+
+struct RuleCase {
+  const char* name;
+  int n_allowed;     // tokens the mask allows (0: no mask)
+  bool bias;         // a bias list: duplicates, a ban, ids out of range
+  bool nan_refused;  // a NaN logit at a refused token (flagged, then -inf)
+  SamplerRow p;      // logits_row = -1: rules only (an Output::logits row)
+};
+
+void test_logit_rules(int V, int n_sample, const std::vector<RuleCase>& cs) {
+  const int n_rows = (int)cs.size();
+  const size_t stride = ((size_t)(n_sample + 31) / 32 + 3) / 4 * 4;  // mask words per row (16-byte rows)
+  uint32_t* h_mask = nullptr;
+  RuleBias* h_bias = nullptr;
+  CK(cudaMallocHost((void**)&h_mask, (size_t)n_rows * stride * 4));
+  CK(cudaMallocHost((void**)&h_bias, (size_t)n_rows * kRuleMaxBias * sizeof(RuleBias)));
+  std::memset(h_mask, 0, (size_t)n_rows * stride * 4);
+  std::vector<float> logits((size_t)n_rows * V), want;
+  std::vector<SamplerRow> rows(n_rows);
+  std::vector<int> want_bad(n_rows, 0);
+  for (int r = 0; r < n_rows; ++r) {
+    const RuleCase& c = cs[r];
+    auto v = randn(V, 3.0f);
+    float* l = &logits[(size_t)r * V];
+    std::copy(v.begin(), v.end(), l);
+    SamplerRow& p = rows[r] = c.p;
+    if (p.logits_row != -1) p.logits_row = r;
+    uint32_t* m = h_mask + (size_t)r * stride;
+    if (c.n_allowed > 0) {
+      for (int k = 0; k < c.n_allowed; ++k) {
+        const int t = randi(0, n_sample - 1);
+        m[t >> 5] |= 1u << (t & 31);
+      }
+      p.allow = m;
+    }
+    if (c.nan_refused)
+      for (int t = 0; t < n_sample; ++t)
+        if (!((m[t >> 5] >> (t & 31)) & 1u)) {
+          l[t] = NAN;
+          break;
+        }
+    if (c.bias) {
+      RuleBias* b = h_bias + (size_t)r * kRuleMaxBias;
+      int nb = 0;
+      const int t0 = randi(0, n_sample - 1), t1 = randi(0, n_sample - 1);
+      b[nb++] = {t0, 2.5f};
+      b[nb++] = {t1, -100.0f};         // banned
+      b[nb++] = {n_sample + 3, 5.0f};  // out of range: ignored
+      b[nb++] = {-1, 5.0f};
+      b[nb++] = {t0, 1.25f};  // listed twice: both added, in order
+      for (int k = 0; k < 40; ++k) b[nb++] = {randi(0, n_sample - 1), (float)randn(1, 2.0f)[0]};
+      if (c.n_allowed > 0)  // an allowed token, boosted to the top
+        for (int t = 0; t < n_sample; ++t)
+          if ((m[t >> 5] >> (t & 31)) & 1u) {
+            b[nb++] = {t, 30.0f};
+            break;
+          }
+      p.bias = b;
+      p.n_bias = nb;
+    }
+    p.rules = p.allow || p.n_bias > 0;
+  }
+  // The host's rules (sampling/sampler.cpp apply_logit_rules).
+  want = logits;
+  for (int r = 0; r < n_rows; ++r) {
+    float* l = &want[(size_t)r * V];
+    const SamplerRow& p = rows[r];
+    if (!p.rules) continue;
+    for (int t = 0; t < n_sample; ++t) want_bad[r] |= !std::isfinite(l[t]);
+    if (p.allow)
+      for (int t = 0; t < n_sample; ++t)
+        if (!((p.allow[t >> 5] >> (t & 31)) & 1u)) l[t] = -INFINITY;
+    for (int k = 0; k < p.n_bias; ++k) {
+      const RuleBias& b = p.bias[k];
+      if (b.token < 0 || b.token >= n_sample) continue;
+      l[b.token] = b.bias <= -100.0f ? -INFINITY : l[b.token] + b.bias;
+    }
+  }
+  DevBuf<float> dl(logits);
+  DevBuf<SamplerRow> dr(rows);
+  DevBuf<int32_t> bad(n_rows);
+  bad.poison();
+  CK(logit_rules(dl.get(), V, n_sample, dr.get(), n_rows, bad.get(), 0));
+  CK(cudaDeviceSynchronize());
+  const std::vector<float> got = dl.all();
+  const std::vector<int32_t> gbad = bad.all();
+  for (int r = 0; r < n_rows; ++r) {
+    size_t n_diff = 0;
+    for (int t = 0; t < V; ++t) {
+      const float a = got[(size_t)r * V + t], b = want[(size_t)r * V + t];
+      n_diff += !(a == b || (std::isnan(a) && std::isnan(b)));
+    }
+    const bool ok = n_diff == 0 && gbad[r] == want_bad[r];
+    report(ok, "logit_rules", fmt("V=%d n=%d %s", V, n_sample, cs[r].name), (double)n_diff, 0,
+           fmt("flag gpu=%d want=%d", gbad[r], want_bad[r]).c_str());
+  }
+  // The sampler on the ruled logits (its own flag is not the row's: rows with rules take logit_rules').
+  SamplerPlan plan;
+  CK(plan_sampler(g_dev, n_rows, V, 16, &plan));
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  CK(sampler_workspace_init(plan, ws.get(), 0));
+  DevBuf<int32_t> tok(n_rows), err(n_rows), ttok((size_t)n_rows * kSamplerMaxProbs);
+  DevBuf<float> lp(n_rows), tlp((size_t)n_rows * kSamplerMaxProbs);
+  tok.poison(), err.poison(), ttok.poison(), lp.poison(), tlp.poison();
+  SamplerOutputs so{tok.get(), lp.get(), ttok.get(), tlp.get(), err.get()};
+  CK(sample(plan, dl.get(), V, n_sample, dr.get(), n_rows, so, ws.get(), 0));
+  CK(cudaDeviceSynchronize());
+  const std::vector<int32_t> ht = tok.all(), he = err.all(), htt = ttok.all();
+  const std::vector<float> hl = lp.all(), htl = tlp.all();
+  auto lp_err = [](float a, float b) { return a == b ? 0.0 : std::fabs((double)a - b); };  // -inf == -inf
+  for (int r = 0; r < n_rows; ++r) {
+    if (rows[r].logits_row < 0 || want_bad[r]) continue;
+    const RefSample ref = ref_sample(&want[(size_t)r * V], n_sample, rows[r], {}, rows[r].rules != 0);
+    bool ok = he[r] == 0 && ref.err == 0;
+    const bool tok_ok = ht[r] == ref.token;
+    const bool allowed = ht[r] >= 0 && ht[r] < n_sample &&
+                         (!rows[r].allow || ((rows[r].allow[ht[r] >> 5] >> (ht[r] & 31)) & 1u));
+    std::string extra = allowed ? "" : "token refused by the mask ";
+    ok = ok && allowed;
+    double e = 0;
+    if (tok_ok) {
+      e = lp_err(hl[r], ref.logprob);
+      for (int j = 0; j < (int)ref.top.size(); ++j) {
+        if (htt[(size_t)r * kSamplerMaxProbs + j] != ref.top[j].first)
+          ok = false, extra += fmt("top[%d] ", j);
+        e = std::max(e, lp_err(htl[(size_t)r * kSamplerMaxProbs + j], ref.top[j].second));
+      }
+      ok = ok && e <= 1e-4;
+    } else {
+      extra += fmt("token gpu=%d ref=%d margin=%.1e", ht[r], ref.token, ref.margin);
+      ok = ok && ref.margin < 1e-5;
+    }
+    report(ok, "sampler+rules", fmt("V=%d n=%d %s", V, n_sample, cs[r].name), e, 1e-4, extra.c_str());
+  }
+  CK(cudaFreeHost(h_mask));
+  CK(cudaFreeHost(h_bias));
+}
+
+void run_logit_rules_tests(int V, int n_sample) {
+  SamplerRow logits_only = row_params(0.8f, 40, 1.0f, 0.0f, 0);
+  logits_only.logits_row = -1;
+  test_logit_rules(
+      V, n_sample,
+      {{"greedy, mask of 1 token, n_probs=5", 1, false, false, row_params(0.0f, 0, 1.0f, 0.0f, 5)},
+       {"greedy, mask and bias", n_sample / 20 + 1, true, false, row_params(0.0f, 0, 1.0f, 0.0f, 3)},
+       {"top_k=40, mask of 3 tokens", 3, false, false, row_params(0.8f, 40, 1.0f, 0.0f, 5)},
+       {"top_k=40 top_p=0.9, mask and bias", n_sample / 10 + 1, true, false,
+        row_params(0.8f, 40, 0.9f, 0.0f, 3)},
+       {"top_k=0 min_p=0.05, bias", 0, true, false, row_params(1.0f, 0, 1.0f, 0.05f, 3)},
+       {"top_k=0 top_p=1, mask of half", n_sample / 2 + 1, false, false, row_params(1.0f, 0, 1.0f, 0.0f, 3)},
+       {"top_k=0 top_p=0.9 T=2, mask of 5 tokens", 5, true, false, row_params(2.0f, 0, 0.9f, 0.0f, 3)},
+       {"no rules", 0, false, false, row_params(0.8f, 40, 1.0f, 0.0f, 2)},
+       {"NaN at a refused token: flagged", n_sample / 10 + 1, false, true,
+        row_params(0.8f, 40, 1.0f, 0.0f, 0)},
+       {"logits row (not sampled), mask and bias", n_sample / 10 + 1, true, false, logits_only}});
 }
 
 // =====================================================================================================
@@ -1701,6 +1865,11 @@ int main(int argc, char** argv) {
       run_sampler_tests(1007, 1007);
       run_sampler_tests(32064, 32000);
     }
+  }
+  if (enabled("logit_rules")) {
+    run_logit_rules_tests(4096, 4096);
+    run_logit_rules_tests(128256, 128000);  // 4008 mask words: one chunk; n_sample below the rows' width
+    if (!g_quick) run_logit_rules_tests(152064, 151936);  // two chunks of the mask in shared memory
   }
   if (enabled("graph")) test_graph();
 
