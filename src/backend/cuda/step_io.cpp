@@ -162,14 +162,14 @@ void StepIo::read_results(int parity, const SampleJob* jobs, int n_jobs, SampleR
   const float* r_tlp = reinterpret_cast<const float*>(h_out + lay_.top_logprob);
   const int32_t* r_err = reinterpret_cast<const int32_t*>(h_out + lay_.error);
   const int32_t* r_rule_err = reinterpret_cast<const int32_t*>(h_out + lay_.rule_error);
+  const SamplerRow* srow = reinterpret_cast<const SamplerRow*>(h_in_[parity] + lay_.srow);  // as staged
   for (int j = 0; j < n_jobs; ++j) {
     const int k = jobs[j].out;
     SampleResult& r = results[j];
     r.token = r_tok[k];
     r.logprob = r_lp[k];
     // With rules, -infinity logits are theirs: the flag is logit_rules', of the logits before them.
-    const bool rules = jobs[j].allow || jobs[j].params->n_logit_bias > 0;
-    r.nonfinite = (rules ? r_rule_err[k] : r_err[k]) != 0;
+    r.nonfinite = (srow[k].rules ? r_rule_err[k] : r_err[k]) != 0;
     r.n_top = 0;
     const int want = std::min(jobs[j].params->n_probs, kSamplerMaxProbs);
     for (int i = 0; i < want && r_ttok[k * kSamplerMaxProbs + i] >= 0; ++i) {
