@@ -20,8 +20,7 @@ size_t matrix_bytes(const WeightView& w) {
 // Columns [c0, c0 + n) of w as a view of its own (rows keep their stride, row_bytes).
 WeightView col_slice(const WeightView& w, int64_t c0, int64_t n, const std::string& what) {
   const auto tt = type_traits(w.type);
-  if (!tt || w.scale)
-    fail("tensor parallelism: {} is {}, which is not split by columns yet", what, type_name(w.type));
+  if (!tt) fail("tensor parallelism: {} is {}, which is not split by columns yet", what, type_name(w.type));
   if (c0 % tt->block_elems || n % tt->block_elems)
     fail(
         "tensor parallelism: {} would be split inside its {}-element {} blocks (columns {} .. {}); run with "
@@ -30,6 +29,23 @@ WeightView col_slice(const WeightView& w, int64_t c0, int64_t n, const std::stri
   WeightView s = w;
   s.data = static_cast<const uint8_t*>(w.data) + row_bytes(*tt, (uint64_t)c0);
   s.cols = n;
+  if (w.scale) {
+    // F8_E4M3 / TERNARY: element (r, c) takes scale[r * scale_row_stride + c / scale_group]. One scale per
+    // row or per tensor (a group as wide as the row) stays the slice's; groups of columns are sliced with the
+    // columns, whole groups only (the last one of the row may be partial).
+    const int64_t g = w.scale_group > 0 ? w.scale_group : w.cols;
+    if (g >= w.cols) {
+      s.scale_group = n;
+    } else {
+      if (c0 % g || (n % g && c0 + n != w.cols))
+        fail(
+            "tensor parallelism: {} would be split inside its {}-column {} scale groups (columns {} .. {}); "
+            "run "
+            "with fewer ranks",
+            what, g, type_name(w.type), c0, c0 + n);
+      s.scale = w.scale + c0 / g;
+    }
+  }
   return s;
 }
 

@@ -2,7 +2,8 @@
 // split (LoadParams::tp = the job's size); rank 0 runs contexts on it and on the same model loaded whole
 // (no split) in the same process, the other ranks run_tp_follower(). Checked on rank 0, per model (HF
 // fixtures in F32: GQA, one KV head replicated, biases, Gemma 2's post-norms and soft-caps, Phi-3's fused
-// matrices, Qwen3's q/k norms; one converted to Q8_0 (2 ranks; 3 would cut its blocks: refused) and BF16;
+// matrices, Qwen3's q/k norms; one converted to Q8_0 (2 ranks; 3 would cut its blocks: refused), BF16, FP8
+// (a scale per row) and ternary (one per tensor);
 // the bundled F16 model; exact f32 numerics,
 // tests/pin_exact_numerics.cpp: with int8 activations a reordered sum may flip an activation's rounding):
 //   logits of a 24-token prefill (every row an output) and of 8 decode steps within 1e-5 of the whole
@@ -14,7 +15,8 @@
 // allocation per step on one.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
 // cannot be made: more ranks than heads, a rank's heads across GQA groups, experts (and a shared expert)
-// narrower than a block per rank, an F8_E4M3 expert, a Q8_0 column split inside a block.
+// narrower than a block per rank, an F8_E4M3 expert's column split inside a scale group, a Q8_0 column
+// split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <chrono>
@@ -287,9 +289,9 @@ int main(int argc, char** argv) {
         compare(root / "tests/fixtures/hf" / f, size);
       compare(root / "tests/fixtures/hf/gemma2", size, 3e-5);
       compare(root / "models/target.gguf", size);
-      // The fixture converted to GGUF in Q8_0 (Wo's and Wdown's column splits in whole 32-column blocks) and
-      // BF16, by every rank for itself.
-      for (const char* type : {"q8_0", "bf16"}) {
+      // The fixture converted to GGUF in Q8_0 (Wo's and Wdown's column splits in whole 32-column blocks),
+      // BF16, FP8 and ternary (their scales kept by the column splits), by every rank for itself.
+      for (const char* type : {"q8_0", "bf16", "fp8", "ternary"}) {
         const fs::path gguf = fs::temp_directory_path() / ("ultra_test_tp_" + std::to_string(getpid()) + "_" +
                                                            std::to_string(g_rank) + "_" + type + ".gguf");
         ConvertOptions co;
@@ -398,16 +400,21 @@ int main(int argc, char** argv) {
         check(shexp.find("shared expert FFN width 96 is too narrow for 2 ranks (256-column blocks)") !=
                   std::string::npos,
               "Q4_K shared expert: " + shexp);
-        auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());  // an FP8 checkpoint's expert
-        static const float kScale = 1.0f;
+        // An FP8 checkpoint's expert with a scale per row and group of W / 2 - 1 columns: 2 ranks would cut
+        // a group (whole-row and whole-tensor scales split: the converted fp8 / ternary files above).
+        auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());
+        static std::vector<float> scales;
         auto& d = const_cast<WeightView&>(f8->layers[0].down_exps[2]);
         d.type = GgmlType::F8_E4M3;
         d.row_bytes = (size_t)d.cols;
-        d.scale = &kScale;
+        d.scale_group = d.cols / 2 - 1;
+        d.scale_row_stride = (d.cols + d.scale_group - 1) / d.scale_group;
+        scales.assign((size_t)(d.rows * d.scale_row_stride), 1.0f);
+        d.scale = scales.data();
         const std::string fp8 = error_of([&] { shard_model(*f8, 0, 2); });
-        check(fp8.find("layer 0's expert 2 down projection is F8_E4M3, which is not split by columns yet") !=
-                  std::string::npos,
-              "F8_E4M3 expert: " + fp8);
+        check(fp8.find("layer 0's expert 2 down projection would be split inside its " +
+                       std::to_string(d.scale_group) + "-column F8_E4M3 scale groups") != std::string::npos,
+              "F8_E4M3 expert's scale groups: " + fp8);
         m->layers[1].w_down.type = GgmlType::Q8_0;  // 128 columns: 4 blocks, 3 ranks cut no block
         m->layers[1].w_down.row_bytes = 4 * sizeof(BlockQ8_0);
         m->layers[1].wo.type = GgmlType::Q8_0;  // 64 columns, 2 blocks: 4 heads of 16 over 4 ranks cut them
