@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
         ultra::cli::flush_stdout();  // a write error still buffered (e.g. `> /dev/full`) is an error too
         return rc;
       } catch (const ultra::Error& e) {
-        fmt::print(stderr, "error: {}\n", e.what());
+        if (!e.rank0_reports()) fmt::print(stderr, "error: {}\n", e.what());  // --tp: once, from rank 0
         return 1;
       } catch (const std::bad_alloc&) {
         fmt::print(stderr, "error: out of memory\n");

@@ -148,10 +148,15 @@ void split_model(Model::Impl& im, const LoadParams& params) {
   o.capacity = std::max<size_t>(o.capacity, (size_t)vocab_shard);  // gather_vocab: one row at least
   o.timeout_s = params.tp_timeout_s;
   std::shared_ptr<dist::Communicator> comm = dist::make_mpi_communicator(o);
-  if (comm->size() != params.tp)
-    fail("--tp {}, but this job has {} MPI ranks (start it as mpirun -np {} ... --tp {})", params.tp,
-         comm->size(), params.tp, params.tp);
-  shard_model(m, comm->rank(), comm->size());
+  try {  // every rank refuses alike (shard_model checks every rank's splits on every rank)
+    if (comm->size() != params.tp)
+      fail("--tp {}, but this job has {} MPI ranks (start it as mpirun -np {} ... --tp {})", params.tp,
+           comm->size(), params.tp, params.tp);
+    shard_model(m, comm->rank(), comm->size());
+  } catch (const Error& e) {
+    if (comm->rank() == 0) throw;
+    throw Error(e.what(), true);
+  }
   m.comm = std::move(comm);
   im.info.tp_rank = m.tp_rank;
   im.info.tp_size = m.tp_size;

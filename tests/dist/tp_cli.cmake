@@ -33,6 +33,19 @@ run(out rc ${MPIEXEC} -np 2 --oversubscribe ${ULTRA} run --tp 3 ${ids})
 if(rc MATCHES "^0\n" OR NOT rc MATCHES "--tp 3, but this job has 2 MPI ranks")
   message(FATAL_ERROR "--tp 3 in a job of 2 ranks was not refused: ${rc}")
 endif()
+# ... once (rank 0's line; every rank refuses alike), as a split that cannot be made: 7 ranks for the
+# bundled model's 6 attention heads.
+string(REGEX MATCHALL "error: " lines "${rc}")
+list(LENGTH lines n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "--tp 3 in a job of 2 ranks: ${n} error lines, not 1: ${rc}")
+endif()
+run(out rc ${MPIEXEC} -np 7 --oversubscribe ${ULTRA} run --tp 7 ${ids})
+string(REGEX MATCHALL "error: " lines "${rc}")
+list(LENGTH lines n)
+if(rc MATCHES "^0\n" OR NOT rc MATCHES "--tp 7 is more ranks than the 6 attention heads" OR NOT n EQUAL 1)
+  message(FATAL_ERROR "--tp 7 of the bundled model: not refused once (${n} error lines): ${rc}")
+endif()
 # Speculative decoding at --tp 2 (the draft, models/draft.gguf, runs whole on rank 0: it is small, its steps
 # need no collectives, and the split target keeps its one context): the same greedy and seeded sampled output
 # as one process.
