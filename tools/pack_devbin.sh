@@ -8,15 +8,28 @@
 # (218 MB): the GPU machine's PyTorch has one (pip's nvidia-nccl-cu13): add the directory of
 # `python3 -c "import glob, site; print(*glob.glob(site.getsitepackages()[0] + '/nvidia/**/libnccl.so.2', recursive=True))"`
 # to LD_LIBRARY_PATH.
-#   tools/pack_devbin.sh [BUILD_DIR]
+#   tools/pack_devbin.sh [BUILD_DIR [PROGRAM ...]]
+# With PROGRAMs, only those (each GPU program is ~25 MB before packing: the whole list packs to ~20 MB
+# and more, which with the repository's tracked files passes the device call's 64 MiB; see
+# tools/device_tree.sh for leaving fixtures a call does not read out of the copied tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
+shift || true
+programs=("$@")
+if [ ${#programs[@]} -eq 0 ]; then
+  programs=(ultra test_cuda_backend test_cuda_kernels test_cuda_ops test_cuda_moe test_cuda_size_plan bench_cuda_kernels
+            bench_server bench_matmul test_cpu_ops test_backend_ops test_zero_alloc test_nccl_comm)
+fi
 rm -rf .devbin .devlibs
 mkdir -p .devbin .devlibs .devpack
-for b in ultra test_cuda_backend test_cuda_kernels test_cuda_ops test_cuda_moe test_cuda_size_plan bench_cuda_kernels bench_server bench_matmul test_cpu_ops \
-         test_backend_ops test_zero_alloc test_nccl_comm; do
-  [ -x "$build/$b" ] && cp "$build/$b" .devbin/
+for b in "${programs[@]}"; do
+  if [ -x "$build/$b" ]; then
+    cp "$build/$b" .devbin/
+  elif [ $# -gt 0 ]; then
+    echo "pack_devbin: $build/$b is not built" >&2
+    exit 1
+  fi
 done
 strip .devbin/*
 ldd .devbin/* | awk '/=> \// {print $3}' | sort -u |
