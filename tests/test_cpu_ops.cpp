@@ -171,17 +171,21 @@ TEST(Matmul, PrefillTokenSplitMatchesOneThread) {
         const auto bias = randn(rows, ++seed);
         std::vector<float> ref(rows * nt);
         matmul_ref(w.view, x.data(), nt, ref.data(), bias.data());
+        std::vector<double> bound(rows * nt);  // each output's bound, computed once for every kernel set
+        for (int tk = 0; tk < nt; ++tk)
+          for (int64_t r = 0; r < rows; ++r) {
+            double abs_sum = std::fabs(bias[r]);
+            for (int64_t c = 0; c < cols; ++c)
+              abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
+            bound[tk * rows + r] = 1e-6 * std::sqrt((double)cols) * abs_sum;
+          }
         for (const auto* ks : kernel_sets()) {
           KernelOverride ko(ks);
           const auto y1 = run_matmul(pools[0], w.view, x, nt, bias.data());
           for (int tk = 0; tk < nt; ++tk)
-            for (int64_t r = 0; r < rows; ++r) {
-              double abs_sum = std::fabs(bias[r]);
-              for (int64_t c = 0; c < cols; ++c)
-                abs_sum += std::fabs(weight_value(w.view, r, c) * x[tk * cols + c]);
-              ASSERT_NEAR(y1[tk * rows + r], ref[tk * rows + r], 1e-6 * std::sqrt((double)cols) * abs_sum)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_NEAR(y1[tk * rows + r], ref[tk * rows + r], bound[tk * rows + r])
                   << ks->name << " " << type_name(t) << " rows=" << rows << " nt=" << nt << " t=" << tk;
-            }
           for (int p = 1; p < 4; ++p) {
             const auto y = run_matmul(pools[p], w.view, x, nt, bias.data());
             for (size_t i = 0; i < y.size(); ++i)
@@ -379,17 +383,22 @@ TEST(Matmul, Q8_0Int8VnniGemm) {
           a.xd = xd.data();
           detail::matmul_q8_int8_ref(a, 0, rows);
         }
-        auto check = [&](const std::vector<float>& y, const char* what) {
-          for (int t = 0; t < nt; ++t) {
-            detail::quantize_x_q8_ref(x.data() + t * cols, cols, xq.data(), xd.data());
-            for (int64_t r = 0; r < rows; ++r) {
-              double abs_sum = std::fabs(bias[r]);
-              for (int64_t k = 0; k < cols; ++k)
-                abs_sum += std::fabs(weight_value(c.w.view, r, k) * xq[k] * xd[k / 32]);
-              ASSERT_NEAR(y[t * rows + r], ref[t * rows + r], 1e-6 * std::sqrt((double)cols) * abs_sum)
-                  << what << " cols=" << cols << " rows=" << rows << " nt=" << nt << " t=" << t << " r=" << r;
-            }
+        // each output's bound, computed once for the four checks below
+        std::vector<double> bound(nt * rows);
+        for (int t = 0; t < nt; ++t) {
+          detail::quantize_x_q8_ref(x.data() + t * cols, cols, xq.data(), xd.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            double abs_sum = std::fabs(bias[r]);
+            for (int64_t k = 0; k < cols; ++k)
+              abs_sum += std::fabs(weight_value(c.w.view, r, k) * xq[k] * xd[k / 32]);
+            bound[t * rows + r] = 1e-6 * std::sqrt((double)cols) * abs_sum;
           }
+        }
+        auto check = [&](const std::vector<float>& y, const char* what) {
+          for (int t = 0; t < nt; ++t)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_NEAR(y[t * rows + r], ref[t * rows + r], bound[t * rows + r])
+                  << what << " cols=" << cols << " rows=" << rows << " nt=" << nt << " t=" << t << " r=" << r;
         };
         const int tiles = (nt + detail::kQ8NT - 1) / detail::kQ8NT;
         std::vector<uint8_t> xp(tiles * nb * detail::kQ8TileBlockBytes + 64);

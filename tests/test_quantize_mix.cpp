@@ -345,6 +345,35 @@ uint64_t tensors_hash(const gguf::Reader& r) {
   return h;
 }
 
+// The synthetic model, its imatrix and ultra's files of it and of the target, made once per test program and
+// shared by the live comparisons and the recorded hashes below (quantize_model is deterministic: a second
+// run writes the same bytes). Removed at exit.
+const test::TmpDir& shared_dir() {
+  static const test::TmpDir dir("ultra_qmix_shared");
+  return dir;
+}
+
+const std::string& shared_wide() {
+  static const std::string path = [] {
+    const std::string p = wide_model(shared_dir());
+    imatrix_for(p).write(shared_dir().file("wide.imatrix"));
+    return p;
+  }();
+  return path;
+}
+
+std::string shared_imatrix() {
+  shared_wide();
+  return shared_dir().file("wide.imatrix");
+}
+
+// ultra's file of `model` in `mix` (with `imatrix` when not empty), quantised on first use.
+std::string ours(const std::string& model, const std::string& mix, const std::string& imatrix) {
+  const std::string out = shared_dir().file("ul-" + fs::path(model).stem().string() + "-" + mix +
+                                            (imatrix.empty() ? "" : "-imatrix") + ".gguf");
+  return fs::exists(out) ? out : quantize(model, out, mix, imatrix);
+}
+
 const char* const kAllMixes[] = {"q4_0",   "q4_1",   "q5_0",   "q5_1",   "q2_k", "q3_k_s", "q3_k_m", "q3_k_l",
                                  "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq4_nl", "iq4_xs"};
 
@@ -356,8 +385,7 @@ void expect_same_as_llama_quantize(const std::string& bin, const test::TmpDir& d
   const std::string cmd = bin + (imatrix.empty() ? "" : " --imatrix " + imatrix) + " " + model + " " +
                           theirs + " " + mix + " 2 > " + dir.file("ll.log") + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::string ours = quantize(model, dir.file("ul-" + mix + ".gguf"), mix, imatrix);
-  const auto a = gguf::Reader::open(ours), b = gguf::Reader::open(theirs);
+  const auto a = gguf::Reader::open(ours(model, mix, imatrix)), b = gguf::Reader::open(theirs);
   ASSERT_EQ(a.tensors().size(), b.tensors().size());
   std::map<std::string, std::pair<int64_t, int64_t>> per_type;  // type -> (identical blocks, blocks)
   for (const auto& tb : b.tensors()) {
@@ -386,15 +414,13 @@ TEST(QuantizeMix, EveryMixEqualsLlamaQuantizeByteForByte) {
   if (bin.empty())
     GTEST_SKIP() << "llama-quantize is not built (bench/llamacpp_build.py): comparison skipped";
   test::TmpDir dir("ultra_qmix");
-  const std::string model = wide_model(dir);
-  imatrix_for(model).write(dir.file("wide.imatrix"));
   // A sample of the mixes (every third; under AddressSanitizer, ~15x slower, every fifth), the target's test
   // below another: EveryMixHashesAsLlamaQuantizesFiles checks every mix's bytes against llama-quantize's
   // recorded output, so these live runs keep the recorded hashes honest without repeating all 45 files.
   const size_t step = test::kSanitized ? 5 : 3;
   for (size_t i = 0; i < std::size(kAllMixes); i += step) {
-    expect_same_as_llama_quantize(bin, dir, model, kAllMixes[i], "");
-    expect_same_as_llama_quantize(bin, dir, model, kAllMixes[i], dir.file("wide.imatrix"));
+    expect_same_as_llama_quantize(bin, dir, shared_wide(), kAllMixes[i], "");
+    expect_same_as_llama_quantize(bin, dir, shared_wide(), kAllMixes[i], shared_imatrix());
   }
 }
 
@@ -440,17 +466,13 @@ TEST(QuantizeMix, EveryMixHashesAsLlamaQuantizesFiles) {
       {true, "q6_k", false, 0x78eb2e116c3e8b9cull},    {true, "iq4_nl", false, 0x7386ed5d887a7b76ull},
       {true, "iq4_xs", false, 0x78101cf4ed5436cbull},
   };
-  test::TmpDir dir("ultra_qmix");
-  const std::string wide = wide_model(dir);
-  imatrix_for(wide).write(dir.file("wide.imatrix"));
   const size_t step = test::kSanitized ? 8 : 1;  // ~15x slower under AddressSanitizer: a sample of the files
   for (size_t i = 0; i < std::size(want); i += step) {
     const Want& w = want[i];
     SCOPED_TRACE(std::string(w.target ? "target " : "wide ") + w.mix + (w.imatrix ? " imatrix" : ""));
-    const std::string out = quantize(w.target ? kTarget : wide, dir.file("x.gguf"), w.mix,
-                                     w.imatrix ? dir.file("wide.imatrix") : "");
-    EXPECT_EQ(tensors_hash(gguf::Reader::open(out)), w.hash);
-    fs::remove(out);
+    EXPECT_EQ(tensors_hash(gguf::Reader::open(
+                  ours(w.target ? kTarget : shared_wide(), w.mix, w.imatrix ? shared_imatrix() : ""))),
+              w.hash);
   }
 }
 
