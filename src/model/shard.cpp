@@ -87,14 +87,17 @@ Cols cols_of(const ModelData& m, const char* what, int64_t width, int64_t blk, i
     fail("{}: the {} width {} is too narrow for {} ranks ({}-column blocks)", m.path, what, width, size, blk);
   Cols c;
   c.c0 = r * units / size * blk;
-  c.cl = (r + 1) * units / size * blk - c.c0;
+  // The last rank also takes a partial last unit (a scale group narrower than the others at the row's end).
+  c.cl = (r + 1 == size ? width : (r + 1) * units / size * blk) - c.c0;
   return c;
 }
 
 // The columns of one quantization block of w (1 for an empty view or a type without blocks).
 int64_t block_of(const WeightView& w) {
   const auto tt = w.rows > 0 ? type_traits(w.type) : std::nullopt;
-  return tt ? (int64_t)tt->block_elems : 1;
+  const int64_t b = tt ? (int64_t)tt->block_elems : 1;
+  // F8_E4M3 / TERNARY with scales per group of columns: whole groups too (col_slice).
+  return w.scale && w.scale_group > 0 && w.scale_group < w.cols ? std::lcm(b, w.scale_group) : b;
 }
 
 // The FFN splits: the dense FFN's (ffn), or each expert's (expert) and the shared expert's (shexp).

@@ -27,8 +27,10 @@
 //                          an all-to-all of the routed tokens per layer, and a rank's load would depend on
 //                          the routing (at decode, k of n_expert experts: some ranks idle); by columns every
 //                          rank reads 1/n of each selected expert, whatever the routing.
-// A column split keeps whole quantization blocks (refused otherwise, naming the matrix and the block);
-// F8_E4M3 and TERNARY matrices (scales per column group) are refused for now.
+// A column split keeps whole quantization blocks (refused otherwise, naming the matrix and the block).
+// F8_E4M3 and TERNARY matrices keep a scale per row or per tensor as it is; scales per group of columns are
+// sliced with their columns, whole groups only (the FFN splits fall on group boundaries; a head split inside
+// a group is refused).
 #pragma once
 
 #include "model/model.h"

@@ -15,8 +15,8 @@
 // allocation per step on one.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
 // cannot be made: more ranks than heads, a rank's heads across GQA groups, experts (and a shared expert)
-// narrower than a block per rank, an F8_E4M3 expert's column split inside a scale group, a Q8_0 column
-// split inside a block.
+// narrower than a block per rank, an F8_E4M3 Wo's head split inside a scale group (and an expert's split
+// on its scale groups' boundaries), a Q8_0 column split inside a block.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <chrono>
@@ -400,21 +400,45 @@ int main(int argc, char** argv) {
         check(shexp.find("shared expert FFN width 96 is too narrow for 2 ranks (256-column blocks)") !=
                   std::string::npos,
               "Q4_K shared expert: " + shexp);
-        // An FP8 checkpoint's expert with a scale per row and group of W / 2 - 1 columns: 2 ranks would cut
-        // a group (whole-row and whole-tensor scales split: the converted fp8 / ternary files above).
-        auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());
-        static std::vector<float> scales;
-        auto& d = const_cast<WeightView&>(f8->layers[0].down_exps[2]);
-        d.type = GgmlType::F8_E4M3;
-        d.row_bytes = (size_t)d.cols;
-        d.scale_group = d.cols / 2 - 1;
-        d.scale_row_stride = (d.cols + d.scale_group - 1) / d.scale_group;
-        scales.assign((size_t)(d.rows * d.scale_row_stride), 1.0f);
-        d.scale = scales.data();
-        const std::string fp8 = error_of([&] { shard_model(*f8, 0, 2); });
-        check(fp8.find("layer 0's expert 2 down projection would be split inside its " +
-                       std::to_string(d.scale_group) + "-column F8_E4M3 scale groups") != std::string::npos,
-              "F8_E4M3 expert's scale groups: " + fp8);
+        // FP8 checkpoints' scales per group of columns: an expert's down projection with groups of W / 2 - 1
+        // columns (the last one partial) splits on group boundaries, rank 1 taking the rest of the row and
+        // its scales from the second group; Wo with groups that a head split would cut is refused.
+        {
+          auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());
+          static std::vector<float> scales;
+          auto& d = const_cast<WeightView&>(f8->layers[0].down_exps[2]);
+          const int64_t W = d.cols, g = W / 2 - 1;
+          d.type = GgmlType::F8_E4M3;
+          d.row_bytes = (size_t)W;
+          d.scale_group = g;
+          d.scale_row_stride = (W + g - 1) / g;
+          scales.assign((size_t)(d.rows * d.scale_row_stride), 1.0f);
+          d.scale = scales.data();
+          const uint8_t* data = static_cast<const uint8_t*>(d.data);
+          shard_model(*f8, 1, 2);
+          const WeightView& s1 = f8->layers[0].down_exps[2];
+          check(s1.cols == W - g && s1.scale == scales.data() + 1 && s1.scale_group == g &&
+                    static_cast<const uint8_t*>(s1.data) == data + g,
+                "F8_E4M3 expert with " + std::to_string(g) +
+                    "-column scale groups: rank 1 of 2 holds columns " + std::to_string(g) + " .. " +
+                    std::to_string(W - 1) + " (got " + std::to_string(s1.cols) + ")");
+        }
+        {
+          auto f8 = load_model((root / "tests/fixtures/hf/mixtral").string());
+          static std::vector<float> scales;
+          auto& o = const_cast<WeightView&>(f8->layers[0].wo);
+          const int64_t g = o.cols / 2 - 1;  // 2 ranks cut Wo at column cols / 2 (half the heads)
+          o.type = GgmlType::F8_E4M3;
+          o.row_bytes = (size_t)o.cols;
+          o.scale_group = g;
+          o.scale_row_stride = (o.cols + g - 1) / g;
+          scales.assign((size_t)(o.rows * o.scale_row_stride), 1.0f);
+          o.scale = scales.data();
+          const std::string fp8 = error_of([&] { shard_model(*f8, 0, 2); });
+          check(fp8.find("layer 0's output projection would be split inside its " + std::to_string(g) +
+                         "-column F8_E4M3 scale groups") != std::string::npos,
+                "F8_E4M3 Wo's scale groups: " + fp8);
+        }
         m->layers[1].w_down.type = GgmlType::Q8_0;  // 128 columns: 4 blocks, 3 ranks cut no block
         m->layers[1].w_down.row_bytes = 4 * sizeof(BlockQ8_0);
         m->layers[1].wo.type = GgmlType::Q8_0;  // 64 columns, 2 blocks: 4 heads of 16 over 4 ranks cut them
