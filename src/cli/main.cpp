@@ -69,7 +69,11 @@ int main(int argc, char** argv) {
         ultra::cli::flush_stdout();  // a write error still buffered (e.g. `> /dev/full`) is an error too
         return rc;
       } catch (const ultra::Error& e) {
-        if (!e.rank0_reports()) fmt::print(stderr, "error: {}\n", e.what());  // --tp: once, from rank 0
+        // --tp: an error every rank meets alike is printed by rank 0, whose exit status ends the job; the
+        // other ranks end quietly with 0 (mpirun ends the job at the first non-zero exit, which could come
+        // before rank 0 has printed).
+        if (e.rank0_reports()) return 0;
+        fmt::print(stderr, "error: {}\n", e.what());
         return 1;
       } catch (const std::bad_alloc&) {
         fmt::print(stderr, "error: out of memory\n");
