@@ -169,7 +169,7 @@ TEST(CudaSizePlan, ShapesAndOptionalBuffers) {
 }
 
 TEST(CudaSizePlan, StepIoLayout) {
-  const cuda::StepIoLayout l = cuda::StepIoLayout::make(5, 3);
+  const cuda::StepIoLayout l = cuda::StepIoLayout::make(5, 3, 1000);
   // Inputs: tokens, feeds, positions, sequences (5 rows), output rows and sampler rows (3), each 256-aligned.
   EXPECT_EQ(l.tok, 0u);
   EXPECT_EQ(l.feed, 256u);

@@ -28,7 +28,7 @@ struct StepIoLayout {
   // and from bias_at its biases ([SamplingParams::kMaxLogitBias] RuleBias) at k * kMaxLogitBias.
   size_t mask_words, bias_at, rules_bytes;
   // For steps of up to n_rows rows and n_out output rows, over a vocabulary of n_vocab tokens.
-  static StepIoLayout make(int n_rows, int n_out, int n_vocab = 0);
+  static StepIoLayout make(int n_rows, int n_out, int n_vocab);
 };
 
 // What a step's sampler rows point at besides their jobs (device memory).
