@@ -692,11 +692,11 @@ void bench_kquant(cudaStream_t st, double ceiling) {
           say(" | x f32: %6.2f (%4.1f%%) | x int8: %6.2f (%4.1f%%)\n", ms_f32 * 1e3,
               100.0 * bytes / ms_f32 / 1e6 / ceiling, ms_q8 * 1e3, 100.0 * bytes / ms_q8 / 1e6 / ceiling);
           if (n == 1 || n == 4)
-            g_summary.push_back(std::string("kquant gemv int8 x ") + names[ti] + " " + s.name +
-                                " n=" + std::to_string(n) + ": " + std::to_string(ms_q8 * 1e3).substr(0, 6) +
-                                " us = " + std::to_string((int)(100.0 * bytes / ms_q8 / 1e6 / ceiling)) +
-                                "% of read (f32 x: " + std::to_string((int)(100.0 * bytes / ms_f32 / 1e6 / ceiling)) +
-                                "%)");
+            g_summary.push_back(
+                std::string("kquant gemv int8 x ") + names[ti] + " " + s.name + " n=" + std::to_string(n) +
+                ": " + std::to_string(ms_q8 * 1e3).substr(0, 6) +
+                " us = " + std::to_string((int)(100.0 * bytes / ms_q8 / 1e6 / ceiling)) +
+                "% of read (f32 x: " + std::to_string((int)(100.0 * bytes / ms_f32 / 1e6 / ceiling)) + "%)");
         }
       for (int ti : {1, 2}) {
         say("  %-22s n=1  %s int8 tiles", s.name, names[ti]);

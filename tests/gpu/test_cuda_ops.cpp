@@ -8,10 +8,9 @@
 //                rows; F32 / F16 / BF16 weights as stored, Q8_0 / F8_E4M3 / TERNARY and the GGUF block
 //                types of gemv_kquant.h repacked into the device layout (lowbit_pack_rows); the block
 //                types' GEMV runs three times: x through L1, staged in shared memory (set_kquant_stage), and
-//                quantised to int8 (set_kquant_int8; against the reference of x as quantize_x_q8_ref gives it,
-//                q * d exact in double then rounded to f32). The FP8
-//                GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is turned off: another numerics, which test_cuda_kernels
-//                checks.
+//                quantised to int8 (set_kquant_int8; against the reference of x as quantize_x_q8_ref gives
+//                it, q * d exact in double then rounded to f32). The FP8 GEMM (W8A8, ULTRA_CUDA_FP8_GEMM) is
+//                turned off: another numerics, which test_cuda_kernels checks.
 //   rmsnorm, silu_mul, gelu_mul, softcap, rope (q only), f16_convert (convert_f32 to F16)
 //   attention    the history uploaded from the CPU's cache, this step's rows written by cuda::kv_write (the
 //                device cache then bit-identical to the CPU's), cuda::attention with the plan's split count,
@@ -285,7 +284,8 @@ Outcome run_matmul(const OpCase& c, int drop_cols = 0) {
     if (!y_staged.empty()) compare(out, "y (x staged)", tol_cuda(c), y_staged, ref.data(), mag.data(), ny);
   };
   check(o, x);
-  if (!y_int8.empty()) {  // y (x int8) against the reference of the quantised x (exact products, rounded once)
+  if (!y_int8
+           .empty()) {  // y (x int8) against the reference of the quantised x (exact products, rounded once)
     std::vector<float> ref(ny);
     cpu::matmul_ref(rv, x_int8.data(), nt, ref.data(), b);
     const auto mag = dot_magnitudes(*wv, c.rows, c.cols, x_int8.data(), nt, b);

@@ -353,9 +353,8 @@ bool kquant_view_ok(const WeightView& w) {
 constexpr size_t kKqQ8MaxSmem = 200u << 10;  // shared memory of the int8 GEMV: n * cols * 1.5 bytes
 int g_int8 = -1;                             // set_kquant_int8; -1: kernel_tuning().kq_int8
 
-__global__ void __launch_bounds__(256)
-    kq_quantize_x_kernel(const float* __restrict__ x, int64_t cols, int n, int8_t* __restrict__ xq,
-                         int2* __restrict__ xm) {
+__global__ void __launch_bounds__(256) kq_quantize_x_kernel(const float* __restrict__ x, int64_t cols, int n,
+                                                            int8_t* __restrict__ xq, int2* __restrict__ xm) {
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x & 31;
@@ -378,7 +377,7 @@ __global__ void __launch_bounds__(256)
 template <GgmlType T, int NMAX, int R, int U>
 __global__ void __launch_bounds__(kKqThreads)
     gemv_kquant_q8_kernel(KqArgs a, const int8_t* __restrict__ xq, const int2* __restrict__ xm) {
-  extern __shared__ float4 xs_mem[];  // (the staged kernel's declaration: one type per name)
+  extern __shared__ float4 xs_mem[];             // (the staged kernel's declaration: one type per name)
   uint4* xs = reinterpret_cast<uint4*>(xs_mem);  // [n][2][n_units] chunks of xq, then xms
   const int lane = threadIdx.x & 31;
   const int n_units = kq_units(a.cols);
@@ -477,8 +476,8 @@ cudaError_t launch_kq8(const KqArgs& a, const int8_t* xq, const int2* xm, cudaSt
   if (attr != cudaSuccess) return attr;
   const int64_t rows_per_block = (int64_t)R * kKqWarps;
   const int64_t tiles = (a.rows + rows_per_block - 1) / rows_per_block;
-  return launch_ex(gemv_kquant_q8_kernel<T, NMAX, R, U>, dim3((unsigned)tiles), dim3(kKqThreads), smem, stream,
-                   1, kPdlCore, a, xq, xm);
+  return launch_ex(gemv_kquant_q8_kernel<T, NMAX, R, U>, dim3((unsigned)tiles), dim3(kKqThreads), smem,
+                   stream, 1, kPdlCore, a, xq, xm);
 }
 
 template <GgmlType T>
@@ -595,8 +594,8 @@ cudaError_t gemv_kquant_q8(const WeightView& w, const float* x, int n, float* y,
   int8_t* xq = static_cast<int8_t*>(ws);
   int2* xm = reinterpret_cast<int2*>(xq + ((size_t)n * (size_t)w.cols + 255) / 256 * 256);
   const int64_t warps = (int64_t)n * (w.cols / 32);
-  if (cudaError_t e = launch_ex(kq_quantize_x_kernel, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, stream, 1,
-                                kPdlCore, x, (int64_t)w.cols, n, xq, xm);
+  if (cudaError_t e = launch_ex(kq_quantize_x_kernel, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, stream,
+                                1, kPdlCore, x, (int64_t)w.cols, n, xq, xm);
       e != cudaSuccess)
     return e;
   KqArgs a{};

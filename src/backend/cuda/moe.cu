@@ -251,7 +251,9 @@ __device__ __forceinline__ void moe_dot_chunks(const uint8_t* ra, const uint8_t*
 
 // Blocks per SM the register budget is set for: the unroll U bounds the raw loads held per lane.
 template <bool GATED, int U>
-constexpr int kMinBlocksOf = GATED && U <= 2 ? 4 : GATED && U <= 4 ? 3 : 1;
+constexpr int kMinBlocksOf = GATED&& U <= 2   ? 4
+                             : GATED&& U <= 4 ? 3
+                                              : 1;
 
 template <GgmlType T, bool GATED, int NP = kMoeTilePairs, int U = kUnrollOf<NP>>
 __global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocksOf<GATED, U>))
