@@ -267,6 +267,14 @@ class Context {
   // Throws while either context has queued steps, or when the two cannot be linked (different backends, a
   // context following itself, a source that already has a follower).
   void follow(Context* source);
+  // A model split over ranks (LoadParams::tp > 1): whether its ranks are still at the same step, so that the
+  // context can go on after a step threw. False once a collective failed (a rank stopped answering within
+  // LoadParams::tp_timeout_s, or the transport failed) or a step threw on rank 0 after the other ranks were
+  // sent it (mid-forward): no later step can run, and the program should end the job. An error raised
+  // before the step reached the other ranks (a refused batch) or after every rank ran its forward (logits
+  // that are not finite, sampling) leaves them in step: only that step failed, as with one process. Always
+  // true for a model that is not split.
+  bool ranks_in_step() const;
   // Whether submit() returns before the step has run (a GPU backend), so that queuing ahead pays.
   bool asynchronous() const;
   // Whether Output::propose and Output::verify rows run here (the GPU backend).

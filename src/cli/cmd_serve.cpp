@@ -141,8 +141,8 @@ int cmd_serve(int argc, char** argv) {
     Model model = split ? *split : Model::load(mf.model, mf.load_params());
     ContextParams cp = mf.context_params();
     cp.n_slots = parallel;
-    // A split model's failed step (a rank stopped or died) ends the job: rank 0 exits with the error, and
-    // mpirun ends the other ranks.
+    // A split model's step that failed with its ranks out of step (a rank stopped or died) ends the job:
+    // rank 0 exits with the error, and mpirun ends the other ranks.
     auto s = std::make_shared<server::Scheduler>(model, cp, queue, [&](const std::string& e) {
       fmt::print(stderr, "error: tensor parallelism: {}; the ranks are out of step, ending the job\n", e);
       fatal = true;

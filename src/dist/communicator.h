@@ -7,8 +7,9 @@
 // Every collective works on the caller's buffers and on scratch allocated when the communicator is made
 // (capacity: the most floats one collective carries), so that a step allocates nothing. Every collective
 // waits at most DistOptions::timeout_s: a rank that died or stopped answering ends the wait with an
-// ultra::Error naming the collective, instead of a hang; the communicator is then unusable, and the caller
-// ends the job (abort()).
+// ultra::Error naming the collective, instead of a hang; the communicator is then broken() (unusable), and
+// the caller ends the job (abort()). Errors that are not the transport's (a count over the capacity, a bad
+// root: refused before anything is sent) leave it usable.
 //
 // all_reduce_sum gives every rank the same bits, and the same bits whatever the number of ranks' transport
 // algorithm: the shards are gathered and summed in rank order (x_0 + x_1 + ... + x_{n-1}, left to right),
@@ -52,6 +53,9 @@ class Communicator {
   // arrived after all); true when it did, and the communicator is usable again (the timed-out collective's
   // results are not delivered: the call has already thrown).
   virtual bool settle(double seconds) = 0;
+  // Whether a collective failed (an error of the transport, or a timeout not settled since): the ranks may
+  // be at different collectives, and every collective throws until settle() returns true.
+  virtual bool broken() const = 0;
   // Ends every rank's process (after an error: a rank that cannot go on must not leave the others
   // waiting). Does not return.
   [[noreturn]] virtual void abort(int code) = 0;

@@ -137,6 +137,7 @@ class MpiCommunicator final : public Communicator {
     }
     return true;
   }
+  bool broken() const override { return broken_; }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);

@@ -122,6 +122,7 @@ class Nccl final : public NcclCommunicator {
     }
     return false;
   }
+  bool broken() const override { return broken_; }
 
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);  // unblocks this rank's kernels waiting for the others

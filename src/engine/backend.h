@@ -63,6 +63,9 @@ class Backend {
   // seq in range, jobs[j].out < rows.n_out. Allocates nothing. Adds its times to stats.
   virtual void step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
                     TokenLogprob* top, StepStats& stats) = 0;
+  // Context::ranks_in_step(): false once a split model's ranks may be at different points of a step (a
+  // collective failed, or the step stopped on rank 0 after the other ranks were sent it). True otherwise.
+  virtual bool ranks_in_step() const { return true; }
 
   // Queued steps (Context::submit). An asynchronous backend returns from submit() once the step is
   // enqueued and writes its results into results/top (which stay valid until then) in complete(), which

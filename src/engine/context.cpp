@@ -429,6 +429,9 @@ void Context::wait() {
 int Context::n_queued() const {
   return impl_->queue.n_queued();
 }
+bool Context::ranks_in_step() const {
+  return impl_->be->ranks_in_step();
+}
 bool Context::asynchronous() const {
   return impl_->be->asynchronous();
 }

@@ -107,6 +107,7 @@ class DeferredBackend final : public Backend {
     for (int j = 0; j < q.n_jobs; ++j) prev_[q.job_copy[j].out] = q.results[j].token;
   }
   const float* logits(int k) override { return inner_->logits(k); }
+  bool ranks_in_step() const override { return inner_->ranks_in_step(); }
   void poison_kv(int seq, int from) override { inner_->poison_kv(seq, from); }
   void copy_kv(int from, int to, int n) override { inner_->copy_kv(from, to, n); }
   // A deferred source's state is read when this backend's step runs: its last outputs, and its context's

@@ -393,7 +393,10 @@ void Scheduler::run() {
     } catch (const std::exception& e) {
       for (Slot& s : slots_)
         if (s.req) finish(s, "stop", e.what());
-      if (model_.info().tp_size > 1) {  // the ranks are out of step: no later step can run
+      // A split model whose ranks are out of step (a rank stopped answering or died, or the step stopped
+      // on rank 0 mid-forward) can run no later step; one that failed in step (a refused batch, logits that
+      // are not finite) goes on, as one process does.
+      if (!ctx_->ranks_in_step()) {
         {
           std::lock_guard lk(qm_);
           stopping_ = true;

@@ -116,9 +116,11 @@ struct SchedulerStats {
 class Scheduler {
  public:
   // Creates the context (params.n_slots = the number of parallel sequences) and starts the thread.
-  // on_fatal: called on the scheduler's thread when a step of a model split over ranks (--tp) fails (a rank
-  // stopped answering or died: the ranks are out of step and no later step can run); the running requests
-  // have then ended with the error, the queued ones are cancelled and the scheduler takes no more.
+  // on_fatal: called on the scheduler's thread when a step of a model split over ranks (--tp) fails with
+  // its ranks out of step (Context::ranks_in_step(): a rank stopped answering or died; no later step can
+  // run); the running requests have then ended with the error, the queued ones are cancelled and the
+  // scheduler takes no more. A step that fails with the ranks in step ends its requests with the error and
+  // the scheduler goes on, as with one process.
   Scheduler(const Model& model, const ContextParams& params, int max_queue,
             std::function<void(const std::string&)> on_fatal = {});
   ~Scheduler();  // shutdown()

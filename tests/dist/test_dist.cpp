@@ -2,9 +2,10 @@
 // every collective's results on every rank against what each rank computes itself (each rank's data is a
 // known function of its rank), all_reduce_sum (f32 and bf16) bit-identical on every rank and equal to the sum
 // in rank order, no host allocation on the calling thread over 200 collectives after a warm-up (in one of
-// three windows: Open MPI grows a free list once in a while), the capacity refused past its end, and a late
-// rank: the others' all-reduce ends with an error after the timeout (not a hang), then settle() completes it
-// once the late rank arrives and the communicator works again.
+// three windows: Open MPI grows a free list once in a while), the capacity refused past its end (the
+// communicator not broken()), and a late rank: the others' all-reduce ends with an error after the timeout
+// (not a hang) and the communicator is broken(), then settle() completes it once the late rank arrives and
+// the communicator works again.
 //
 // Exit 0 when every check passed on this rank (mpirun then exits 0 when all ranks did), 1 otherwise.
 #include <algorithm>
@@ -104,6 +105,7 @@ int main() {
   } catch (const Error& e) {
     check(std::string(e.what()).find("capacity") != std::string::npos, "capacity error names the capacity");
   }
+  check(!comm->broken(), "a count refused before anything was sent leaves the communicator usable");
 
   // No allocation on this thread over 200 collectives after a warm-up of the same pattern (a decode step's
   // sizes).
@@ -156,6 +158,7 @@ int main() {
               "the timeout ends the wait after ~0.5 s (took " + std::to_string(s) + " s)");
         check(std::string(e.what()).find("no answer within") != std::string::npos,
               std::string("the timeout's message: ") + e.what());
+        check(late->broken(), "a timed-out communicator is broken()" + ns);
         try {
           late->barrier();
           check(false, "a timed-out communicator refuses the next collective");
@@ -163,6 +166,7 @@ int main() {
           check(true, "");
         }
         check(late->settle(10), "settle() completes the late collective" + ns);
+        check(!late->broken(), "a settled communicator is not broken()" + ns);
       }
     }
     late->barrier();

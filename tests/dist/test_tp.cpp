@@ -13,6 +13,7 @@
 // expert), Qwen3-MoE, gpt-oss (F32, and MXFP4 experts at 2 ranks), and GGUF files (tests/moe_gguf.h) of
 // Qwen2-MoE with Q8_0 and Q4_K experts, Mixtral with Q8_0 experts and gpt-oss in F32, the same checks; no
 // allocation per step on one.
+// A batch rank 0 refuses (2 ranks): the ranks stay in step (Context::ranks_in_step) and the next steps run.
 // And the refusals: a --tp other than the job's size, and (without collectives, on rank 0) the splits that
 // cannot be made: more ranks than heads, a rank's heads across GQA groups, experts (and a shared expert)
 // narrower than a block per rank, an F8_E4M3 Wo's head split inside a scale group (and an expert's split
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -209,7 +211,8 @@ void no_allocation_per_step(const fs::path& path, int size) {
 
 // Rank 0 idle for longer than the collectives' timeout (a server between requests): the other ranks wait on
 // (their wait for the next step settles instead of failing), and the next steps give the whole model's
-// greedy tokens.
+// greedy tokens. Before them, a batch rank 0 refuses (a token past the vocabulary): refused before the step
+// reaches the other ranks, it leaves them in step (Context::ranks_in_step) and waiting for nothing.
 void idle_leader(const fs::path& path, int size) {
   const Model split = Model::load(path.string(), {.tp = size, .tp_timeout_s = 1});
   if (g_rank != 0) {
@@ -221,6 +224,12 @@ void idle_leader(const fs::path& path, int size) {
   Context ctx(split, {.n_ctx = 64, .n_threads = 1});
   ctx.set_sampling(0, SamplingParams::greedy());
   Batch b(8);
+  b.add(1, 0, 0);
+  b.add(split.info().n_vocab, 1, 0, Output::sample);
+  const std::string refused = error_of([&] { ctx.step(b); });
+  check(refused.find("out of range") != std::string::npos && ctx.ranks_in_step(),
+        "a refused batch leaves the ranks in step: " + refused);
+  b.clear();
   b.add_sequence(prompt, 0, 0, Output::sample);
   std::vector<int32_t> got;
   std::string e = error_of([&] {
@@ -237,8 +246,9 @@ void idle_leader(const fs::path& path, int size) {
 
 // `test_tp --hang` (ctest test_tp_hang, 2 ranks): rank 1 stops answering after 3 steps (a rank that hangs;
 // one that dies ends the job through mpirun at once); rank 0's next step must end with the communicator's
-// error within seconds (collectives time out after 2 s here), not hang. Rank 0 prints HANG-CHECK PASSED
-// when it did, then ends the job (MPI_Abort: rank 1 is still asleep); ctest looks for that line.
+// error within seconds (collectives time out after 2 s here), not hang, and the context says its ranks are
+// out of step (Context::ranks_in_step). Rank 0 prints HANG-CHECK PASSED when it did, then ends the job
+// (MPI_Abort: rank 1 is still asleep); ctest looks for that line.
 int hang_check(dist::Communicator& comm, const fs::path& path) {
   const Model split = Model::load(path.string(), {.tp = comm.size(), .tp_timeout_s = 2});
   if (comm.rank() != 0) {
@@ -264,9 +274,72 @@ int hang_check(dist::Communicator& comm, const fs::path& path) {
     s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     e = err.what();
   }
-  std::printf("rank 0: after %.1f s: %s\n", s, e.c_str());
-  const bool ok = !e.empty() && s < 10 && e.find("no answer within 2 s") != std::string::npos;
+  std::printf("rank 0: after %.1f s: %s (ranks in step: %d)\n", s, e.c_str(), (int)ctx.ranks_in_step());
+  const bool ok =
+      !e.empty() && s < 10 && e.find("no answer within 2 s") != std::string::npos && !ctx.ranks_in_step();
   if (ok) std::printf("HANG-CHECK PASSED\n");
+  std::fflush(stdout);
+  comm.abort(ok ? 0 : 1);
+  return 1;  // not reached
+}
+
+// `test_tp --stop` (ctest test_tp_stop, 2 ranks): a step that throws on rank 0 mid-forward, after the other
+// ranks were sent it (rank 0's communicator wrapped so that one all-reduce throws before sending anything, as
+// an error of rank 0's own would): the step's error, and the context says its ranks are out of step
+// although the communicator is not broken (the other ranks wait in that all-reduce). Rank 0 prints
+// STOP-CHECK PASSED when it did, then ends the job (MPI_Abort); ctest looks for that line.
+class ThrowAtAllReduce final : public dist::Communicator {
+ public:
+  explicit ThrowAtAllReduce(std::shared_ptr<dist::Communicator> c) : c_(std::move(c)) {
+    capacity_ = c_->capacity();
+  }
+  int armed = -1;  // the armed-th all-reduce from now on throws (-1: none)
+
+  const char* name() const override { return c_->name(); }
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  void all_reduce_sum(float* x, size_t n) override {
+    if (armed > 0 && --armed == 0) fail("test: rank 0 stops in the middle of a step");
+    c_->all_reduce_sum(x, n);
+  }
+  void all_reduce_sum_bf16(uint16_t* x, size_t n) override { c_->all_reduce_sum_bf16(x, n); }
+  void all_gather(const float* in, size_t n, float* out) override { c_->all_gather(in, n, out); }
+  void broadcast(void* data, size_t bytes, int root) override { c_->broadcast(data, bytes, root); }
+  void barrier() override { c_->barrier(); }
+  bool settle(double seconds) override { return c_->settle(seconds); }
+  bool broken() const override { return c_->broken(); }
+  [[noreturn]] void abort(int code) override {
+    c_->abort(code);
+    std::_Exit(code);  // not reached
+  }
+
+ private:
+  std::shared_ptr<dist::Communicator> c_;
+};
+
+int stop_check(dist::Communicator& comm, const fs::path& path) {
+  const Model split = Model::load(path.string(), {.tp = comm.size(), .tp_timeout_s = 30});
+  if (comm.rank() != 0) {
+    run_tp_follower(split);
+    return 1;
+  }
+  ModelData& m = *detail::impl(split).data;
+  auto wrap = std::make_shared<ThrowAtAllReduce>(m.comm);
+  m.comm = wrap;
+  Context ctx(split, {.n_ctx = 64, .n_threads = 1});
+  Batch b(4);
+  b.add(1, 0, 0, Output::sample);
+  ctx.step(b);
+  const bool before = ctx.ranks_in_step();
+  wrap->armed = 2;  // the second all-reduce of the next step: mid-forward
+  b.clear();
+  b.add(2, 1, 0, Output::sample);
+  const std::string e = error_of([&] { ctx.step(b); });
+  std::printf("rank 0: %s (ranks in step: before %d, after %d; communicator broken: %d)\n", e.c_str(),
+              (int)before, (int)ctx.ranks_in_step(), (int)m.comm->broken());
+  const bool ok = before && e.find("stops in the middle") != std::string::npos && !ctx.ranks_in_step() &&
+                  !m.comm->broken();
+  if (ok) std::printf("STOP-CHECK PASSED\n");
   std::fflush(stdout);
   comm.abort(ok ? 0 : 1);
   return 1;  // not reached
@@ -284,6 +357,8 @@ int main(int argc, char** argv) {
     g_rank = comm->rank();
     size = comm->size();
     if (argc > 1 && std::string(argv[1]) == "--hang") return hang_check(*comm, root / "models/target.gguf");
+    if (argc > 1 && std::string(argv[1]) == "--stop")
+      return stop_check(*comm, root / "tests/fixtures/hf/llama_gqa");
     try {
       for (const char* f : {"llama_gqa", "qwen2_bias", "phi3_short", "qwen3"})
         compare(root / "tests/fixtures/hf" / f, size);

@@ -2,6 +2,9 @@
 //   - a greedy chat completion, the same request streamed, and n = 2 seeded sampled choices (their prompt's
 //     KV copied between slots on every rank) give the same text as one process;
 //   - a rank killed (SIGKILL) mid-stream ends the job through mpirun within seconds, naming the rank;
+//   - a request whose step fails with the ranks in step (a prompt token whose embedding row is NaN: every
+//     rank runs the step, rank 0 finds its logits not finite) gets the error, and the job serves the next
+//     request as one process does;
 //   - a rank that stops answering (SIGSTOP) mid-stream: the stream ends with the collective's error within
 //     seconds (--tp-timeout 2), and rank 0 ends the job with that error instead of serving on with a broken
 //     communicator.
@@ -16,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -27,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/gguf.h"
 #include "raw_conn.h"
 #include "tmp_dir.h"
 
@@ -116,7 +121,8 @@ const std::string kModel = (fs::path(ULTRA_SOURCE_DIR) / "models" / "target.gguf
 std::vector<std::string> alone_args() {
   return {ULTRA_ULTRA_BIN, "serve", "-m", kModel, "--port", "0", "-t", "1"};
 }
-std::vector<std::string> split_args(const std::vector<std::string>& more = {}) {
+std::vector<std::string> split_args(const std::vector<std::string>& more = {},
+                                    const std::string& model = kModel) {
   std::vector<std::string> a = {ULTRA_MPIEXEC,
                                 "-np",
                                 "2",
@@ -126,7 +132,7 @@ std::vector<std::string> split_args(const std::vector<std::string>& more = {}) {
                                 "--tp",
                                 "2",
                                 "-m",
-                                kModel,
+                                model,
                                 "--port",
                                 "0",
                                 "-t",
@@ -278,6 +284,46 @@ TEST_F(TpServe, SampledChoicesAsOneProcess) {
   ASSERT_EQ(a.size(), 2u);
   EXPECT_NE(a[0], a[1]);
   EXPECT_EQ(a, b);
+}
+
+// models/target.gguf with the embedding row of token `bad` all NaN (F16), its output projection untied (a
+// copy of the original embeddings): a prompt holding that token gives logits that are not finite, the others
+// the original model's.
+void write_nan_token_model(const std::string& path, int bad) {
+  const ultra::gguf::Reader r = ultra::gguf::Reader::open(kModel);
+  ultra::gguf::Writer w;
+  for (const auto& [k, v] : r.metadata()) w.set_value(k, v);
+  const ultra::gguf::TensorInfo* e = r.find_tensor("token_embd.weight");
+  ASSERT_TRUE(e && e->type == ultra::GgmlType::F16 && !r.find_tensor("output.weight"));
+  std::vector<uint8_t> embd(e->data, e->data + e->n_bytes);
+  const size_t row = e->ne[0] * 2;
+  std::vector<uint16_t> nan(e->ne[0], 0x7E00);
+  std::memcpy(embd.data() + (size_t)bad * row, nan.data(), row);
+  for (const auto& t : r.tensors())
+    w.add_tensor(t.name, t.type, t.ne, t.name == e->name ? embd.data() : t.data, t.n_bytes);
+  w.add_tensor("output.weight", e->type, e->ne, e->data, e->n_bytes);
+  w.write(path);
+}
+
+// A request whose step fails with the ranks in step: every rank runs the forward of a prompt token with a NaN
+// embedding, and rank 0 finds the logits not finite after the step. The request gets the error (as from one
+// process); the job goes on, and the next request's text is one process's.
+TEST_F(TpServe, StepFailedInStepFailsOnlyItsRequest) {
+  constexpr int kBad = 4095;  // the vocabulary's last merge: not in the prompt or the reply of chat(24, 0)
+  const ultra::test::TmpDir d("ultra_tp_serve");
+  ASSERT_NO_FATAL_FAILURE(write_nan_token_model(d.file("nan_token.gguf"), kBad));
+  Served job(split_args({}, d.file("nan_token.gguf")), d.file("job.log"));
+  ASSERT_GT(job.port(), 0) << job.output();
+  httplib::Client c("127.0.0.1", job.port());
+  c.set_read_timeout(60, 0);
+  const json bad = {{"prompt", {1, 50, kBad, 7}}, {"max_tokens", 4}, {"temperature", 0}};
+  const auto r = c.Post("/v1/completions", bad.dump(), "application/json");
+  ASSERT_TRUE(r) << job.output();
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_NE(r->body.find("NaN or infinity"), std::string::npos) << r->body;
+  const auto want = contents(post(alone->port(), "/v1/chat/completions", chat(24, 0)));
+  EXPECT_EQ(contents(post(job.port(), "/v1/chat/completions", chat(24, 0))), want) << job.output();
+  EXPECT_EQ(job.exit_status(0), -1) << "the job ended: " << job.output();
 }
 
 // A job of `ultra serve --tp 2` (more: further flags) with a streamed request running, then `sig` sent to

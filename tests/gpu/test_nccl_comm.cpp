@@ -109,6 +109,7 @@ class ForkBootstrap final : public dist::Communicator {
     }
   }
   bool settle(double) override { return false; }
+  bool broken() const override { return false; }
   // Kills the other ranks (as mpirun's abort does) and exits with code.
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);

@@ -175,6 +175,10 @@ void CpuBackend::copy_kv(int from, int to, int n) {
   kv_.copy(from, to, n);
 }
 
+bool CpuBackend::ranks_in_step() const {
+  return !comm_ || (!tp_stopped_ && !comm_->broken());
+}
+
 void CpuBackend::poison_kv(int seq, int from) {
   kv_.poison(seq, from);
 }
@@ -191,8 +195,19 @@ Footprint CpuBackend::footprint() const {
 void CpuBackend::step(const StepRows& rows, const SampleJob* jobs, int n_jobs, SampleResult* results,
                       TokenLogprob* top, StepStats& stats) {
   auto t0 = std::chrono::steady_clock::now();
-  if (tp_lead_) tp_send_step(*comm_, rows, tp_wire_.data());
-  forward(m_.hp, m_, rows, b_, *this);
+  if (tp_lead_) {
+    // Once the step is sent the other ranks run its forward, collectives and all: rank 0 stopping on the
+    // way leaves them in a collective it will never join (the sampling below runs on rank 0 alone).
+    try {
+      tp_send_step(*comm_, rows, tp_wire_.data());
+      forward(m_.hp, m_, rows, b_, *this);
+    } catch (...) {
+      tp_stopped_ = true;
+      throw;
+    }
+  } else {
+    forward(m_.hp, m_, rows, b_, *this);
+  }
   stats.forward_ms += ms_since(t0);
   if (n_jobs == 0) return;
 

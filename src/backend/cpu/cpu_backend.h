@@ -35,6 +35,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   void apply_rules(int k, const SamplingParams& p, const uint32_t* allow) override {
     apply_logit_rules(p, allow, logits_.data() + (size_t)k * m_.hp.n_vocab, n_sample_);
   }
+  bool ranks_in_step() const override;
   void poison_kv(int seq, int from) override;
   // A split model's rank 0 has the other ranks copy their shards of the cache too.
   void copy_kv(int from, int to, int n) override;
@@ -115,6 +116,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   // Tensor parallelism (a split model; empty otherwise).
   dist::Communicator* comm_ = nullptr;
   bool tp_lead_ = false;      // rank 0: sends each step to the other ranks
+  bool tp_stopped_ = false;   // rank 0: a step sent to the other ranks threw before its forward ended
   Buffer<float> vocab_part_;  // [n_outputs, vocab_shard] this rank's logits
   Buffer<float> vocab_all_;   // [tp_size, gather rows, vocab_shard] every rank's, gathered
   Buffer<int32_t> tp_wire_;   // [tp_rows_words(n_batch, n_outputs)] a step's rows, sent
