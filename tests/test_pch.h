@@ -13,3 +13,18 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "io/gguf.h"

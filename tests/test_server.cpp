@@ -1442,9 +1442,13 @@ TEST_F(ToolServerTest, OfficialOpenAiClientToolCalls) {
       "Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
       "mistralai-Mistral-Nemo-Instruct-2407.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
       "CohereForAI-c4ai-command-r-plus-tool_use.jinja"};
+  // Under the sanitizers (~5x slower) the first template only: the same requests through the same server
+  // code (test_tool_calls parses every family's syntax there); all five run in the normal build.
+  const size_t step = test::kSanitized ? std::size(kTemplates) : 1;
   std::string args;
-  for (const char* t : kTemplates)
-    args += " " + (std::filesystem::path(ULTRA_SOURCE_DIR) / "tests/fixtures/templates" / t).string();
+  for (size_t i = 0; i < std::size(kTemplates); i += step)
+    args +=
+        " " + (std::filesystem::path(ULTRA_SOURCE_DIR) / "tests/fixtures/templates" / kTemplates[i]).string();
   if (const std::string skip = node_client("openai_tools.mjs", out, args); !skip.empty())
     GTEST_SKIP() << skip;
   const json j = json::parse(out);
@@ -1466,7 +1470,8 @@ TEST_F(ToolServerTest, OfficialOpenAiClientToolCalls) {
   EXPECT_FALSE(j["stream"]["calls"][0]["id"].get<std::string>().empty());
   EXPECT_EQ(j["followup"]["finish_reason"], "length") << j;
   EXPECT_GT(j["followup"]["usage"]["prompt_tokens"].get<int>(), 0);
-  for (const char* t : kTemplates) {
+  for (size_t i = 0; i < std::size(kTemplates); i += step) {
+    const char* t = kTemplates[i];
     SCOPED_TRACE(t);
     ASSERT_TRUE(j["templates"].contains(t)) << j;
     const json& r = j["templates"][t];
