@@ -107,6 +107,26 @@ TEST(JsonSchema, ObjectPropertiesRequiredFirstThenOptionalInOrder) {
         {R"({"z":2,"y":1})"}, {R"({"y":1,"z":2})"});
 }
 
+// Properties that the compiler adds to an object (allOf merging, patternProperties, oneOf exclusions) come in
+// the schema's own key order too: sorted for nlohmann::json, insertion order for ordered_json.
+TEST(JsonSchema, AddedPropertiesFollowTheJsonTypesKeyOrder) {
+  const std::string merged =
+      R"({"allOf":[{"properties":{"z":{"type":"integer"}},"required":["z"]},
+                   {"properties":{"a":{"type":"integer"}},"required":["a"]}]})";
+  const std::string patterned = R"({"patternProperties":{"^b":{"type":"integer"}},"required":["a","bb"]})";
+  for (const std::string& s : {merged, patterned}) {
+    const auto sorted = std::make_shared<const Grammar>(json_schema_to_grammar(nlohmann::json::parse(s)));
+    const auto ordered = compile(s);
+    const std::string first = s == merged ? "z" : "bb";
+    const std::string in_order = R"({")" + first + R"(":1,"a":2})";
+    const std::string alphabetical = R"({"a":2,")" + first + R"(":1})";
+    EXPECT_TRUE(grammar_accepts(sorted, alphabetical)) << s;
+    EXPECT_FALSE(grammar_accepts(sorted, in_order)) << s;
+    EXPECT_TRUE(grammar_accepts(ordered, in_order)) << s;
+    EXPECT_FALSE(grammar_accepts(ordered, alphabetical)) << s;
+  }
+}
+
 TEST(JsonSchema, NoRequiredPropertiesAnySubsetInOrder) {
   check(R"({"properties":{"a":{"const":1},"b":{"const":2},"c":{"const":3}}})",
         {"{}", R"({"a":1})", R"({"b":2})", R"({"c":3})", R"({"a":1,"c":3})", R"({"b":2,"c":3})",

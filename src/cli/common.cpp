@@ -13,6 +13,7 @@
 
 #include "chat/builtin_templates.h"
 #include "server/constraints.h"
+#include "server/json_text.h"
 #include "ultra/grammar.h"
 
 namespace ultra::cli {
@@ -115,7 +116,7 @@ std::string resolve_grammar(const GrammarFlags& f) {
     const std::string src = std::filesystem::exists(f.json_schema)
                                 ? read_text_file(f.json_schema, "--json-schema")
                                 : f.json_schema;
-    if (nlohmann::json::parse(src, nullptr, false).is_discarded())
+    if (server::parse_json_text(src, nullptr, /*allow_exceptions=*/false).is_discarded())
       fail("--json-schema: neither a file nor valid JSON: {}", f.json_schema.substr(0, 80));
     try {
       text = json_schema_to_gbnf(src);  // the file's own property order

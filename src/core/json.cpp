@@ -39,4 +39,17 @@ nlohmann::json parse_json(std::string_view text, const std::string& name) {
   }
 }
 
+nlohmann::json parse_json_text(std::string_view text, const nlohmann::json::parser_callback_t& cb,
+                               bool allow_exceptions) {
+  return json::parse(text, cb, allow_exceptions);
+}
+
+nlohmann::ordered_json parse_ordered_json_text(std::string_view text, bool allow_exceptions) {
+  return nlohmann::ordered_json::parse(text, nullptr, allow_exceptions);
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump();
+}
+
 }  // namespace ultra

@@ -125,10 +125,17 @@ std::string sanitize(const std::string& hint) {
   return out.empty() ? std::string("r") : out;
 }
 
-template <class J>
+// The compiler works on ordered_json only (one instantiation of its nlohmann calls, the bulk of this file's
+// build time). A nlohmann::json schema arrives converted (its objects then iterate in sorted key order), and
+// with sorted_keys every object the compiler builds (merged allOf parts, oneOf exclusions) is put back in
+// sorted key order, as nlohmann::json's std::map objects would be: the same iteration order, comparisons
+// and dumps, hence the same grammar, as compiling the nlohmann::json itself.
+using J = nlohmann::ordered_json;
+
 class Compiler {
  public:
-  Compiler(const J& root, const JsonSchemaOptions& opt) : root_(root), opt_(opt) {
+  Compiler(const J& root, const JsonSchemaOptions& opt, bool sorted_keys)
+      : root_(root), opt_(opt), sorted_keys_(sorted_keys) {
     for (const char* p : kPrimitiveNames) used_.insert(p);
     for (const std::string& f : kFormats) used_.insert({f, f + "-string"});
   }
@@ -143,6 +150,7 @@ class Compiler {
  private:
   const J& root_;
   JsonSchemaOptions opt_;
+  bool sorted_keys_;                                        // the schema was a nlohmann::json (see above)
   std::vector<std::pair<std::string, std::string>> rules_;  // name, body; in creation order
   std::unordered_map<std::string, size_t> rule_at_;         // name -> index in rules_
   std::unordered_set<std::string> used_;                    // every rule name taken
@@ -340,10 +348,10 @@ class Compiler {
   static std::optional<uint64_t> count_of(const J& s, const char* key, const std::string& path) {
     if (!s.contains(key)) return std::nullopt;
     const J& v = s[key];
-    if (v.is_number_unsigned()) return v.template get<uint64_t>();
-    if (v.is_number_integer() && v.template get<int64_t>() >= 0) return (uint64_t)v.template get<int64_t>();
+    if (v.is_number_unsigned()) return v.get<uint64_t>();
+    if (v.is_number_integer() && v.get<int64_t>() >= 0) return (uint64_t)v.get<int64_t>();
     if (v.is_number_float()) {
-      const double d = v.template get<double>();
+      const double d = v.get<double>();
       if (d >= 0 && d == std::floor(d)) return d > 1e18 ? (uint64_t)1e18 : (uint64_t)d;
     }
     bad(fmt::format("'{}' must be a non-negative integer", key), path + "/" + key);
@@ -363,7 +371,7 @@ class Compiler {
       if (kRefused.count(k)) refuse_keyword(k, path);
       if (k == "uniqueItems" && !it->is_boolean())
         bad("'uniqueItems' must be a boolean", path + "/uniqueItems");
-      if (k == "unevaluatedItems" && !(it->is_boolean() && it->template get<bool>())) refuse_keyword(k, path);
+      if (k == "unevaluatedItems" && !(it->is_boolean() && it->get<bool>())) refuse_keyword(k, path);
       if (k == "unevaluatedProperties" && !it->is_boolean()) refuse_keyword(k, path);
     }
   }
@@ -387,13 +395,13 @@ class Compiler {
   // The JSON pointer (decoded, "" for the root) that a local $ref names.
   std::string ref_pointer(const J& ref, const std::string& path) const {
     if (!ref.is_string()) bad("'$ref' must be a string", path + "/$ref");
-    const std::string r = ref.template get<std::string>();
+    const std::string r = ref.get<std::string>();
     const size_t hash = r.find('#');
     const std::string base = r.substr(0, hash);
     if (!base.empty()) {
-      const bool self = root_.is_object() && root_.contains("$id") && root_["$id"].is_string() &&
-                        root_["$id"].template get<std::string>().substr(
-                            0, root_["$id"].template get<std::string>().find('#')) == base;
+      const bool self =
+          root_.is_object() && root_.contains("$id") && root_["$id"].is_string() &&
+          root_["$id"].get<std::string>().substr(0, root_["$id"].get<std::string>().find('#')) == base;
       if (!self) fail("json schema: remote $ref '{}' is not supported at {}", r, path + "/$ref");
     }
     const std::string frag = hash == std::string::npos ? "" : percent_decode(r.substr(hash + 1));
@@ -457,7 +465,7 @@ class Compiler {
     DepthGuard guard{depth_};
     count_work(path);
     if (s.is_boolean()) {
-      if (!s.template get<bool>()) bad("allOf with a 'false' schema (no value matches)", path);
+      if (!s.get<bool>()) bad("allOf with a 'false' schema (no value matches)", path);
       return;
     }
     if (!s.is_object()) bad("a schema must be an object or a boolean", path);
@@ -482,9 +490,8 @@ class Compiler {
     auto add = [&](const J& v) {
       static const std::set<std::string> known = {"null",   "boolean", "object", "array",
                                                   "string", "number",  "integer"};
-      if (!v.is_string() || !known.count(v.template get<std::string>()))
-        bad("unknown 'type'", path + "/type");
-      out.insert(v.template get<std::string>());
+      if (!v.is_string() || !known.count(v.get<std::string>())) bad("unknown 'type'", path + "/type");
+      out.insert(v.get<std::string>());
     };
     if (t.is_array()) {
       for (const J& v : t) add(v);
@@ -523,8 +530,8 @@ class Compiler {
         for (auto p = vb.begin(); p != vb.end(); ++p) {
           if (va.contains(p.key()) && (p->is_boolean() || va[p.key()].is_boolean())) {
             // true is no constraint, false admits nothing
-            const bool b_false = p->is_boolean() && !p->template get<bool>();
-            const bool a_false = va[p.key()].is_boolean() && !va[p.key()].template get<bool>();
+            const bool b_false = p->is_boolean() && !p->get<bool>();
+            const bool a_false = va[p.key()].is_boolean() && !va[p.key()].get<bool>();
             if (b_false || a_false) {
               va[p.key()] = false;
             } else if (va[p.key()].is_boolean()) {
@@ -561,8 +568,8 @@ class Compiler {
         both["allOf"] = J::array({va, vb});
         va = both;
       } else if (k == "additionalProperties") {
-        if (va.is_boolean() && !va.template get<bool>()) continue;
-        if (vb.is_boolean() && !vb.template get<bool>()) {
+        if (va.is_boolean() && !va.get<bool>()) continue;
+        if (vb.is_boolean() && !vb.get<bool>()) {
           va = false;
         } else if (va.is_boolean()) {
           va = vb;
@@ -595,6 +602,9 @@ class Compiler {
     return a;
   }
 
+  // `x` with its objects (at every depth) in the key order the schema's own json type iterates them in.
+  J keyed(J x) const { return sorted_keys_ ? J(nlohmann::json(x)) : x; }
+
   J merge_all(const J& s, const std::string& path) {
     std::vector<std::pair<J, std::string>> parts;
     flatten(s, path, parts);
@@ -603,7 +613,7 @@ class Compiler {
     J merged = J::object();
     for (const auto& [part, part_path] : parts) {
       if (part.contains("additionalProperties") && part["additionalProperties"].is_boolean() &&
-          !part["additionalProperties"].template get<bool>()) {
+          !part["additionalProperties"].get<bool>()) {
         std::set<std::string> own;
         if (part.contains("properties") && part["properties"].is_object()) {
           for (auto it = part["properties"].begin(); it != part["properties"].end(); ++it)
@@ -618,20 +628,20 @@ class Compiler {
         }
         allowed = own;
       }
-      merged = merge_two(std::move(merged), part, path);
+      merged = keyed(merge_two(std::move(merged), part, path));
     }
     if (allowed && merged.contains("properties") && merged["properties"].is_object()) {
       J kept = J::object();
       for (auto it = merged["properties"].begin(); it != merged["properties"].end(); ++it) {
         if (allowed->count(it.key())) kept[it.key()] = *it;
       }
-      merged["properties"] = kept;
+      merged["properties"] = keyed(std::move(kept));
     }
     if (allowed && merged.contains("required") && merged["required"].is_array()) {
       for (const J& n : merged["required"]) {
-        if (n.is_string() && !allowed->count(n.template get<std::string>())) {
+        if (n.is_string() && !allowed->count(n.get<std::string>())) {
           bad(fmt::format("allOf: required property '{}' is excluded by a part's additionalProperties false",
-                          n.template get<std::string>()),
+                          n.get<std::string>()),
               path);
         }
       }
@@ -649,7 +659,7 @@ class Compiler {
     DepthGuard guard{depth_};
     count_work(path);
     if (s.is_boolean()) {
-      if (s.template get<bool>()) return any_value();
+      if (s.get<bool>()) return any_value();
       bad("schema 'false' (no value matches)", path);
     }
     if (!s.is_object()) bad("a schema must be an object or a boolean", path);
@@ -715,7 +725,7 @@ class Compiler {
     std::optional<Error> first_error;
     for (size_t i = 0; i < alts.size(); ++i) {
       const std::string alt_path = fmt::format("{}/{}/{}", path, key, i);
-      if (alts[i].is_boolean() && !alts[i].template get<bool>()) continue;  // matches nothing: no alternative
+      if (alts[i].is_boolean() && !alts[i].get<bool>()) continue;  // matches nothing: no alternative
       const bool exclude = !exclusions.empty() && !exclusions[i].empty();
       if (exclude && exclusions[i].is_boolean()) continue;  // would match another alternative too
       const Mark m = mark();
@@ -754,7 +764,7 @@ class Compiler {
       std::set<std::string> out;
       if (a.is_object() && a.contains("required") && a["required"].is_array()) {
         for (const J& n : a["required"]) {
-          if (n.is_string()) out.insert(n.template get<std::string>());
+          if (n.is_string()) out.insert(n.get<std::string>());
         }
       }
       return out;
@@ -823,6 +833,7 @@ class Compiler {
         }
         out[i]["properties"][pick] = false;
       }
+      out[i] = keyed(std::move(out[i]));
     }
     return out;
   }
@@ -835,8 +846,7 @@ class Compiler {
     if (t == "string") return v.is_string();
     if (t == "number") return v.is_number();
     if (t == "integer") {
-      return v.is_number_integer() ||
-             (v.is_number_float() && v.template get<double>() == std::floor(v.template get<double>()));
+      return v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()));
     }
     return false;
   }
@@ -872,7 +882,7 @@ class Compiler {
         if (!ok) continue;
       }
       if (v.is_string() && (min_len || max_len)) {
-        const std::string str = v.template get<std::string>();
+        const std::string str = v.get<std::string>();
         uint64_t n = 0;
         for (const char c : str) n += ((unsigned char)c & 0xC0) != 0x80;
         if ((min_len && n < *min_len) || (max_len && n > *max_len)) continue;
@@ -906,7 +916,7 @@ class Compiler {
     std::string format;
     if (s.contains("format")) {
       if (!s["format"].is_string()) bad("'format' must be a string", path + "/format");
-      format = s["format"].template get<std::string>();
+      format = s["format"].get<std::string>();
       if (!kFormats.count(format)) format.clear();  // an annotation
     }
     if (!format.empty()) {
@@ -942,7 +952,7 @@ class Compiler {
       if (!s["pattern"].is_string()) bad("'pattern' must be a string", path + "/pattern");
       RegexGbnf re;
       try {
-        re = regex_to_gbnf(s["pattern"].template get<std::string>(), prim("char"), max_len);
+        re = regex_to_gbnf(s["pattern"].get<std::string>(), prim("char"), max_len);
       } catch (const Error& e) {
         fail("json schema: {} at {}", e.what(), path + "/pattern");
       }
@@ -984,14 +994,14 @@ class Compiler {
                                  : (v < out->first || (v == out->first && strict));
       if (tighter) out = {v, strict};
     };
-    const bool draft4_excl = s.contains(excl) && s[excl].is_boolean() && s[excl].template get<bool>();
+    const bool draft4_excl = s.contains(excl) && s[excl].is_boolean() && s[excl].get<bool>();
     if (s.contains(incl)) {
       if (!s[incl].is_number()) bad(fmt::format("'{}' must be a number", incl), path + "/" + incl);
-      take(s[incl].template get<double>(), draft4_excl);
+      take(s[incl].get<double>(), draft4_excl);
     }
     if (s.contains(excl) && !s[excl].is_boolean()) {
       if (!s[excl].is_number()) bad(fmt::format("'{}' must be a number", excl), path + "/" + excl);
-      take(s[excl].template get<double>(), true);
+      take(s[excl].get<double>(), true);
     }
     return out;
   }
@@ -1125,11 +1135,12 @@ class Compiler {
     for (const std::string& n : required) {  // neither listed nor matched: an additional property
       if (props.contains(n)) continue;
       const J add = s.contains("additionalProperties") ? s["additionalProperties"] : J(true);
-      if (add.is_boolean() && !add.template get<bool>()) {
+      if (add.is_boolean() && !add.get<bool>()) {
         bad(fmt::format("required property '{}' is excluded by additionalProperties false", n), path);
       }
       props[n] = add;
     }
+    props = keyed(std::move(props));
   }
 
   std::string visit_object(const J& s, const std::string& path, const std::string& hint) {
@@ -1143,8 +1154,8 @@ class Compiler {
       if (!s["required"].is_array()) bad("'required' must be an array", path + "/required");
       for (const J& n : s["required"]) {
         if (!n.is_string()) bad("'required' must list strings", path + "/required");
-        if (std::find(required.begin(), required.end(), n.template get<std::string>()) == required.end()) {
-          required.push_back(n.template get<std::string>());
+        if (std::find(required.begin(), required.end(), n.get<std::string>()) == required.end()) {
+          required.push_back(n.get<std::string>());
         }
       }
     }
@@ -1163,13 +1174,13 @@ class Compiler {
     }
     const bool closed_by_default = !props.empty() || !required.empty();
     const bool closed =
-        additional ? (additional->is_boolean() && !additional->template get<bool>()) : closed_by_default;
+        additional ? (additional->is_boolean() && !additional->get<bool>()) : closed_by_default;
 
     // Properties in order: required ones (in properties' order, then the rest of `required`), optional.
     std::vector<std::string> req_names, opt_names, excluded;  // excluded: properties with schema false
     for (auto it = props.begin(); it != props.end(); ++it) {
       const bool is_req = std::find(required.begin(), required.end(), it.key()) != required.end();
-      if (it->is_boolean() && !it->template get<bool>()) {
+      if (it->is_boolean() && !it->get<bool>()) {
         if (is_req)
           bad(fmt::format("required property '{}' has schema false", it.key()), path + "/properties");
         excluded.push_back(it.key());
@@ -1199,7 +1210,7 @@ class Compiler {
           if (it->is_array()) {
             for (const J& d : *it) {
               if (!d.is_string()) bad(fmt::format("'{}' must list property names", key), path + "/" + key);
-              const std::string dn = d.template get<std::string>();
+              const std::string dn = d.get<std::string>();
               if (!is_req || std::find(req_names.begin(), req_names.end(), dn) != req_names.end()) continue;
               if (closed && !props.contains(dn)) {
                 bad(fmt::format("dependency '{}' is excluded by additionalProperties false", dn),
@@ -1209,7 +1220,7 @@ class Compiler {
               req_names.push_back(dn);
               changed = true;
             }
-          } else if (is_req && !(it->is_boolean() && it->template get<bool>())) {
+          } else if (is_req && !(it->is_boolean() && it->get<bool>())) {
             refuse_keyword(key, path);  // a schema that a present property brings in: not merged
           }
         }
@@ -1220,8 +1231,7 @@ class Compiler {
         if (!ok && deps[n].is_array()) {
           ok = true;
           for (const J& d : deps[n]) {
-            ok = ok && std::find(req_names.begin(), req_names.end(), d.template get<std::string>()) !=
-                           req_names.end();
+            ok = ok && std::find(req_names.begin(), req_names.end(), d.get<std::string>()) != req_names.end();
           }
         }
         if (ok) kept.push_back(n);
@@ -1246,7 +1256,7 @@ class Compiler {
     std::string extra;  // the kv of an additional property, or empty
     if (!closed) {
       std::string value_expr;
-      if (!additional || (additional->is_boolean() && additional->template get<bool>())) {
+      if (!additional || (additional->is_boolean() && additional->get<bool>())) {
         value_expr = any_value();
       } else {
         value_expr = visit(*additional, path + "/additionalProperties", hint + "-additional");
@@ -1325,11 +1335,11 @@ class Compiler {
     }
     const std::string rest_path =
         path + (items_list && !s.contains("prefixItems") ? "/additionalItems" : "/items");
-    if (rest && rest->is_boolean() && !rest->template get<bool>()) rest.reset();
+    if (rest && rest->is_boolean() && !rest->get<bool>()) rest.reset();
     const uint64_t min = count_of(s, "minItems", path).value_or(0);
     std::optional<uint64_t> max_in = count_of(s, "maxItems", path);
     // uniqueItems true: met by arrays of at most one item (a narrower grammar; more needs item comparison).
-    if (s.contains("uniqueItems") && s["uniqueItems"].template get<bool>()) {
+    if (s.contains("uniqueItems") && s["uniqueItems"].get<bool>()) {
       if (min > 1) refuse_keyword("uniqueItems", path);
       max_in = std::min<uint64_t>(max_in.value_or(1), 1);
     }
@@ -1375,10 +1385,9 @@ class Compiler {
   }
 };
 
-template <class J>
-std::string compile(const J& schema, const JsonSchemaOptions& options) {
+std::string compile(const J& schema, const JsonSchemaOptions& options, bool sorted_keys) {
   try {
-    Compiler<J> c(schema, options);
+    Compiler c(schema, options, sorted_keys);
     return c.run();
   } catch (const nlohmann::json::exception& e) {
     fail("json schema: {}", e.what());
@@ -1409,9 +1418,8 @@ void check_productive(const Grammar& g) {
   }
 }
 
-template <class J>
-Grammar compile_grammar(const J& schema, const JsonSchemaOptions& options) {
-  const std::string text = compile(schema, options);
+Grammar compile_grammar(const J& schema, const JsonSchemaOptions& options, bool sorted_keys) {
+  const std::string text = compile(schema, options, sorted_keys);
   Grammar g;
   try {
     g = parse_gbnf(text);
@@ -1425,16 +1433,16 @@ Grammar compile_grammar(const J& schema, const JsonSchemaOptions& options) {
 }  // namespace json_schema_impl
 
 std::string json_schema_to_gbnf(const nlohmann::json& schema, const JsonSchemaOptions& options) {
-  return json_schema_impl::compile(schema, options);
+  return json_schema_impl::compile(nlohmann::ordered_json(schema), options, /*sorted_keys=*/true);
 }
 std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
-  return json_schema_impl::compile(schema, options);
+  return json_schema_impl::compile(schema, options, /*sorted_keys=*/false);
 }
 Grammar json_schema_to_grammar(const nlohmann::json& schema, const JsonSchemaOptions& options) {
-  return json_schema_impl::compile_grammar(schema, options);
+  return json_schema_impl::compile_grammar(nlohmann::ordered_json(schema), options, /*sorted_keys=*/true);
 }
 Grammar json_schema_to_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
-  return json_schema_impl::compile_grammar(schema, options);
+  return json_schema_impl::compile_grammar(schema, options, /*sorted_keys=*/false);
 }
 
 }  // namespace ultra::grammar

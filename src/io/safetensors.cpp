@@ -91,7 +91,7 @@ Tensor parse_entry(const std::string& file, const std::string& tname, const json
   bool overflow = false;
   for (const json& d : *shape_it) {
     auto n = as_count(d);
-    if (!n) fail("{}: tensor '{}' shape entry {} is not a non-negative integer", file, tname, d.dump());
+    if (!n) fail("{}: tensor '{}' shape entry {} is not a non-negative integer", file, tname, dump_json(d));
     t.shape.push_back(*n);
     overflow |= __builtin_mul_overflow(n_elements, *n, &n_elements);
   }
@@ -111,7 +111,7 @@ Tensor parse_entry(const std::string& file, const std::string& tname, const json
   }
   const auto begin = as_count((*off_it)[0]), end = as_count((*off_it)[1]);
   if (!begin || !end)
-    fail("{}: tensor '{}' data_offsets {} are not non-negative integers", file, tname, off_it->dump());
+    fail("{}: tensor '{}' data_offsets {} are not non-negative integers", file, tname, dump_json(*off_it));
   if (*end < *begin)
     fail("{}: tensor '{}' data_offsets [{}, {}] end before they begin", file, tname, *begin, *end);
   if (*end > section_size) {

@@ -201,10 +201,10 @@ int get_int(const json& j, const char* key, const std::string& path, int fallbac
 float get_num(const json& j, const char* key, const std::string& path, double fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return (float)fallback;
-  if (!it->is_number()) fail("{}: '{}' must be a number, got {}", path, key, it->dump());
+  if (!it->is_number()) fail("{}: '{}' must be a number, got {}", path, key, dump_json(*it));
   const double v = it->get<double>();
   if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
-    fail("{}: '{}' = {} is not a finite float", path, key, it->dump());
+    fail("{}: '{}' = {} is not a finite float", path, key, dump_json(*it));
   return (float)v;
 }
 
@@ -213,7 +213,7 @@ float get_num(const json& j, const char* key, const std::string& path, double fa
 bool get_bool(const json& j, const char* key, const std::string& path, bool fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail("{}: '{}' must be true or false, got {}", path, key, it->dump());
+  if (!it->is_boolean()) fail("{}: '{}' must be true or false, got {}", path, key, dump_json(*it));
   return it->get<bool>();
 }
 
@@ -224,9 +224,9 @@ void get_ids(const json& j, const char* key, const std::string& path, std::vecto
   if (it == j.end() || it->is_null()) return;
   auto one = [&](const json& v) {
     if (!v.is_number_integer())
-      fail("{}: '{}' must be a token id or a list of token ids, got {}", path, key, it->dump());
+      fail("{}: '{}' must be a token id or a list of token ids, got {}", path, key, dump_json(*it));
     const int64_t id = v.get<int64_t>();
-    if (id < 0 || id > INT32_MAX) fail("{}: '{}' holds {}, not a valid token id", path, key, v.dump());
+    if (id < 0 || id > INT32_MAX) fail("{}: '{}' holds {}, not a valid token id", path, key, dump_json(v));
     if (std::find(ids.begin(), ids.end(), (int32_t)id) == ids.end()) ids.push_back((int32_t)id);
   };
   if (it->is_array()) {
@@ -325,7 +325,8 @@ void read_hf_experts(const json& j, const std::string& path, bool mixtral, bool 
     fail("{}: decoder_sparse_step = {}: only models whose every layer has experts are supported", path, step);
   if (auto it = j.find("mlp_only_layers");
       it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
-    fail("{}: mlp_only_layers {}: only models whose every layer has experts are supported", path, it->dump());
+    fail("{}: mlp_only_layers {}: only models whose every layer has experts are supported", path,
+         dump_json(*it));
 }
 
 // gpt-oss (transformers' GptOssConfig / modeling_gpt_oss.py): num_local_experts experts of intermediate_size,
@@ -465,7 +466,7 @@ HParams parse_hf_config_json(std::string_view text, const std::string& path,
       if ((int)lt.size() != hp.n_layers)
         fail("{}: layer_types has {} entries for {} layers", path, lt.size(), hp.n_layers);
       for (int il = 0; il < hp.n_layers; ++il) {
-        const std::string t = lt[il].is_string() ? lt[il].get<std::string>() : lt[il].dump();
+        const std::string t = lt[il].is_string() ? lt[il].get<std::string>() : dump_json(lt[il]);
         if (t == "sliding_attention")
           swa[il] = 1;
         else if (t != "full_attention")

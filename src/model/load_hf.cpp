@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/safetensors.h"
 #include "model/gpt_oss.h"
 #include "model/loader_util.h"
@@ -169,7 +170,8 @@ std::unique_ptr<ModelData> load_hf_model(const std::string& dir) {
   HfLoader L{*m, *m->st, dir, {}};
   {
     std::ifstream f(cfg);
-    const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    const nlohmann::json j = parse_json_text(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("quantization_config") && j["quantization_config"].is_object()) {
       const auto& q = j["quantization_config"];
       if (q.contains("weight_block_size") && q["weight_block_size"].is_array() &&

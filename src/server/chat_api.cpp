@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "server/chat.h"
+#include "server/json_text.h"
 
 namespace ultra {
 
@@ -13,7 +14,7 @@ namespace ultra {
 namespace chat_api {
 
 nlohmann::json parse_json(std::string_view text, const char* what) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = server::parse_json_text(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) fail("{}: not valid JSON", what);
   return j;
 }

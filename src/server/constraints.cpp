@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "server/json_text.h"
 #include "ultra/grammar.h"
 
 namespace ultra::server {
@@ -21,7 +22,7 @@ ws     ::= | " " | "\n" [ \t]{0,20}
 std::string json_schema_to_gbnf(const json& schema, const std::string& param) {
   // The request was parsed with sorted object keys: properties are generated in name order.
   try {
-    return ultra::json_schema_to_gbnf(schema.dump());
+    return ultra::json_schema_to_gbnf(dump_json(schema));
   } catch (const Error& e) {
     throw FieldError(param, e.what());
   }

@@ -1,5 +1,6 @@
 // Reasoning apart from the answer: the Think and Harmony syntaxes (reasoning.h).
 #include "server/reasoning.h"
+#include "server/json_text.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -113,9 +114,9 @@ ReasoningSplit ReasoningStream::finish() {
 // closed by <|message|> is dropped.
 void ReasoningStream::end_message(ReasoningSplit& out) {
   if (place_ == Place::Body && !call_.empty()) {
-    const nlohmann::ordered_json a = nlohmann::ordered_json::parse(args_, nullptr, false);
+    const nlohmann::ordered_json a = parse_ordered_json_text(args_, /*allow_exceptions=*/false);
     if (a.is_object())
-      calls_.emplace_back(call_, a.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+      calls_.emplace_back(call_, dump_replacing(a));
     else
       out.content += args_;
   }

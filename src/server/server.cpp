@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include "core/error.h"
+#include "server/json_text.h"
 
 #include <fmt/format.h>
 
@@ -44,7 +45,7 @@ struct ApiError {
 // Every response body: ill-formed UTF-8 in a string (a detokenized piece of a character, a parser's message
 // quoting the bad input) is written as U+FFFD instead of failing the response.
 std::string to_text(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return dump_replacing(j);
 }
 
 json error_body(const ApiError& e) {
@@ -106,7 +107,7 @@ json parse_body(const http::Request& req) {
   };
   json j;
   try {
-    j = json::parse(req.body, cb);
+    j = parse_json_text(req.body, cb);
   } catch (const TooDeep&) {
     throw ApiError{400, fmt::format("the request body is nested deeper than {} levels", kMaxBodyDepth),
                    "invalid_request_error", field};

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "server/constraints.h"
+#include "server/json_text.h"
 #include "server/tool_calls.h"
 #include "ultra/error.h"
 #include "ultra/grammar.h"
@@ -82,7 +83,7 @@ std::string call_rules(const ToolRequest& tools, ToolSyntax syntax) {
     std::string args;
     try {
       // At most one space or newline between tokens: a call spends its tokens on the arguments.
-      args = ultra::json_schema_to_gbnf(parameters_of(tools.tools[i]).dump(), /*max_indent=*/0);
+      args = ultra::json_schema_to_gbnf(dump_json(parameters_of(tools.tools[i])), /*max_indent=*/0);
     } catch (const Error& e) {
       throw FieldError("tools", fmt::format("'tools[{}].function.parameters' ('{}'): {}", i, name, e.what()));
     }

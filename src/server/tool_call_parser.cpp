@@ -7,6 +7,7 @@
 #include <random>
 
 #include "server/chat.h"
+#include "server/json_text.h"
 #include "server/tool_calls.h"
 
 namespace ultra::server {
@@ -69,7 +70,7 @@ size_t json_value_end(std::string_view s, size_t i) {
 ojson take_json(std::string_view s, size_t& i) {
   const size_t e = json_value_end(s, i);
   if (e == std::string_view::npos) return ojson(ojson::value_t::discarded);
-  ojson v = ojson::parse(s.substr(i, e - i), nullptr, /*allow_exceptions=*/false);
+  ojson v = parse_ordered_json_text(s.substr(i, e - i), /*allow_exceptions=*/false);
   i = e;
   return v;
 }
@@ -94,13 +95,13 @@ bool declared(const ToolRequest& tools, const std::string& name) {
 // Arguments as the call's JSON text: an object, or a string holding one. False otherwise.
 bool arguments_text(const ojson& a, std::string& out) {
   if (a.is_object()) {
-    out = a.dump(-1, ' ', false, ojson::error_handler_t::replace);
+    out = dump_replacing(a);
     return true;
   }
   if (a.is_string()) {
-    const ojson p = ojson::parse(a.get<std::string>(), nullptr, false);
+    const ojson p = parse_ordered_json_text(a.get<std::string>(), /*allow_exceptions=*/false);
     if (!p.is_object()) return false;
-    out = p.dump(-1, ' ', false, ojson::error_handler_t::replace);
+    out = dump_replacing(p);
     return true;
   }
   return false;
@@ -176,7 +177,7 @@ ojson parameter_value(std::string_view text, const std::string& type) {
   if (b < text.size() && (text[b] == '{' || text[b] == '[') &&
       skip_ws(text, json_value_end(text, b)) != text.size())
     return ojson(std::string(text));
-  ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  ojson v = parse_ordered_json_text(text, /*allow_exceptions=*/false);
   return v.is_discarded() ? ojson(std::string(text)) : v;
 }
 
@@ -212,7 +213,7 @@ bool xml_call(std::string_view s, size_t& i, const ToolRequest& tools, ToolCall&
     args[param] = parameter_value(value, parameter_type(tools, c.name, param));
     i = end + kParamEnd.size();
   }
-  c.arguments = args.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  c.arguments = dump_replacing(args);
   c.id = new_id(ToolSyntax::Hermes);
   return true;
 }
@@ -403,8 +404,7 @@ bool functionary_v31(std::string_view s, const ToolRequest& tools, ToolParse& r)
     c.id = new_id(ToolSyntax::FunctionaryV31);
     if (at == py) {
       c.name = "python";
-      c.arguments = ojson{{"code", std::string(s.substr(py + kPythonTag.size()))}}.dump(
-          -1, ' ', false, ojson::error_handler_t::replace);
+      c.arguments = dump_replacing(ojson{{"code", std::string(s.substr(py + kPythonTag.size()))}});
       r.calls.push_back(std::move(c));
       break;
     }
@@ -451,8 +451,7 @@ bool functionary_v32(std::string_view s, const ToolRequest& tools, ToolParse& r)
     if (!arguments_text(take_json(s, e), c.arguments)) {
       if (name != "python") return false;
       e = std::min(s.find(kRecipient, i), s.size());
-      c.arguments = ojson{{"code", std::string(s.substr(i, e - i))}}.dump(-1, ' ', false,
-                                                                          ojson::error_handler_t::replace);
+      c.arguments = dump_replacing(ojson{{"code", std::string(s.substr(i, e - i))}});
     }
     r.calls.push_back(std::move(c));
     i = skip_ws(s, e);

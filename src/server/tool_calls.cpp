@@ -1,6 +1,7 @@
 // Tool calls: the family of a template, the request's tools and the messages the template gets
 // (tool_calls.h). The output parser is tool_call_parser.cpp, the grammar tool_call_grammar.cpp.
 #include "server/tool_calls.h"
+#include "server/json_text.h"
 
 #include <fmt/format.h>
 
@@ -38,8 +39,7 @@ bool valid_name(const std::string& n) {
 std::string hermes_call_text(const std::string& name, const json& arguments) {
   // name first, as the model is asked to write it
   return fmt::format("<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
-                     json(name).dump(-1, ' ', false, json::error_handler_t::replace),
-                     arguments.dump(-1, ' ', false, json::error_handler_t::replace));
+                     dump_replacing(json(name)), dump_replacing(arguments));
 }
 
 }  // namespace
@@ -217,7 +217,7 @@ void check_tools_special(const Tokenizer& tok, const ToolRequest& tools) {
 json tool_template_variables(const ToolFamily& family, const ToolRequest& tools) {
   json vars = {{"tools", tools.tools}};
   if (family.syntax == ToolSyntax::FireFunction) {
-    vars["functions"] = tools.tools.dump(2, ' ', false, json::error_handler_t::replace);
+    vars["functions"] = dump_replacing(tools.tools, 2);
     const std::time_t now = std::time(nullptr);
     std::tm tm{};
     gmtime_r(&now, &tm);
@@ -234,7 +234,7 @@ std::string fallback_tool_prompt(const ToolRequest& tools) {
     json d = {{"name", f["name"]}};
     if (given(f, "description")) d["description"] = f["description"];
     d["parameters"] = given(f, "parameters") ? f["parameters"] : json::object();
-    s += d.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    s += dump_replacing(d) + "\n";
   }
   s += "To call one, reply with <tool_call>\n{\"name\": NAME, \"arguments\": {...}}\n</tool_call>";
   return s;
@@ -260,7 +260,7 @@ json prepare_tool_messages(const json& messages, const ToolFamily& family, const
         if (!f.contains("name") || !f["name"].is_string())
           bad(fmt::format("[{}].function.name must be a string", k));
         if (f.contains("arguments") && f["arguments"].is_string()) {
-          json a = json::parse(f["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          json a = parse_json_text(f["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
           if (a.is_object()) f["arguments"] = std::move(a);  // else left a string
         } else if (!given(f, "arguments")) {
           f["arguments"] = json::object();
@@ -268,7 +268,7 @@ json prepare_tool_messages(const json& messages, const ToolFamily& family, const
           bad(fmt::format("[{}].function.arguments must be a JSON string or an object", k));
         }
         if (family.string_arguments && family.template_takes_calls && f["arguments"].is_object())
-          f["arguments"] = f["arguments"].dump(-1, ' ', false, json::error_handler_t::replace);
+          f["arguments"] = dump_replacing(f["arguments"]);
         if (!family.template_takes_calls) text += "\n" + hermes_call_text(f["name"], f["arguments"]);
       }
       if (!given(m, "content")) m["content"] = "";  // templates test or search it (Qwen3: '</think>' in it)

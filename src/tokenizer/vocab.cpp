@@ -314,8 +314,9 @@ int32_t json_token_id(const json& v, const std::string& source, std::string_view
                               : v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t)kMaxVocab);
   if (!in_range) {
     const std::string name = key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key);
-    if (!v.is_number_integer()) fail("{}: {} is {}, expected an integer token id", source, name, v.dump());
-    fail("{}: {} = {} is not a token id (0 to {})", source, name, v.dump(), kMaxVocab - 1);
+    if (!v.is_number_integer())
+      fail("{}: {} is {}, expected an integer token id", source, name, dump_json(v));
+    fail("{}: {} = {} is not a token id (0 to {})", source, name, dump_json(v), kMaxVocab - 1);
   }
   return (int32_t)v.get<int64_t>();
 }
@@ -344,7 +345,7 @@ void parse_normalizer(HfCtx& c, const json& j) {
   } else if (type == "Replace") {
     const json& p = j.at("pattern");
     if (!(p.contains("String") && p["String"] == " " && str_or(j, "content", "") == utf8::kMetaSpace))
-      fail("{}: Replace normalizer {} is not supported (only ' ' -> U+2581)", c.source, j.dump());
+      fail("{}: Replace normalizer {} is not supported (only ' ' -> U+2581)", c.source, dump_json(j));
     c.v.escape_spaces = true;
   } else if (type == "NFC") {
     // Accepted as the identity: text is taken to be NFC already (true of nearly all text). Decomposed
@@ -383,7 +384,7 @@ void parse_pre_tokenizer(HfCtx& c, const json& j, bool first) {
     } else if (p.contains("String")) {
       r.pattern = quote_regex(p["String"].get<std::string>());
     } else {
-      fail("{}: Split pattern {} is not supported", c.source, p.dump());
+      fail("{}: Split pattern {} is not supported", c.source, dump_json(p));
     }
     r.behavior = parse_behavior(c, j.value("behavior", json("Isolated")));
     r.invert = bool_or(j, "invert", false);
@@ -546,7 +547,7 @@ Vocab load_hf_json(std::string_view tokenizer_json, std::string_view config_json
       } else if (m.is_array() && m.size() == 2) {
         v.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
       } else {
-        fail("{}: merge #{} {} is malformed", source, v.merges.size(), m.dump());
+        fail("{}: merge #{} {} is malformed", source, v.merges.size(), dump_json(m));
       }
     }
     v.byte_fallback = bool_or(model, "byte_fallback", false);
