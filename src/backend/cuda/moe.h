@@ -1,7 +1,8 @@
-// Mixture-of-experts kernels (Mixtral, Qwen2-MoE, Qwen3-MoE) for the CUDA backend: the router's softmax and
-// top-k, the grouping of (row, expert) pairs by expert, the experts' SwiGLU FFN over their own rows only, and
-// the weighted sum back into the residual stream. Every launch has a shape fixed by the number of rows (the
-// expert choice is data read on the device), so a step with experts is captured into a graph like any other.
+// Mixture-of-experts kernels (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) for the CUDA backend: the router's
+// softmax and top-k, the grouping of (row, expert) pairs by expert, the experts' SwiGLU FFN over their own
+// rows only, and the weighted sum back into the residual stream. Every launch has a shape fixed by the number
+// of rows (the expert choice is data read on the device), so a step with experts is captured into a graph
+// like any other.
 //
 // The FFN of n rows with k experts each, the n * k (row, slot) pairs:
 //   moe_group:   pairs sorted by expert (counting sort, rows ascending within an expert), cut into tiles of
@@ -16,6 +17,9 @@
 // then the down projection and the weighted sum in one pass (a warp per output element, the experts in slot
 // order). Decode reads exactly the k selected experts' weights once. Arithmetic in f32, weights decoded in
 // registers (F32, F16, BF16, Q8_0 in its device layout).
+// gpt-oss: every product adds its expert's bias (ExpertWeights::bias, after the f32 dot product, as the
+// CPU's matmul), the activation is the clamped SwiGLU (swiglu_limit > 0: cpu::swiglu_oai) instead of
+// silu(gate) * up, and the routing is moe_route_topk_softmax.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,6 +48,7 @@ struct ExpertWeights {
   size_t row_bytes = 0;
   size_t expert_bytes = 0;
   int n_expert = 0;
+  const float* bias = nullptr;  // [n_expert, rows] f32 device memory (gpt-oss), or null: none
 };
 
 // Whether the expert kernels take this matrix type and shape (cols a multiple of 8, 16-byte rows; Q8_0:
@@ -64,9 +69,10 @@ size_t moe_scratch_bytes(int n_rows, int k, int n_expert, int ffn, int dim);
 MoeScratch moe_scratch(void* mem, int n_rows, int k, int n_expert, int ffn, int dim);  // carves mem
 
 // The router's logits [n, n_expert] = xn [n, dim] . R^T, R [n_expert, dim] given as one "expert"
-// (r.n_expert = 1, r.rows = the number of experts), in f32 at every n: the expert choice must not depend on
-// the step size (the dense matmuls round activations to BF16 above 32 rows, and a BF16 copy of a low-bit
-// matrix serves 5..32 rows; either can flip a near tie of router logits).
+// (r.n_expert = 1, r.rows = the number of experts; r.bias [n_expert] added when set: gpt-oss), in f32 at
+// every n: the expert choice must not depend on the step size (the dense matmuls round activations to BF16
+// above 32 rows, and a BF16 copy of a low-bit matrix serves 5..32 rows; either can flip a near tie of router
+// logits).
 cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* logits, cudaStream_t stream);
 
 // model/moe.h's moe_route on the device: logits [n, n_expert] (overwritten with the softmax probabilities)
@@ -77,11 +83,20 @@ cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* lo
 cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
                       cudaStream_t stream, const MoeScratch* decode_tiles = nullptr);
 
+// model/moe.h's moe_route_topk_softmax on the device (gpt-oss): ids [n, k] the experts of the k largest
+// logits [n, n_expert] (descending, ties to the lower expert, NaN last), w [n, k] the softmax of those k
+// logits (in f32, summed in slot order as the CPU). logits are left as they are. Limits and decode_tiles as
+// moe_route.
+cudaError_t moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids, float* w,
+                                   cudaStream_t stream, const MoeScratch* decode_tiles = nullptr);
+
 // x[n, dim] += the experts' FFN of xn[n, dim], as described above. gate / up: [ffn, dim] per expert, down:
-// [dim, ffn] per expert, all of one type.
+// [dim, ffn] per expert, all of one type, each with its bias or none. swiglu_limit > 0: the activation is
+// swiglu_oai(gate, up) with that limit (gpt-oss), else silu(gate) * up.
 cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
                     const float* xn, int n, const int32_t* ids, const float* w, int k, float* x,
-                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready = false);
+                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready = false,
+                    float swiglu_limit = 0.0f);
 
 // x[r] += sigmoid(gate_w . xn[r]) * y[r] for n rows of dim floats (Qwen2-MoE's shared expert). One warp per
 // row.
