@@ -85,6 +85,16 @@ ContextParams gpu(int n_ctx, int n_batch = 64, int n_outputs = 64, KvType kv = K
 
 using testing_util::greedy_tokens;
 
+// The first n tokens as one step of sequence 0 (every row's logits) on each context, from an empty cache.
+void step_prefix(std::initializer_list<Context*> ctxs, const std::vector<int32_t>& tokens, int n, Batch& b) {
+  for (Context* ctx : ctxs) {
+    ctx->clear(0);
+    b.clear();
+    for (int i = 0; i < n; ++i) b.add(tokens[i], i, 0, Output::logits);
+    ctx->step(b);
+  }
+}
+
 // Each HF fixture, from safetensors (F32) and converted to GGUF BF16 and F16: every prompt position in one
 // step (a 16-row graph; mistral_swa's 40 in steps of 32 and 8), then token by token (the 1-row graph), then
 // 32 greedy tokens. gpt_oss (YaRN, sinks, sliding layers, attention and expert biases, swiglu_oai) alike;
@@ -187,12 +197,7 @@ TEST(CudaBackend, GptOssMatchesCpu) {
     double err[4] = {0, 0, 0, 0};
     const int sizes[4] = {1, 16, 32, 48};
     for (int s = 0; s < 4; ++s) {
-      for (Context* ctx : {&cpu, &cu}) {
-        ctx->clear(0);
-        b.clear();
-        for (int i = 0; i < sizes[s]; ++i) b.add(long_prompt[i], i, 0, Output::logits);
-        ctx->step(b);
-      }
+      step_prefix({&cpu, &cu}, long_prompt, sizes[s], b);
       for (int i = 0; i < sizes[s]; ++i)
         err[s] = std::max(err[s], sizes[s] > 32 ? rel_l2(cu.logits(i), cpu.logits(i))
                                                 : max_abs(cu.logits(i), cpu.logits(i)));
@@ -243,12 +248,7 @@ TEST(CudaBackend, MoeQ8_0MatchesHfAndCpu) {
     double rel[3] = {0, 0, 0};
     const int sizes[3] = {cuda::kLowbitGemvMaxRows, 20, 48};
     for (int s = 0; s < 3; ++s) {
-      for (Context* ctx : {&cpu, &cu}) {
-        ctx->clear(0);
-        b.clear();
-        for (int i = 0; i < sizes[s]; ++i) b.add(long_prompt[i], i, 0, Output::logits);
-        ctx->step(b);
-      }
+      step_prefix({&cpu, &cu}, long_prompt, sizes[s], b);
       for (int i = 0; i < sizes[s]; ++i) rel[s] = std::max(rel[s], rel_l2(cu.logits(i), cpu.logits(i)));
     }
     Context cu4(m, gpu(128, cuda::kLowbitGemvMaxRows, cuda::kLowbitGemvMaxRows));
