@@ -902,8 +902,8 @@ void test_attention(const AttnCase& c) {
   KvLayerView kv{c.t, dk.get(), dv.get(), n_slots, c.n_kv, max_ctx, hd};
   tuning::set_attention_tiled(c.mode);
   const AttentionPlan plan = plan_attention(g_dev, kv, c.n_heads, n, c.force_splits);
-  // (the tiled kernel has no windows, soft-capping or sinks: attention() takes the per-row kernel for those)
-  const bool tiled = attention_tiled(plan, n) && c.window == 0 && c.softcap == 0 && !c.sinks;
+  // (the tiled kernel has no windows or soft-capping: attention() takes the per-row kernel for those)
+  const bool tiled = attention_tiled(plan, n) && c.window == 0 && c.softcap == 0;
   std::vector<float> sinks;
   if (c.sinks) {
     sinks = randn((size_t)c.n_heads);
@@ -1828,7 +1828,8 @@ int main(int argc, char** argv) {
         }
     }
     // gpt-oss: sinks, full and sliding (window 128) layers, GQA 8 on head_dim 64, decode rows (one split and
-    // several) and 16 / 32 / 40-row steps (the per-row kernel at any n), padding rows, forced splits
+    // several) and 16 / 32 / 40-row steps (the per-row kernel; 40 rows of a full layer with an F16 / BF16
+    // cache: the tiled one), padding rows, forced splits; the tiled kernel forced for 16 rows
     for (GgmlType t : types)
       for (int w : {0, 128})
         for (int splits : {0, 1, 5}) {
@@ -1841,6 +1842,11 @@ int main(int argc, char** argv) {
             c.seq.clear();
             for (int i = 0; i < rows; ++i) c.pos.push_back(200 + i), c.seq.push_back(i % 7 == 6 ? -1 : 0);
             test_attention(c);
+            if (rows == 16 && w == 0 && splits == 0) {
+              c.mode = 2;
+              test_attention(c);
+              c.mode = 0;
+            }
           }
         }
     // splits of at least 256 and 2048 positions (short rows in one split, written without the merge)

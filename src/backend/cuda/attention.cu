@@ -591,10 +591,10 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (softcap < 0 || window < 0) return cudaErrorInvalidValue;
-  // The tiled kernel has neither soft-capping, windows nor sinks: such layers take the per-row kernel.
-  if (softcap == 0 && window == 0 && !sinks && attention_tiled(plan, n) && aligned16(q) && aligned16(out) &&
+  // The tiled kernel has neither soft-capping nor windows: such layers take the per-row kernel.
+  if (softcap == 0 && window == 0 && attention_tiled(plan, n) && aligned16(q) && aligned16(out) &&
       (kv.type == GgmlType::F16 || kv.type == GgmlType::BF16) && (hd == 64 || hd == 128))
-    return tiled_attention(plan, kv, q, n, pos, seq, scale, out, stream);
+    return tiled_attention(plan, kv, q, n, pos, seq, scale, out, stream, sinks);
   AttnArgs a;
   a.kv = kv;
   a.q = q;

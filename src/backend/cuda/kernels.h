@@ -236,9 +236,9 @@ class CudaMatmul {
 //
 // Causal GQA attention over the slotted cache: row t, head h attends positions [0, pos[t]] of slot seq[t],
 // kv head h / (n_heads / n_kv_heads). Rows with seq[t] < 0 (or pos[t] < 0) are padding: zero output.
-// Rows with pos[t] >= max_ctx attend the whole slot. Optional sliding windows, soft-capped scores (per-row
-// kernel only) and per-head sink logits (per-row kernel only: out = sum_p e^(s_p - m) v_p / (sum_p
-// e^(s_p - m) + e^(sink - m)), the sink term added where the splits' sums are final).
+// Rows with pos[t] >= max_ctx attend the whole slot. Optional sliding windows and soft-capped scores (per-row
+// kernel only) and per-head sink logits (both kernels: out = sum_p e^(s_p - m) v_p / (sum_p e^(s_p - m) +
+// e^(sink - m)), the sink term added where the sums are final: after the last tile, or in the merge).
 // One block handles one row, one kv head, up to 8 query heads of its group and one chunk of positions:
 // K and V are read once per (row, kv head) when the group is <= 8, each 64-position tile of K and V by two
 // bulk copies into shared memory, two tiles in flight (QK^T on tensor cores as in gemv, f32 accurate;
@@ -310,7 +310,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
                       int window = 0,     // > 0: row at p attends to positions > p - window only
                       // [n_heads] device memory or null: head h's softmax denominator also holds
                       // exp(sinks[h] - m), m its largest score (gpt-oss's attention sinks, cpu::attention's
-                      // sinks); the per-row kernel takes such steps at any n (the tiled one has no sinks)
+                      // sinks), in both kernels
                       const float* sinks = nullptr);
 
 // ---- Sampler ------------------------------------------------------------------------------------------
