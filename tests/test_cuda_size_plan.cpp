@@ -11,9 +11,12 @@
 
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/device_weights.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/size_plan.h"
+#include "core/dtype.h"
+#include "core/quants.h"
 #include "kv/layout.h"
 
 using namespace ultra;
@@ -75,6 +78,48 @@ size_t aligned(size_t b) {
 }
 
 }  // namespace
+
+// MXFP4 (gpt-oss's experts) is expanded to BF16 at upload: exactly, for every E8M0 exponent and E2M1 code
+// (the f32 dequantisation's bits, infinities included); and DeviceWeights::bytes(), which the size plan and
+// the footprint take as the weights' size, counts 16 bits a weight: the MXFP4 fixture's device weights are
+// the dense (F32 experts) fixture's less 2 bytes per expert weight (the two are alike but for the experts).
+TEST(CudaSizePlan, Mxfp4ExpertsExpandToBf16) {
+  std::vector<BlockMXFP4> blocks(256);
+  for (int e = 0; e < 256; ++e) {
+    blocks[e].e = (uint8_t)e;
+    for (int j = 0; j < 16; ++j) blocks[e].qs[j] = (uint8_t)(j | ((15 - j) << 4));
+  }
+  WeightView w;
+  w.type = GgmlType::MXFP4;
+  w.data = blocks.data();
+  w.rows = 256;
+  w.cols = 32;
+  w.row_bytes = sizeof(BlockMXFP4);
+  std::vector<uint16_t> out(256 * 32, 0xdead);
+  cuda::expand_mxfp4_rows(w, 0, 256, out.data());
+  int bad = 0;
+  for (int e = 0; e < 256; ++e) {
+    float want[32];
+    dequant_block(blocks[e], want);
+    for (int i = 0; i < 32; ++i) {
+      const float got = bf16_to_fp32(out[e * 32 + i]);
+      if (std::memcmp(&got, &want[i], 4) != 0 && ++bad <= 5)
+        ADD_FAILURE() << "exponent " << e << " element " << i << ": " << got << " want " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+
+  const std::string hf = std::string(ULTRA_SOURCE_DIR) + "/tests/fixtures/hf/";
+  const auto mx = load_model(hf + "gpt_oss_mxfp4"), dense = load_model(hf + "gpt_oss");
+  ASSERT_EQ(mx->layers[0].gate_exps[0].type, GgmlType::MXFP4);
+  ASSERT_EQ(dense->layers[0].gate_exps[0].type, GgmlType::F32);
+  const HParams& hp = mx->hp;
+  const size_t expert_weights = (size_t)hp.n_layers * hp.n_expert * 3 * hp.expert_ffn_dim * hp.dim;
+  const cuda::DeviceWeights dw_mx(*mx, 128), dw_dense(*dense, 128);
+  EXPECT_EQ(dw_mx.bytes(), dw_dense.bytes() - 2 * expert_weights);
+  const CudaSizePlan s = cuda::plan_cuda_sizes(hp, params(8, 8), {dw_mx.bytes(), 0, 0, 0});
+  EXPECT_EQ(s.weights, dw_mx.bytes());
+}
 
 TEST(CudaSizePlan, DenseModelBuffers) {
   const HParams hp = dense();

@@ -18,10 +18,8 @@ int64_t lowbit_bf16_elems(const WeightView& w) {
   return is_lowbit(w.type) ? w.rows * lowbit_bf16_ld(w.cols) : 0;
 }
 
-// Rows [r0, r1) of an MXFP4 matrix (ggml's block_mxfp4 rows, cols % 32 == 0) as BF16 [r1 - r0, cols]. Exact:
-// each value is an E2M1 code (at most 2 significant bits) times a power of two (E8M0), which BF16's 8-bit
-// significand and f32 exponent range hold (2^-128 times the smallest code is a BF16 subnormal; E8M0's
-// largest exponent overflows to inf in f32 and BF16 alike), so the upper half of the f32 value is the value.
+}  // namespace
+
 void expand_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, uint16_t* out) {
   const int64_t nb = w.cols / kQK4;
   float v[kQK4];
@@ -33,13 +31,11 @@ void expand_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, uint16_t* ou
       for (int i = 0; i < kQK4; ++i) {
         uint32_t bits;
         std::memcpy(&bits, &v[i], 4);
-        *out++ = (uint16_t)(bits >> 16);  // the low half is zero (above)
+        *out++ = (uint16_t)(bits >> 16);  // the low half is zero (device_weights.h)
       }
     }
   }
 }
-
-}  // namespace
 
 int64_t DeviceWeights::max_lowbit_bf16_elems(const ModelData& m) {
   int64_t max_lowbit = 0;

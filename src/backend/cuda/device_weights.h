@@ -37,6 +37,13 @@ struct MoeLayerWeights {
   float swiglu_limit = 0.0f;  // > 0: the experts' activation is swiglu_oai (gpt-oss), else SwiGLU
 };
 
+// Rows [r0, r1) of an MXFP4 matrix (host memory: ggml's block_mxfp4 rows, cols % 32 == 0) as BF16
+// [r1 - r0, cols], how DeviceWeights uploads MXFP4 (no kernel reads MXFP4). Exact: each value is an E2M1 code
+// (at most 2 significant bits) times a power of two (E8M0), which BF16's 8-bit significand and f32 exponent
+// range hold (2^-128 times the smallest code is a BF16 subnormal; E8M0's largest exponents overflow to inf
+// in f32 and BF16 alike), so the upper half of the f32 value is the value.
+void expand_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, uint16_t* out);
+
 class DeviceWeights {
  public:
   // Lays the weights out (host work only). Throws ultra::Error on a weight type or shape the CUDA kernels do
