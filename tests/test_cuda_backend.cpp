@@ -98,7 +98,7 @@ void step_prefix(std::initializer_list<Context*> ctxs, const std::vector<int32_t
 // Each HF fixture, from safetensors (F32) and converted to GGUF BF16 and F16: every prompt position in one
 // step (a 16-row graph; mistral_swa's 40 in steps of 32 and 8), then token by token (the 1-row graph), then
 // 32 greedy tokens. gpt_oss (YaRN, sinks, sliding layers, attention and expert biases, swiglu_oai) alike;
-// gpt_oss_mxfp4 (MXFP4 experts, expanded to BF16 on the device: exact) from safetensors and converted to
+// gpt_oss_mxfp4 (MXFP4 experts, decoded exactly by the expert kernels) from safetensors and converted to
 // GGUF F32 (its experts stay MXFP4), against transformers' logits of the dequantised weights.
 TEST(CudaBackend, FixturesMatchHfTransformers) {
   for (const char* name :

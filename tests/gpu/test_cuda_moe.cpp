@@ -2,12 +2,13 @@
 //   moe_route  router logits -> probabilities, the top k experts and their weights: the experts exactly as
 //              the CPU's model/moe.h picks them from the same logits, probabilities and weights within
 //              1e-6 relative of float64 softmax;
-//   moe_ffn    x += sum_j w_j FFN_{e_j}(xn) for every weight type the kernels take (F32, F16, BF16, Q8_0 in
-//              the device layout), expert counts 4..256, k 1..8, 1..130 rows (tiles of one and of many pairs
-//              per expert), against float64 over the weights' exact f32 values; the bound is 1e-5 of the
-//              sum of the magnitudes of the terms (a wrong expert, row or weight is off by the magnitude);
-//              rows whose ids include an out-of-range expert (skipped) and guard values past every output;
-//              steps of more than 32 rows (BF16 tensor cores) by the relative L2 of the experts' sum, 1e-2;
+//   moe_ffn    x += sum_j w_j FFN_{e_j}(xn) for every weight type the kernels take (F32, F16, BF16, Q8_0 and
+//              MXFP4 in their device layouts), expert counts 4..256, k 1..8, 1..130 rows (tiles of one and of
+//              many pairs per expert), against float64 over the weights' exact f32 values; the bound is 1e-5
+//              of the sum of the magnitudes of the terms (a wrong expert, row or weight is off by the
+//              magnitude); rows whose ids include an out-of-range expert (skipped) and guard values past
+//              every output; steps of more than 32 rows (BF16 tensor cores) by the relative L2 of the
+//              experts' sum, 1e-2;
 //   gpt-oss     moe_route_topk_softmax (ids exactly the CPU's, ties and NaN logits included; weights within
 //              1e-6 relative), the router's bias, and moe_ffn with every expert's three biases and the
 //              clamped SwiGLU (swiglu_oai, limit 7; biases large enough that the clamps bite) against the
@@ -31,6 +32,7 @@
 #include "backend/cuda/gemv_lowbit.h"
 #include "backend/cuda/moe.h"
 #include "core/dtype.h"
+#include "core/quants.h"
 #include "gpu_program.h"
 #include "model/moe.h"
 
@@ -61,6 +63,16 @@ struct Experts {
   double b(int e, int r) const { return bias.empty() ? 0.0 : bias[(size_t)e * w.rows + r]; }
 };
 
+// One expert's GGUF blocks [rows, row_bytes] (Q8_0 or MXFP4) into the expert kernels' device layout at out.
+void pack_expert(GgmlType t, const void* blocks, int rows, int cols, size_t row_bytes, uint8_t* out) {
+  const WeightView v{.type = t, .data = blocks, .rows = rows, .cols = cols, .row_bytes = row_bytes};
+  if (!(t == GgmlType::MXFP4 ? cuda::moe_pack_mxfp4_rows(v, 0, rows, out)
+                             : cuda::lowbit_pack_rows(v, 0, rows, out))) {
+    say("FAIL packing " + std::string(type_name(t)) + " experts\n");
+    std::exit(1);
+  }
+}
+
 Experts make_experts(GgmlType t, int n_expert, int rows, int cols, std::mt19937& rng) {
   Experts x;
   std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt((float)cols));
@@ -68,7 +80,25 @@ Experts make_experts(GgmlType t, int n_expert, int rows, int cols, std::mt19937&
   x.value.resize(n);
   std::vector<uint8_t> bytes;
   size_t row_bytes = 0;
-  if (t == GgmlType::Q8_0) {
+  if (t == GgmlType::MXFP4) {  // random codes, exponents around 1 / sqrt(cols) (0.5 * 2^(e - 127) * code)
+    row_bytes = cuda::moe_mxfp4_row_bytes(cols);
+    const int nb = cols / 32;
+    std::vector<BlockMXFP4> blocks((size_t)rows * nb);
+    std::uniform_int_distribution<int> code(0, 15), ex(-2, 1);
+    const int e0 = 127 - (int)std::lround(std::log2(std::sqrt((float)cols))) - 2;
+    bytes.resize((size_t)n_expert * rows * row_bytes);
+    for (int e = 0; e < n_expert; ++e) {
+      for (int r = 0; r < rows; ++r)
+        for (int b = 0; b < nb; ++b) {
+          BlockMXFP4& blk = blocks[(size_t)r * nb + b];
+          blk.e = (uint8_t)(e0 + ex(rng));
+          for (int j = 0; j < 16; ++j) blk.qs[j] = (uint8_t)(code(rng) | (code(rng) << 4));
+          dequant_block(blk, &x.value[((size_t)e * rows + r) * cols + b * 32]);
+        }
+      pack_expert(t, blocks.data(), rows, cols, (size_t)nb * sizeof(BlockMXFP4),
+                  bytes.data() + (size_t)e * rows * row_bytes);
+    }
+  } else if (t == GgmlType::Q8_0) {
     row_bytes = cuda::lowbit_row_bytes(t, cols);
     const int nb = cols / kQ8_0Block;
     std::vector<BlockQ8_0> blocks((size_t)rows * nb);
@@ -86,16 +116,8 @@ Experts make_experts(GgmlType t, int n_expert, int rows, int cols, std::mt19937&
                 (float)blk.qs[i] * fp16_to_fp32(blk.d);
           }
         }
-      WeightView v;
-      v.type = t;
-      v.data = blocks.data();
-      v.rows = rows;
-      v.cols = cols;
-      v.row_bytes = (size_t)nb * sizeof(BlockQ8_0);
-      if (!cuda::lowbit_pack_rows(v, 0, rows, bytes.data() + (size_t)e * rows * row_bytes)) {
-        say("FAIL lowbit_pack_rows\n");
-        std::exit(1);
-      }
+      pack_expert(t, blocks.data(), rows, cols, (size_t)nb * sizeof(BlockQ8_0),
+                  bytes.data() + (size_t)e * rows * row_bytes);
     }
   } else {
     const size_t eb = t == GgmlType::F32 ? 4 : 2;
@@ -551,6 +573,15 @@ int main(int argc, char** argv) {
     cases.push_back({t, 8, 2, 128, 96, 130});  // ~33 pairs per expert: several tiles each
     cases.push_back({t, 128, 8, 128, 64, 3});
   }
+  // MXFP4 (gpt-oss's experts, decoded in registers): the shapes above that have columns in 32s, plus
+  // gpt-oss-20b's 2880 columns (not a multiple of 256: a partial last chunk per lane)
+  cases.push_back({GgmlType::MXFP4, 4, 2, 64, 64, 1});
+  cases.push_back({GgmlType::MXFP4, 4, 2, 64, 64, 48});
+  cases.push_back({GgmlType::MXFP4, 64, 8, 256, 128, 5});
+  cases.push_back({GgmlType::MXFP4, 8, 2, 128, 96, 130});
+  cases.push_back({GgmlType::MXFP4, 8, 2, 2048 + 64, 1056, 1, false, true});
+  cases.push_back({GgmlType::MXFP4, 4, 2, 2880, 320, 1, false, true});
+  cases.push_back({GgmlType::MXFP4, 4, 2, 2880, 320, 7});
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
     cases.push_back({t, 128, 8, 256, 96, 1, false, true});
     cases.push_back({t, 8, 2, 2048 + 64, 1056, 1, false, true});  // columns past the unrolled chunks
@@ -561,8 +592,8 @@ int main(int argc, char** argv) {
   cases.push_back({GgmlType::BF16, 64, 8, 512, 256, 300});  // prefill: many 64-pair tiles
   cases.push_back({GgmlType::BF16, 8, 4, 64, 32, 6, true});
   // gpt-oss: biased experts and swiglu_oai on every path (decode kernels through the router, k dividing 8
-  // and not; the grouped f32 GEMVs; the BF16 tensor cores), its experts' type after upload (BF16) and F32
-  for (GgmlType t : {GgmlType::F32, GgmlType::BF16}) {
+  // and not; the grouped f32 GEMVs; the BF16 tensor cores), its experts' type (MXFP4), BF16 and F32
+  for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::MXFP4}) {
     cases.push_back({t, 32, 4, 256, 128, 1, false, true, true});
     cases.push_back({t, 16, 3, 128, 64, 1, false, true, true});
     cases.push_back({t, 32, 4, 256, 128, 16, false, false, true});

@@ -65,10 +65,13 @@ DeviceWeights::DeviceWeights(const ModelData& m, int n_ctx) : m_(m), n_ctx_(n_ct
     }
     scale_groups.push_back(g);
   };
-  auto mat = [&](const WeightView& w) -> Part {
-    if (w.type == GgmlType::MXFP4) {  // expanded to BF16 at upload (no MXFP4 kernels): 16 bits a weight
+  // expert: one of a mixture-of-experts layer's experts (MXFP4 keeps its 4 bits there: the expert kernels
+  // decode it; elsewhere it is expanded to BF16, 16 bits a weight, for the dense matmuls).
+  auto mat = [&](const WeightView& w, bool expert = false) -> Part {
+    if (w.type == GgmlType::MXFP4) {
       if (w.cols % kQK4 != 0)
         fail("CUDA backend: an MXFP4 matrix of {} columns (not a multiple of 32)", w.cols);
+      if (expert) return {w.data, (size_t)w.rows * moe_mxfp4_row_bytes(w.cols), nullptr, 1, &w, true};
       return {w.data, (size_t)w.rows * (size_t)w.cols * 2, nullptr, 1, &w};
     }
     if (is_lowbit(w.type)) {
@@ -147,7 +150,7 @@ DeviceWeights::DeviceWeights(const ModelData& m, int n_ctx) : m_(m), n_ctx_(n_ct
                 "CUDA backend: {} expert weights are not supported (use F32, F16, BF16, Q8_0 or MXFP4 "
                 "experts, or the CPU backend)",
                 type_name(ex[e].type));
-          parts.push_back(mat(ex[e]));
+          parts.push_back(mat(ex[e], true));
         }
         add(parts);
       }
@@ -196,33 +199,37 @@ void DeviceWeights::upload(void* base_ptr, const std::function<void(size_t, size
   const auto t0 = std::chrono::steady_clock::now();
   double last_report_ms = -1;  // none yet
   std::vector<uint8_t> stage;  // low-bit rows in the device layout, up to 64 MiB at a time
+  // rows [0, rows) of rb bytes each, made on the host by fill(r0, r1, stage) 64 MiB at a time, to base + at
+  auto upload_rows = [&](int64_t rows, size_t rb, const auto& fill) {
+    const int64_t step = std::max<int64_t>(1, (int64_t)((size_t(64) << 20) / rb));
+    stage.resize((size_t)std::min<int64_t>(step, rows) * rb);
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+      const int64_t r1 = std::min(rows, r0 + step);
+      fill(r0, r1, stage.data());
+      check(cudaMemcpy(base + at + (size_t)r0 * rb, stage.data(), (size_t)(r1 - r0) * rb,
+                       cudaMemcpyHostToDevice),
+            "weight upload");
+    }
+  };
   for (const auto& b : blocks_) {
     for (const Part& p : b) {
-      if (p.mxfp4) {
+      if (p.mxfp4 && p.mxfp4_native) {  // the expert kernels' MXFP4 layout (moe.h)
         const WeightView& w = *p.mxfp4;
-        const size_t rb = (size_t)w.cols * 2;
-        const int64_t step = std::max<int64_t>(1, (int64_t)((size_t(64) << 20) / rb));
-        stage.resize((size_t)std::min<int64_t>(step, w.rows) * rb);
-        for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
-          const int64_t r1 = std::min(w.rows, r0 + step);
-          expand_mxfp4_rows(w, r0, r1, reinterpret_cast<uint16_t*>(stage.data()));
-          check(cudaMemcpy(base + at + (size_t)r0 * rb, stage.data(), (size_t)(r1 - r0) * rb,
-                           cudaMemcpyHostToDevice),
-                "weight upload");
-        }
+        upload_rows(w.rows, moe_mxfp4_row_bytes(w.cols), [&](int64_t r0, int64_t r1, uint8_t* out) {
+          if (!moe_pack_mxfp4_rows(w, r0, r1, out))
+            fail("CUDA backend: cannot repack an MXFP4 matrix [{}, {}]", w.rows, w.cols);
+        });
+      } else if (p.mxfp4) {  // BF16
+        const WeightView& w = *p.mxfp4;
+        upload_rows(w.rows, (size_t)w.cols * 2, [&](int64_t r0, int64_t r1, uint8_t* out) {
+          expand_mxfp4_rows(w, r0, r1, reinterpret_cast<uint16_t*>(out));
+        });
       } else if (p.lowbit) {
         const WeightView& w = *p.lowbit;
-        const size_t rb = lowbit_row_bytes(w.type, w.cols);
-        const int64_t step = std::max<int64_t>(1, (int64_t)((size_t(64) << 20) / rb));
-        stage.resize((size_t)std::min<int64_t>(step, w.rows) * rb);
-        for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
-          const int64_t r1 = std::min(w.rows, r0 + step);
-          if (!lowbit_pack_rows(w, r0, r1, stage.data()))
+        upload_rows(w.rows, lowbit_row_bytes(w.type, w.cols), [&](int64_t r0, int64_t r1, uint8_t* out) {
+          if (!lowbit_pack_rows(w, r0, r1, out))
             fail("CUDA backend: cannot repack a {} matrix [{}, {}]", type_name(w.type), w.rows, w.cols);
-          check(cudaMemcpy(base + at + (size_t)r0 * rb, stage.data(), (size_t)(r1 - r0) * rb,
-                           cudaMemcpyHostToDevice),
-                "weight upload");
-        }
+        });
       } else if (p.src && p.repeat > 1) {
         const size_t one = p.bytes / (size_t)p.repeat;
         stage.resize(p.bytes);
@@ -313,7 +320,12 @@ void DeviceWeights::make_views(const uint8_t* base) {
       const float* biases[3] = {d.gate_exps_b, d.up_exps_b, d.down_exps_b};
       for (int kind = 0; kind < 3; ++kind) {
         std::vector<WeightView>& views = exp_views_.emplace_back();
-        for (int e = 0; e < hp.n_expert; ++e) views.push_back(dev_mat(host[kind][e]));
+        for (int e = 0; e < hp.n_expert; ++e) {
+          views.push_back(dev_mat(host[kind][e]));
+          if (host[kind][e].type == GgmlType::MXFP4)  // the expert kernels' layout (above), not BF16
+            views.back().type = GgmlType::MXFP4,
+            views.back().row_bytes = moe_mxfp4_row_bytes(views.back().cols);
+        }
         *dev_arr[kind] = views.data();
         ExpertWeights& x = *kinds[kind];
         x.type = views[0].type;

@@ -4,12 +4,12 @@
 //
 // Every matrix keeps its own type (F32 / F16 / BF16; Q8_0 / F8_E4M3 / TERNARY and the GGUF block types
 // Q4_0 .. Q5_1, Q4_K .. Q6_K repacked on the host into the device layout of gemv_lowbit.h, their f32 scales
-// copied as they are; MXFP4, gpt-oss's experts, expanded to BF16: exact, 16 bits a weight instead of 4.25,
-// as no kernel reads MXFP4), norms, biases and attention sinks as f32; a matrix used twice (tied embeddings)
-// is uploaded once. Each layer's Wq, Wk, Wv are placed back to back, as are W_gate and W_up, and the biases
-// bq, bk, bv (zeros for a missing one): one view then covers the fused matrix [Wq; Wk; Wv] or [W_gate; W_up]
-// for the single-row step, while the separate views (row ranges of it) serve the others. No weight is stored
-// twice.
+// copied as they are; MXFP4 experts (gpt-oss) repacked into the expert kernels' layout of moe.h, 4.25 bits
+// a weight; any other MXFP4 matrix expanded to BF16, exactly), norms, biases and attention sinks as f32; a
+// matrix used twice (tied embeddings) is uploaded once. Each layer's Wq, Wk, Wv are placed back to back, as
+// are W_gate and W_up, and the biases bq, bk, bv (zeros for a missing one): one view then covers the fused
+// matrix [Wq; Wk; Wv] or [W_gate; W_up] for the single-row step, while the separate views (row ranges of it)
+// serve the others. No weight is stored twice.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +38,8 @@ struct MoeLayerWeights {
 };
 
 // Rows [r0, r1) of an MXFP4 matrix (host memory: ggml's block_mxfp4 rows, cols % 32 == 0) as BF16
-// [r1 - r0, cols], how DeviceWeights uploads MXFP4 (no kernel reads MXFP4). Exact: each value is an E2M1 code
+// [r1 - r0, cols], how DeviceWeights uploads an MXFP4 matrix that is not an expert (the dense matmuls do not
+// read MXFP4). Exact: each value is an E2M1 code
 // (at most 2 significant bits) times a power of two (E8M0), which BF16's 8-bit significand and f32 exponent
 // range hold (2^-128 times the smallest code is a BF16 subnormal; E8M0's largest exponents overflow to inf
 // in f32 and BF16 alike), so the upper half of the f32 value is the value.
@@ -74,7 +75,8 @@ class DeviceWeights {
     const WeightView* lowbit = nullptr;  // src is this low-bit matrix: repacked row by row (device layout)
     int64_t repeat = 1;                  // bytes / repeat at src, written repeat times (a scale per tensor
                                          // made one per row for a fused view)
-    const WeightView* mxfp4 = nullptr;   // src is this MXFP4 matrix: expanded to BF16 row by row
+    const WeightView* mxfp4 = nullptr;   // src is this MXFP4 matrix: expanded to BF16 row by row, or
+    bool mxfp4_native = false;           // repacked into the expert kernels' layout (an expert: moe.h)
   };
   void make_views(const uint8_t* base);
 

@@ -1,12 +1,14 @@
 // Mixture-of-experts kernels (moe.h): routing, grouping by expert, the experts' FFN, the weighted sum.
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_lowbit.h"
 #include "backend/cuda/lowbit.cuh"
 #include "backend/cuda/moe.h"
+#include "core/quants.h"
 
 namespace ultra::cuda {
 
@@ -228,6 +230,11 @@ struct Raw<GgmlType::Q8_0> {
   uint2 q;     // 8 codes
   uint32_t d;  // the f16 scale of their block
 };
+template <>
+struct Raw<GgmlType::MXFP4> {
+  uint32_t q;  // 8 E2M1 codes, column c0 + i in bits 4i..4i+3
+  uint32_t e;  // the E8M0 exponent of their block
+};
 
 template <GgmlType T>
 __device__ __forceinline__ void load_raw(const uint8_t* row, int64_t c0, int64_t cols, Raw<T>& r) {
@@ -235,6 +242,9 @@ __device__ __forceinline__ void load_raw(const uint8_t* row, int64_t c0, int64_t
     r.a = ld_stream16(row + c0 * 4), r.b = ld_stream16(row + c0 * 4 + 16);
   } else if constexpr (T == GgmlType::F16 || T == GgmlType::BF16) {
     r.v = ld_stream16(row + c0 * 2);
+  } else if constexpr (T == GgmlType::MXFP4) {  // codes [cols / 2], then the exponents (moe.h)
+    r.q = __ldg(reinterpret_cast<const uint32_t*>(row + c0 / 2));
+    r.e = __ldg(row + cols / 2 + c0 / 32);
   } else {
     static_assert(T == GgmlType::Q8_0);  // codes [cols], then the f16 block scales (gemv_lowbit.h)
     r.q = __ldg(reinterpret_cast<const uint2*>(row + c0));
@@ -260,6 +270,9 @@ __device__ __forceinline__ void decode8(const Raw<T>& r, float (&f)[8]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  } else if constexpr (T == GgmlType::MXFP4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = moe_mxfp4_value(r.q, r.e, i);
   } else {
     const float d = __half2float(__ushort_as_half((unsigned short)r.d));
     float a[4], b[4];
@@ -671,8 +684,8 @@ cudaError_t launch_ffn(const ExpertWeights& gate, const ExpertWeights& up, const
   return cudaGetLastError();
 }
 
-// f(std::integral_constant<GgmlType, T>{}) for the expert kernels' weight type t (F32, F16, BF16, else Q8_0:
-// moe_weights_ok has refused the others).
+// f(std::integral_constant<GgmlType, T>{}) for the expert kernels' weight type t (F32, F16, BF16, MXFP4, else
+// Q8_0: moe_weights_ok has refused the others).
 template <class F>
 cudaError_t with_type(GgmlType t, F&& f) {
   switch (t) {
@@ -682,6 +695,8 @@ cudaError_t with_type(GgmlType t, F&& f) {
       return f(std::integral_constant<GgmlType, GgmlType::F16>{});
     case GgmlType::BF16:
       return f(std::integral_constant<GgmlType, GgmlType::BF16>{});
+    case GgmlType::MXFP4:
+      return f(std::integral_constant<GgmlType, GgmlType::MXFP4>{});
     default:
       return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{});
   }
@@ -705,9 +720,35 @@ bool moe_weights_ok(const ExpertWeights& w) {
       return w.row_bytes >= (size_t)(w.cols * dense_elem_bytes(w.type));
     case GgmlType::Q8_0:
       return w.cols % 32 == 0 && w.row_bytes >= lowbit_row_bytes(w.type, w.cols);
+    case GgmlType::MXFP4:
+      return w.cols % 32 == 0 && w.row_bytes >= moe_mxfp4_row_bytes(w.cols);
     default:
       return false;
   }
+}
+
+size_t moe_mxfp4_row_bytes(int64_t cols) {
+  if (cols <= 0 || cols % kQK4 != 0) return 0;
+  return ((size_t)cols / 2 + (size_t)cols / kQK4 + 15) / 16 * 16;
+}
+
+bool moe_pack_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, void* out) {
+  const size_t rb = moe_mxfp4_row_bytes(w.cols);
+  if (w.type != GgmlType::MXFP4 || !rb || r0 < 0 || r1 > w.rows || r0 > r1) return false;
+  const int64_t nb = w.cols / kQK4;
+  for (int64_t r = r0; r < r1; ++r) {
+    uint8_t* o = static_cast<uint8_t*>(out) + (size_t)(r - r0) * rb;
+    std::memset(o, 0, rb);
+    const auto* blocks =
+        reinterpret_cast<const BlockMXFP4*>(static_cast<const uint8_t*>(w.data) + (size_t)r * w.row_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t code[kQK4];  // ggml's block: element j in the low nibble of qs[j], j + 16 in the high one
+      for (int j = 0; j < 16; ++j) code[j] = blocks[b].qs[j] & 0xF, code[j + 16] = blocks[b].qs[j] >> 4;
+      for (int j = 0; j < 16; ++j) o[b * 16 + j] = (uint8_t)(code[2 * j] | (code[2 * j + 1] << 4));
+      o[w.cols / 2 + b] = blocks[b].e;
+    }
+  }
+  return true;
 }
 
 int64_t moe_max_tiles(int n_pairs, int n_expert, int tile_pairs) {
