@@ -181,6 +181,7 @@ TEST(CudaBackend, FixturesMatchHfTransformers) {
 // step (cuBLASLt on BF16-rounded activations, the MoE's BF16 tensor cores, the per-row attention kernel with
 // sinks) is printed, not bounded: the rounding flips near ties of the router on these tiny random models
 // (as MoeQ8_0MatchesHfAndCpu says); test_cuda_kernels and test_cuda_moe check those kernels at 40 rows.
+// Then 176 positions in 32-row and 1-row steps (split attention with its merge) against the CPU.
 TEST(CudaBackend, GptOssMatchesCpu) {
   for (const char* name : {"gpt_oss", "gpt_oss_mxfp4"}) {
     if (!fs::exists(kHf / name / "reference.json")) {
@@ -213,6 +214,27 @@ TEST(CudaBackend, GptOssMatchesCpu) {
     EXPECT_LT(err[2], 2e-4) << name;
     EXPECT_EQ(got, want) << name;
     EXPECT_EQ(got, ref["greedy"].get<std::vector<int32_t>>()) << name;
+
+    // Past 64 positions: the attention splits a row's positions and merges them (the sink's term added in
+    // the merge), and the sliding layers' windows (8) start far from 0. 160 tokens in 32-row steps, then 16
+    // one-row steps, every row's logits against the CPU's. The bound is 1e-3 (accumulated f32 rounding over
+    // 176 positions; a wrong sink or merge moves logits by O(1)).
+    Context cu_long(m, gpu(256)), cpu_long(m, {.n_ctx = 256, .n_batch = 64, .n_outputs = 64});
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 176; ++i) toks.push_back(prompt[(size_t)(7 * i) % prompt.size()]);
+    double long_err = 0;
+    for (int i0 = 0, rows = 32; i0 < 176; i0 += rows) {
+      rows = i0 < 160 ? 32 : 1;
+      b.clear();
+      for (int i = i0; i < i0 + rows; ++i) b.add(toks[i], i, 0, Output::logits);
+      cpu_long.step(b);
+      cu_long.step(b);
+      for (int r = 0; r < rows; ++r)
+        long_err = std::max(long_err, max_abs(cu_long.logits(r), cpu_long.logits(r)));
+    }
+    std::printf("[cuda gpt-oss] %-14s 176 positions (32-row steps, then 1-row) vs CPU max-abs %.3g\n", name,
+                long_err);
+    EXPECT_LT(long_err, 1e-3) << name;
   }
 }
 
