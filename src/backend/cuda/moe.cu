@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
     const float v = e < n_expert ? p[e] : 0.0f;
-    key[i] = e >= n_expert ? 0u : isnan(v) ? 1u : ordered_bits(v);
+    // -0 and +0 are one key (the CPU's strict > keeps the lower expert of the two).
+    key[i] = e >= n_expert ? 0u : isnan(v) ? 1u : ordered_bits(v == 0.0f ? 0.0f : v);
   }
   int my_e = -1;
   for (int j = 0; j < k; ++j) {
