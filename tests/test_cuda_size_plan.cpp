@@ -11,9 +11,12 @@
 
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/device_weights.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/size_plan.h"
+#include "core/dtype.h"
+#include "core/quants.h"
 #include "kv/layout.h"
 
 using namespace ultra;
@@ -75,6 +78,99 @@ size_t aligned(size_t b) {
 }
 
 }  // namespace
+
+// MXFP4: a matrix outside the experts is expanded to BF16 at upload, exactly, for every E8M0 exponent and
+// E2M1 code (the f32 dequantisation's bits, infinities included); experts keep 4.25 bits a weight in the
+// expert kernels' layout (moe.h), and DeviceWeights::bytes(), which the size plan and the footprint take as
+// the weights' size, counts that layout: the MXFP4 fixture's device weights are the dense (F32 experts)
+// fixture's with each layer's three expert blocks in MXFP4 rows instead of F32 ones (the two fixtures are
+// alike but for the experts).
+TEST(CudaSizePlan, Mxfp4Weights) {
+  std::vector<BlockMXFP4> blocks(256);
+  for (int e = 0; e < 256; ++e) {
+    blocks[e].e = (uint8_t)e;
+    for (int j = 0; j < 16; ++j) blocks[e].qs[j] = (uint8_t)(j | ((15 - j) << 4));
+  }
+  const WeightView w{.type = GgmlType::MXFP4,
+                     .data = blocks.data(),
+                     .rows = 256,
+                     .cols = 32,
+                     .row_bytes = sizeof(BlockMXFP4)};
+  std::vector<uint16_t> out(256 * 32, 0xdead);
+  cuda::expand_mxfp4_rows(w, 0, 256, out.data());
+  int bad = 0;
+  for (int e = 0; e < 256; ++e) {
+    float want[32];
+    dequant_block(blocks[e], want);
+    for (int i = 0; i < 32; ++i) {
+      const float got = bf16_to_fp32(out[e * 32 + i]);
+      if (std::memcmp(&got, &want[i], 4) != 0 && ++bad <= 5)
+        ADD_FAILURE() << "exponent " << e << " element " << i << ": " << got << " want " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+
+  const std::string hf = std::string(ULTRA_SOURCE_DIR) + "/tests/fixtures/hf/";
+  const auto mx = load_model(hf + "gpt_oss_mxfp4"), dense = load_model(hf + "gpt_oss");
+  ASSERT_EQ(mx->layers[0].gate_exps[0].type, GgmlType::MXFP4);
+  ASSERT_EQ(dense->layers[0].gate_exps[0].type, GgmlType::F32);
+  const HParams& hp = mx->hp;
+  const size_t E = hp.n_expert, F = hp.expert_ffn_dim, D = hp.dim;
+  EXPECT_EQ(cuda::moe_mxfp4_row_bytes(64), 48u);  // 32 bytes of codes, 2 exponents, padding to 16
+  EXPECT_EQ(cuda::moe_mxfp4_row_bytes(2880), 1536u);
+  EXPECT_EQ(cuda::moe_mxfp4_row_bytes(40), 0u);
+  auto aligned = [](size_t b) { return DeviceAllocator::aligned(b); };
+  const size_t f32_blocks = 2 * aligned(E * F * D * 4) + aligned(E * D * F * 4);
+  const size_t mx_blocks = 2 * aligned(E * F * cuda::moe_mxfp4_row_bytes((int64_t)D)) +
+                           aligned(E * D * cuda::moe_mxfp4_row_bytes((int64_t)F));
+  const cuda::DeviceWeights dw_mx(*mx, 128), dw_dense(*dense, 128);
+  EXPECT_EQ(dw_mx.bytes(), dw_dense.bytes() - (size_t)hp.n_layers * (f32_blocks - mx_blocks));
+  const CudaSizePlan s = cuda::plan_cuda_sizes(hp, params(8, 8), {dw_mx.bytes(), 0, 0, 0});
+  EXPECT_EQ(s.weights, dw_mx.bytes());
+}
+
+// The expert kernels' MXFP4 rows (moe.h): moe_pack_mxfp4_rows then the kernels' decoder (moe_mxfp4_value, the
+// same function on the device) give dequant_block's values bit for bit, every column of random blocks of
+// every exponent; padding zeroed; bad shapes refused.
+TEST(CudaSizePlan, Mxfp4ExpertLayout) {
+  const int rows = 256, cols = 96, nb = cols / 32;
+  std::vector<BlockMXFP4> blocks((size_t)rows * nb);
+  uint32_t state = 12345;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].e = (uint8_t)(i / nb);  // row r: exponent r
+    for (int j = 0; j < 16; ++j) blocks[i].qs[j] = (uint8_t)((state = state * 1664525u + 1013904223u) >> 24);
+  }
+  WeightView w{.type = GgmlType::MXFP4,
+               .data = blocks.data(),
+               .rows = rows,
+               .cols = cols,
+               .row_bytes = nb * sizeof(BlockMXFP4)};
+  const size_t rb = cuda::moe_mxfp4_row_bytes(cols);
+  ASSERT_EQ(rb, 64u);  // 48 bytes of codes, 3 exponents, padding
+  std::vector<uint8_t> out(rows * rb, 0xee);
+  ASSERT_TRUE(cuda::moe_pack_mxfp4_rows(w, 0, rows, out.data()));
+  int bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = out.data() + (size_t)r * rb;
+    for (size_t pad = cols / 2 + nb; pad < rb; ++pad) bad += row[pad] != 0;
+    for (int b = 0; b < nb; ++b) {
+      float want[32];
+      dequant_block(blocks[(size_t)r * nb + b], want);
+      for (int i = 0; i < 32; ++i) {
+        const int c = 32 * b + i, c0 = c / 8 * 8;
+        uint32_t q;
+        std::memcpy(&q, row + c0 / 2, 4);
+        const float got = cuda::moe_mxfp4_value(q, row[cols / 2 + c0 / 32], c - c0);
+        if (std::memcmp(&got, &want[i], 4) != 0 && ++bad <= 5)
+          ADD_FAILURE() << "row " << r << " column " << c << ": " << got << " want " << want[i];
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_FALSE(cuda::moe_pack_mxfp4_rows(w, 0, rows + 1, out.data()));
+  w.type = GgmlType::Q8_0;
+  EXPECT_FALSE(cuda::moe_pack_mxfp4_rows(w, 0, 1, out.data()));
+}
 
 TEST(CudaSizePlan, DenseModelBuffers) {
   const HParams hp = dense();

@@ -65,11 +65,6 @@ ContextParams resolve(const ModelData& m, ContextParams p, std::vector<std::stri
   if (p.backend == BackendKind::cuda)
     fail("context: this build has no CUDA backend (it was configured without a CUDA compiler)");
 #endif
-  // gpt-oss's attention sinks, biased experts and clamped SwiGLU, and YaRN's attention factor, have CPU
-  // kernels only.
-  if (p.backend == BackendKind::cuda && (hp.arch == Arch::GptOss || hp.rope_scaling.type == "yarn"))
-    fail("context: {} runs on the CPU backend only (use --backend cpu)",
-         hp.arch == Arch::GptOss ? "gpt-oss" : "YaRN rope scaling");
   if (m.comm && p.backend != BackendKind::cpu)
     fail("context: a model split over ranks (--tp) runs on the CPU backend only (use --backend cpu)");
   if (m.comm && m.tp_rank != 0)

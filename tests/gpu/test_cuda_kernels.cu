@@ -863,8 +863,10 @@ struct AttnCase {
   int mode = 0;     // tuning::set_attention_tiled: 0 automatic, 1 per-row kernel, 2 tiled kernel for any n
   int max_ctx = 0;  // 0: the largest position + 3 (else rows past it attend the whole slot)
   const char* what = "";
-  float softcap = 0;  // > 0: scores softcap tanh(s / softcap) (Gemma 2)
-  int window = 0;     // > 0: positions > pos - window only (sliding-window layers)
+  float softcap = 0;   // > 0: scores softcap tanh(s / softcap) (Gemma 2)
+  int window = 0;      // > 0: positions > pos - window only (sliding-window layers)
+  bool sinks = false;  // gpt-oss: a sink logit per head in the softmax's denominator (the last one 50: above
+                       // every score, so that head's output is tiny)
 };
 
 // Bounds. The per-row kernel is f32 accurate: ||err|| / ||ref|| <= 1e-5. The tiled kernel (kernels.h)
@@ -902,18 +904,26 @@ void test_attention(const AttnCase& c) {
   const AttentionPlan plan = plan_attention(g_dev, kv, c.n_heads, n, c.force_splits);
   // (the tiled kernel has no windows or soft-capping: attention() takes the per-row kernel for those)
   const bool tiled = attention_tiled(plan, n) && c.window == 0 && c.softcap == 0;
+  std::vector<float> sinks;
+  if (c.sinks) {
+    sinks = randn((size_t)c.n_heads);
+    for (float& v : sinks) v *= 2.0f;
+    sinks.back() = 50.0f;
+  }
+  DevBuf<float> dsinks(std::max<size_t>(sinks.size(), 1));
+  if (c.sinks) dsinks.put(sinks);
   DevBuf<uint8_t> ws(plan.workspace_bytes);
   const float scale = 1.0f / std::sqrt((float)hd);
   auto padding = [&](int t) { return c.seq[t] < 0 || c.seq[t] >= n_slots || c.pos[t] < 0; };
   int n_pad = 0;
   for (int t = 0; t < n; ++t) n_pad += padding(t);
   const std::string shape =
-      fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d%s%s%s", tname(c.t), hd, c.n_heads, c.n_kv, n,
-          std::min(max_pos + 1, max_ctx), plan.n_splits, n_pad,
+      fmt("%s hd=%d heads=%d kv=%d n=%d ctx<=%d splits=%d pad=%d%s%s%s%s", tname(c.t), hd, c.n_heads, c.n_kv,
+          n, std::min(max_pos + 1, max_ctx), plan.n_splits, n_pad,
           c.window || c.softcap ? fmt(" window=%d softcap=%g", c.window, c.softcap).c_str() : "",
-          *c.what ? " " : "", c.what);
+          c.sinks ? " sinks" : "", *c.what ? " " : "", c.what);
   const cudaError_t e0 = attention(plan, kv, dq.get(), n, dp.get(), ds.get(), scale, dout.get(), ws.get(), 0,
-                                   c.softcap, c.window);
+                                   c.softcap, c.window, c.sinks ? dsinks.get() : nullptr);
   tuning::set_attention_tiled(0);
   const char* path = tiled ? "(tiled)" : "(per-row)";
   if (e0 != cudaSuccess) {
@@ -938,7 +948,9 @@ void test_attention(const AttnCase& c) {
         if (c.softcap > 0) sc[p] = c.softcap * std::tanh(sc[p] / c.softcap);
         m = std::max(m, sc[p]);
       }
-      double sum = 0;
+      const double sink = c.sinks ? (double)sinks[h] : -INFINITY;  // cpu::attention_ref's sink term
+      m = std::max(m, sink);
+      double sum = std::exp(sink - m);
       for (int p = lo; p < len; ++p) sum += (sc[p] = std::exp(sc[p] - m));
       double* o = &ref[((size_t)t * c.n_heads + h) * hd];
       for (int p = lo; p < len; ++p)
@@ -1815,6 +1827,28 @@ int main(int argc, char** argv) {
           test_attention(c);
         }
     }
+    // gpt-oss: sinks, full and sliding (window 128) layers, GQA 8 on head_dim 64, decode rows (one split and
+    // several) and 16 / 32 / 40-row steps (the per-row kernel; 40 rows of a full layer with an F16 / BF16
+    // cache: the tiled one), padding rows, forced splits; the tiled kernel forced for 16 rows
+    for (GgmlType t : types)
+      for (int w : {0, 128})
+        for (int splits : {0, 1, 5}) {
+          AttnCase c{t, 64, 16, 2, {16, 999, 5, 300, 4095}, {0, 1, -1, 2, 1}, splits};
+          c.window = w;
+          c.sinks = true;
+          test_attention(c);
+          for (int rows : {16, 32, 40}) {
+            c.pos.clear();
+            c.seq.clear();
+            for (int i = 0; i < rows; ++i) c.pos.push_back(200 + i), c.seq.push_back(i % 7 == 6 ? -1 : 0);
+            test_attention(c);
+            if (rows == 16 && w == 0 && splits == 0) {
+              c.mode = 2;
+              test_attention(c);
+              c.mode = 0;
+            }
+          }
+        }
     // splits of at least 256 and 2048 positions (short rows in one split, written without the merge)
     for (int mc : {256, 2048}) {
       tuning::set_attention_min_chunk(mc);

@@ -14,7 +14,7 @@
 //   rmsnorm, silu_mul, gelu_mul, softcap, rope (q only), f16_convert (convert_f32 to F16)
 //   attention    the history uploaded from the CPU's cache, this step's rows written by cuda::kv_write (the
 //                device cache then bit-identical to the CPU's), cuda::attention with the plan's split count,
-//                then 1 and 5 splits
+//                then 1 and 5 splits; gpt-oss's sinks (the per-row kernel)
 // Cases without a kernel (the block types' matmul, the int8 activation quantiser, head_dim % 8 != 0) are
 // skipped with the reason, listed and counted. Outputs are filled with kGuard before each run (an element
 // not written fails) and carry 16 guard values past their end.
@@ -136,7 +136,6 @@ std::string no_kernel(const OpCase& c) {
       return "";
     case Op::Attention:
       if (!dense(c.type)) return "no CUDA kernel for a " + std::string(type_name(c.type)) + " cache";
-      if (c.sinks) return "no CUDA kernel for attention sinks (gpt-oss runs on the CPU)";
       if (c.cols % 8 != 0 || c.cols > 256) return "the CUDA attention kernels take head_dim % 8 == 0, <= 256";
       return "";
     case Op::Rope:
@@ -424,7 +423,8 @@ Outcome run_attention(const OpCase& c) {
     o.fail("kv_write: the device cache differs from the CPU's");
   std::vector<float> ref((size_t)nt * nh * c.cols);
   cpu::attention_ref(in.cache.view, in.q.data(), nt, nh, in.pos.data(), in.slot.data(), in.scale, ref.data(),
-                     c.softcap, c.window);
+                     c.softcap, c.window, in.sinks.empty() ? nullptr : in.sinks.data());
+  DevBuf<float> dsinks(in.sinks.empty() ? std::vector<float>(1) : in.sinks);
   const std::vector<double> mag(ref.size(), in.vmax);
   o.path = "attention splits";
   for (int force : {0, 1, 5}) {
@@ -432,9 +432,10 @@ Outcome run_attention(const OpCase& c) {
     DevBuf<uint8_t> ws(plan.workspace_bytes);
     DevBuf<float> out = guarded(ref.size(), kGuard);
     o.path += fmt(" %d%s", plan.n_splits, cuda::attention_tiled(plan, nt) ? " (tiled)" : "");
-    if (!launch_ok(o, "attention",
-                   cuda::attention(plan, kv, dq.get(), nt, dpos.get(), dslot.get(), in.scale, out.get(),
-                                   ws.get(), 0, c.softcap, c.window)))
+    if (!launch_ok(
+            o, "attention",
+            cuda::attention(plan, kv, dq.get(), nt, dpos.get(), dslot.get(), in.scale, out.get(), ws.get(), 0,
+                            c.softcap, c.window, in.sinks.empty() ? nullptr : dsinks.get())))
       continue;
     CK(cudaDeviceSynchronize());
     compare(o, fmt("out (splits %d)", plan.n_splits).c_str(), tol_cuda(c), out.all(), ref.data(), mag.data(),

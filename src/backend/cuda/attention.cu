@@ -91,8 +91,15 @@ struct AttnArgs {
   int trigger;         // split kernel's pdl_trigger: 0 at the start, 1 after the tile loop, 2 never (at exit)
   float scale;         // scores: s = scale q.k, then softcap tanh(s / softcap) when softcap > 0 (Gemma 2)
   float softcap;
-  int window;  // > 0: position j attends to j' > j - window only (sliding-window layers)
+  int window;          // > 0: position j attends to j' > j - window only (sliding-window layers)
+  const float* sinks;  // [n_heads] or null: head h's sink logit (natural log domain), in the denominator
 };
+
+// The sink's term of head h's softmax denominator relative to the running max m (log2 domain): 0 without
+// sinks.
+__device__ __forceinline__ float sink_term(const AttnArgs& a, int h, float m) {
+  return a.sinks ? exp2f(__ldg(a.sinks + h) * 1.4426950408889634f - m) : 0.0f;
+}
 
 // Dynamic shared memory: the q fragments [ceil(hd / 32)][4][32 lanes] uint4 (qh0, qh1, ql0, ql1), the
 // scores of a tile [64][8] (turned into probabilities in place), m / l / alpha [8], the stage barriers, then
@@ -401,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(AttnArgs a) {
       for (int pg = 0; pg < n_pg; ++pg) acc += red[(pg * 4 + hl) * hd + d];
       const int64_t row = (int64_t)t * a.n_heads + h0 + h;  // [n, n_heads]
       if (whole) {
-        a.out[row * hd + d] = acc / l_s[h];
+        a.out[row * hd + d] = acc / (l_s[h] + sink_term(a, h0 + h, m_s[h]));
       } else {
         a.ws_acc[(row * a.n_splits + split) * hd + d] = acc;
         if (d == 0) {
@@ -458,7 +465,7 @@ __global__ void __launch_bounds__(kCThreads) attn_combine_kernel(AttnArgs a) {
   if (tid == 0) {
     float l = 0.0f;
     for (int s = 0; s < n_valid; ++s) l += w_s[s] * l_s[s];
-    inv_s = 1.0f / l;
+    inv_s = 1.0f / (l + sink_term(a, h, mx));
   }
   const float* acc = a.ws_acc + row * a.n_splits * hd;
   for (int d4 = lane; d4 < hd / 4; d4 += 32) {
@@ -576,7 +583,7 @@ bool attention_tiled(const AttentionPlan& plan, int n) {
 
 cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const float* q, int n,
                       const int32_t* pos, const int32_t* seq, float scale, float* out, void* workspace,
-                      cudaStream_t stream, float softcap, int window) {
+                      cudaStream_t stream, float softcap, int window, const float* sinks) {
   const int hd = kv.head_dim;
   if (n < 0 || n > plan.max_rows || plan.n_splits < 1 || plan.n_splits > kMaxSplits || kv.n_kv_heads <= 0 ||
       plan.n_heads % kv.n_kv_heads != 0 || hd <= 0 || hd % 8 != 0 || hd > kMaxHd || kv.max_ctx <= 0 ||
@@ -587,7 +594,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   // The tiled kernel has neither soft-capping nor windows: such layers take the per-row kernel.
   if (softcap == 0 && window == 0 && attention_tiled(plan, n) && aligned16(q) && aligned16(out) &&
       (kv.type == GgmlType::F16 || kv.type == GgmlType::BF16) && (hd == 64 || hd == 128))
-    return tiled_attention(plan, kv, q, n, pos, seq, scale, out, stream);
+    return tiled_attention(plan, kv, q, n, pos, seq, scale, out, stream, sinks);
   AttnArgs a;
   a.kv = kv;
   a.q = q;
@@ -602,6 +609,7 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv, const fl
   a.scale = scale;
   a.softcap = softcap;
   a.window = window;
+  a.sinks = sinks;
   a.out = out;
   a.ws_acc = static_cast<float*>(workspace);
   a.ws_ml = a.ws_acc ? a.ws_acc + (size_t)plan.max_rows * plan.n_heads * plan.n_splits * hd : nullptr;

@@ -50,15 +50,16 @@ struct TArgs {
   float* out;          // [n, n_heads, hd]
   int n;
   int n_heads;
-  int group;         // n_heads / n_kv_heads
-  int heads;         // H, a power of two dividing group
-  int log2_heads;    // log2(H)
-  int rows;          // R = 64 / H
-  int head_chunks;   // group / H
-  int ys;            // n_kv_heads * head_chunks
-  int n_tiles;       // ceil(n / R)
-  int fallback;      // F, 1..n
-  float scale_log2;  // scale * log2(e)
+  int group;           // n_heads / n_kv_heads
+  int heads;           // H, a power of two dividing group
+  int log2_heads;      // log2(H)
+  int rows;            // R = 64 / H
+  int head_chunks;     // group / H
+  int ys;              // n_kv_heads * head_chunks
+  int n_tiles;         // ceil(n / R)
+  int fallback;        // F, 1..n
+  float scale_log2;    // scale * log2(e)
+  const float* sinks;  // [n_heads] or null: head h's sink logit in the softmax's denominator (gpt-oss)
 };
 
 template <int HD>
@@ -271,6 +272,8 @@ __device__ __forceinline__ void tiled_pass(const TArgs& a, uint8_t* smem, const 
       float l = lrun[x];
       l += __shfl_xor_sync(kFullMask, l, 1);
       l += __shfl_xor_sync(kFullMask, l, 2);
+      if (a.sinks)  // the sink's exp(sink - m) in the log2 domain of the scores, m the row's final max
+        l += exp2f(__ldg(a.sinks + h0 + ((x == 0 ? m0 : m1) & hmask)) * 1.4426950408889634f - mrun[x]);
       inv[x] = 1.0f / l;
     }
     if (row0 >= 0) {
@@ -472,7 +475,7 @@ bool tiled_attention_setup(const DeviceInfo& dev, const KvLayerView& kv, int n_h
 
 cudaError_t tiled_attention(const AttentionPlan& plan, const KvLayerView& kv, const float* q, int n,
                             const int32_t* pos, const int32_t* seq, float scale, float* out,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const float* sinks) {
   if (!plan.tiled || plan.tiled_fallback_blocks <= 0 || n <= 0 || !supported(kv) || kv.n_kv_heads <= 0 ||
       plan.n_heads % kv.n_kv_heads != 0 || !aligned16(q) || !aligned16(out))
     return cudaErrorInvalidValue;
@@ -482,6 +485,7 @@ cudaError_t tiled_attention(const AttentionPlan& plan, const KvLayerView& kv, co
   a.pos = pos;
   a.seq = seq;
   a.out = out;
+  a.sinks = sinks;
   a.n = n;
   a.n_heads = plan.n_heads;
   a.group = plan.n_heads / kv.n_kv_heads;

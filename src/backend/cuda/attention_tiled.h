@@ -15,6 +15,6 @@ bool tiled_attention_setup(const DeviceInfo& dev, const KvLayerView& kv, int n_h
 // The tiled kernel over n rows (plan.tiled; q and out 16-byte aligned; shapes checked by the caller).
 cudaError_t tiled_attention(const AttentionPlan& plan, const KvLayerView& kv, const float* q, int n,
                             const int32_t* pos, const int32_t* seq, float scale, float* out,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const float* sinks = nullptr);
 
 }  // namespace ultra::cuda::detail

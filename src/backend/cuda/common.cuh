@@ -42,6 +42,16 @@ __device__ __forceinline__ float silu_f(float g) {
   return g / (1.0f + expf(-g));
 }
 
+// gpt-oss's clamped SwiGLU, cpu::swiglu_oai (backend/cpu/ops.h) term by term: g = min(gate, limit),
+// u = clamp(up, -limit, limit) (std::min / std::clamp's comparisons, NaN handling included), then
+// (u + 1) * g * sigmoid(1.702 g), each operation rounded as the CPU rounds it (expf within 2 ulp of libm).
+__device__ __forceinline__ float swiglu_oai_f(float gate, float up, float limit) {
+  const float g = limit < gate ? limit : gate;
+  const float u = up < -limit ? -limit : limit < up ? limit : up;
+  const float glu = __fmul_rn(g, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, 1.702f)))));
+  return __fmul_rn(__fadd_rn(u, 1.0f), glu);
+}
+
 // x^2 + y^2 + z^2 + w^2 in a fixed order (explicit roundings: no contraction choices left to the compiler,
 // so that rmsnorm and the gemv prologue that replays it agree bit for bit).
 __device__ __forceinline__ float sumsq4(float4 v) {

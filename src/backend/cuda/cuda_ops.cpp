@@ -59,6 +59,13 @@ void CudaOps::attention(int il, const float* q, int n, int /*n_heads*/, const in
                         window),
         "attention");
 }
+void CudaOps::attention_sinks(int il, const float* q, int n, int /*n_heads*/, const int32_t* pos,
+                              const int32_t* seq, float scale, int window, const float* sinks, float* out) {
+  if (tune_.skip & CudaTuning::kSkipAttention) return;
+  check(cuda::attention(*plan_, mem_.kv[il], q, n, pos, seq, scale, out, mem_.attention_ws, stream_, 0.0f,
+                        window, sinks),
+        "attention");
+}
 void CudaOps::gelu_mul(const float* gate, const float* up, int64_t n, float* out) {
   check(cuda::gelu_mul(gate, up, n, out, stream_), "gelu_mul");
 }
@@ -112,11 +119,17 @@ void CudaOps::moe_router(int il, const LayerWeights& l, const float* xn, int n, 
 void CudaOps::moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) {
   check(cuda::moe_route(logits, n, n_expert, k, norm, ids, w, stream_, &mem_.moe), "moe_route");
 }
+void CudaOps::moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids,
+                                     float* w) {
+  check(cuda::moe_route_topk_softmax(logits, n, n_expert, k, ids, w, stream_, &mem_.moe),
+        "moe_route_topk_softmax");
+}
 void CudaOps::moe_ffn(int il, const LayerWeights& /*l*/, const float* xn, int n, const int32_t* ids,
                       const float* w, int k, float* x) {
   const MoeLayerWeights& e = w_.moe(il);
   // forward() routes just before (moe_route): a one-row step's tiles are made.
-  check(cuda::moe_ffn(e.gate, e.up, e.down, xn, n, ids, w, k, x, mem_.moe, stream_, n == 1), "moe_ffn");
+  check(cuda::moe_ffn(e.gate, e.up, e.down, xn, n, ids, w, k, x, mem_.moe, stream_, n == 1, e.swiglu_limit),
+        "moe_ffn");
 }
 void CudaOps::sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,
                                float* x) {

@@ -44,6 +44,8 @@ class CudaOps final : public ForwardOps {
                 const int32_t* seq) override;
   void attention(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
                  float scale, float softcap, int window, float* out) override;
+  void attention_sinks(int il, const float* q, int n, int n_heads, const int32_t* pos, const int32_t* seq,
+                       float scale, int window, const float* sinks, float* out) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
   void gelu_mul(const float* gate, const float* up, int64_t n, float* out) override;
   void scale(float* x, int64_t n, float s) override;
@@ -64,6 +66,8 @@ class CudaOps final : public ForwardOps {
                     float* y) override;
   void moe_router(int il, const LayerWeights& l, const float* xn, int n, float* logits) override;
   void moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) override;
+  void moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids,
+                              float* w) override;
   void moe_ffn(int il, const LayerWeights& l, const float* xn, int n, const int32_t* ids, const float* w,
                int k, float* x) override;
   void sigmoid_gate_add(const float* y, const float* gate_w, const float* xn, int n, int dim,

@@ -7,6 +7,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemv_lowbit.h"
 #include "core/error.h"
+#include "core/quants.h"
 
 namespace ultra::cuda {
 
@@ -18,6 +19,23 @@ int64_t lowbit_bf16_elems(const WeightView& w) {
 }
 
 }  // namespace
+
+void expand_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, uint16_t* out) {
+  const int64_t nb = w.cols / kQK4;
+  float v[kQK4];
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blocks =
+        reinterpret_cast<const BlockMXFP4*>(static_cast<const uint8_t*>(w.data) + (size_t)r * w.row_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      dequant_block(blocks[b], v);
+      for (int i = 0; i < kQK4; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &v[i], 4);
+        *out++ = (uint16_t)(bits >> 16);  // the low half is zero (device_weights.h)
+      }
+    }
+  }
+}
 
 int64_t DeviceWeights::max_lowbit_bf16_elems(const ModelData& m) {
   int64_t max_lowbit = 0;
@@ -47,7 +65,15 @@ DeviceWeights::DeviceWeights(const ModelData& m, int n_ctx) : m_(m), n_ctx_(n_ct
     }
     scale_groups.push_back(g);
   };
-  auto mat = [&](const WeightView& w) -> Part {
+  // expert: one of a mixture-of-experts layer's experts (MXFP4 keeps its 4 bits there: the expert kernels
+  // decode it; elsewhere it is expanded to BF16, 16 bits a weight, for the dense matmuls).
+  auto mat = [&](const WeightView& w, bool expert = false) -> Part {
+    if (w.type == GgmlType::MXFP4) {
+      if (w.cols % kQK4 != 0)
+        fail("CUDA backend: an MXFP4 matrix of {} columns (not a multiple of 32)", w.cols);
+      if (expert) return {w.data, (size_t)w.rows * moe_mxfp4_row_bytes(w.cols), nullptr, 1, &w, true};
+      return {w.data, (size_t)w.rows * (size_t)w.cols * 2, nullptr, 1, &w};
+    }
     if (is_lowbit(w.type)) {
       const size_t rb = lowbit_row_bytes(w.type, w.cols);
       if (!rb)
@@ -119,15 +145,20 @@ DeviceWeights::DeviceWeights(const ModelData& m, int n_ctx) : m_(m), n_ctx_(n_ct
         std::vector<Part> parts;
         for (int e = 0; e < hp.n_expert; ++e) {
           if (ex[e].type != GgmlType::F32 && ex[e].type != GgmlType::F16 && ex[e].type != GgmlType::BF16 &&
-              ex[e].type != GgmlType::Q8_0)
+              ex[e].type != GgmlType::Q8_0 && ex[e].type != GgmlType::MXFP4)
             fail(
-                "CUDA backend: {} expert weights are not supported (use F32, F16, BF16 or Q8_0 experts, or "
-                "the CPU backend)",
+                "CUDA backend: {} expert weights are not supported (use F32, F16, BF16, Q8_0 or MXFP4 "
+                "experts, or the CPU backend)",
                 type_name(ex[e].type));
-          parts.push_back(mat(ex[e]));
+          parts.push_back(mat(ex[e], true));
         }
         add(parts);
       }
+      if (l.ffn_gate_inp_b) add({{l.ffn_gate_inp_b, (size_t)hp.n_expert * sizeof(float)}});
+      const size_t ne = (size_t)hp.n_expert, ef = (size_t)hp.expert_ffn_dim;
+      if (l.gate_exps_b) add({{l.gate_exps_b, ne * ef * sizeof(float)}});
+      if (l.up_exps_b) add({{l.up_exps_b, ne * ef * sizeof(float)}});
+      if (l.down_exps_b) add({{l.down_exps_b, ne * (size_t)hp.dim * sizeof(float)}});
       if (hp.shexp_ffn_dim) {
         add({mat(l.w_gate_shexp)});
         add({mat(l.w_up_shexp)});
@@ -142,6 +173,8 @@ DeviceWeights::DeviceWeights(const ModelData& m, int n_ctx) : m_(m), n_ctx_(n_ct
     if (l.bq || l.bk || l.bv)
       add({{l.bq, q_dim * sizeof(float)}, {l.bk, kv_dim * sizeof(float)}, {l.bv, kv_dim * sizeof(float)}});
     if (l.q_norm) add({{l.q_norm, hp.head_dim * sizeof(float)}, {l.k_norm, hp.head_dim * sizeof(float)}});
+    if (l.bo) add({{l.bo, hp.dim * sizeof(float)}});
+    if (l.attn_sinks) add({{l.attn_sinks, hp.n_heads * sizeof(float)}});
   }
   add({{m_.output_norm, hp.dim * sizeof(float)}});
   add({{m_.rope_inv_freq.data(), hp.head_dim / 2 * sizeof(float)}});
@@ -166,21 +199,37 @@ void DeviceWeights::upload(void* base_ptr, const std::function<void(size_t, size
   const auto t0 = std::chrono::steady_clock::now();
   double last_report_ms = -1;  // none yet
   std::vector<uint8_t> stage;  // low-bit rows in the device layout, up to 64 MiB at a time
+  // rows [0, rows) of rb bytes each, made on the host by fill(r0, r1, stage) 64 MiB at a time, to base + at
+  auto upload_rows = [&](int64_t rows, size_t rb, const auto& fill) {
+    const int64_t step = std::max<int64_t>(1, (int64_t)((size_t(64) << 20) / rb));
+    stage.resize((size_t)std::min<int64_t>(step, rows) * rb);
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+      const int64_t r1 = std::min(rows, r0 + step);
+      fill(r0, r1, stage.data());
+      check(cudaMemcpy(base + at + (size_t)r0 * rb, stage.data(), (size_t)(r1 - r0) * rb,
+                       cudaMemcpyHostToDevice),
+            "weight upload");
+    }
+  };
   for (const auto& b : blocks_) {
     for (const Part& p : b) {
-      if (p.lowbit) {
+      if (p.mxfp4 && p.mxfp4_native) {  // the expert kernels' MXFP4 layout (moe.h)
+        const WeightView& w = *p.mxfp4;
+        upload_rows(w.rows, moe_mxfp4_row_bytes(w.cols), [&](int64_t r0, int64_t r1, uint8_t* out) {
+          if (!moe_pack_mxfp4_rows(w, r0, r1, out))
+            fail("CUDA backend: cannot repack an MXFP4 matrix [{}, {}]", w.rows, w.cols);
+        });
+      } else if (p.mxfp4) {  // BF16
+        const WeightView& w = *p.mxfp4;
+        upload_rows(w.rows, (size_t)w.cols * 2, [&](int64_t r0, int64_t r1, uint8_t* out) {
+          expand_mxfp4_rows(w, r0, r1, reinterpret_cast<uint16_t*>(out));
+        });
+      } else if (p.lowbit) {
         const WeightView& w = *p.lowbit;
-        const size_t rb = lowbit_row_bytes(w.type, w.cols);
-        const int64_t step = std::max<int64_t>(1, (int64_t)((size_t(64) << 20) / rb));
-        stage.resize((size_t)std::min<int64_t>(step, w.rows) * rb);
-        for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
-          const int64_t r1 = std::min(w.rows, r0 + step);
-          if (!lowbit_pack_rows(w, r0, r1, stage.data()))
+        upload_rows(w.rows, lowbit_row_bytes(w.type, w.cols), [&](int64_t r0, int64_t r1, uint8_t* out) {
+          if (!lowbit_pack_rows(w, r0, r1, out))
             fail("CUDA backend: cannot repack a {} matrix [{}, {}]", type_name(w.type), w.rows, w.cols);
-          check(cudaMemcpy(base + at + (size_t)r0 * rb, stage.data(), (size_t)(r1 - r0) * rb,
-                           cudaMemcpyHostToDevice),
-                "weight upload");
-        }
+        });
       } else if (p.src && p.repeat > 1) {
         const size_t one = p.bytes / (size_t)p.repeat;
         stage.resize(p.bytes);
@@ -213,7 +262,11 @@ void DeviceWeights::make_views(const uint8_t* base) {
     WeightView d = w;
     if (!w.data) return d;  // an empty matrix (a mixture-of-experts layer's dense FFN)
     d.data = dev(w.data);
-    if (is_lowbit(w.type)) {  // device layout; the scales' device copy
+    if (w.type == GgmlType::MXFP4) {  // expanded to BF16 (above)
+      d.type = GgmlType::BF16;
+      d.row_bytes = (size_t)w.cols * 2;
+      d.scale = nullptr;
+    } else if (is_lowbit(w.type)) {  // device layout; the scales' device copy
       d.row_bytes = lowbit_row_bytes(w.type, w.cols);
       d.scale = w.scale ? reinterpret_cast<const float*>(dev(w.scale)) : nullptr;
     }
@@ -225,7 +278,9 @@ void DeviceWeights::make_views(const uint8_t* base) {
   w_.output_norm = dev_vec(m_.output_norm);
   for (int il = 0; il < hp.n_layers; ++il)  // the sliding-window layers' own, longrope's long factors, ...
     layer_inv_freq_.push_back(dev_vec(m_.layer_rope_inv_freq(il, n_ctx_).data()));
-  rope_mscale_ = hp.rope_scaling.type == "longrope" ? hp.rope_scaling.attention_factor : 1.0f;
+  // longrope's and YaRN's attention factor on cos and sin, as the CPU backend (cpu_backend.cpp) applies it
+  const std::string& rope_type = hp.rope_scaling.type;
+  rope_mscale_ = rope_type == "longrope" || rope_type == "yarn" ? hp.rope_scaling.attention_factor : 1.0f;
   exp_views_.reserve(3 * m_.layers.size());
   for (size_t il = 0; il < m_.layers.size(); ++il) {
     const LayerWeights& l = m_.layers[il];
@@ -246,19 +301,31 @@ void DeviceWeights::make_views(const uint8_t* base) {
     d.bv = dev_vec(l.bv);
     d.q_norm = dev_vec(l.q_norm);
     d.k_norm = dev_vec(l.k_norm);
+    d.bo = dev_vec(l.bo);
+    d.attn_sinks = dev_vec(l.attn_sinks);
     if (hp.moe()) {
       d.ffn_gate_inp = dev_mat(l.ffn_gate_inp);
       d.w_gate_shexp = dev_mat(l.w_gate_shexp);
       d.w_up_shexp = dev_mat(l.w_up_shexp);
       d.w_down_shexp = dev_mat(l.w_down_shexp);
       d.ffn_gate_inp_shexp = dev_vec(l.ffn_gate_inp_shexp);
+      d.ffn_gate_inp_b = dev_vec(l.ffn_gate_inp_b);
+      d.gate_exps_b = dev_vec(l.gate_exps_b);
+      d.up_exps_b = dev_vec(l.up_exps_b);
+      d.down_exps_b = dev_vec(l.down_exps_b);
       MoeLayerWeights ml;
       ExpertWeights* kinds[3] = {&ml.gate, &ml.up, &ml.down};
       const WeightView* host[3] = {l.gate_exps, l.up_exps, l.down_exps};
       const WeightView** dev_arr[3] = {&d.gate_exps, &d.up_exps, &d.down_exps};
+      const float* biases[3] = {d.gate_exps_b, d.up_exps_b, d.down_exps_b};
       for (int kind = 0; kind < 3; ++kind) {
         std::vector<WeightView>& views = exp_views_.emplace_back();
-        for (int e = 0; e < hp.n_expert; ++e) views.push_back(dev_mat(host[kind][e]));
+        for (int e = 0; e < hp.n_expert; ++e) {
+          views.push_back(dev_mat(host[kind][e]));
+          if (host[kind][e].type == GgmlType::MXFP4)  // the expert kernels' layout (above), not BF16
+            views.back().type = GgmlType::MXFP4,
+            views.back().row_bytes = moe_mxfp4_row_bytes(views.back().cols);
+        }
         *dev_arr[kind] = views.data();
         ExpertWeights& x = *kinds[kind];
         x.type = views[0].type;
@@ -268,6 +335,7 @@ void DeviceWeights::make_views(const uint8_t* base) {
         x.row_bytes = views[0].row_bytes;
         x.expert_bytes = x.row_bytes * (size_t)x.rows;
         x.n_expert = hp.n_expert;
+        x.bias = biases[kind];
         for (int e = 0; e < hp.n_expert; ++e)  // placed back to back by the block above
           if (views[e].data != static_cast<const uint8_t*>(x.data) + (size_t)e * x.expert_bytes ||
               views[e].type != x.type || views[e].rows != x.rows || views[e].cols != x.cols)
@@ -285,6 +353,8 @@ void DeviceWeights::make_views(const uint8_t* base) {
       ml.router.row_bytes = d.ffn_gate_inp.row_bytes;
       ml.router.expert_bytes = ml.router.row_bytes * (size_t)ml.router.rows;
       ml.router.n_expert = 1;
+      ml.router.bias = d.ffn_gate_inp_b;
+      ml.swiglu_limit = hp.swiglu_limit;
       if (!moe_weights_ok(ml.router)) ml.router.data = nullptr;
       moe_.push_back(ml);
     }

@@ -236,7 +236,9 @@ class CudaMatmul {
 //
 // Causal GQA attention over the slotted cache: row t, head h attends positions [0, pos[t]] of slot seq[t],
 // kv head h / (n_heads / n_kv_heads). Rows with seq[t] < 0 (or pos[t] < 0) are padding: zero output.
-// Rows with pos[t] >= max_ctx attend the whole slot.
+// Rows with pos[t] >= max_ctx attend the whole slot. Optional sliding windows and soft-capped scores (per-row
+// kernel only) and per-head sink logits (both kernels: out = sum_p e^(s_p - m) v_p / (sum_p e^(s_p - m) +
+// e^(sink - m)), the sink term added where the sums are final: after the last tile, or in the merge).
 // One block handles one row, one kv head, up to 8 query heads of its group and one chunk of positions:
 // K and V are read once per (row, kv head) when the group is <= 8, each 64-position tile of K and V by two
 // bulk copies into shared memory, two tiles in flight (QK^T on tensor cores as in gemv, f32 accurate;
@@ -305,7 +307,11 @@ cudaError_t attention(const AttentionPlan& plan, const KvLayerView& kv,
                       void* workspace,  // plan.workspace_bytes (unused when n_splits == 1)
                       cudaStream_t stream,
                       float softcap = 0,  // > 0: scores softcap tanh(scale q.k / softcap) (Gemma 2)
-                      int window = 0);    // > 0: row at p attends to positions > p - window only
+                      int window = 0,     // > 0: row at p attends to positions > p - window only
+                      // [n_heads] device memory or null: head h's softmax denominator also holds
+                      // exp(sinks[h] - m), m its largest score (gpt-oss's attention sinks, cpu::attention's
+                      // sinks), in both kernels
+                      const float* sinks = nullptr);
 
 // ---- Sampler ------------------------------------------------------------------------------------------
 //

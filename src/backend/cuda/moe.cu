@@ -1,12 +1,14 @@
 // Mixture-of-experts kernels (moe.h): routing, grouping by expert, the experts' FFN, the weighted sum.
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_lowbit.h"
 #include "backend/cuda/lowbit.cuh"
 #include "backend/cuda/moe.h"
+#include "core/quants.h"
 
 namespace ultra::cuda {
 
@@ -24,6 +26,45 @@ size_t align_up(size_t n) {
 }
 
 // ---- Routing
+
+// One row's grouping for the decode kernels (n == 1), written by lane j < k for slot j: pair j = slot j, a
+// tile of its own (the k experts are distinct); lane 0 also writes the tile count.
+__device__ __forceinline__ void write_decode_tile(const MoeScratch& tiles, int lane, int k, int expert) {
+  if (!tiles.tiles) return;
+  if (lane < k) {
+    tiles.tiles[3 * lane] = expert;
+    tiles.tiles[3 * lane + 1] = lane;
+    tiles.tiles[3 * lane + 2] = 1;
+    tiles.pair_row[lane] = 0;
+    tiles.slot_pair[lane] = lane;
+  }
+  if (lane == 0) *tiles.n_tiles = k;
+}
+
+// The warp's arg-max over (key, expert) packed into one 64-bit word: key (larger wins), then the complement
+// of the expert (a tie: the lower expert). Lane l holds experts l, l + 32, ...
+template <int kPer>
+__device__ __forceinline__ int warp_argmax(const uint32_t (&key)[kPer], int lane, uint32_t* best_key) {
+  uint64_t best = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const uint64_t c = ((uint64_t)key[i] << 32) | (0xffffffffu - (uint32_t)(lane + 32 * i));
+    best = c > best ? c : best;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t other = __shfl_xor_sync(kFullMask, best, o);
+    best = other > best ? other : best;
+  }
+  *best_key = (uint32_t)(best >> 32);
+  return (int)(0xffffffffu - (uint32_t)best);
+}
+
+// A float's bits made order-preserving as an unsigned number.
+__device__ __forceinline__ uint32_t ordered_bits(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
 
 // One warp per row: lane l holds experts l, l + 32, ... (at most 8). The selection's key of an expert not
 // yet taken is its probability, -0.5 for a NaN (it loses to any number, as on the CPU) and -1 once taken.
@@ -67,21 +108,10 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   float total = 0, my_v = 0.0f;
   int my_e = -1;
   for (int j = 0; j < k; ++j) {
-    uint64_t best = 0;
+    uint32_t ord_key[kPer], ord;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const uint32_t bits = __float_as_uint(key[i]);
-      const uint32_t ord = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
-      const uint64_t c = ((uint64_t)ord << 32) | (0xffffffffu - (uint32_t)(lane + 32 * i));
-      best = c > best ? c : best;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const uint64_t other = __shfl_xor_sync(kFullMask, best, o);
-      best = other > best ? other : best;
-    }
-    const int be = (int)(0xffffffffu - (uint32_t)best);
-    const uint32_t ord = (uint32_t)(best >> 32);
+    for (int i = 0; i < kPer; ++i) ord_key[i] = ordered_bits(key[i]);
+    const int be = warp_argmax(ord_key, lane, &ord);
     const float bk = __uint_as_float((ord & 0x80000000u) ? ord & 0x7fffffffu : ~ord);
     const float bv = bk == -0.5f ? __int_as_float(0x7fc00000) : bk;  // the key of a NaN probability
 #pragma unroll
@@ -94,15 +124,50 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     const int64_t at = (int64_t)r * k + lane;
     ids[at] = my_e;
     w[at] = norm ? my_v / fmaxf(total, 6.103515625e-5f) : my_v;
-    if (tiles.tiles) {  // one row: pair j = slot j, a tile of its own (distinct experts)
-      tiles.tiles[3 * lane] = my_e;
-      tiles.tiles[3 * lane + 1] = lane;
-      tiles.tiles[3 * lane + 2] = 1;
-      tiles.pair_row[lane] = 0;
-      tiles.slot_pair[lane] = lane;
-    }
   }
-  if (tiles.tiles && lane == 0) *tiles.n_tiles = k;
+  write_decode_tile(tiles, lane, k, my_e);
+}
+
+// gpt-oss's routing, one warp per row as moe_route_kernel: the selection's key of an expert is its logit's
+// ordered bits, 1 for a NaN (it loses to any number, as on the CPU) and 0 once taken (or past n_expert).
+// Lane j keeps slot j's pick; the weights are the softmax of the k picked logits, their exponentials summed
+// in slot order in f32 (model/moe.cpp's order and roundings).
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    moe_route_topk_softmax_kernel(const float* logits, int n, int n_expert, int k, int32_t* ids, float* w,
+                                  MoeScratch tiles) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
+  if (r >= n) return;
+  const float* p = logits + (int64_t)r * n_expert;
+  constexpr int kPer = kMoeMaxRouted / 32;
+  uint32_t key[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    const float v = e < n_expert ? p[e] : 0.0f;
+    // -0 and +0 are one key (the CPU's strict > keeps the lower expert of the two).
+    key[i] = e >= n_expert ? 0u : isnan(v) ? 1u : ordered_bits(v == 0.0f ? 0.0f : v);
+  }
+  int my_e = -1;
+  for (int j = 0; j < k; ++j) {
+    uint32_t bk;
+    const int be = warp_argmax(key, lane, &bk);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i == be) key[i] = 0u;
+    if (lane == j) my_e = be;
+  }
+  const float my_l = lane < k ? p[my_e] : 0.0f;
+  const float mx = __shfl_sync(kFullMask, my_l, 0);
+  const float ex = lane < k ? expf(__fsub_rn(my_l, mx)) : 0.0f;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, __shfl_sync(kFullMask, ex, j));
+  if (lane < k) {
+    const int64_t at = (int64_t)r * k + lane;
+    ids[at] = my_e;
+    w[at] = __fdiv_rn(ex, sum);
+  }
+  write_decode_tile(tiles, lane, k, my_e);
 }
 
 // ---- Grouping: one block, thread e counts and places expert e's pairs (rows ascending).
@@ -166,6 +231,11 @@ struct Raw<GgmlType::Q8_0> {
   uint2 q;     // 8 codes
   uint32_t d;  // the f16 scale of their block
 };
+template <>
+struct Raw<GgmlType::MXFP4> {
+  uint32_t q;  // 8 E2M1 codes, column c0 + i in bits 4i..4i+3
+  uint32_t e;  // the E8M0 exponent of their block
+};
 
 template <GgmlType T>
 __device__ __forceinline__ void load_raw(const uint8_t* row, int64_t c0, int64_t cols, Raw<T>& r) {
@@ -173,6 +243,9 @@ __device__ __forceinline__ void load_raw(const uint8_t* row, int64_t c0, int64_t
     r.a = ld_stream16(row + c0 * 4), r.b = ld_stream16(row + c0 * 4 + 16);
   } else if constexpr (T == GgmlType::F16 || T == GgmlType::BF16) {
     r.v = ld_stream16(row + c0 * 2);
+  } else if constexpr (T == GgmlType::MXFP4) {  // codes [cols / 2], then the exponents (moe.h)
+    r.q = __ldg(reinterpret_cast<const uint32_t*>(row + c0 / 2));
+    r.e = __ldg(row + cols / 2 + c0 / 32);
   } else {
     static_assert(T == GgmlType::Q8_0);  // codes [cols], then the f16 block scales (gemv_lowbit.h)
     r.q = __ldg(reinterpret_cast<const uint2*>(row + c0));
@@ -198,6 +271,9 @@ __device__ __forceinline__ void decode8(const Raw<T>& r, float (&f)[8]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  } else if constexpr (T == GgmlType::MXFP4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = moe_mxfp4_value(r.q, r.e, i);
   } else {
     const float d = __half2float(__ushort_as_half((unsigned short)r.d));
     float a[4], b[4];
@@ -255,11 +331,21 @@ constexpr int kMinBlocksOf = GATED&& U <= 2   ? 4
                              : GATED&& U <= 4 ? 3
                                               : 1;
 
+// The experts' activation: swiglu_oai with limit > 0 (gpt-oss), else silu(g) * u.
+__device__ __forceinline__ float moe_act(float g, float u, float limit) {
+  return limit > 0.0f ? swiglu_oai_f(g, u, limit) : silu_f(g) * u;
+}
+
+// Row r of expert e's product plus its bias, when the weights have one (w.bias [n_expert, rows]).
+__device__ __forceinline__ float add_bias(const ExpertWeights& w, int e, int64_t r, float v) {
+  return w.bias ? __fadd_rn(v, __ldg(w.bias + (int64_t)e * w.rows + r)) : v;
+}
+
 template <GgmlType T, bool GATED, int NP = kMoeTilePairs, int U = kUnrollOf<NP>>
 __global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocksOf<GATED, U>))
     moe_gemv_kernel(ExpertWeights a, ExpertWeights b, const float* x, const int32_t* x_row, int64_t x_stride,
-                    float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles,
-                    int n_rows) {
+                    float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles, int n_rows,
+                    float limit) {
   const int tile = blockIdx.y;
   int e = 0, p0 = tile * kMoeTilePairs, np = min(kMoeTilePairs, n_rows - p0);
   if (tiles) {
@@ -291,10 +377,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocksOf<GATED, U>))
 #pragma unroll
   for (int q = 0; q < NP; ++q) {
     if (q >= np) break;
-    const float sa = warp_sum(acc_a[q]);
+    const float sa = add_bias(a, e, r, warp_sum(acc_a[q]));
     if constexpr (GATED) {
-      const float sb = warp_sum(acc_b[q]);
-      if (lane == 0) out[(int64_t)(p0 + q) * out_stride + r] = silu_f(sa) * sb;
+      const float sb = add_bias(b, e, r, warp_sum(acc_b[q]));
+      if (lane == 0) out[(int64_t)(p0 + q) * out_stride + r] = moe_act(sa, sb, limit);
     } else {
       if (lane == 0) out[(int64_t)(p0 + q) * out_stride + r] = sa;
     }
@@ -364,7 +450,8 @@ __device__ __forceinline__ void load16_bf16(const uint8_t* row, int64_t c0, int6
 template <GgmlType T, bool GATED>
 __global__ void __launch_bounds__(kMmaThreads)
     moe_mma_kernel(ExpertWeights a, ExpertWeights b, const float* x, const int32_t* x_row, int64_t x_stride,
-                   float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles) {
+                   float* out, int64_t out_stride, const int32_t* tiles, const int32_t* n_tiles,
+                   float limit) {
   const int tile = blockIdx.y;
   if (tile >= *n_tiles) return;
   const int e = tiles[3 * tile], p0 = tiles[3 * tile + 1], np = tiles[3 * tile + 2];
@@ -432,8 +519,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int q = 0; q < 2; ++q) {
         const int64_t nn = n0 + j * 8 + 2 * t + q;
         if (nn >= a.rows) continue;
-        float v = acc_a[j][2 * half + q];
-        if constexpr (GATED) v = silu_f(v) * acc_b[j][2 * half + q];
+        float v = add_bias(a, e, nn, acc_a[j][2 * half + q]);
+        if constexpr (GATED) v = moe_act(v, add_bias(b, e, nn, acc_b[j][2 * half + q]), limit);
         out[(int64_t)(p0 + m) * out_stride + nn] = v;
       }
     }
@@ -441,14 +528,15 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 template <GgmlType T>
 cudaError_t launch_ffn_mma(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
-                           const float* xn, const MoeScratch& s, int64_t max_tiles, cudaStream_t stream) {
+                           const float* xn, const MoeScratch& s, int64_t max_tiles, float limit,
+                           cudaStream_t stream) {
   const int ffn = (int)gate.rows, dim = (int)down.rows;
   moe_mma_kernel<T, true>
       <<<dim3((unsigned)((ffn + kMmaN - 1) / kMmaN), (unsigned)max_tiles), kMmaThreads, 0, stream>>>(
-          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles);
+          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, limit);
   moe_mma_kernel<T, false>
       <<<dim3((unsigned)((dim + kMmaN - 1) / kMmaN), (unsigned)max_tiles), kMmaThreads, 0, stream>>>(
-          down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles);
+          down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0.0f);
   return cudaGetLastError();
 }
 
@@ -505,7 +593,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const float v = warp_sum(acc[i]);
-    if (lane == 0) part[warp][i] = v;
+    if (lane == 0) part[warp][i] = ok && d0 + i < down.rows ? add_bias(down, e, d0 + i, v) : v;
   }
   __syncthreads();
   if (threadIdx.x >= groups * R) return;
@@ -531,11 +619,11 @@ int g_gate_u = 0, g_down_r = 0;  // set_moe_decode_tiles (0: the defaults above)
 
 template <GgmlType T, int U>
 void launch_gate_up1(const ExpertWeights& gate, const ExpertWeights& up, const float* xn, int k,
-                     const MoeScratch& s, cudaStream_t stream) {
+                     const MoeScratch& s, float limit, cudaStream_t stream) {
   const int ffn = (int)gate.rows;
   moe_gemv_kernel<T, true, 1, U>
       <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
-          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
+          gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0, limit);
 }
 
 template <GgmlType T, int R>
@@ -549,17 +637,17 @@ void launch_down1(const ExpertWeights& down, const int32_t* ids, const float* w,
 template <GgmlType T>
 cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
                         const float* xn, const int32_t* ids, const float* w, int k, float* x,
-                        const MoeScratch& s, cudaStream_t stream) {
+                        const MoeScratch& s, float limit, cudaStream_t stream) {
   const int ffn = (int)gate.rows, dim = (int)down.rows;
   switch (g_gate_u) {
     case 2:
-      launch_gate_up1<T, 2>(gate, up, xn, k, s, stream);
+      launch_gate_up1<T, 2>(gate, up, xn, k, s, limit, stream);
       break;
     case 8:
-      launch_gate_up1<T, 8>(gate, up, xn, k, s, stream);
+      launch_gate_up1<T, 8>(gate, up, xn, k, s, limit, stream);
       break;
     default:  // 4
-      launch_gate_up1<T, kDecodeGateUnroll>(gate, up, xn, k, s, stream);
+      launch_gate_up1<T, kDecodeGateUnroll>(gate, up, xn, k, s, limit, stream);
       break;
   }
   if (kGemvWarps % k == 0) {
@@ -577,7 +665,7 @@ cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, cons
   } else {  // down per slot into y, then the weighted sum
     moe_gemv_kernel<T, false, 1>
         <<<dim3((unsigned)((dim + kGemvWarps - 1) / kGemvWarps), (unsigned)k), kGemvWarps * 32, 0, stream>>>(
-            down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0);
+            down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0, 0.0f);
     moe_combine_kernel<<<1, kCombineThreads, 0, stream>>>(s.y, s.slot_pair, w, k, dim, x);
   }
   return cudaGetLastError();
@@ -585,20 +673,20 @@ cudaError_t launch_ffn1(const ExpertWeights& gate, const ExpertWeights& up, cons
 
 template <GgmlType T>
 cudaError_t launch_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
-                       const float* xn, int n, int k, const MoeScratch& s, int64_t max_tiles,
+                       const float* xn, const MoeScratch& s, int64_t max_tiles, float limit,
                        cudaStream_t stream) {
   const int ffn = (int)gate.rows, dim = (int)down.rows;
   moe_gemv_kernel<T, true>
       <<<dim3((unsigned)((ffn + kGemvWarps - 1) / kGemvWarps), (unsigned)max_tiles), kGemvWarps * 32, 0,
-         stream>>>(gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0);
+         stream>>>(gate, up, xn, s.pair_row, gate.cols, s.h, ffn, s.tiles, s.n_tiles, 0, limit);
   moe_gemv_kernel<T, false>
       <<<dim3((unsigned)((dim + kGemvWarps - 1) / kGemvWarps), (unsigned)max_tiles), kGemvWarps * 32, 0,
-         stream>>>(down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0);
+         stream>>>(down, down, s.h, nullptr, ffn, s.y, dim, s.tiles, s.n_tiles, 0, 0.0f);
   return cudaGetLastError();
 }
 
-// f(std::integral_constant<GgmlType, T>{}) for the expert kernels' weight type t (F32, F16, BF16, else Q8_0:
-// moe_weights_ok has refused the others).
+// f(std::integral_constant<GgmlType, T>{}) for the expert kernels' weight type t (F32, F16, BF16, MXFP4, else
+// Q8_0: moe_weights_ok has refused the others).
 template <class F>
 cudaError_t with_type(GgmlType t, F&& f) {
   switch (t) {
@@ -608,6 +696,8 @@ cudaError_t with_type(GgmlType t, F&& f) {
       return f(std::integral_constant<GgmlType, GgmlType::F16>{});
     case GgmlType::BF16:
       return f(std::integral_constant<GgmlType, GgmlType::BF16>{});
+    case GgmlType::MXFP4:
+      return f(std::integral_constant<GgmlType, GgmlType::MXFP4>{});
     default:
       return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{});
   }
@@ -631,9 +721,35 @@ bool moe_weights_ok(const ExpertWeights& w) {
       return w.row_bytes >= (size_t)(w.cols * dense_elem_bytes(w.type));
     case GgmlType::Q8_0:
       return w.cols % 32 == 0 && w.row_bytes >= lowbit_row_bytes(w.type, w.cols);
+    case GgmlType::MXFP4:
+      return w.cols % 32 == 0 && w.row_bytes >= moe_mxfp4_row_bytes(w.cols);
     default:
       return false;
   }
+}
+
+size_t moe_mxfp4_row_bytes(int64_t cols) {
+  if (cols <= 0 || cols % kQK4 != 0) return 0;
+  return ((size_t)cols / 2 + (size_t)cols / kQK4 + 15) / 16 * 16;
+}
+
+bool moe_pack_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, void* out) {
+  const size_t rb = moe_mxfp4_row_bytes(w.cols);
+  if (w.type != GgmlType::MXFP4 || !rb || r0 < 0 || r1 > w.rows || r0 > r1) return false;
+  const int64_t nb = w.cols / kQK4;
+  for (int64_t r = r0; r < r1; ++r) {
+    uint8_t* o = static_cast<uint8_t*>(out) + (size_t)(r - r0) * rb;
+    std::memset(o, 0, rb);
+    const auto* blocks =
+        reinterpret_cast<const BlockMXFP4*>(static_cast<const uint8_t*>(w.data) + (size_t)r * w.row_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t code[kQK4];  // ggml's block: element j in the low nibble of qs[j], j + 16 in the high one
+      for (int j = 0; j < 16; ++j) code[j] = blocks[b].qs[j] & 0xF, code[j + 16] = blocks[b].qs[j] >> 4;
+      for (int j = 0; j < 16; ++j) o[b * 16 + j] = (uint8_t)(code[2 * j] | (code[2 * j + 1] << 4));
+      o[w.cols / 2 + b] = blocks[b].e;
+    }
+  }
+  return true;
 }
 
 int64_t moe_max_tiles(int n_pairs, int n_expert, int tile_pairs) {
@@ -672,34 +788,48 @@ cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* lo
                   (unsigned)((n + kMoeTilePairs - 1) / kMoeTilePairs));
   return with_type(r.type, [&](auto t) {
     moe_gemv_kernel<decltype(t)::value, false><<<grid, kGemvWarps * 32, 0, stream>>>(
-        r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n);
+        r, r, xn, nullptr, r.cols, logits, r.rows, nullptr, nullptr, n, 0.0f);
     return cudaGetLastError();
   });
 }
 
+namespace {
+bool route_shape_ok(int n_expert, int k) {
+  return n_expert > 0 && n_expert <= kMoeMaxRouted && k >= 1 && k <= n_expert && k <= kMoeMaxUsed;
+}
+}  // namespace
+
 cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
                       cudaStream_t stream, const MoeScratch* decode_tiles) {
   if (n <= 0) return cudaSuccess;
-  if (n_expert <= 0 || n_expert > kMoeMaxRouted || k < 1 || k > n_expert || k > kMoeMaxUsed)
-    return cudaErrorInvalidValue;
+  if (!route_shape_ok(n_expert, k)) return cudaErrorInvalidValue;
   moe_route_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(
       logits, n, n_expert, k, norm, ids, w, n == 1 && decode_tiles ? *decode_tiles : MoeScratch{});
   return cudaGetLastError();
 }
 
+cudaError_t moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids, float* w,
+                                   cudaStream_t stream, const MoeScratch* decode_tiles) {
+  if (n <= 0) return cudaSuccess;
+  if (!route_shape_ok(n_expert, k)) return cudaErrorInvalidValue;
+  moe_route_topk_softmax_kernel<<<(n + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(
+      logits, n, n_expert, k, ids, w, n == 1 && decode_tiles ? *decode_tiles : MoeScratch{});
+  return cudaGetLastError();
+}
+
 cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
                     const float* xn, int n, const int32_t* ids, const float* w, int k, float* x,
-                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready) {
+                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready, float swiglu_limit) {
   if (n <= 0) return cudaSuccess;
   const int n_expert = gate.n_expert;
   if (!moe_weights_ok(gate) || !moe_weights_ok(up) || !moe_weights_ok(down) || up.type != gate.type ||
       down.type != gate.type || up.rows != gate.rows || up.cols != gate.cols || down.cols != gate.rows ||
       down.rows != gate.cols || up.n_expert != n_expert || down.n_expert != n_expert ||
-      n_expert > kMoeMaxExperts || k < 1 || k > n_expert)
+      n_expert > kMoeMaxExperts || k < 1 || k > n_expert || !(swiglu_limit >= 0.0f))
     return cudaErrorInvalidValue;
   if (n == 1 && tiles_ready) {  // decode: moe_route made a tile per slot
     return with_type(gate.type, [&](auto t) {
-      return launch_ffn1<decltype(t)::value>(gate, up, down, xn, ids, w, k, x, s, stream);
+      return launch_ffn1<decltype(t)::value>(gate, up, down, xn, ids, w, k, x, s, swiglu_limit, stream);
     });
   }
   const int n_pairs = n * k, dim = (int)down.rows;
@@ -712,8 +842,8 @@ cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const Ex
       ids, n_pairs, k, n_expert, tile_pairs, s.tiles, s.n_tiles, s.pair_row, s.slot_pair);
   const cudaError_t e = with_type(gate.type, [&](auto t) {
     constexpr GgmlType T = decltype(t)::value;
-    return mma ? launch_ffn_mma<T>(gate, up, down, xn, s, max_tiles, stream)
-               : launch_ffn<T>(gate, up, down, xn, n, k, s, max_tiles, stream);
+    return mma ? launch_ffn_mma<T>(gate, up, down, xn, s, max_tiles, swiglu_limit, stream)
+               : launch_ffn<T>(gate, up, down, xn, s, max_tiles, swiglu_limit, stream);
   });
   if (e != cudaSuccess) return e;
   moe_combine_kernel<<<n, kCombineThreads, 0, stream>>>(s.y, s.slot_pair, w, k, dim, x);

@@ -1,7 +1,8 @@
-// Mixture-of-experts kernels (Mixtral, Qwen2-MoE, Qwen3-MoE) for the CUDA backend: the router's softmax and
-// top-k, the grouping of (row, expert) pairs by expert, the experts' SwiGLU FFN over their own rows only, and
-// the weighted sum back into the residual stream. Every launch has a shape fixed by the number of rows (the
-// expert choice is data read on the device), so a step with experts is captured into a graph like any other.
+// Mixture-of-experts kernels (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) for the CUDA backend: the router's
+// softmax and top-k, the grouping of (row, expert) pairs by expert, the experts' SwiGLU FFN over their own
+// rows only, and the weighted sum back into the residual stream. Every launch has a shape fixed by the number
+// of rows (the expert choice is data read on the device), so a step with experts is captured into a graph
+// like any other.
 //
 // The FFN of n rows with k experts each, the n * k (row, slot) pairs:
 //   moe_group:   pairs sorted by expert (counting sort, rows ascending within an expert), cut into tiles of
@@ -15,7 +16,10 @@
 // there. Decode (n = 1, after moe_route made the tiles) runs two kernels: gate / up over a tile per slot,
 // then the down projection and the weighted sum in one pass (a warp per output element, the experts in slot
 // order). Decode reads exactly the k selected experts' weights once. Arithmetic in f32, weights decoded in
-// registers (F32, F16, BF16, Q8_0 in its device layout).
+// registers (F32, F16, BF16, Q8_0 and MXFP4 in their device layouts).
+// gpt-oss: every product adds its expert's bias (ExpertWeights::bias, after the f32 dot product, as the
+// CPU's matmul), the activation is the clamped SwiGLU (swiglu_limit > 0: cpu::swiglu_oai) instead of
+// silu(gate) * up, and the routing is moe_route_topk_softmax.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,10 +48,37 @@ struct ExpertWeights {
   size_t row_bytes = 0;
   size_t expert_bytes = 0;
   int n_expert = 0;
+  const float* bias = nullptr;  // [n_expert, rows] f32 device memory (gpt-oss), or null: none
 };
 
-// Whether the expert kernels take this matrix type and shape (cols a multiple of 8, 16-byte rows; Q8_0:
-// cols a multiple of 32).
+// gpt-oss's MXFP4 experts in the expert kernels' device layout: per row the E2M1 codes in column order
+// (column 2i in the low nibble of byte i, 2i + 1 in the high one: cols / 2 bytes), then the row's E8M0
+// exponents (one per 32 columns), zero-padded to a multiple of 16 bytes: 4.25 bits a weight and the
+// padding (gpt-oss-20b's 2880 columns: 1536 bytes a row). Decoded in registers as core/quants.h's
+// dequant_block (exact values).
+size_t moe_mxfp4_row_bytes(int64_t cols);  // 0 unless cols is a positive multiple of 32
+// Column c0 + i (i < 8, c0 a multiple of 8) of such a row, from the 4 bytes of codes at row + c0 / 2 (q,
+// little-endian: column c0 + i in bits 4i..4i+3) and the exponent byte e at row + cols / 2 + c0 / 32: as
+// core/quants.h's dequant_block, kFp4Values[code] (twice E2M1's value) times 0.5 * 2^(e - 127), the same
+// f32 operations. The expert kernels' decoder, and the host tests'.
+__host__ __device__ inline float moe_mxfp4_value(uint32_t q, uint32_t e, int i) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+#ifdef __CUDA_ARCH__
+  const float d = __uint_as_float(bits);
+#else
+  float d;
+  __builtin_memcpy(&d, &bits, 4);
+#endif
+  const uint32_t code = (q >> (4 * i)) & 0xFu;
+  const int mag = (int)((0xC8643210u >> (4 * (code & 7u))) & 0xFu);  // 0 1 2 3 4 6 8 12
+  return (float)(code & 8u ? -mag : mag) * d;
+}
+// Host: rows [r0, r1) of the MXFP4 view w (ggml's block_mxfp4 rows, as the loaders give them) into out
+// [(r1 - r0) * moe_mxfp4_row_bytes(w.cols)]. False if w is not such a view or the rows are out of range.
+bool moe_pack_mxfp4_rows(const WeightView& w, int64_t r0, int64_t r1, void* out);
+
+// Whether the expert kernels take this matrix type and shape (cols a multiple of 8, 16-byte rows; Q8_0 and
+// MXFP4: cols a multiple of 32).
 bool moe_weights_ok(const ExpertWeights& w);
 
 // Scratch of moe_ffn for up to n_rows rows, device memory; moe_scratch_bytes gives its size.
@@ -64,9 +95,10 @@ size_t moe_scratch_bytes(int n_rows, int k, int n_expert, int ffn, int dim);
 MoeScratch moe_scratch(void* mem, int n_rows, int k, int n_expert, int ffn, int dim);  // carves mem
 
 // The router's logits [n, n_expert] = xn [n, dim] . R^T, R [n_expert, dim] given as one "expert"
-// (r.n_expert = 1, r.rows = the number of experts), in f32 at every n: the expert choice must not depend on
-// the step size (the dense matmuls round activations to BF16 above 32 rows, and a BF16 copy of a low-bit
-// matrix serves 5..32 rows; either can flip a near tie of router logits).
+// (r.n_expert = 1, r.rows = the number of experts; r.bias [n_expert] added when set: gpt-oss), in f32 at
+// every n: the expert choice must not depend on the step size (the dense matmuls round activations to BF16
+// above 32 rows, and a BF16 copy of a low-bit matrix serves 5..32 rows; either can flip a near tie of router
+// logits).
 cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* logits, cudaStream_t stream);
 
 // model/moe.h's moe_route on the device: logits [n, n_expert] (overwritten with the softmax probabilities)
@@ -77,11 +109,20 @@ cudaError_t moe_router(const ExpertWeights& r, const float* xn, int n, float* lo
 cudaError_t moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w,
                       cudaStream_t stream, const MoeScratch* decode_tiles = nullptr);
 
+// model/moe.h's moe_route_topk_softmax on the device (gpt-oss): ids [n, k] the experts of the k largest
+// logits [n, n_expert] (descending, ties to the lower expert, NaN last), w [n, k] the softmax of those k
+// logits (in f32, summed in slot order as the CPU). logits are left as they are. Limits and decode_tiles as
+// moe_route.
+cudaError_t moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids, float* w,
+                                   cudaStream_t stream, const MoeScratch* decode_tiles = nullptr);
+
 // x[n, dim] += the experts' FFN of xn[n, dim], as described above. gate / up: [ffn, dim] per expert, down:
-// [dim, ffn] per expert, all of one type.
+// [dim, ffn] per expert, all of one type, each with its bias or none. swiglu_limit > 0: the activation is
+// swiglu_oai(gate, up) with that limit (gpt-oss), else silu(gate) * up.
 cudaError_t moe_ffn(const ExpertWeights& gate, const ExpertWeights& up, const ExpertWeights& down,
                     const float* xn, int n, const int32_t* ids, const float* w, int k, float* x,
-                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready = false);
+                    const MoeScratch& s, cudaStream_t stream, bool tiles_ready = false,
+                    float swiglu_limit = 0.0f);
 
 // x[r] += sigmoid(gate_w . xn[r]) * y[r] for n rows of dim floats (Qwen2-MoE's shared expert). One warp per
 // row.

@@ -116,6 +116,11 @@ void ProfiledOps::attention(int il, const float* q, int n, int n_heads, const in
                             const int32_t* seq, float scale, float softcap, int window, float* out) {
   timed("attention", [&] { in_.attention(il, q, n, n_heads, pos, seq, scale, softcap, window, out); });
 }
+void ProfiledOps::attention_sinks(int il, const float* q, int n, int n_heads, const int32_t* pos,
+                                  const int32_t* seq, float scale, int window, const float* sinks,
+                                  float* out) {
+  timed("attention", [&] { in_.attention_sinks(il, q, n, n_heads, pos, seq, scale, window, sinks, out); });
+}
 void ProfiledOps::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   timed("silu_mul", [&] { in_.silu_mul(gate, up, n, out); });
 }
@@ -170,6 +175,10 @@ void ProfiledOps::moe_router(int il, const LayerWeights& l, const float* xn, int
 }
 void ProfiledOps::moe_route(float* logits, int n, int n_expert, int k, bool norm, int32_t* ids, float* w) {
   timed("moe route", [&] { in_.moe_route(logits, n, n_expert, k, norm, ids, w); });
+}
+void ProfiledOps::moe_route_topk_softmax(const float* logits, int n, int n_expert, int k, int32_t* ids,
+                                         float* w) {
+  timed("moe route", [&] { in_.moe_route_topk_softmax(logits, n, n_expert, k, ids, w); });
 }
 void ProfiledOps::moe_ffn(int il, const LayerWeights& l, const float* xn, int n, const int32_t* ids,
                           const float* w, int k, float* x) {
